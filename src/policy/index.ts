@@ -1,0 +1,37 @@
+/**
+ * The policy engine: pure, no I/O. Parse a network configuration into canonical rules, compile
+ * them into an immutable Policy, and decide destinations against it.
+ */
+export { type CIDR, type IPAddress, parseCIDR, parseIP } from './address.js';
+export {
+  type Destination,
+  formatDestination,
+  parseAuthority,
+  parseDestination,
+  parsePort,
+} from './destination.js';
+export { type CanonicalName, canonicalName, type Host, parseHost } from './host.js';
+export { DEFAULT_INTERNAL_DENY, type InternalRange, parseInternalDenyList } from './internal.js';
+export { lintPolicy } from './lint.js';
+export {
+  compileInternalDenyList,
+  compilePolicy,
+  type Decision,
+  type DecisionList,
+  decide,
+  type InternalDenyList,
+  type LearnedAddresses,
+  type Policy,
+} from './policy.js';
+export type { Result } from './result.js';
+export {
+  ALL_TRAFFIC,
+  ALL_TRAFFIC_MESSAGE,
+  DEFAULT_MAX_ENTRIES,
+  type NetworkRules,
+  type ParseOptions,
+  type ParseResult,
+  type PolicyProblem,
+  parseNetworkConfig,
+  type Rule,
+} from './rules.js';

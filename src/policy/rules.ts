@@ -1,0 +1,189 @@
+/**
+ * Parsing and validation of a network configuration `{allowOut?, denyOut?,
+ * allow_internet_access?}` (the PUT /sandboxes/{id}/network body, and the policy file format)
+ * into canonical rules. Messages begin with the reference service's text where it has one, so
+ * clients matching on it keep working, and then name the entry's list and index.
+ */
+import { type CIDR, isUnspecifiedNetwork, parseCIDR } from './address.js';
+import { type CanonicalName, canonicalName } from './host.js';
+
+export type RuleList = 'allowOut' | 'denyOut';
+
+export interface AddressRule {
+  readonly kind: 'address';
+  readonly list: RuleList;
+  readonly index: number;
+  /** The entry exactly as written. */
+  readonly entry: string;
+  readonly cidr: CIDR;
+}
+
+export interface NameRule {
+  readonly kind: 'name' | 'wildcard';
+  readonly list: 'allowOut';
+  readonly index: number;
+  readonly entry: string;
+  /** The canonical name; for a wildcard, the domain below which it matches. */
+  readonly name: CanonicalName;
+}
+
+export type Rule = AddressRule | NameRule;
+
+export interface NetworkRules {
+  readonly allowOut: readonly Rule[];
+  readonly denyOut: readonly AddressRule[];
+  readonly allowInternetAccess: boolean | undefined;
+  /** denyOut holds 0.0.0.0/0 (ALL_TRAFFIC) or allow_internet_access is false. */
+  readonly denyAll: boolean;
+  readonly description: string | undefined;
+}
+
+export interface PolicyProblem {
+  /** Where the problem is: a list entry (`allowOut[3]`) or a field. */
+  readonly at: string;
+  readonly entry?: string;
+  readonly message: string;
+}
+
+export type ParseResult = { ok: true; value: NetworkRules } | { ok: false; errors: PolicyProblem[] };
+
+export interface ParseOptions {
+  /** Entries allowed in each list (default 10,000). */
+  readonly maxEntries?: number;
+}
+
+export const DEFAULT_MAX_ENTRIES = 10_000;
+export const ALL_TRAFFIC = '0.0.0.0/0';
+export const ALL_TRAFFIC_MESSAGE =
+  "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.";
+
+const KNOWN_FIELDS = new Set(['allowOut', 'denyOut', 'allow_internet_access', 'description']);
+
+/** Entries that look like an address attempt are judged as addresses, never as names. */
+const looksLikeAddress = (entry: string) => /[/:%]/.test(entry) || /^[0-9.]+$/.test(entry);
+
+function parseAllowEntry(entry: string, index: number): Rule | PolicyProblem {
+  const at = `allowOut[${index}]`;
+  const problem = (message: string): PolicyProblem => ({ at, entry, message });
+  if (entry.startsWith('*')) {
+    const rest = entry.slice(2);
+    if (!entry.startsWith('*.') || rest.includes('*')) {
+      return problem(`invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`);
+    }
+    const name = canonicalName(rest);
+    if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
+    return { kind: 'wildcard', list: 'allowOut', index, entry, name: name.value };
+  }
+  if (looksLikeAddress(entry)) {
+    const cidr = parseCIDR(entry);
+    if (!cidr.ok) return problem(`invalid allowed address ${entry} (${at}): ${cidr.error}`);
+    if (isUnspecifiedNetwork(cidr.value)) {
+      return problem(`invalid allowed address ${entry} (${at}): the unspecified network cannot be allowed; to allow all traffic, leave denyOut empty`);
+    }
+    return { kind: 'address', list: 'allowOut', index, entry, cidr: cidr.value };
+  }
+  if (entry.includes('*')) {
+    return problem(`invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`);
+  }
+  const name = canonicalName(entry);
+  if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
+  return { kind: 'name', list: 'allowOut', index, entry, name: name.value };
+}
+
+function parseDenyEntry(entry: string, index: number): AddressRule | PolicyProblem {
+  const at = `denyOut[${index}]`;
+  const cidr = parseCIDR(entry);
+  if (!cidr.ok) {
+    const why = looksLikeAddress(entry) ? cidr.error : 'denyOut takes only IP addresses and CIDRs, not names';
+    return { at, entry, message: `invalid denied CIDR ${entry} (${at}): ${why}` };
+  }
+  // The unspecified network is meaningful only as "everything": 0.0.0.0/0 or ::/0.
+  if (isUnspecifiedNetwork(cidr.value) && cidr.value.prefixLength !== 0) {
+    return {
+      at,
+      entry,
+      message: `invalid denied CIDR ${entry} (${at}): an unspecified address is only valid as 0.0.0.0/0 (all traffic) or ::/0 (all IPv6)`,
+    };
+  }
+  return { kind: 'address', list: 'denyOut', index, entry, cidr: cidr.value };
+}
+
+const isProblem = (parsed: Rule | PolicyProblem): parsed is PolicyProblem => !('kind' in parsed);
+
+function readList<T extends Rule>(
+  config: Record<string, unknown>,
+  field: RuleList,
+  maxEntries: number,
+  parseEntry: (entry: string, index: number) => T | PolicyProblem,
+  errors: PolicyProblem[],
+): T[] {
+  const value = config[field];
+  if (value === undefined || value === null) return [];
+  if (!Array.isArray(value)) {
+    errors.push({ at: field, message: `${field} must be an array of strings` });
+    return [];
+  }
+  if (value.length > maxEntries) {
+    errors.push({ at: field, message: `${field} has ${value.length} entries; the limit is ${maxEntries} per list` });
+    return [];
+  }
+  const rules: T[] = [];
+  value.forEach((entry: unknown, index) => {
+    if (typeof entry !== 'string') {
+      errors.push({ at: `${field}[${index}]`, message: `${field}[${index}] must be a string, not ${JSON.stringify(entry)}` });
+      return;
+    }
+    const parsed = parseEntry(entry, index);
+    if (isProblem(parsed)) errors.push(parsed);
+    else rules.push(parsed);
+  });
+  return rules;
+}
+
+/** Validates a network configuration and returns its canonical rules, or every problem found. */
+export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): ParseResult {
+  const maxEntries = options.maxEntries ?? DEFAULT_MAX_ENTRIES;
+  if (typeof input !== 'object' || input === null || Array.isArray(input)) {
+    return { ok: false, errors: [{ at: 'config', message: 'a network configuration must be a JSON object' }] };
+  }
+  const config = input as Record<string, unknown>;
+  const errors: PolicyProblem[] = [];
+  for (const key of Object.keys(config)) {
+    if (!KNOWN_FIELDS.has(key)) {
+      errors.push({
+        at: key,
+        message: `unknown field ${JSON.stringify(key)}; a network configuration has allowOut, denyOut, allow_internet_access and description`,
+      });
+    }
+  }
+  const access = config.allow_internet_access;
+  if (access !== undefined && access !== null && typeof access !== 'boolean') {
+    errors.push({ at: 'allow_internet_access', message: 'allow_internet_access must be true or false' });
+  }
+  const description = config.description;
+  if (description !== undefined && typeof description !== 'string') {
+    errors.push({ at: 'description', message: 'description must be a string' });
+  }
+  const allowOut = readList(config, 'allowOut', maxEntries, parseAllowEntry, errors);
+  const denyOut = readList(config, 'denyOut', maxEntries, parseDenyEntry, errors);
+  const denyAll = access === false || denyOut.some((rule) => rule.entry === ALL_TRAFFIC);
+  const firstName = allowOut.find((rule) => rule.kind !== 'address');
+  if (firstName && !denyAll) {
+    errors.push({
+      at: `allowOut[${firstName.index}]`,
+      entry: firstName.entry,
+      message: `${ALL_TRAFFIC_MESSAGE} (allowOut[${firstName.index}] ${JSON.stringify(firstName.entry)} is a domain)`,
+    });
+  }
+  if (errors.length > 0) return { ok: false, errors };
+  return {
+    ok: true,
+    value: {
+      allowOut,
+      denyOut,
+      allowInternetAccess: typeof access === 'boolean' ? access : undefined,
+      denyAll,
+      description: typeof description === 'string' ? description : undefined,
+    },
+  };
+}

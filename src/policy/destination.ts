@@ -19,7 +19,9 @@ const DEFAULT_PORTS: Readonly<Record<string, number>> = { http: 80, https: 443, 
 /** A decimal port 1-65535 without leading zeros. */
 export function parsePort(text: string): Result<number> {
   if (!/^[1-9][0-9]{0,4}$/.test(text) || Number(text) > 65535) {
-    return err(`port ${JSON.stringify(text)} is not a whole number from 1 to 65535 without leading zeros`);
+    return err(
+      `port ${JSON.stringify(text)} is not a whole number from 1 to 65535 without leading zeros`,
+    );
   }
   return ok(Number(text));
 }
@@ -29,7 +31,8 @@ export function parsePort(text: string): Result<number> {
  * refused: `user@host` is a classic way to make two parsers disagree about the host.
  */
 export function parseAuthority(text: string): Result<Destination> {
-  if (text.includes('@')) return err(`${JSON.stringify(text)} has userinfo ("@"); give only host and port`);
+  if (text.includes('@'))
+    return err(`${JSON.stringify(text)} has userinfo ("@"); give only host and port`);
   let hostText = text;
   let portText: string | undefined;
   if (text.startsWith('[')) {
@@ -38,10 +41,14 @@ export function parseAuthority(text: string): Result<Destination> {
     hostText = text.slice(1, close);
     const rest = text.slice(close + 1);
     if (rest !== '') {
-      if (!rest.startsWith(':')) return err(`${JSON.stringify(text)} has text after "]" that is not ":port"`);
+      if (!rest.startsWith(':'))
+        return err(`${JSON.stringify(text)} has text after "]" that is not ":port"`);
       portText = rest.slice(1);
     }
-    if (!hostText.includes(':')) return err(`${JSON.stringify(text)} has brackets around something that is not an IPv6 address`);
+    if (!hostText.includes(':'))
+      return err(
+        `${JSON.stringify(text)} has brackets around something that is not an IPv6 address`,
+      );
   } else {
     const colon = text.indexOf(':');
     // More than one colon without brackets can only be a bare IPv6 address.
@@ -78,7 +85,17 @@ export function parseDestination(text: string): Result<Destination> {
 /** How a destination is shown in logs and CLI output: `host:port`, `[v6]:port`, `host (ip)`. */
 export function formatDestination(destination: Destination): string {
   const { host, ip, port } = destination;
-  const address = ip === undefined ? undefined : ip.version === 6 && port !== undefined ? `[${ip.text}]` : ip.text;
-  const base = host !== undefined ? (address === undefined ? host : `${host} (${ip!.text})`) : (address ?? '?');
+  const address =
+    ip === undefined
+      ? undefined
+      : ip.version === 6 && port !== undefined
+        ? `[${ip.text}]`
+        : ip.text;
+  const base =
+    host !== undefined
+      ? address === undefined
+        ? host
+        : `${host} (${ip!.text})`
+      : (address ?? '?');
   return port === undefined ? base : `${base}:${port}`;
 }

@@ -40,7 +40,8 @@ function labelProblem(name: string): string | undefined {
     if (c === DOT) {
       const length = i - start;
       if (length === 0) return 'has an empty label';
-      if (length > MAX_LABEL_LENGTH) return `has a label longer than ${MAX_LABEL_LENGTH} characters`;
+      if (length > MAX_LABEL_LENGTH)
+        return `has a label longer than ${MAX_LABEL_LENGTH} characters`;
       if (name.charCodeAt(start) === HYPHEN || name.charCodeAt(i - 1) === HYPHEN) {
         return 'has a label that starts or ends with "-"';
       }
@@ -66,7 +67,8 @@ function isCanonicalAscii(s: string): boolean {
  * mapped to A-labels (UTS #46, so full-width forms fold too), then strict label checks.
  */
 export function canonicalName(input: string): Result<CanonicalName> {
-  const problem = (what: string) => err<CanonicalName>(`host name ${JSON.stringify(input)} ${what}`);
+  const problem = (what: string) =>
+    err<CanonicalName>(`host name ${JSON.stringify(input)} ${what}`);
   const raw = input.endsWith('.') ? input.slice(0, -1) : input;
   if (raw.length > MAX_NAME_LENGTH * 4) return problem('is too long');
   let name = raw;
@@ -75,16 +77,23 @@ export function canonicalName(input: string): Result<CanonicalName> {
       const c = raw.charCodeAt(i);
       // domainToASCII percent-decodes and accepts URL punctuation; only letters, digits, "-",
       // "_", "." and non-ASCII (IDN) may reach it.
-      if (c < 128 && !(isLower(c) || isUpper(c) || isDigit(c) || c === HYPHEN || c === UNDERSCORE || c === DOT)) {
-        return problem(`has a character that is not a letter, digit, "-" or "_" (${JSON.stringify(raw[i])})`);
+      if (
+        c < 128 &&
+        !(isLower(c) || isUpper(c) || isDigit(c) || c === HYPHEN || c === UNDERSCORE || c === DOT)
+      ) {
+        return problem(
+          `has a character that is not a letter, digit, "-" or "_" (${JSON.stringify(raw[i])})`,
+        );
       }
     }
-    if (lastLabelIsNumeric(raw)) return problem('ends in a number: it is an IPv4 address in a non-standard spelling');
+    if (lastLabelIsNumeric(raw))
+      return problem('ends in a number: it is an IPv4 address in a non-standard spelling');
     name = domainToASCII(raw);
     if (name === '') return problem('is not a valid internationalised domain name');
     if (name.endsWith('.')) return problem('has an empty label');
   }
-  if (lastLabelIsNumeric(name)) return problem('ends in a number: it is an IPv4 address in a non-standard spelling');
+  if (lastLabelIsNumeric(name))
+    return problem('ends in a number: it is an IPv4 address in a non-standard spelling');
   const bad = labelProblem(name);
   if (bad) return problem(bad);
   return ok(name as CanonicalName);

@@ -53,11 +53,13 @@ const toRange = (entry: string, description: string): Result<InternalRange> => {
 };
 
 /** The default list, as ranges with the registry note each one carries. */
-export const DEFAULT_INTERNAL_DENY: readonly InternalRange[] = DEFAULT_RANGES.map(([entry, description]) => {
-  const range = toRange(entry, description);
-  if (!range.ok) throw new Error(`built-in internal range ${entry}: ${range.error}`);
-  return range.value;
-});
+export const DEFAULT_INTERNAL_DENY: readonly InternalRange[] = DEFAULT_RANGES.map(
+  ([entry, description]) => {
+    const range = toRange(entry, description);
+    if (!range.ok) throw new Error(`built-in internal range ${entry}: ${range.error}`);
+    return range.value;
+  },
+);
 
 /**
  * Parses an operator's override: a comma-separated list of CIDRs or bare IPs, `none` for an
@@ -72,7 +74,9 @@ export function parseInternalDenyList(text: string): Result<InternalRange[]> {
     const entry = raw.trim();
     const range = toRange(entry, "operator's internal deny list");
     if (!range.ok) {
-      return err(`internal deny list entry ${index} ${JSON.stringify(entry)}: ${range.error}; expected CIDRs separated by commas, "none" or "default"`);
+      return err(
+        `internal deny list entry ${index} ${JSON.stringify(entry)}: ${range.error}; expected CIDRs separated by commas, "none" or "default"`,
+      );
     }
     ranges.push(range.value);
   }

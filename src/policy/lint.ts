@@ -3,8 +3,8 @@
  * the parser's job; nothing here changes a decision.
  */
 import { getPublicSuffix, parse as parseDomain } from 'tldts';
-import { DomainTrie } from './domain-trie.js';
 import { AddressPrefixMap } from './address-prefix-map.js';
+import { DomainTrie } from './domain-trie.js';
 import type { InternalDenyList } from './policy.js';
 import type { AddressRule, NameRule, NetworkRules, PolicyProblem, Rule } from './rules.js';
 
@@ -14,7 +14,8 @@ function publicSuffixWarning(rule: NameRule): string | undefined {
   const options = { allowPrivateDomains: true };
   if (getPublicSuffix(rule.name, options) !== rule.name) return undefined;
   const info = parseDomain(rule.name, options);
-  if (info.isIcann) return `${where(rule)} is a wildcard on the public suffix ${rule.name}: anyone can register a name below it`;
+  if (info.isIcann)
+    return `${where(rule)} is a wildcard on the public suffix ${rule.name}: anyone can register a name below it`;
   if (info.isPrivate) {
     return `${where(rule)} is a wildcard on ${rule.name}, listed as a public suffix: names below it belong to many unrelated owners`;
   }
@@ -28,13 +29,23 @@ function lintNames(names: NameRule[], warnings: PolicyProblem[]): void {
     if (rule.kind === 'wildcard') {
       if (!wildcards.insert(rule.name, 'wildcard', rule)) {
         const first = wildcards.lookup(`x.${rule.name}`)!;
-        warnings.push({ at: `allowOut[${rule.index}]`, entry: rule.entry, message: `${where(rule)} repeats ${where(first)}` });
+        warnings.push({
+          at: `allowOut[${rule.index}]`,
+          entry: rule.entry,
+          message: `${where(rule)} repeats ${where(first)}`,
+        });
       }
       const suffix = publicSuffixWarning(rule);
-      if (suffix) warnings.push({ at: `allowOut[${rule.index}]`, entry: rule.entry, message: suffix });
+      if (suffix)
+        warnings.push({ at: `allowOut[${rule.index}]`, entry: rule.entry, message: suffix });
     } else {
       const first = exact.get(rule.name);
-      if (first) warnings.push({ at: `allowOut[${rule.index}]`, entry: rule.entry, message: `${where(rule)} repeats ${where(first)}` });
+      if (first)
+        warnings.push({
+          at: `allowOut[${rule.index}]`,
+          entry: rule.entry,
+          message: `${where(rule)} repeats ${where(first)}`,
+        });
       else exact.set(rule.name, rule);
     }
   }
@@ -42,19 +53,28 @@ function lintNames(names: NameRule[], warnings: PolicyProblem[]): void {
     // For a wildcard `*.x`, lookup(x) finds only wildcards strictly above x.
     const cover = wildcards.lookup(rule.name);
     if (cover && cover !== rule) {
-      warnings.push({ at: `allowOut[${rule.index}]`, entry: rule.entry, message: `${where(rule)} is already covered by ${where(cover)}` });
+      warnings.push({
+        at: `allowOut[${rule.index}]`,
+        entry: rule.entry,
+        message: `${where(rule)} is already covered by ${where(cover)}`,
+      });
     }
   }
 }
 
 /** Reports repeated and shadowed prefixes within one list; returns the list's prefix map. */
-function lintAddresses(rules: readonly AddressRule[], warn: (rule: Rule, message: string) => void): AddressPrefixMap<AddressRule> {
+function lintAddresses(
+  rules: readonly AddressRule[],
+  warn: (rule: Rule, message: string) => void,
+): AddressPrefixMap<AddressRule> {
   const map = new AddressPrefixMap<AddressRule>();
   for (const rule of rules) {
-    if (!map.insert(rule.cidr, rule)) warn(rule, `${where(rule)} repeats ${where(map.covering(rule.cidr)!)}`);
+    if (!map.insert(rule.cidr, rule))
+      warn(rule, `${where(rule)} repeats ${where(map.covering(rule.cidr)!)}`);
   }
   for (const rule of rules) {
-    const broader = rule.cidr.prefixLength > 0 ? map.covering(rule.cidr, rule.cidr.prefixLength - 1) : undefined;
+    const broader =
+      rule.cidr.prefixLength > 0 ? map.covering(rule.cidr, rule.cidr.prefixLength - 1) : undefined;
     if (broader) warn(rule, `${where(rule)} is already covered by ${where(broader)}`);
   }
   return map;
@@ -63,7 +83,8 @@ function lintAddresses(rules: readonly AddressRule[], warn: (rule: Rule, message
 /** Lints canonical rules against the internal deny list the server will use. */
 export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): PolicyProblem[] {
   const warnings: PolicyProblem[] = [];
-  const warn = (rule: Rule, message: string) => warnings.push({ at: `${rule.list}[${rule.index}]`, entry: rule.entry, message });
+  const warn = (rule: Rule, message: string) =>
+    warnings.push({ at: `${rule.list}[${rule.index}]`, entry: rule.entry, message });
   lintNames(
     rules.allowOut.filter((rule): rule is NameRule => rule.kind !== 'address'),
     warnings,
@@ -75,7 +96,8 @@ export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): Pol
   lintAddresses(rules.denyOut, warn);
   for (const rule of [...rules.allowOut, ...rules.denyOut]) {
     if (rule.kind !== 'address') continue;
-    if (rule.cidr.hadHostBits) warn(rule, `${where(rule)} has bits set below its prefix length; it means ${rule.cidr.text}`);
+    if (rule.cidr.hadHostBits)
+      warn(rule, `${where(rule)} has bits set below its prefix length; it means ${rule.cidr.text}`);
     const inside = rule.cidr.prefixLength > 0 ? internal.covering(rule.cidr) : undefined;
     if (inside) {
       warn(
@@ -86,10 +108,17 @@ export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): Pol
       );
     }
     const allowedBy = rule.list === 'denyOut' ? allowAddresses.covering(rule.cidr) : undefined;
-    if (allowedBy) warn(rule, `${where(rule)} has no effect: ${where(allowedBy)} covers it, and allow beats deny`);
+    if (allowedBy)
+      warn(
+        rule,
+        `${where(rule)} has no effect: ${where(allowedBy)} covers it, and allow beats deny`,
+      );
   }
   if (!rules.denyAll && rules.denyOut.length === 0 && rules.allowOut.length > 0) {
-    warnings.push({ at: 'allowOut', message: 'allowOut has no effect: nothing is denied, so everything is already allowed' });
+    warnings.push({
+      at: 'allowOut',
+      message: 'allowOut has no effect: nothing is denied, so everything is already allowed',
+    });
   }
   return warnings;
 }

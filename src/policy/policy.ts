@@ -28,8 +28,12 @@ export interface LearnedAddresses {
   lookup(ip: IPAddress): string | undefined;
 }
 
-const decision = (verdict: Decision['verdict'], list: DecisionList, rule: string | null, reason: string): Decision =>
-  Object.freeze({ verdict, list, rule, reason });
+const decision = (
+  verdict: Decision['verdict'],
+  list: DecisionList,
+  rule: string | null,
+  reason: string,
+): Decision => Object.freeze({ verdict, list, rule, reason });
 
 export interface InternalDenyList {
   readonly ranges: readonly InternalRange[];
@@ -39,12 +43,19 @@ export interface InternalDenyList {
 }
 
 /** Compiles the hard internal deny list once; every Policy of a server shares it. */
-export function compileInternalDenyList(ranges: readonly InternalRange[] = DEFAULT_INTERNAL_DENY): InternalDenyList {
+export function compileInternalDenyList(
+  ranges: readonly InternalRange[] = DEFAULT_INTERNAL_DENY,
+): InternalDenyList {
   const map = new AddressPrefixMap<Decision>();
   for (const range of ranges) {
     map.insert(
       range.cidr,
-      decision('deny', 'internal', range.entry, `the internal deny list holds ${range.entry} (${range.description}); sandbox rules cannot open it`),
+      decision(
+        'deny',
+        'internal',
+        range.entry,
+        `the internal deny list holds ${range.entry} (${range.description}); sandbox rules cannot open it`,
+      ),
     );
   }
   return { ranges, lookup: (ip) => map.lookup(ip), covering: (cidr) => map.covering(cidr) };
@@ -70,26 +81,56 @@ function allowDecision(rule: Rule): Decision {
     case 'name':
       return decision('allow', 'allowOut', rule.entry, `the name matches allowOut ${rule.entry}`);
     case 'wildcard':
-      return decision('allow', 'allowOut', rule.entry, `the name is below ${rule.name}, matched by allowOut ${rule.entry}`);
+      return decision(
+        'allow',
+        'allowOut',
+        rule.entry,
+        `the name is below ${rule.name}, matched by allowOut ${rule.entry}`,
+      );
     case 'address':
-      return decision('allow', 'allowOut', rule.entry, `the address is inside allowOut ${rule.entry}; allow beats deny`);
+      return decision(
+        'allow',
+        'allowOut',
+        rule.entry,
+        `the address is inside allowOut ${rule.entry}; allow beats deny`,
+      );
   }
 }
 
-const ALL_TRAFFIC_REASON = 'denyOut 0.0.0.0/0 (ALL_TRAFFIC) denies every IPv4 and IPv6 destination that no allowOut rule covers';
-const NO_ACCESS_REASON = 'allow_internet_access is false: every destination that no allowOut rule covers is denied';
+const ALL_TRAFFIC_REASON =
+  'denyOut 0.0.0.0/0 (ALL_TRAFFIC) denies every IPv4 and IPv6 destination that no allowOut rule covers';
+const NO_ACCESS_REASON =
+  'allow_internet_access is false: every destination that no allowOut rule covers is denied';
 const ALLOW_DEFAULT = decision('allow', 'default', null, 'no rule matches; the default is allow');
-const NO_DESTINATION = decision('deny', 'invalid', null, 'the destination names neither a host nor an address');
-const BAD_PORT = decision('deny', 'invalid', null, 'the port is not a whole number from 1 to 65535');
+const NO_DESTINATION = decision(
+  'deny',
+  'invalid',
+  null,
+  'the destination names neither a host nor an address',
+);
+const BAD_PORT = decision(
+  'deny',
+  'invalid',
+  null,
+  'the port is not a whole number from 1 to 65535',
+);
 
 /** Compiles canonical rules into an immutable Policy. */
-export function compilePolicy(rules: NetworkRules, internal: InternalDenyList = DEFAULT_INTERNAL): Policy {
+export function compilePolicy(
+  rules: NetworkRules,
+  internal: InternalDenyList = DEFAULT_INTERNAL,
+): Policy {
   const allowNames = new DomainTrie<Decision>();
   const allowAddresses = new AddressPrefixMap<Decision>();
   const denyAddresses = new AddressPrefixMap<Decision>();
   for (const rule of rules.allowOut) {
     if (rule.kind === 'address') allowAddresses.insert(rule.cidr, allowDecision(rule));
-    else allowNames.insert(rule.name, rule.kind === 'name' ? 'exact' : 'wildcard', allowDecision(rule));
+    else
+      allowNames.insert(
+        rule.name,
+        rule.kind === 'name' ? 'exact' : 'wildcard',
+        allowDecision(rule),
+      );
   }
   let denyAll: Decision | undefined;
   for (const rule of rules.denyOut) {
@@ -99,23 +140,47 @@ export function compilePolicy(rules: NetworkRules, internal: InternalDenyList = 
       denyAddresses.insert(rule.cidr, denyAll);
       denyAddresses.insert({ ...rule.cidr, version: 6, words: [0, 0, 0, 0] }, denyAll);
     } else {
-      denyAddresses.insert(rule.cidr, decision('deny', 'denyOut', rule.entry, `the address is inside denyOut ${rule.entry}`));
+      denyAddresses.insert(
+        rule.cidr,
+        decision('deny', 'denyOut', rule.entry, `the address is inside denyOut ${rule.entry}`),
+      );
     }
   }
   if (rules.allowInternetAccess === false) {
     denyAll ??= decision('deny', 'denyOut', 'allow_internet_access=false', NO_ACCESS_REASON);
     for (const version of [4, 6] as const) {
       const words = version === 4 ? [0] : [0, 0, 0, 0];
-      denyAddresses.insert({ version, words, prefixLength: 0, hadHostBits: false, text: '' }, denyAll);
+      denyAddresses.insert(
+        { version, words, prefixLength: 0, hadHostBits: false, text: '' },
+        denyAll,
+      );
     }
   }
-  const resolveHint = allowAddresses.size > 0 ? ' unless it resolves into an allowOut address range' : '';
+  const resolveHint =
+    allowAddresses.size > 0 ? ' unless it resolves into an allowOut address range' : '';
   const unmatchedName = denyAll
-    ? decision('deny', denyAll.list, denyAll.rule, `no allowOut name rule covers the name; ${denyAll.rule} denies it${resolveHint}`)
+    ? decision(
+        'deny',
+        denyAll.list,
+        denyAll.rule,
+        `no allowOut name rule covers the name; ${denyAll.rule} denies it${resolveHint}`,
+      )
     : denyAddresses.size > 0
-      ? decision('allow', 'default', null, 'no rule names it; depends on what the name resolves to: denyOut decides each resolved address')
+      ? decision(
+          'allow',
+          'default',
+          null,
+          'no rule names it; depends on what the name resolves to: denyOut decides each resolved address',
+        )
       : ALLOW_DEFAULT;
-  return Object.freeze({ rules, internal, unmatchedName, allowNames, allowAddresses, denyAddresses });
+  return Object.freeze({
+    rules,
+    internal,
+    unmatchedName,
+    allowNames,
+    allowAddresses,
+    denyAddresses,
+  });
 }
 
 const isValidPort = (port: number) => Number.isInteger(port) && port >= 1 && port <= 65535;
@@ -124,7 +189,11 @@ const isValidPort = (port: number) => Number.isInteger(port) && port >= 1 && por
  * Decides a destination, in the order of design.md: internal list, allowOut names, allowOut
  * addresses, learned addresses (only when no host name was given), denyOut, default allow.
  */
-export function decide(policy: Policy, destination: Destination, learned?: LearnedAddresses): Decision {
+export function decide(
+  policy: Policy,
+  destination: Destination,
+  learned?: LearnedAddresses,
+): Decision {
   const { host, ip, port } = destination;
   if (port !== undefined && !isValidPort(port)) return BAD_PORT;
   if (ip !== undefined) {
@@ -144,7 +213,12 @@ export function decide(policy: Policy, destination: Destination, learned?: Learn
     const name = learned.lookup(ip);
     // Checked again against this policy so that a stale learned entry cannot open anything.
     if (name !== undefined && policy.allowNames.lookup(name as CanonicalName)) {
-      return decision('allow', 'learned', name, `the address was given to this sandbox by DNS for the allowed name ${name}`);
+      return decision(
+        'allow',
+        'learned',
+        name,
+        `the address was given to this sandbox by DNS for the allowed name ${name}`,
+      );
     }
   }
   return policy.denyAddresses.lookup(ip) ?? ALLOW_DEFAULT;

@@ -38,7 +38,13 @@ export class PrefixTrie<T> {
   private count = 0;
 
   constructor(readonly bits: 32 | 128) {
-    this.root = { prefixLength: 0, key: new Array(bits / 32).fill(0), value: undefined, zero: null, one: null };
+    this.root = {
+      prefixLength: 0,
+      key: new Array(bits / 32).fill(0),
+      value: undefined,
+      zero: null,
+      one: null,
+    };
   }
 
   get size(): number {
@@ -73,9 +79,16 @@ export class PrefixTrie<T> {
       const split: TrieNode<T> =
         common === prefixLength
           ? this.leaf(key, prefixLength, value)
-          : { prefixLength: common, key: maskWords(key, common), value: undefined, zero: null, one: null };
+          : {
+              prefixLength: common,
+              key: maskWords(key, common),
+              value: undefined,
+              zero: null,
+              one: null,
+            };
       this.attach(split, bitAt(child.key, common), child);
-      if (common !== prefixLength) this.attach(split, bitAt(key, common), this.leaf(key, prefixLength, value));
+      if (common !== prefixLength)
+        this.attach(split, bitAt(key, common), this.leaf(key, prefixLength, value));
       this.attach(node, side, split);
       return true;
     }
@@ -87,7 +100,12 @@ export class PrefixTrie<T> {
     let best = node.value;
     while (node.prefixLength < maxLength) {
       const next = bitAt(address, node.prefixLength) ? node.one : node.zero;
-      if (next === null || next.prefixLength > maxLength || !samePrefix(next.key, address, next.prefixLength)) break;
+      if (
+        next === null ||
+        next.prefixLength > maxLength ||
+        !samePrefix(next.key, address, next.prefixLength)
+      )
+        break;
       if (next.value !== undefined) best = next.value;
       node = next;
     }

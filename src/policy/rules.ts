@@ -45,7 +45,9 @@ export interface PolicyProblem {
   readonly message: string;
 }
 
-export type ParseResult = { ok: true; value: NetworkRules } | { ok: false; errors: PolicyProblem[] };
+export type ParseResult =
+  | { ok: true; value: NetworkRules }
+  | { ok: false; errors: PolicyProblem[] };
 
 export interface ParseOptions {
   /** Entries allowed in each list (default 10,000). */
@@ -68,7 +70,9 @@ function parseAllowEntry(entry: string, index: number): Rule | PolicyProblem {
   if (entry.startsWith('*')) {
     const rest = entry.slice(2);
     if (!entry.startsWith('*.') || rest.includes('*')) {
-      return problem(`invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`);
+      return problem(
+        `invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`,
+      );
     }
     const name = canonicalName(rest);
     if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
@@ -78,12 +82,16 @@ function parseAllowEntry(entry: string, index: number): Rule | PolicyProblem {
     const cidr = parseCIDR(entry);
     if (!cidr.ok) return problem(`invalid allowed address ${entry} (${at}): ${cidr.error}`);
     if (isUnspecifiedNetwork(cidr.value)) {
-      return problem(`invalid allowed address ${entry} (${at}): the unspecified network cannot be allowed; to allow all traffic, leave denyOut empty`);
+      return problem(
+        `invalid allowed address ${entry} (${at}): the unspecified network cannot be allowed; to allow all traffic, leave denyOut empty`,
+      );
     }
     return { kind: 'address', list: 'allowOut', index, entry, cidr: cidr.value };
   }
   if (entry.includes('*')) {
-    return problem(`invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`);
+    return problem(
+      `invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`,
+    );
   }
   const name = canonicalName(entry);
   if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
@@ -94,7 +102,9 @@ function parseDenyEntry(entry: string, index: number): AddressRule | PolicyProbl
   const at = `denyOut[${index}]`;
   const cidr = parseCIDR(entry);
   if (!cidr.ok) {
-    const why = looksLikeAddress(entry) ? cidr.error : 'denyOut takes only IP addresses and CIDRs, not names';
+    const why = looksLikeAddress(entry)
+      ? cidr.error
+      : 'denyOut takes only IP addresses and CIDRs, not names';
     return { at, entry, message: `invalid denied CIDR ${entry} (${at}): ${why}` };
   }
   // The unspecified network is meaningful only as "everything": 0.0.0.0/0 or ::/0.
@@ -124,13 +134,19 @@ function readList<T extends Rule>(
     return [];
   }
   if (value.length > maxEntries) {
-    errors.push({ at: field, message: `${field} has ${value.length} entries; the limit is ${maxEntries} per list` });
+    errors.push({
+      at: field,
+      message: `${field} has ${value.length} entries; the limit is ${maxEntries} per list`,
+    });
     return [];
   }
   const rules: T[] = [];
   value.forEach((entry: unknown, index) => {
     if (typeof entry !== 'string') {
-      errors.push({ at: `${field}[${index}]`, message: `${field}[${index}] must be a string, not ${JSON.stringify(entry)}` });
+      errors.push({
+        at: `${field}[${index}]`,
+        message: `${field}[${index}] must be a string, not ${JSON.stringify(entry)}`,
+      });
       return;
     }
     const parsed = parseEntry(entry, index);
@@ -144,7 +160,10 @@ function readList<T extends Rule>(
 export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): ParseResult {
   const maxEntries = options.maxEntries ?? DEFAULT_MAX_ENTRIES;
   if (typeof input !== 'object' || input === null || Array.isArray(input)) {
-    return { ok: false, errors: [{ at: 'config', message: 'a network configuration must be a JSON object' }] };
+    return {
+      ok: false,
+      errors: [{ at: 'config', message: 'a network configuration must be a JSON object' }],
+    };
   }
   const config = input as Record<string, unknown>;
   const errors: PolicyProblem[] = [];
@@ -158,7 +177,10 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
   }
   const access = config.allow_internet_access;
   if (access !== undefined && access !== null && typeof access !== 'boolean') {
-    errors.push({ at: 'allow_internet_access', message: 'allow_internet_access must be true or false' });
+    errors.push({
+      at: 'allow_internet_access',
+      message: 'allow_internet_access must be true or false',
+    });
   }
   const description = config.description;
   if (description !== undefined && typeof description !== 'string') {

@@ -1,0 +1,42 @@
+import type { Readable, Writable } from 'node:stream';
+import { type ConfigSources, loadConfig, type MoatConfig, SETTINGS } from '../config.js';
+
+export interface CliIO {
+  readonly stdin: Readable & { isTTY?: boolean };
+  readonly stdout: Writable;
+  readonly stderr: Writable;
+  readonly env: Readonly<Record<string, string | undefined>>;
+}
+
+/** Exit codes shared by every command. */
+export const EXIT = { ok: 0, denied: 1, usage: 2 } as const;
+
+/** Thrown for a usage error; the CLI prints the message (and a hint) and exits 2. */
+export class UsageError extends Error {}
+
+/** parseArgs option definitions for the configuration flags every command accepts. */
+export const CONFIG_OPTIONS = Object.fromEntries([
+  ['config', { type: 'string' as const }],
+  ...SETTINGS.map((s) => [s.flag, { type: 'string' as const }]),
+]) as Record<string, { type: 'string' }>;
+
+export const CONFIG_HELP = [
+  '  --config FILE             JSON config file (keys as in README "Configuration")',
+  ...SETTINGS.map(
+    (s) => `  --${`${s.flag} VALUE`.padEnd(24)}${s.help} (env ${s.env}, default ${s.default})`,
+  ),
+].join('\n');
+
+/** Loads the configuration from the parsed flags and the environment, or throws UsageError. */
+export function configFrom(values: Record<string, unknown>, io: CliIO): MoatConfig {
+  const flags: Record<string, string | undefined> = {};
+  for (const s of SETTINGS) flags[s.flag] = values[s.flag] as string | undefined;
+  const sources: ConfigSources = {
+    flags,
+    env: io.env,
+    ...(typeof values.config === 'string' ? { file: values.config } : {}),
+  };
+  const config = loadConfig(sources);
+  if (!config.ok) throw new UsageError(config.error);
+  return config.value;
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env node
+import { runCli } from './index.js';
+
+process.exitCode = await runCli(process.argv.slice(2), {
+  stdin: process.stdin,
+  stdout: process.stdout,
+  stderr: process.stderr,
+  env: process.env,
+});

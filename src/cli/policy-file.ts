@@ -1,0 +1,29 @@
+import { readFileSync } from 'node:fs';
+import { type NetworkRules, type ParseOptions, parseNetworkConfig } from '../policy/index.js';
+
+export type PolicyFileResult =
+  | { ok: true; rules: NetworkRules }
+  | { ok: false; problems: string[] };
+
+/** Reads and validates a policy file (JSON shaped like the PUT network body). */
+export function readPolicyFile(path: string, options: ParseOptions): PolicyFileResult {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (error) {
+    return {
+      ok: false,
+      problems: [`cannot read policy file: ${(error as NodeJS.ErrnoException).message}`],
+    };
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (error) {
+    return { ok: false, problems: [`not valid JSON: ${(error as Error).message}`] };
+  }
+  const parsed = parseNetworkConfig(json, options);
+  return parsed.ok
+    ? { ok: true, rules: parsed.value }
+    : { ok: false, problems: parsed.errors.map((problem) => problem.message) };
+}

@@ -8,14 +8,28 @@ import {
   DEFAULT_MAX_ENTRIES,
   type InternalRange,
   parseInternalDenyList,
+  parseIP,
   type Result,
 } from './policy/index.js';
+
+export interface HostPort {
+  readonly host: string;
+  readonly port: number;
+}
 
 export interface MoatConfig {
   /** Destinations no sandbox rule can open (the hard internal deny list). */
   readonly internalDeny: readonly InternalRange[];
   /** Entries allowed in each of allowOut and denyOut. */
   readonly maxPolicyEntries: number;
+  readonly logLevel: string;
+  readonly dnsListen: HostPort;
+  readonly dnsUpstream: readonly HostPort[];
+  readonly dnsTimeoutMs: number;
+  readonly dnsMinTtl: number;
+  readonly dnsMaxTtl: number;
+  readonly dnsCacheSize: number;
+  readonly dnsRateLimit: number;
 }
 
 interface Setting<K extends keyof MoatConfig> {
@@ -37,6 +51,67 @@ const positiveInteger =
           error: `expected a whole number from 1 to ${max}, got ${JSON.stringify(text)}`,
         };
 
+/** `ip:port`, `[ipv6]:port`, or a bare IP when a default port applies. Port 0 = any free port. */
+function hostPort(text: string, defaultPort?: number): Result<HostPort> {
+  const trimmed = text.trim();
+  let host = trimmed;
+  let portText: string | undefined;
+  if (trimmed.startsWith('[')) {
+    const close = trimmed.indexOf(']');
+    host = trimmed.slice(1, close);
+    const rest = trimmed.slice(close + 1);
+    portText = rest.startsWith(':') ? rest.slice(1) : rest === '' ? undefined : 'invalid';
+  } else if (trimmed.split(':').length === 2) {
+    [host, portText] = trimmed.split(':') as [string, string];
+  }
+  const ip = parseIP(host);
+  const port =
+    portText === undefined
+      ? defaultPort
+      : /^[0-9]{1,5}$/.test(portText)
+        ? Number(portText)
+        : undefined;
+  if (!ip.ok || port === undefined || port > 65535) {
+    return { ok: false, error: `expected ip:port or [ipv6]:port, got ${JSON.stringify(text)}` };
+  }
+  return { ok: true, value: { host: ip.value.text, port } };
+}
+
+/** The nameservers of /etc/resolv.conf, the default upstream. */
+function systemResolvers(): Result<HostPort[]> {
+  let text: string;
+  try {
+    text = readFileSync('/etc/resolv.conf', 'utf8');
+  } catch (error) {
+    return {
+      ok: false,
+      error: `"system" needs /etc/resolv.conf: ${(error as Error).message}; give resolvers as ip:port`,
+    };
+  }
+  const servers = [...text.matchAll(/^\s*nameserver\s+(\S+)/gm)].map((m) => hostPort(m[1]!, 53));
+  const usable = servers.flatMap((s) => (s.ok ? [s.value] : []));
+  return usable.length > 0
+    ? { ok: true, value: usable }
+    : { ok: false, error: '/etc/resolv.conf names no nameserver; give resolvers as ip:port' };
+}
+
+function resolverList(text: string): Result<HostPort[]> {
+  if (text.trim() === 'system') return systemResolvers();
+  const servers: HostPort[] = [];
+  for (const entry of text.split(',')) {
+    const server = hostPort(entry, 53);
+    if (!server.ok) return server;
+    servers.push(server.value);
+  }
+  return { ok: true, value: servers };
+}
+
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+const logLevel = (text: string): Result<string> =>
+  LOG_LEVELS.includes(text)
+    ? { ok: true, value: text }
+    : { ok: false, error: `expected one of ${LOG_LEVELS.join(', ')}` };
+
 type AnySetting = { [K in keyof MoatConfig]: Setting<K> }[keyof MoatConfig];
 
 export const SETTINGS: readonly AnySetting[] = [
@@ -54,6 +129,70 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_MAX_POLICY_ENTRIES',
     default: String(DEFAULT_MAX_ENTRIES),
     help: 'entries allowed in each of allowOut and denyOut',
+    parse: positiveInteger(1_000_000),
+  },
+  {
+    key: 'logLevel',
+    flag: 'log-level',
+    env: 'MOAT_LOG_LEVEL',
+    default: 'info',
+    help: `log level: ${LOG_LEVELS.join(', ')}`,
+    parse: logLevel,
+  },
+  {
+    key: 'dnsListen',
+    flag: 'dns-listen',
+    env: 'MOAT_DNS_LISTEN',
+    default: '127.0.0.1:5353',
+    help: 'where the DNS interceptor listens (UDP and TCP), ip:port',
+    parse: (text) => hostPort(text),
+  },
+  {
+    key: 'dnsUpstream',
+    flag: 'dns-upstream',
+    env: 'MOAT_DNS_UPSTREAM',
+    default: 'system',
+    help: 'upstream resolvers, comma-separated ip[:port], or "system" for /etc/resolv.conf',
+    parse: resolverList,
+  },
+  {
+    key: 'dnsTimeoutMs',
+    flag: 'dns-timeout-ms',
+    env: 'MOAT_DNS_TIMEOUT_MS',
+    default: '2000',
+    help: 'time to answer a forwarded query before SERVFAIL, over every resolver and retry',
+    parse: positiveInteger(60_000),
+  },
+  {
+    key: 'dnsMinTtl',
+    flag: 'dns-min-ttl',
+    env: 'MOAT_DNS_MIN_TTL',
+    default: '30',
+    help: 'shortest time, seconds, an address from a DNS answer stays allowed',
+    parse: positiveInteger(86_400),
+  },
+  {
+    key: 'dnsMaxTtl',
+    flag: 'dns-max-ttl',
+    env: 'MOAT_DNS_MAX_TTL',
+    default: '86400',
+    help: 'longest time, seconds, an address stays allowed or an answer is cached',
+    parse: positiveInteger(604_800),
+  },
+  {
+    key: 'dnsCacheSize',
+    flag: 'dns-cache-size',
+    env: 'MOAT_DNS_CACHE_SIZE',
+    default: '10000',
+    help: 'answers kept in the shared DNS cache (least recently used go first)',
+    parse: positiveInteger(10_000_000),
+  },
+  {
+    key: 'dnsRateLimit',
+    flag: 'dns-rate-limit',
+    env: 'MOAT_DNS_RATE_LIMIT',
+    default: '500',
+    help: 'DNS queries per second per sandbox (bursts of the same size); more are REFUSED',
     parse: positiveInteger(1_000_000),
   },
 ];

@@ -3,6 +3,7 @@ import { readFileSync } from 'node:fs';
 import { CHECK_HELP, check } from './check.js';
 import { type CliIO, EXIT, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
+import { SERVE_HELP, serve } from './serve.js';
 
 export type { CliIO } from './io.js';
 
@@ -16,6 +17,11 @@ const COMMANDS: Record<
   string,
   { run: (args: string[], io: CliIO) => Promise<number>; help: string; summary: string }
 > = {
+  serve: {
+    run: serve,
+    help: SERVE_HELP,
+    summary: 'run Moat: the DNS interceptor every sandbox resolves through',
+  },
   check: {
     run: check,
     help: CHECK_HELP,

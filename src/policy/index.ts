@@ -21,6 +21,7 @@ export {
   decide,
   type InternalDenyList,
   type LearnedAddresses,
+  matchName,
   type Policy,
 } from './policy.js';
 export type { Result } from './result.js';

@@ -25,7 +25,7 @@ export interface Decision {
 /** Addresses the DNS interceptor gave this sandbox for allowed names (still within TTL). */
 export interface LearnedAddresses {
   /** The name an address was learned for, or undefined. */
-  lookup(ip: IPAddress): string | undefined;
+  lookup(ip: IPAddress): CanonicalName | undefined;
 }
 
 const decision = (
@@ -183,6 +183,10 @@ export function compilePolicy(
   });
 }
 
+/** The allowOut name rule covering a canonical name, if any (exact beats wildcard). */
+export const matchName = (policy: Policy, name: CanonicalName): Decision | undefined =>
+  policy.allowNames.lookup(name);
+
 const isValidPort = (port: number) => Number.isInteger(port) && port >= 1 && port <= 65535;
 
 /**
@@ -212,7 +216,7 @@ export function decide(
   if (learned !== undefined && host === undefined) {
     const name = learned.lookup(ip);
     // Checked again against this policy so that a stale learned entry cannot open anything.
-    if (name !== undefined && policy.allowNames.lookup(name as CanonicalName)) {
+    if (name !== undefined && policy.allowNames.lookup(name)) {
       return decision(
         'allow',
         'learned',

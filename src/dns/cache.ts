@@ -1,0 +1,196 @@
+import dnsPacket from 'dns-packet';
+import dnsPacketTypes from 'dns-packet/types.js';
+import { type IPAddress, parseIP } from '../policy/index.js';
+import { type UpstreamClient, UpstreamError } from './upstream.js';
+import { RCODE, ttlOffsets } from './wire.js';
+
+/** A record as dns-packet decodes it (OPT never appears in the sections we keep). */
+type DecodedRecord = { name: string; type: string; class?: string; ttl?: number; data?: unknown };
+
+/**
+ * One upstream answer, kept in the form that is cheapest to hand out again: an encoded
+ * template (ID 0, lower-case question, no additional section) whose TTLs and ID are patched
+ * per client, plus the address records that policy must check per sandbox.
+ */
+export interface CachedAnswer {
+  readonly rcode: number;
+  readonly template: Buffer;
+  readonly offsets: readonly number[];
+  /** TTL of each answer and authority record when stored (sanitised and capped). */
+  readonly ttls: readonly number[];
+  /** A/AAAA records of the answer section, by record index. */
+  readonly addresses: ReadonlyArray<{ readonly index: number; readonly ip: IPAddress }>;
+  readonly answers: readonly DecodedRecord[];
+  readonly authorities: readonly DecodedRecord[];
+  readonly storedAt: number;
+  readonly expiresAt: number;
+}
+
+export interface AnswerCacheOptions {
+  readonly capacity: number;
+  /** Cap on any TTL handed out or cached, seconds. */
+  readonly maxTtl: number;
+  /** Cap on negative caching (RFC 2308 suggests hours at most), seconds. */
+  readonly maxNegativeTtl: number;
+  readonly now: () => number;
+  readonly onLookup?: (hit: boolean) => void;
+}
+
+/** RFC 2181 section 8: a TTL with the top bit set is read as 0. */
+const sanitiseTtl = (ttl: number | undefined, cap: number) =>
+  ttl === undefined || ttl >= 2 ** 31 ? 0 : Math.min(ttl, cap);
+
+const sameName = (a: string, b: string) => a.toLowerCase() === b.toLowerCase();
+
+/**
+ * Keeps answer records that belong to the question: owned by the name or by a CNAME target
+ * reached from it, class IN. Authority keeps only SOA (negative caching). Glue and other
+ * additional data are dropped: nothing we did not ask about reaches a sandbox.
+ */
+function relevantRecords(
+  name: string,
+  packet: dnsPacket.Packet,
+): { answers: DecodedRecord[]; authorities: DecodedRecord[] } {
+  const chain = [name];
+  const answers: DecodedRecord[] = [];
+  for (const record of (packet.answers ?? []) as DecodedRecord[]) {
+    if (record.class !== 'IN' || !chain.some((n) => sameName(n, record.name))) continue;
+    answers.push(record);
+    if (record.type === 'CNAME' && chain.length < 16) chain.push(String(record.data));
+  }
+  const authorities = ((packet.authorities ?? []) as DecodedRecord[]).filter(
+    (record) => record.type === 'SOA',
+  );
+  return { answers, authorities };
+}
+
+/** Builds the cache entry (and its template) for a set of records. Throws when it cannot encode. */
+export function buildAnswer(
+  name: string,
+  type: number,
+  rcode: number,
+  records: { answers: readonly DecodedRecord[]; authorities: readonly DecodedRecord[] },
+  ttls: readonly number[],
+  storedAt: number,
+  lifetimeSeconds: number,
+): CachedAnswer {
+  const template = dnsPacket.encode({
+    type: 'response',
+    id: 0,
+    flags: rcode,
+    questions: [{ name, type: typeName(type), class: 'IN' }],
+    answers: records.answers.map((r, i) => ({ ...r, ttl: ttls[i] })) as dnsPacket.Answer[],
+    authorities: records.authorities.map((r, i) => ({
+      ...r,
+      ttl: ttls[records.answers.length + i],
+    })) as dnsPacket.Answer[],
+  });
+  const offsets = ttlOffsets(template);
+  if (offsets === undefined || offsets.length !== ttls.length)
+    throw new UpstreamError('re-encoded answer does not walk');
+  const addresses: Array<{ index: number; ip: IPAddress }> = [];
+  records.answers.forEach((record, index) => {
+    if (record.type !== 'A' && record.type !== 'AAAA') return;
+    const ip = parseIP(String(record.data));
+    if (ip.ok) addresses.push({ index, ip: ip.value });
+  });
+  return {
+    rcode,
+    template,
+    offsets,
+    ttls,
+    addresses,
+    answers: records.answers,
+    authorities: records.authorities,
+    storedAt,
+    expiresAt: storedAt + lifetimeSeconds * 1000,
+  };
+}
+
+const typeName = (type: number) => dnsPacketTypes.toString(type) as dnsPacket.RecordType;
+
+/** A shared, TTL-respecting answer cache with in-flight coalescing and an LRU bound. */
+export class AnswerCache {
+  private readonly entries = new Map<string, CachedAnswer>();
+  private readonly inflight = new Map<string, Promise<CachedAnswer>>();
+
+  constructor(
+    private readonly upstream: UpstreamClient,
+    private readonly options: AnswerCacheOptions,
+  ) {}
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  /** The answer for a question: cached, joined to an identical question in flight, or asked. */
+  resolve(name: string, type: number): Promise<CachedAnswer> | CachedAnswer {
+    const key = `${type} ${name}`;
+    const cached = this.entries.get(key);
+    if (cached !== undefined) {
+      if (cached.expiresAt > this.options.now()) {
+        // Refresh recency for the LRU bound (Map keeps insertion order).
+        this.entries.delete(key);
+        this.entries.set(key, cached);
+        this.options.onLookup?.(true);
+        return cached;
+      }
+      this.entries.delete(key);
+    }
+    this.options.onLookup?.(false);
+    const pending = this.inflight.get(key);
+    if (pending !== undefined) return pending;
+    const asked = this.ask(name, type).finally(() => this.inflight.delete(key));
+    this.inflight.set(key, asked);
+    return asked;
+  }
+
+  private async ask(name: string, type: number): Promise<CachedAnswer> {
+    const reply = await this.upstream.query(name, type);
+    let packet: dnsPacket.Packet;
+    try {
+      packet = dnsPacket.decode(reply);
+    } catch (error) {
+      throw new UpstreamError(
+        `undecodable upstream answer for ${name}: ${(error as Error).message}`,
+      );
+    }
+    const rcode = reply.readUInt16BE(2) & 0xf;
+    const records = relevantRecords(name, packet);
+    const { maxTtl, maxNegativeTtl } = this.options;
+    const ttls = [...records.answers, ...records.authorities].map((r) =>
+      sanitiseTtl(r.ttl, maxTtl),
+    );
+    let lifetime: number;
+    if (rcode === RCODE.NOERROR && records.answers.length > 0) {
+      lifetime = Math.min(...ttls.slice(0, records.answers.length));
+    } else {
+      // RFC 2308: a negative answer lives min(SOA TTL, SOA MINIMUM); without an SOA, not at all.
+      const soa = records.authorities[0];
+      const minimum = (soa?.data as { minimum?: number } | undefined)?.minimum;
+      lifetime =
+        soa === undefined
+          ? 0
+          : Math.min(sanitiseTtl(soa.ttl, maxNegativeTtl), sanitiseTtl(minimum, maxNegativeTtl));
+    }
+    let answer: CachedAnswer;
+    try {
+      answer = buildAnswer(name, type, rcode, records, ttls, this.options.now(), lifetime);
+    } catch (error) {
+      throw new UpstreamError(
+        `cannot re-encode the upstream answer for ${name}: ${(error as Error).message}`,
+      );
+    }
+    if (lifetime > 0 && (rcode === RCODE.NOERROR || rcode === RCODE.NXDOMAIN))
+      this.store(`${type} ${name}`, answer);
+    return answer;
+  }
+
+  private store(key: string, answer: CachedAnswer): void {
+    if (this.entries.size >= this.options.capacity) {
+      const oldest = this.entries.keys().next();
+      if (!oldest.done) this.entries.delete(oldest.value);
+    }
+    this.entries.set(key, answer);
+  }
+}

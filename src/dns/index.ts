@@ -1,0 +1,9 @@
+/** The DNS interceptor: UDP and TCP listeners, upstream client, answer cache, learning. */
+export { AnswerCache, type AnswerCacheOptions } from './cache.js';
+export { DnsInterceptor, type DnsInterceptorOptions, type ListenAddress } from './interceptor.js';
+export {
+  UpstreamClient,
+  UpstreamError,
+  type UpstreamOptions,
+  type UpstreamServer,
+} from './upstream.js';

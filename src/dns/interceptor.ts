@@ -1,0 +1,266 @@
+import dgram from 'node:dgram';
+import net from 'node:net';
+import type { Logger } from 'pino';
+import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
+import type { DnsVerdict, MoatMetrics } from '../metrics/index.js';
+import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
+import { type AnswerCache, buildAnswer, type CachedAnswer } from './cache.js';
+import {
+  emptyAnswer,
+  finishAnswer,
+  parseQuery,
+  type Query,
+  questionOf,
+  RCODE,
+  TYPE,
+  udpLimit,
+} from './wire.js';
+
+export interface ListenAddress {
+  readonly host: string;
+  readonly port: number;
+}
+
+export interface DnsInterceptorOptions {
+  readonly listen: ListenAddress;
+  readonly table: EnforcementTable;
+  readonly cache: AnswerCache;
+  readonly metrics: MoatMetrics;
+  readonly logger: Logger;
+  /** Clamp for how long a learned address stays allowed, seconds. */
+  readonly minLearnTtl: number;
+  readonly maxLearnTtl: number;
+  /** Queries per second per sandbox (token bucket, burst of the same size). */
+  readonly rateLimit: number;
+  readonly now: () => number;
+  /** TCP connections idle longer than this are closed (RFC 7766 section 6.2.3). */
+  readonly tcpIdleTimeoutMs?: number;
+}
+
+type Transport = 'udp' | 'tcp';
+
+const TCP_LIMIT = 65535;
+const MAX_TCP_CONNECTIONS = 1024;
+const MAX_PIPELINED = 64;
+
+/**
+ * The DNS interceptor: every sandbox's resolver. It decides each query name with the
+ * sandbox's compiled Policy, answers denied names itself (NXDOMAIN, never forwarded), forwards
+ * the rest through the shared cache, strips addresses the policy refuses, and learns the
+ * addresses it hands out before the answer leaves.
+ */
+export class DnsInterceptor {
+  private udp: dgram.Socket | undefined;
+  private tcp: net.Server | undefined;
+  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  private readonly connections = new Set<net.Socket>();
+
+  constructor(private readonly options: DnsInterceptorOptions) {
+    options.metrics.countLearnedWith(() =>
+      options.table.all().reduce((sum, s) => sum + s.learned.size, 0),
+    );
+    options.table.subscribe((event) => {
+      if (event.type === 'removed') this.buckets.delete(event.sandboxID);
+    });
+  }
+
+  /** Binds UDP and TCP on the same address and port; resolves to the bound port. */
+  async start(): Promise<number> {
+    const { host, port } = this.options.listen;
+    const udp = dgram.createSocket({ type: net.isIPv6(host) ? 'udp6' : 'udp4' });
+    this.udp = udp;
+    udp.on('message', (message, from) => {
+      void this.answer(message, from.address, 'udp').then((reply) => {
+        if (reply) udp.send(reply, from.port, from.address);
+      });
+    });
+    await new Promise<void>((resolve, reject) => {
+      udp.once('error', reject);
+      udp.bind(port, host, () => {
+        udp.off('error', reject);
+        // A send error (e.g. the client vanished) must never end the listener.
+        udp.on('error', (error) =>
+          this.options.logger.warn({ err: error }, 'dns udp socket error'),
+        );
+        resolve();
+      });
+    });
+    const boundPort = udp.address().port;
+    const tcp = net.createServer((socket) => this.serveTcp(socket));
+    tcp.maxConnections = MAX_TCP_CONNECTIONS;
+    this.tcp = tcp;
+    await new Promise<void>((resolve, reject) => {
+      tcp.once('error', reject);
+      tcp.listen(boundPort, host, () => {
+        tcp.off('error', reject);
+        resolve();
+      });
+    });
+    return boundPort;
+  }
+
+  async stop(): Promise<void> {
+    for (const socket of this.connections) socket.destroy();
+    await Promise.all([
+      new Promise<void>((resolve) => (this.udp ? this.udp.close(() => resolve()) : resolve())),
+      new Promise<void>((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve())),
+    ]);
+  }
+
+  /**
+   * Answers one message from `source`. Returns the bytes to send back, or undefined to stay
+   * silent. Never throws: any failure becomes SERVFAIL for a parsed query.
+   */
+  async answer(message: Buffer, source: string, transport: Transport): Promise<Buffer | undefined> {
+    const count = (verdict: DnsVerdict) =>
+      this.options.metrics.dnsQueries.inc({ transport, verdict });
+    const parsed = parseQuery(message);
+    if (parsed.kind === 'drop') {
+      count('dropped');
+      return undefined;
+    }
+    if (parsed.kind === 'error') {
+      count(parsed.rcode === RCODE.FORMERR ? 'formerr' : 'refused');
+      return emptyAnswer(parsed.id, parsed.question, parsed.rcode);
+    }
+    const { query } = parsed;
+    const refuse = (reason: string, sandbox?: EnforcedSandbox) => {
+      count('refused');
+      this.options.logger.debug(
+        { sandboxID: sandbox?.sandboxID, source, name: query.name, reason },
+        'dns query refused',
+      );
+      return emptyAnswer(query.id, questionOf(query), RCODE.REFUSED, query);
+    };
+    const sourceIP = parseIP(source);
+    const sandbox = sourceIP.ok ? this.options.table.fromSource(sourceIP.value.text) : undefined;
+    if (sandbox === undefined) return refuse('unknown source address');
+    if (!this.takeToken(sandbox.sandboxID)) return refuse('rate limit', sandbox);
+    if (query.type === TYPE.ANY) return refuse('ANY queries are not answered (RFC 8482)', sandbox);
+    const name = canonicalName(query.name);
+    if (!name.ok) return refuse(name.error, sandbox);
+
+    const policy = sandbox.policy;
+    const verdict = decide(policy, { host: name.value });
+    if (verdict.verdict === 'deny') {
+      count('blocked');
+      this.options.logger.info(
+        {
+          sandboxID: sandbox.sandboxID,
+          destination: name.value,
+          qtype: query.type,
+          rule: verdict.rule,
+          list: verdict.list,
+          reason: verdict.reason,
+        },
+        'dns query denied',
+      );
+      return emptyAnswer(query.id, questionOf(query), RCODE.NXDOMAIN, query);
+    }
+    try {
+      const answer = await this.options.cache.resolve(name.value, query.type);
+      const reply = this.reply(
+        sandbox,
+        name.value,
+        answer,
+        query,
+        transport === 'udp' ? udpLimit(query) : TCP_LIMIT,
+      );
+      count('forwarded');
+      return reply;
+    } catch (error) {
+      count('servfail');
+      this.options.logger.warn(
+        { sandboxID: sandbox.sandboxID, destination: name.value, err: (error as Error).message },
+        'dns servfail',
+      );
+      return emptyAnswer(query.id, questionOf(query), RCODE.SERVFAIL, query);
+    }
+  }
+
+  /** Checks the answer's addresses against the sandbox's policy, learns the kept ones, encodes. */
+  private reply(
+    sandbox: EnforcedSandbox,
+    name: CanonicalName,
+    answer: CachedAnswer,
+    query: Query,
+    limit: number,
+  ): Buffer {
+    const { minLearnTtl, maxLearnTtl, now } = this.options;
+    const elapsed = Math.floor((now() - answer.storedAt) / 1000);
+    const ttls = answer.ttls.map((ttl) => Math.max(0, ttl - elapsed));
+    const policy = sandbox.policy;
+    const refused = new Set<number>();
+    for (const { index, ip } of answer.addresses) {
+      if (decide(policy, { host: name, ip }).verdict === 'deny') refused.add(index);
+    }
+    // Learn before the answer is released: the client may connect the moment it has it.
+    for (const { index, ip } of answer.addresses) {
+      if (!refused.has(index))
+        sandbox.learned.learn(ip, name, Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!)));
+    }
+    if (refused.size === 0)
+      return finishAnswer(answer.template, answer.offsets, ttls, query, answer.rcode, limit);
+    // Rare path: this sandbox may not see some addresses (rebinding defence); re-encode without them.
+    const keep = answer.answers.map((_, i) => !refused.has(i));
+    const stripped = buildAnswer(
+      name,
+      query.type,
+      answer.rcode,
+      { answers: answer.answers.filter((_, i) => keep[i]), authorities: answer.authorities },
+      ttls.filter((_, i) => i >= answer.answers.length || keep[i]),
+      now(),
+      0,
+    );
+    return finishAnswer(
+      stripped.template,
+      stripped.offsets,
+      stripped.ttls,
+      query,
+      stripped.rcode,
+      limit,
+    );
+  }
+
+  private takeToken(sandboxID: string): boolean {
+    const rate = this.options.rateLimit;
+    const at = this.options.now();
+    const bucket = this.buckets.get(sandboxID) ?? { tokens: rate, at };
+    bucket.tokens = Math.min(rate, bucket.tokens + ((at - bucket.at) / 1000) * rate);
+    bucket.at = at;
+    this.buckets.set(sandboxID, bucket);
+    if (bucket.tokens < 1) return false;
+    bucket.tokens -= 1;
+    return true;
+  }
+
+  /** RFC 7766: length-prefixed messages, pipelined, answered as each completes. */
+  private serveTcp(socket: net.Socket): void {
+    this.connections.add(socket);
+    socket.setTimeout(this.options.tcpIdleTimeoutMs ?? 10_000, () => socket.destroy());
+    socket.on('close', () => this.connections.delete(socket));
+    socket.on('error', () => socket.destroy());
+    let buffered: Buffer = Buffer.alloc(0);
+    let pending = 0;
+    socket.on('data', (chunk: Buffer) => {
+      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+      while (buffered.length >= 2) {
+        const length = buffered.readUInt16BE(0);
+        if (buffered.length < 2 + length) break;
+        const message = buffered.subarray(2, 2 + length);
+        buffered = buffered.subarray(2 + length);
+        pending++;
+        if (pending >= MAX_PIPELINED) socket.pause();
+        void this.answer(Buffer.from(message), socket.remoteAddress ?? '', 'tcp').then((reply) => {
+          pending--;
+          if (pending < MAX_PIPELINED) socket.resume();
+          if (reply === undefined || socket.destroyed) return;
+          const framed = Buffer.allocUnsafe(2 + reply.length);
+          framed.writeUInt16BE(reply.length, 0);
+          reply.copy(framed, 2);
+          socket.write(framed);
+        });
+      }
+    });
+  }
+}

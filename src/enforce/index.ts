@@ -1,0 +1,12 @@
+/**
+ * The enforcement table: sandbox -> current compiled Policy, learned addresses and identities.
+ * DNS and the proxy read it; the sandbox lifecycle writes it.
+ */
+export { AddressPool } from './address-pool.js';
+export { LearnedAddressTable } from './learned.js';
+export {
+  type EnforcedSandbox,
+  type EnforcementEvent,
+  EnforcementTable,
+  type EnforcementTableOptions,
+} from './table.js';

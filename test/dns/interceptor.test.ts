@@ -1,0 +1,291 @@
+import dnsPacket from 'dns-packet';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import {
+  type DnsHarness,
+  encodeQuery,
+  startInterceptor,
+  tcpExchange,
+  udpExchange,
+  udpQuery,
+} from '../support/dns-client.js';
+import { FakeDns } from '../support/fake-dns.js';
+
+const SANDBOX = 'isandbox0000000000001';
+const SOURCE = '127.77.0.2';
+
+const zone = new Map([
+  [
+    'api.allowed.test',
+    { A: ['93.184.216.7', '93.184.216.8'], AAAA: ['2606:2800:220:1::7'], ttl: 120 },
+  ],
+  ['www.allowed.test', { CNAME: 'edge.cdn.test', ttl: 300 }],
+  ['edge.cdn.test', { A: ['93.184.216.9'], ttl: 45 }],
+  ['rebind.allowed.test', { A: ['10.0.0.5', '93.184.216.10'], ttl: 60 }],
+  ['internal.allowed.test', { A: ['127.0.0.1', '169.254.169.254'], ttl: 60 }],
+  ['big.allowed.test', { A: Array.from({ length: 60 }, (_, i) => `93.184.217.${i + 1}`), ttl: 60 }],
+  ['short.allowed.test', { A: ['93.184.216.11'], ttl: 5 }],
+  ['secret.denied.test', { A: ['93.184.216.66'], ttl: 60 }],
+  ['open.test', { A: ['93.184.216.20'], ttl: 60 }],
+]);
+
+const policy = (config: object) => {
+  const parsed = parseNetworkConfig(config);
+  if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+  return compilePolicy(parsed.value);
+};
+const ALLOW_TEST = policy({ allowOut: ['*.allowed.test'], denyOut: ['0.0.0.0/0'] });
+const ip = (text: string) => {
+  const parsed = parseIP(text);
+  if (!parsed.ok) throw new Error(parsed.error);
+  return parsed.value;
+};
+const addresses = (packet: dnsPacket.Packet) =>
+  (packet.answers ?? [])
+    .filter((a) => a.type === 'A' || a.type === 'AAAA')
+    .map((a) => String(a.data));
+const rcode = (raw: Buffer) => raw.readUInt16BE(2) & 0xf;
+
+let upstream: FakeDns;
+let dns: DnsHarness;
+
+beforeAll(async () => {
+  upstream = await new FakeDns(zone).start();
+});
+afterAll(() => upstream.stop());
+beforeEach(async () => {
+  upstream.log.length = 0;
+  upstream.silent.clear();
+  dns = await startInterceptor(upstream.port, { timeoutMs: 400 });
+  dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's3cret' }, ALLOW_TEST);
+});
+afterEach(() => dns.stop());
+
+describe('deciding query names', () => {
+  it('forwards allowed names and returns their addresses', async () => {
+    const reply = await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    expect(reply.rcode).toBe('NOERROR');
+    expect(addresses(reply).sort()).toEqual(['93.184.216.7', '93.184.216.8']);
+    expect(upstream.asked('api.allowed.test')).toHaveLength(1);
+  });
+
+  it('answers denied names NXDOMAIN locally and never sends them upstream, for any type', async () => {
+    for (const type of ['A', 'AAAA', 'TXT', 'MX'] as const) {
+      const reply = await udpQuery(dns.port, SOURCE, 'secret.denied.test', type);
+      expect(reply.rcode).toBe('NXDOMAIN');
+    }
+    const tcp = await tcpExchange(
+      dns.port,
+      [encodeQuery('exfil-data-in-label.denied.test', 'TXT')],
+      SOURCE,
+    );
+    expect(rcode(tcp[0]!)).toBe(3);
+    expect(upstream.log.map((q) => q.name)).toEqual([]);
+    const metrics = await dns.metrics.registry.getSingleMetricAsString('moat_dns_queries_total');
+    expect(metrics).toContain('moat_dns_queries_total{transport="udp",verdict="blocked"} 4');
+    expect(metrics).toContain('moat_dns_queries_total{transport="tcp",verdict="blocked"} 1');
+  });
+
+  it('forwards everything under a default-allow policy', async () => {
+    dns.table.publish(SANDBOX, policy({}));
+    const reply = await udpQuery(dns.port, SOURCE, 'open.test');
+    expect(addresses(reply)).toEqual(['93.184.216.20']);
+  });
+
+  it('refuses queries from a source that is no sandbox', async () => {
+    const reply = await udpQuery(dns.port, '127.77.0.99', 'api.allowed.test');
+    expect(reply.rcode).toBe('REFUSED');
+    expect(upstream.log).toHaveLength(0);
+  });
+
+  it('refuses ANY', async () => {
+    const reply = await udpQuery(dns.port, SOURCE, 'api.allowed.test', 'ANY');
+    expect(reply.rcode).toBe('REFUSED');
+  });
+
+  it('re-encodes the forwarded query: lower-case name, EDNS 1232, no client options such as ECS', async () => {
+    const query = dnsPacket.encode({
+      type: 'query',
+      id: 7,
+      flags: dnsPacket.RECURSION_DESIRED,
+      questions: [{ type: 'A', name: 'API.Allowed.TEST', class: 'IN' }],
+      additionals: [
+        {
+          type: 'OPT',
+          name: '.',
+          udpPayloadSize: 4096,
+          flags: 0,
+          options: [
+            { code: 8, family: 1, sourcePrefixLength: 24, scopePrefixLength: 0, ip: '93.184.1.0' },
+          ],
+        } as dnsPacket.Answer,
+      ],
+    });
+    const reply = await udpExchange(dns.port, query, SOURCE);
+    const decoded = dnsPacket.decode(reply!.raw);
+    // The client sees its own spelling of the question (0x20 case randomisation keeps working).
+    expect(decoded.questions?.[0]?.name).toBe('API.Allowed.TEST');
+    expect(decoded.id).toBe(7);
+    const forwarded = upstream.asked('api.allowed.test')[0]!;
+    expect(forwarded.name).toBe('api.allowed.test');
+    const opt = forwarded.packet.additionals?.find((a) => a.type === 'OPT') as {
+      udpPayloadSize: number;
+      options: unknown[];
+    };
+    expect(opt.udpPayloadSize).toBe(1232);
+    expect(opt.options).toEqual([]);
+  });
+});
+
+describe('answers and learning', () => {
+  it('strips addresses in the internal list (rebinding) and keeps the rest', async () => {
+    const reply = await udpQuery(dns.port, SOURCE, 'rebind.allowed.test');
+    expect(addresses(reply)).toEqual(['93.184.216.10']);
+    const learned = dns.table.get(SANDBOX)!.learned;
+    expect(learned.lookup(ip('10.0.0.5'))).toBeUndefined();
+    expect(learned.lookup(ip('93.184.216.10'))).toBe('rebind.allowed.test');
+  });
+
+  it('answers NODATA when every address is refused', async () => {
+    const reply = await udpQuery(dns.port, SOURCE, 'internal.allowed.test');
+    expect(reply.rcode).toBe('NOERROR');
+    expect(addresses(reply)).toEqual([]);
+  });
+
+  it('strips addresses that denyOut refuses under a partial deny policy', async () => {
+    dns.table.publish(SANDBOX, policy({ denyOut: ['93.184.216.8/32'] }));
+    const reply = await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    expect(addresses(reply)).toEqual(['93.184.216.7']);
+  });
+
+  it('learns the addresses before the client holds the answer', async () => {
+    const learned = dns.table.get(SANDBOX)!.learned;
+    const reply = await udpExchange(dns.port, encodeQuery('api.allowed.test'), SOURCE);
+    // Checked in the same tick the reply arrived; nothing else has run since.
+    expect(reply).toBeDefined();
+    expect(learned.lookup(ip('93.184.216.7'))).toBe('api.allowed.test');
+  });
+
+  it('learns CNAME-chained addresses under the asked name only', async () => {
+    const reply = await udpQuery(dns.port, SOURCE, 'www.allowed.test');
+    expect(addresses(reply)).toEqual(['93.184.216.9']);
+    const learned = dns.table.get(SANDBOX)!.learned;
+    expect(learned.lookup(ip('93.184.216.9'))).toBe('www.allowed.test');
+    // The CNAME target does not become an allowed name of its own.
+    expect((await udpQuery(dns.port, SOURCE, 'edge.cdn.test')).rcode).toBe('NXDOMAIN');
+  });
+
+  it('expires learned addresses on schedule, with the TTL clamped to the minimum', async () => {
+    await udpQuery(dns.port, SOURCE, 'short.allowed.test'); // TTL 5 s, clamped up to 30 s
+    const learned = dns.table.get(SANDBOX)!.learned;
+    dns.clock.now += 29_000;
+    expect(learned.lookup(ip('93.184.216.11'))).toBe('short.allowed.test');
+    dns.clock.now += 1_001;
+    expect(learned.lookup(ip('93.184.216.11'))).toBeUndefined();
+  });
+
+  it('drops learned addresses whose name a republished policy no longer allows', async () => {
+    await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    const learned = dns.table.get(SANDBOX)!.learned;
+    expect(learned.size).toBe(2);
+    dns.table.publish(SANDBOX, policy({ allowOut: ['www.allowed.test'], denyOut: ['0.0.0.0/0'] }));
+    expect(learned.lookup(ip('93.184.216.7'))).toBeUndefined();
+    expect(learned.size).toBe(0);
+  });
+
+  it('serves repeats from the cache with TTLs counted down, learning again per sandbox', async () => {
+    await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    dns.clock.now += 20_000;
+    const other = 'isandbox0000000000002';
+    dns.table.register(other, { sourceAddress: ip('127.77.0.3'), egressSecret: 'x' }, ALLOW_TEST);
+    const reply = await udpQuery(dns.port, '127.77.0.3', 'api.allowed.test');
+    expect(upstream.asked('api.allowed.test')).toHaveLength(1);
+    expect(reply.answers?.[0]?.ttl).toBe(100);
+    expect(dns.table.get(other)!.learned.lookup(ip('93.184.216.8'))).toBe('api.allowed.test');
+  });
+
+  it('caches negative answers (RFC 2308) and coalesces identical questions in flight', async () => {
+    dns.table.publish(SANDBOX, policy({}));
+    const [a, b] = await Promise.all([
+      udpQuery(dns.port, SOURCE, 'nope.test'),
+      udpQuery(dns.port, SOURCE, 'nope.test'),
+    ]);
+    expect(a.rcode).toBe('NXDOMAIN');
+    expect(b.rcode).toBe('NXDOMAIN');
+    await udpQuery(dns.port, SOURCE, 'nope.test');
+    expect(upstream.asked('nope.test')).toHaveLength(1);
+  });
+});
+
+describe('transports and failures', () => {
+  it('answers over TCP, pipelined', async () => {
+    const replies = await tcpExchange(
+      dns.port,
+      [
+        encodeQuery('api.allowed.test', 'A', { id: 1 }),
+        encodeQuery('secret.denied.test', 'A', { id: 2 }),
+      ],
+      SOURCE,
+    );
+    const byId = new Map(replies.map((r) => [r.readUInt16BE(0), dnsPacket.decode(r)]));
+    expect(byId.get(1)?.rcode).toBe('NOERROR');
+    expect(byId.get(2)?.rcode).toBe('NXDOMAIN');
+  });
+
+  it('sets TC when an answer does not fit the client, and TCP then gives it whole', async () => {
+    const udp = await udpQuery(dns.port, SOURCE, 'big.allowed.test');
+    expect(udp.flag_tc).toBe(true);
+    expect(udp.raw.length).toBeLessThanOrEqual(512);
+    // The upstream truncated over UDP too: Moat retried it over TCP.
+    expect(upstream.asked('big.allowed.test').map((q) => q.transport)).toEqual(['udp', 'tcp']);
+    const [tcp] = await tcpExchange(dns.port, [encodeQuery('big.allowed.test')], SOURCE);
+    expect(addresses(dnsPacket.decode(tcp!))).toHaveLength(60);
+  });
+
+  it('answers SERVFAIL within the time bound when the upstream is silent', async () => {
+    upstream.silent.add('api.allowed.test');
+    const started = performance.now();
+    const reply = await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    expect(reply.rcode).toBe('SERVFAIL');
+    expect(performance.now() - started).toBeLessThan(1000);
+  });
+
+  it.each([
+    [
+      'two questions',
+      (q: Buffer) => Buffer.concat([q.subarray(0, 4), Buffer.from([0, 2]), q.subarray(6)]),
+      1,
+    ],
+    [
+      'a NUL byte in a label',
+      (q: Buffer) => Buffer.from(q.toString('latin1').replace('allowed', 'allo\0ed'), 'latin1'),
+      1,
+    ],
+    [
+      'a dot inside a label',
+      (q: Buffer) => Buffer.from(q.toString('latin1').replace('allowed', 'allo.ed'), 'latin1'),
+      1,
+    ],
+    ['a truncated question', (q: Buffer) => q.subarray(0, q.length - 3), 1],
+    [
+      'opcode NOTIFY',
+      (q: Buffer) =>
+        Buffer.concat([q.subarray(0, 2), Buffer.from([q[2]! | 0x20, q[3]!]), q.subarray(4)]),
+      5,
+    ],
+  ])('rejects %s without forwarding it', async (_, mangle, expected) => {
+    const reply = await udpExchange(dns.port, mangle(encodeQuery('api.allowed.test')), SOURCE);
+    expect(rcode(reply!.raw)).toBe(expected);
+    expect(upstream.log).toHaveLength(0);
+  });
+
+  it('rate-limits a sandbox with REFUSED', async () => {
+    await dns.stop();
+    dns = await startInterceptor(upstream.port, { rateLimit: 3 });
+    dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's' }, ALLOW_TEST);
+    const codes: string[] = [];
+    for (let i = 0; i < 5; i++)
+      codes.push((await udpQuery(dns.port, SOURCE, 'secret.denied.test')).rcode!);
+    expect(codes).toEqual(['NXDOMAIN', 'NXDOMAIN', 'NXDOMAIN', 'REFUSED', 'REFUSED']);
+  });
+});

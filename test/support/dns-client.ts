@@ -1,0 +1,144 @@
+/** Starts a real DnsInterceptor on loopback for tests, and speaks to it as a sandbox would. */
+import dgram from 'node:dgram';
+import net from 'node:net';
+import dnsPacket from 'dns-packet';
+import { pino } from 'pino';
+import { AnswerCache, DnsInterceptor, UpstreamClient } from '../../src/dns/index.js';
+import { EnforcementTable } from '../../src/enforce/index.js';
+import { MoatMetrics } from '../../src/metrics/index.js';
+
+export interface DnsHarness {
+  readonly port: number;
+  readonly table: EnforcementTable;
+  readonly metrics: MoatMetrics;
+  readonly clock: { now: number };
+  stop(): Promise<void>;
+}
+
+export async function startInterceptor(
+  upstreamPort: number,
+  options: { timeoutMs?: number; rateLimit?: number } = {},
+): Promise<DnsHarness> {
+  const clock = { now: 1_000_000 };
+  const now = () => clock.now;
+  const metrics = new MoatMetrics({ defaultMetrics: false });
+  const table = new EnforcementTable({ now });
+  const timeoutMs = options.timeoutMs ?? 1000;
+  const upstream = new UpstreamClient([{ host: '127.0.0.1', port: upstreamPort }], {
+    timeoutMs,
+    attemptTimeoutMs: timeoutMs / 2,
+  });
+  const cache = new AnswerCache(upstream, {
+    capacity: 1000,
+    maxTtl: 86400,
+    maxNegativeTtl: 3600,
+    now,
+  });
+  const dns = new DnsInterceptor({
+    listen: { host: '127.0.0.1', port: 0 },
+    table,
+    cache,
+    metrics,
+    logger: pino({ level: 'silent' }),
+    minLearnTtl: 30,
+    maxLearnTtl: 86400,
+    rateLimit: options.rateLimit ?? 10_000,
+    now,
+  });
+  const port = await dns.start();
+  return { port, table, metrics, clock, stop: () => dns.stop() };
+}
+
+export function encodeQuery(
+  name: string,
+  type: dnsPacket.RecordType = 'A',
+  options: { id?: number; edns?: number } = {},
+): Buffer {
+  return dnsPacket.encode({
+    type: 'query',
+    id: options.id ?? 4242,
+    flags: dnsPacket.RECURSION_DESIRED,
+    questions: [{ type, name, class: 'IN' }],
+    additionals: options.edns
+      ? [
+          {
+            type: 'OPT',
+            name: '.',
+            udpPayloadSize: options.edns,
+            flags: 0,
+            options: [],
+          } as dnsPacket.Answer,
+        ]
+      : [],
+  });
+}
+
+/** Sends raw bytes over UDP from `source` and waits for one reply (or undefined on timeout). */
+export function udpExchange(
+  port: number,
+  message: Buffer,
+  source: string,
+  timeoutMs = 3000,
+): Promise<{ raw: Buffer; at: number } | undefined> {
+  return new Promise((resolve, reject) => {
+    const socket = dgram.createSocket('udp4');
+    const timer = setTimeout(() => {
+      socket.close();
+      resolve(undefined);
+    }, timeoutMs);
+    socket.on('error', reject);
+    socket.on('message', (raw) => {
+      clearTimeout(timer);
+      socket.close();
+      resolve({ raw, at: performance.now() });
+    });
+    socket.bind(0, source, () => socket.send(message, port, '127.0.0.1'));
+  });
+}
+
+export async function udpQuery(
+  port: number,
+  source: string,
+  name: string,
+  type: dnsPacket.RecordType = 'A',
+  options: { edns?: number } = {},
+) {
+  const reply = await udpExchange(port, encodeQuery(name, type, options), source);
+  if (!reply) throw new Error(`no UDP reply for ${name}`);
+  return { ...dnsPacket.decode(reply.raw), raw: reply.raw };
+}
+
+/** Sends framed messages over one TCP connection from `source`; resolves with every reply. */
+export function tcpExchange(
+  port: number,
+  messages: Buffer[],
+  source: string,
+  timeoutMs = 3000,
+): Promise<Buffer[]> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host: '127.0.0.1', port, localAddress: source });
+    const replies: Buffer[] = [];
+    let buffered = Buffer.alloc(0);
+    const timer = setTimeout(() => {
+      socket.destroy();
+      resolve(replies);
+    }, timeoutMs);
+    socket.on('error', reject);
+    socket.on('connect', () => {
+      for (const m of messages)
+        socket.write(Buffer.concat([Buffer.from([m.length >> 8, m.length & 255]), m]));
+    });
+    socket.on('data', (chunk) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      while (buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) {
+        replies.push(buffered.subarray(2, 2 + buffered.readUInt16BE(0)));
+        buffered = buffered.subarray(2 + replies.at(-1)!.length);
+      }
+      if (replies.length === messages.length) {
+        clearTimeout(timer);
+        socket.destroy();
+        resolve(replies);
+      }
+    });
+  });
+}

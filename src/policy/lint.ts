@@ -3,10 +3,20 @@
  * the parser's job; nothing here changes a decision.
  */
 import { getPublicSuffix, parse as parseDomain } from 'tldts';
+import { type IPAddress, parseIP } from './address.js';
 import { AddressPrefixMap } from './address-prefix-map.js';
 import { DomainTrie } from './domain-trie.js';
 import type { InternalDenyList } from './policy.js';
-import type { AddressRule, NameRule, NetworkRules, PolicyProblem, Rule } from './rules.js';
+import {
+  type AddressRule,
+  ALL_TRAFFIC,
+  type NameRule,
+  type NetworkRules,
+  type PolicyProblem,
+  type Rule,
+} from './rules.js';
+
+const LOOPBACK = (parseIP('127.0.0.1') as { ok: true; value: IPAddress }).value;
 
 const where = (rule: Rule) => `${rule.list}[${rule.index}] ${JSON.stringify(rule.entry)}`;
 
@@ -80,6 +90,36 @@ function lintAddresses(
   return map;
 }
 
+/** Entries that a deny-everything setting makes redundant or contradicts. */
+function lintDenyAll(
+  rules: NetworkRules,
+  warn: (rule: Rule, message: string) => void,
+  warnings: PolicyProblem[],
+): void {
+  const allTraffic = rules.denyOut.find((rule) => rule.entry === ALL_TRAFFIC);
+  if (rules.allowInternetAccess === true && allTraffic) {
+    warnings.push({
+      at: 'allow_internet_access',
+      message: `allow_internet_access is true, but ${where(allTraffic)} (ALL_TRAFFIC) denies everything that allowOut does not allow`,
+    });
+  }
+  if (rules.allowInternetAccess === false) {
+    for (const rule of rules.denyOut) {
+      warn(
+        rule,
+        `${where(rule)} is redundant: allow_internet_access is false, which already denies everything that allowOut does not allow`,
+      );
+    }
+    return;
+  }
+  if (!allTraffic) return;
+  // IPv4 entries are reported as covered by 0.0.0.0/0; IPv6 ones need saying: ALL_TRAFFIC covers them too.
+  for (const rule of rules.denyOut) {
+    if (rule.cidr.version === 6)
+      warn(rule, `${where(rule)} is redundant: ${where(allTraffic)} (ALL_TRAFFIC) denies IPv6 too`);
+  }
+}
+
 /** Lints canonical rules against the internal deny list the server will use. */
 export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): PolicyProblem[] {
   const warnings: PolicyProblem[] = [];
@@ -113,6 +153,20 @@ export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): Pol
         rule,
         `${where(rule)} has no effect: ${where(allowedBy)} covers it, and allow beats deny`,
       );
+  }
+  lintDenyAll(rules, warn, warnings);
+  const loopback = internal.lookup(LOOPBACK);
+  for (const rule of rules.allowOut) {
+    if (
+      loopback &&
+      rule.kind !== 'address' &&
+      (rule.name === 'localhost' || rule.name.endsWith('.localhost'))
+    ) {
+      warn(
+        rule,
+        `${where(rule)} has no effect: localhost names resolve to loopback (RFC 6761), which the internal deny list holds (${loopback.rule})`,
+      );
+    }
   }
   if (!rules.denyAll && rules.denyOut.length === 0 && rules.allowOut.length > 0) {
     warnings.push({

@@ -170,9 +170,14 @@ export function compilePolicy(
           'allow',
           'default',
           null,
-          'no rule names it; depends on what the name resolves to: denyOut decides each resolved address',
+          'no rule names it; depends on what the name resolves to: the internal deny list and denyOut decide each resolved address',
         )
-      : ALLOW_DEFAULT;
+      : decision(
+          'allow',
+          'default',
+          null,
+          'no rule matches; the default is allow (each resolved address is still checked against the internal deny list)',
+        );
   return Object.freeze({
     rules,
     internal,

@@ -49,16 +49,26 @@ export async function startInterceptor(
   return { port, table, metrics, clock, stop: () => dns.stop() };
 }
 
+/** A decoded reply with the fields dns-packet sets but its typings leave out. */
+export type Reply = Omit<dnsPacket.Packet, 'answers'> & {
+  rcode: string;
+  flag_tc: boolean;
+  answers?: Array<{ type: string; name: string; ttl?: number; data?: unknown }>;
+};
+export const decodeReply = (raw: Buffer): Reply => dnsPacket.decode(raw) as unknown as Reply;
+
+export type QueryType = dnsPacket.RecordType | 'ANY';
+
 export function encodeQuery(
   name: string,
-  type: dnsPacket.RecordType = 'A',
+  type: QueryType = 'A',
   options: { id?: number; edns?: number } = {},
 ): Buffer {
   return dnsPacket.encode({
     type: 'query',
     id: options.id ?? 4242,
     flags: dnsPacket.RECURSION_DESIRED,
-    questions: [{ type, name, class: 'IN' }],
+    questions: [{ type: type as dnsPacket.RecordType, name, class: 'IN' }],
     additionals: options.edns
       ? [
           {
@@ -67,7 +77,7 @@ export function encodeQuery(
             udpPayloadSize: options.edns,
             flags: 0,
             options: [],
-          } as dnsPacket.Answer,
+          } as unknown as dnsPacket.Answer,
         ]
       : [],
   });
@@ -100,12 +110,12 @@ export async function udpQuery(
   port: number,
   source: string,
   name: string,
-  type: dnsPacket.RecordType = 'A',
+  type: QueryType = 'A',
   options: { edns?: number } = {},
-) {
+): Promise<Reply & { raw: Buffer }> {
   const reply = await udpExchange(port, encodeQuery(name, type, options), source);
   if (!reply) throw new Error(`no UDP reply for ${name}`);
-  return { ...dnsPacket.decode(reply.raw), raw: reply.raw };
+  return { ...decodeReply(reply.raw), raw: reply.raw };
 }
 
 /** Sends framed messages over one TCP connection from `source`; resolves with every reply. */

@@ -90,7 +90,8 @@ export function canonicalName(input: string): Result<CanonicalName> {
       return problem('ends in a number: it is an IPv4 address in a non-standard spelling');
     name = domainToASCII(raw);
     if (name === '') return problem('is not a valid internationalised domain name');
-    if (name.endsWith('.')) return problem('has an empty label');
+    // A full-width or ideographic trailing dot maps to "."; it is the one trailing dot allowed.
+    if (name.endsWith('.') && raw === input) name = name.slice(0, -1);
   }
   if (lastLabelIsNumeric(name))
     return problem('ends in a number: it is an IPv4 address in a non-standard spelling');

@@ -36,6 +36,7 @@ const DEFAULT_RANGES: ReadonlyArray<readonly [string, string]> = [
   ['64:ff9b::/96', 'NAT64 well-known prefix (RFC 6052)'],
   ['64:ff9b:1::/48', 'local-use NAT64 (RFC 8215)'],
   ['100::/64', 'discard-only (RFC 6666)'],
+  ['100:0:0:1::/64', 'dummy prefix (RFC 9780)'],
   ['2001::/23', 'IETF protocol assignments, includes Teredo 2001::/32 (RFC 2928, RFC 4380)'],
   ['2001:db8::/32', 'documentation (RFC 3849)'],
   ['2002::/16', '6to4 (RFC 3056)'],

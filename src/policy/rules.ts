@@ -107,8 +107,10 @@ function parseDenyEntry(entry: string, index: number): AddressRule | PolicyProbl
       : 'denyOut takes only IP addresses and CIDRs, not names';
     return { at, entry, message: `invalid denied CIDR ${entry} (${at}): ${why}` };
   }
-  // The unspecified network is meaningful only as "everything": 0.0.0.0/0 or ::/0.
-  if (isUnspecifiedNetwork(cidr.value) && cidr.value.prefixLength !== 0) {
+  // The unspecified network is meaningful only as "everything", spelt 0.0.0.0/0 or ::/0. Other
+  // spellings that canonicalise to a /0 (::ffff:0:0/96, 1.2.3.4/0) would deny all IPv4 and leave
+  // IPv6 open, unlike ALL_TRAFFIC: refuse them rather than guess.
+  if (isUnspecifiedNetwork(cidr.value) && entry !== ALL_TRAFFIC && entry !== '::/0') {
     return {
       at,
       entry,

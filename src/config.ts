@@ -37,6 +37,8 @@ interface Setting<K extends keyof MoatConfig> {
   readonly flag: string;
   readonly env: string;
   readonly default: string;
+  /** What the value looks like, for --help (`N`, `IP:PORT`...). */
+  readonly metavar: string;
   readonly help: string;
   parse(text: string): Result<MoatConfig[K]>;
 }
@@ -117,6 +119,7 @@ type AnySetting = { [K in keyof MoatConfig]: Setting<K> }[keyof MoatConfig];
 export const SETTINGS: readonly AnySetting[] = [
   {
     key: 'internalDeny',
+    metavar: 'CIDRS',
     flag: 'internal-deny',
     env: 'MOAT_INTERNAL_DENY',
     default: 'default',
@@ -125,6 +128,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'maxPolicyEntries',
+    metavar: 'N',
     flag: 'max-policy-entries',
     env: 'MOAT_MAX_POLICY_ENTRIES',
     default: String(DEFAULT_MAX_ENTRIES),
@@ -133,6 +137,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'logLevel',
+    metavar: 'LEVEL',
     flag: 'log-level',
     env: 'MOAT_LOG_LEVEL',
     default: 'info',
@@ -141,6 +146,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsListen',
+    metavar: 'IP:PORT',
     flag: 'dns-listen',
     env: 'MOAT_DNS_LISTEN',
     default: '127.0.0.1:5353',
@@ -149,6 +155,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsUpstream',
+    metavar: 'IP[:PORT],...',
     flag: 'dns-upstream',
     env: 'MOAT_DNS_UPSTREAM',
     default: 'system',
@@ -157,6 +164,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsTimeoutMs',
+    metavar: 'MS',
     flag: 'dns-timeout-ms',
     env: 'MOAT_DNS_TIMEOUT_MS',
     default: '2000',
@@ -165,6 +173,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsMinTtl',
+    metavar: 'SECONDS',
     flag: 'dns-min-ttl',
     env: 'MOAT_DNS_MIN_TTL',
     default: '30',
@@ -173,6 +182,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsMaxTtl',
+    metavar: 'SECONDS',
     flag: 'dns-max-ttl',
     env: 'MOAT_DNS_MAX_TTL',
     default: '86400',
@@ -181,6 +191,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsCacheSize',
+    metavar: 'N',
     flag: 'dns-cache-size',
     env: 'MOAT_DNS_CACHE_SIZE',
     default: '10000',
@@ -189,6 +200,7 @@ export const SETTINGS: readonly AnySetting[] = [
   },
   {
     key: 'dnsRateLimit',
+    metavar: 'QPS',
     flag: 'dns-rate-limit',
     env: 'MOAT_DNS_RATE_LIMIT',
     default: '500',

@@ -20,10 +20,25 @@ export const CONFIG_OPTIONS = Object.fromEntries([
   ...SETTINGS.map((s) => [s.flag, { type: 'string' as const }]),
 ]) as Record<string, { type: 'string' }>;
 
+/** Wraps help text at 72 columns under a 6-space indent. */
+const wrap = (text: string): string =>
+  text
+    .split(' ')
+    .reduce<string[]>((lines, word) => {
+      const last = lines.at(-1);
+      if (last !== undefined && last.length + word.length < 72)
+        lines[lines.length - 1] = `${last} ${word}`;
+      else lines.push(word);
+      return lines;
+    }, [])
+    .map((line) => `      ${line}`)
+    .join('\n');
+
 export const CONFIG_HELP = [
-  '  --config FILE             JSON config file (keys as in README "Configuration")',
+  '  --config FILE',
+  wrap('JSON config file whose keys are the setting names of README "Configuration"'),
   ...SETTINGS.map(
-    (s) => `  --${`${s.flag} VALUE`.padEnd(24)}${s.help} (env ${s.env}, default ${s.default})`,
+    (s) => `  --${s.flag} ${s.metavar}\n${wrap(`${s.help}. Env ${s.env}, default ${s.default}.`)}`,
   ),
 ].join('\n');
 

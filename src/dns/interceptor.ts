@@ -42,6 +42,7 @@ type Transport = 'udp' | 'tcp';
 const TCP_LIMIT = 65535;
 const MAX_TCP_CONNECTIONS = 1024;
 const MAX_PIPELINED = 64;
+const MAX_UNSENT_BYTES = 256 * 1024;
 
 /**
  * The DNS interceptor: every sandbox's resolver. It decides each query name with the
@@ -234,7 +235,11 @@ export class DnsInterceptor {
     return true;
   }
 
-  /** RFC 7766: length-prefixed messages, pipelined, answered as each completes. */
+  /**
+   * RFC 7766: length-prefixed messages, pipelined, answered as each completes. Reading stops
+   * while too many queries are in progress or too many answers wait unsent (a client that
+   * never reads must not grow our memory), and resumes when both drain.
+   */
   private serveTcp(socket: net.Socket): void {
     this.connections.add(socket);
     socket.setTimeout(this.options.tcpIdleTimeoutMs ?? 10_000, () => socket.destroy());
@@ -242,25 +247,31 @@ export class DnsInterceptor {
     socket.on('error', () => socket.destroy());
     let buffered: Buffer = Buffer.alloc(0);
     let pending = 0;
-    socket.on('data', (chunk: Buffer) => {
-      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
-      while (buffered.length >= 2) {
+    const busy = () => pending >= MAX_PIPELINED || socket.writableLength >= MAX_UNSENT_BYTES;
+    const pump = (): void => {
+      while (!busy() && buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) {
         const length = buffered.readUInt16BE(0);
-        if (buffered.length < 2 + length) break;
-        const message = buffered.subarray(2, 2 + length);
+        const message = Buffer.from(buffered.subarray(2, 2 + length));
         buffered = buffered.subarray(2 + length);
         pending++;
-        if (pending >= MAX_PIPELINED) socket.pause();
-        void this.answer(Buffer.from(message), socket.remoteAddress ?? '', 'tcp').then((reply) => {
+        void this.answer(message, socket.remoteAddress ?? '', 'tcp').then((reply) => {
           pending--;
-          if (pending < MAX_PIPELINED) socket.resume();
-          if (reply === undefined || socket.destroyed) return;
-          const framed = Buffer.allocUnsafe(2 + reply.length);
-          framed.writeUInt16BE(reply.length, 0);
-          reply.copy(framed, 2);
-          socket.write(framed);
+          if (reply !== undefined && !socket.destroyed) {
+            const framed = Buffer.allocUnsafe(2 + reply.length);
+            framed.writeUInt16BE(reply.length, 0);
+            reply.copy(framed, 2);
+            socket.write(framed);
+          }
+          pump();
         });
       }
+      if (busy()) socket.pause();
+      else socket.resume();
+    };
+    socket.on('drain', pump);
+    socket.on('data', (chunk: Buffer) => {
+      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+      pump();
     });
   }
 }

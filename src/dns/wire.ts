@@ -203,10 +203,11 @@ export function emptyAnswer(
 
 /** The question section of a parsed query (name as the client wrote it, type, class). */
 export function questionOf(query: Query): Buffer {
-  const out = Buffer.alloc(query.nameWire.length + 5);
+  // nameWire ends with the root label's zero byte.
+  const out = Buffer.alloc(query.nameWire.length + 4);
   query.nameWire.copy(out, 0);
-  out.writeUInt16BE(query.type, query.nameWire.length + 1);
-  out.writeUInt16BE(query.qclass, query.nameWire.length + 3);
+  out.writeUInt16BE(query.type, query.nameWire.length);
+  out.writeUInt16BE(query.qclass, query.nameWire.length + 2);
   return out;
 }
 

@@ -1,3 +1,4 @@
+import net from 'node:net';
 import dnsPacket from 'dns-packet';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
@@ -86,6 +87,15 @@ describe('deciding query names', () => {
     const metrics = await dns.metrics.registry.getSingleMetricAsString('moat_dns_queries_total');
     expect(metrics).toContain('moat_dns_queries_total{transport="udp",verdict="blocked"} 4');
     expect(metrics).toContain('moat_dns_queries_total{transport="tcp",verdict="blocked"} 1');
+  });
+
+  it('echoes the question exactly in answers it makes itself, with and without EDNS', async () => {
+    for (const edns of [undefined, 1232]) {
+      const reply = await udpQuery(dns.port, SOURCE, 'Secret.Denied.test', 'AAAA', { edns });
+      expect(reply.rcode).toBe('NXDOMAIN');
+      expect(reply.questions).toEqual([{ name: 'Secret.Denied.test', type: 'AAAA', class: 'IN' }]);
+      expect(reply.additionals?.some((r) => r.type === 'OPT')).toBe(edns !== undefined);
+    }
   });
 
   it('forwards everything under a default-allow policy', async () => {
@@ -232,6 +242,48 @@ describe('transports and failures', () => {
     const byId = new Map(replies.map((r) => [r.readUInt16BE(0), decodeReply(r)]));
     expect(byId.get(1)?.rcode).toBe('NOERROR');
     expect(byId.get(2)?.rcode).toBe('NXDOMAIN');
+  });
+
+  it('stops reading from a TCP client that does not read its answers, and resumes when it does', async () => {
+    await dns.stop();
+    dns = await startInterceptor(upstream.port, { rateLimit: 1_000_000_000 });
+    dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's' }, ALLOW_TEST);
+    const total = 50_000;
+    const label = 'x'.repeat(60);
+    const query = encodeQuery(`${label}.${label}.${label}.${label.slice(0, 50)}.denied.test`, 'A', {
+      edns: 1232,
+    });
+    const framed = Buffer.concat([Buffer.from([query.length >> 8, query.length & 255]), query]);
+    const socket = net.connect({ host: '127.0.0.1', port: dns.port, localAddress: SOURCE });
+    await new Promise((resolve) => socket.once('connect', resolve));
+    socket.pause();
+    socket.write(Buffer.concat(Array.from({ length: total }, () => framed)));
+    const answered = async () => {
+      const text = await dns.metrics.registry.getSingleMetricAsString('moat_dns_queries_total');
+      return [...text.matchAll(/transport="tcp",verdict="\w+"} (\d+)/g)].reduce(
+        (sum, m) => sum + Number(m[1]),
+        0,
+      );
+    };
+    let before = -1;
+    for (let i = 0; i < 40 && (await answered()) !== before; i++) {
+      before = await answered();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    // Each answer is about 270 bytes: kernel buffers plus our 256 KiB cap hold far fewer than all.
+    expect(before).toBeGreaterThan(0);
+    expect(before).toBeLessThan(total);
+    let received = 0;
+    socket.on('data', (chunk: Buffer) => {
+      received += chunk.length;
+    });
+    socket.resume();
+    const deadline = Date.now() + 20_000;
+    while ((await answered()) < total && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 50));
+    expect(await answered()).toBe(total);
+    socket.destroy();
+    expect(received).toBeGreaterThan(0);
   });
 
   it('sets TC when an answer does not fit the client, and TCP then gives it whole', async () => {

@@ -30,6 +30,14 @@ export interface MoatConfig {
   readonly dnsMaxTtl: number;
   readonly dnsCacheSize: number;
   readonly dnsRateLimit: number;
+  readonly proxyListen: HostPort;
+  /** Where redirected 80/443 traffic arrives; undefined when switched off. */
+  readonly transparentListen: HostPort | undefined;
+  readonly proxyMaxTunnels: number;
+  readonly proxyConnectTimeoutMs: number;
+  readonly proxyHandshakeTimeoutMs: number;
+  readonly proxyIdleTimeoutMs: number;
+  readonly proxyCheckServerName: boolean;
 }
 
 interface Setting<K extends keyof MoatConfig> {
@@ -107,6 +115,11 @@ function resolverList(text: string): Result<HostPort[]> {
   }
   return { ok: true, value: servers };
 }
+
+const booleanValue = (text: string): Result<boolean> =>
+  text === 'true' || text === 'false'
+    ? { ok: true, value: text === 'true' }
+    : { ok: false, error: `expected true or false, got ${JSON.stringify(text)}` };
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 const logLevel = (text: string): Result<string> =>
@@ -206,6 +219,69 @@ export const SETTINGS: readonly AnySetting[] = [
     default: '500',
     help: 'DNS queries per second per sandbox (bursts of the same size); more are REFUSED',
     parse: positiveInteger(1_000_000),
+  },
+  {
+    key: 'proxyListen',
+    metavar: 'IP:PORT',
+    flag: 'proxy-listen',
+    env: 'MOAT_PROXY_LISTEN',
+    default: '127.0.0.1:3128',
+    help: 'where the explicit egress proxy (CONNECT and absolute-form HTTP) listens',
+    parse: (text) => hostPort(text),
+  },
+  {
+    key: 'transparentListen',
+    metavar: 'IP:PORT|off',
+    flag: 'transparent-listen',
+    env: 'MOAT_TRANSPARENT_LISTEN',
+    default: '127.0.0.1:3129',
+    help: 'where TCP 80/443 redirected by the kernel enforcer arrives (decided by SNI or Host), or "off"',
+    parse: (text) => (text === 'off' ? { ok: true, value: undefined } : hostPort(text)),
+  },
+  {
+    key: 'proxyMaxTunnels',
+    metavar: 'N',
+    flag: 'proxy-max-tunnels',
+    env: 'MOAT_PROXY_MAX_TUNNELS',
+    default: '256',
+    help: 'open connections (tunnels and forwarded requests) allowed per sandbox; more get 429',
+    parse: positiveInteger(1_000_000),
+  },
+  {
+    key: 'proxyConnectTimeoutMs',
+    metavar: 'MS',
+    flag: 'proxy-connect-timeout-ms',
+    env: 'MOAT_PROXY_CONNECT_TIMEOUT_MS',
+    default: '5000',
+    help: 'time to connect to one destination address before trying the next or answering 504',
+    parse: positiveInteger(600_000),
+  },
+  {
+    key: 'proxyHandshakeTimeoutMs',
+    metavar: 'MS',
+    flag: 'proxy-handshake-timeout-ms',
+    env: 'MOAT_PROXY_HANDSHAKE_TIMEOUT_MS',
+    default: '10000',
+    help: 'time a client has to send its request head, or the first bytes of a checked tunnel',
+    parse: positiveInteger(600_000),
+  },
+  {
+    key: 'proxyIdleTimeoutMs',
+    metavar: 'MS',
+    flag: 'proxy-idle-timeout-ms',
+    env: 'MOAT_PROXY_IDLE_TIMEOUT_MS',
+    default: '300000',
+    help: 'a tunnel with no traffic either way for this long is closed',
+    parse: positiveInteger(86_400_000),
+  },
+  {
+    key: 'proxyCheckServerName',
+    metavar: 'true|false',
+    flag: 'proxy-check-server-name',
+    env: 'MOAT_PROXY_CHECK_SERVER_NAME',
+    default: 'true',
+    help: 'close CONNECT tunnels whose TLS SNI (or, on port 80, Host header) names another host than CONNECT did (domain fronting)',
+    parse: booleanValue,
   },
 ];
 

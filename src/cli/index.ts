@@ -6,12 +6,20 @@ import { LINT_HELP, lint } from './lint.js';
 import { SERVE_HELP, serve } from './serve.js';
 
 export type { CliIO } from './io.js';
+export { type RunningMoat, type StartOptions, startMoat } from './moat.js';
 
-const VERSION = (
-  JSON.parse(readFileSync(new URL('../../../package.json', import.meta.url), 'utf8')) as {
-    version: string;
+/** package.json sits above src/ (running from source) or above dist/src/ (built). */
+function packageVersion(): string {
+  for (let url = new URL('.', import.meta.url); url.pathname !== '/'; url = new URL('..', url)) {
+    try {
+      return (JSON.parse(readFileSync(new URL('package.json', url), 'utf8')) as { version: string })
+        .version;
+    } catch {}
   }
-).version;
+  return 'unknown';
+}
+
+const VERSION = packageVersion();
 
 const COMMANDS: Record<
   string,

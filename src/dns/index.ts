@@ -1,6 +1,7 @@
 /** The DNS interceptor: UDP and TCP listeners, upstream client, answer cache, learning. */
 export { AnswerCache, type AnswerCacheOptions } from './cache.js';
 export { DnsInterceptor, type DnsInterceptorOptions, type ListenAddress } from './interceptor.js';
+export { HostResolver } from './resolver.js';
 export {
   UpstreamClient,
   UpstreamError,

@@ -6,6 +6,15 @@ import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom
 
 export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'servfail' | 'dropped';
 
+export type ProxyKind = 'connect' | 'forward' | 'transparent';
+export type ProxyVerdict =
+  | 'allowed'
+  | 'denied'
+  | 'unauthenticated'
+  | 'invalid'
+  | 'failed'
+  | 'limited';
+
 export class MoatMetrics {
   readonly registry = new Registry();
   private learnedCount: () => number = () => 0;
@@ -37,6 +46,48 @@ export class MoatMetrics {
     registers: [this.registry],
     collect: (): void => this.dnsLearnedAddresses.set(this.learnedCount()),
   });
+
+  readonly proxyConnections = new Counter({
+    name: 'moat_proxy_connections_total',
+    help: 'Egress proxy connections and forwarded requests, by kind and verdict',
+    labelNames: ['kind', 'verdict'] as const,
+    registers: [this.registry],
+  });
+
+  readonly proxyDenials = new Counter({
+    name: 'moat_proxy_denials_total',
+    help: 'Egress proxy denials, by kind and the list of the deciding rule',
+    labelNames: ['kind', 'list'] as const,
+    registers: [this.registry],
+  });
+
+  readonly proxyBytes = new Counter({
+    name: 'moat_proxy_bytes_total',
+    help: 'Bytes carried by the egress proxy, up (sandbox to destination) and down',
+    labelNames: ['direction'] as const,
+    registers: [this.registry],
+  });
+
+  readonly proxyDialDuration = new Histogram({
+    name: 'moat_proxy_dial_duration_seconds',
+    help: 'Time to connect to a destination',
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    registers: [this.registry],
+  });
+
+  readonly proxyActiveTunnels: Gauge = new Gauge({
+    name: 'moat_proxy_active_tunnels',
+    help: 'Open tunnels and in-flight forwarded requests, over all sandboxes',
+    registers: [this.registry],
+    collect: (): void => this.proxyActiveTunnels.set(this.tunnelCount()),
+  });
+
+  private tunnelCount: () => number = () => 0;
+
+  /** Where the active-tunnel gauge reads its value at scrape time. */
+  countTunnelsWith(count: () => number): void {
+    this.tunnelCount = count;
+  }
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
     if (options.defaultMetrics !== false)

@@ -1,0 +1,156 @@
+import net from 'node:net';
+import type { HostResolver } from '../dns/index.js';
+import type { EnforcedSandbox } from '../enforce/index.js';
+import {
+  type Decision,
+  type Destination,
+  decide,
+  formatDestination,
+  type IPAddress,
+} from '../policy/index.js';
+
+/** A destination with its port known (the proxy always knows it). */
+export type Target = Destination & { readonly port: number };
+
+/** A refusal, carrying the HTTP status and a message that names the destination. */
+export interface Refusal {
+  readonly status: 403 | 429 | 502 | 504;
+  readonly message: string;
+  readonly decision?: Decision;
+}
+
+export type Plan =
+  | { readonly ok: true; readonly addresses: readonly IPAddress[] }
+  | ({ readonly ok: false } & Refusal);
+
+export interface DialerOptions {
+  readonly resolver: HostResolver;
+  readonly connectTimeoutMs: number;
+  /** True when ip:port is one of Moat's own listeners: never dialled (self-connection). */
+  readonly isOwnListener: (ip: IPAddress, port: number) => boolean;
+  readonly onDial?: (seconds: number) => void;
+}
+
+const SELF: Decision = Object.freeze({
+  verdict: 'deny',
+  list: 'internal',
+  rule: null,
+  reason: "the address is one of Moat's own listeners",
+});
+
+export function denial(target: Target, decision: Decision): Refusal {
+  const by = decision.rule === null ? decision.list : `${decision.list} rule ${decision.rule}`;
+  return {
+    status: 403,
+    message: `egress to ${formatDestination(target)} denied by ${by}: ${decision.reason}`,
+    decision,
+  };
+}
+
+/**
+ * Decides and dials for a sandbox. A host name is resolved once, through Moat's resolver, and
+ * only when the policy could allow it (a denied name is never looked up); every resolved
+ * address is decided on its own, and only addresses that were decided are ever dialled.
+ */
+export class Dialer {
+  constructor(private readonly options: DialerOptions) {}
+
+  get connectTimeoutMs(): number {
+    return this.options.connectTimeoutMs;
+  }
+
+  /** The addresses this sandbox may reach for `target`, in dialling order, or a refusal. */
+  async plan(sandbox: EnforcedSandbox, target: Target): Promise<Plan> {
+    if (target.ip !== undefined) {
+      const decision = this.check(sandbox, target, target.ip);
+      return decision.verdict === 'allow'
+        ? { ok: true, addresses: [target.ip] }
+        : { ok: false, ...denial(target, decision) };
+    }
+    const host = target.host!;
+    const byName = decide(sandbox.policy, { host, port: target.port });
+    if (byName.verdict === 'deny') return { ok: false, ...denial(target, byName) };
+    let addresses: IPAddress[];
+    try {
+      addresses = await this.options.resolver.lookup(host);
+    } catch (error) {
+      return {
+        ok: false,
+        status: 502,
+        message: `cannot resolve ${host}: ${(error as Error).message}`,
+      };
+    }
+    if (addresses.length === 0)
+      return { ok: false, status: 502, message: `${host} has no IPv4 or IPv6 address` };
+    // Decided against the policy current *after* the lookup: a PUT may have landed meanwhile.
+    const decisions = addresses.map((ip) => ({ ip, decision: this.check(sandbox, target, ip) }));
+    const allowed = decisions.filter((d) => d.decision.verdict === 'allow').map((d) => d.ip);
+    if (allowed.length === 0)
+      return { ok: false, ...denial({ ...target, ip: decisions[0]!.ip }, decisions[0]!.decision) };
+    return { ok: true, addresses: allowed };
+  }
+
+  /** The decision for one address of a target, including the self-connection guard. */
+  check(sandbox: EnforcedSandbox, target: Target, ip: IPAddress): Decision {
+    if (this.options.isOwnListener(ip, target.port)) return SELF;
+    // Learned addresses count only for a bare address; a named host is decided by its name.
+    const learned = target.host === undefined ? sandbox.learned : undefined;
+    return decide(sandbox.policy, { host: target.host, ip, port: target.port }, learned);
+  }
+
+  /** Connects to the first planned address that answers, or refuses with 502/504. */
+  async connect(
+    target: Target,
+    addresses: readonly IPAddress[],
+  ): Promise<{ ok: true; socket: net.Socket; ip: IPAddress } | ({ ok: false } & Refusal)> {
+    let timedOut = false;
+    const failures: string[] = [];
+    for (const ip of addresses) {
+      const started = performance.now();
+      try {
+        const socket = await this.tcpConnect(ip, target.port);
+        this.options.onDial?.((performance.now() - started) / 1000);
+        return { ok: true, socket, ip };
+      } catch (error) {
+        const message = (error as Error).message;
+        timedOut ||= message === 'timeout';
+        failures.push(`${ip.text}: ${message}`);
+      }
+    }
+    const what = formatDestination(target);
+    return timedOut
+      ? {
+          ok: false,
+          status: 504,
+          message: `${what} did not answer within ${this.options.connectTimeoutMs} ms (${failures.join('; ')})`,
+        }
+      : {
+          ok: false,
+          status: 502,
+          message: `${what} refused the connection (${failures.join('; ')})`,
+        };
+  }
+
+  private tcpConnect(ip: IPAddress, port: number): Promise<net.Socket> {
+    return new Promise((resolve, reject) => {
+      const socket = net.connect({ host: ip.text, port, noDelay: true });
+      const timer = setTimeout(() => {
+        socket.destroy();
+        reject(new Error('timeout'));
+      }, this.options.connectTimeoutMs);
+      const failed = (error: NodeJS.ErrnoException) => {
+        clearTimeout(timer);
+        socket.destroy();
+        reject(new Error(error.code ?? error.message));
+      };
+      socket.once('error', failed);
+      socket.once('connect', () => {
+        clearTimeout(timer);
+        socket.off('error', failed);
+        // Errors after this end the connection; whoever splices it cleans up on 'close'.
+        socket.on('error', () => socket.destroy());
+        resolve(socket);
+      });
+    });
+  }
+}

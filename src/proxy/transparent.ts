@@ -1,0 +1,136 @@
+import net from 'node:net';
+import type { EnforcedSandbox } from '../enforce/index.js';
+import { formatDestination, parseAuthority } from '../policy/index.js';
+import type { Target } from './dial.js';
+import type { ProxyListen, ProxyOptions } from './egress.js';
+import { identify } from './identity.js';
+import { looksLikeTls, peekName } from './peek.js';
+import { spliceTunnel } from './tunnels.js';
+
+/**
+ * The transparent listener, for TCP 80/443 that the kernel enforcer redirects here. The sandbox
+ * is known by its source address; the destination is the name in the TLS ClientHello (SNI) or
+ * the HTTP Host header, read without consuming a byte the origin must see. No name: closed,
+ * since deciding addresses is the kernel's job on this path.
+ */
+export class TransparentProxy {
+  private readonly server: net.Server;
+  private readonly pending = new Set<net.Socket>();
+
+  constructor(private readonly options: ProxyOptions) {
+    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
+      this.accept(socket),
+    );
+  }
+
+  listen(address: ProxyListen): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(address.port, address.host, () => {
+        this.server.off('error', reject);
+        resolve((this.server.address() as net.AddressInfo).port);
+      });
+    });
+  }
+
+  async close(): Promise<void> {
+    for (const socket of this.pending) socket.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  private accept(client: net.Socket): void {
+    const { logger, metrics } = this.options;
+    client.on('error', () => client.destroy());
+    const who = identify(this.options.table, undefined, client.remoteAddress);
+    if (!who.ok) {
+      metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'unauthenticated' });
+      client.destroy();
+      return;
+    }
+    const sandbox = who.sandbox;
+    this.pending.add(client);
+    let seen: Buffer = Buffer.alloc(0);
+    const fail = (reason: string) => {
+      metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'invalid' });
+      logger.info(
+        { sandboxID: sandbox.sandboxID, kind: 'transparent', reason },
+        'transparent connection closed',
+      );
+      client.destroy();
+    };
+    const timer = setTimeout(
+      () => fail('no TLS ClientHello or HTTP request head within the handshake timeout'),
+      this.options.handshakeTimeoutMs,
+    );
+    const onData = (chunk: Buffer) => {
+      seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);
+      const peek = peekName(seen);
+      if (peek.status === 'incomplete') return;
+      clearTimeout(timer);
+      client.off('data', onData);
+      client.pause();
+      this.pending.delete(client);
+      if (peek.status === 'invalid') return fail(peek.reason);
+      if (peek.name === undefined) return fail('the client named no host (no SNI, no Host header)');
+      const tls = looksLikeTls(seen[0]!);
+      const parsed = parseAuthority(peek.name);
+      if (!parsed.ok || parsed.value.host === undefined)
+        return fail(`${JSON.stringify(peek.name)} is not a host name`);
+      // The kernel redirects 443 and 80 only; a port in the Host header is not trusted.
+      const ports = this.options.transparentPorts ?? { tls: 443, http: 80 };
+      void this.connect(
+        sandbox,
+        { host: parsed.value.host, port: tls ? ports.tls : ports.http },
+        client,
+        seen,
+      );
+    };
+    client.on('close', () => {
+      clearTimeout(timer);
+      this.pending.delete(client);
+    });
+    client.on('data', onData);
+  }
+
+  private async connect(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    client: net.Socket,
+    seen: Buffer,
+  ): Promise<void> {
+    const { dialer, metrics, logger } = this.options;
+    const plan = await dialer.plan(sandbox, target);
+    const connected = plan.ok ? await dialer.connect(target, plan.addresses) : plan;
+    if (!connected.ok) {
+      const { decision } = connected;
+      metrics.proxyConnections.inc({
+        kind: 'transparent',
+        verdict: decision ? 'denied' : 'failed',
+      });
+      if (decision) metrics.proxyDenials.inc({ kind: 'transparent', list: decision.list });
+      logger.info(
+        {
+          sandboxID: sandbox.sandboxID,
+          kind: 'transparent',
+          destination: formatDestination(target),
+          rule: decision?.rule,
+          list: decision?.list,
+          reason: decision?.reason ?? connected.message,
+        },
+        decision ? 'egress denied' : 'egress failed',
+      );
+      client.destroy();
+      return;
+    }
+    const dialled: Target = { ...target, ip: connected.ip };
+    if (client.destroyed || dialer.check(sandbox, dialled, connected.ip).verdict === 'deny') {
+      connected.socket.destroy();
+      client.destroy();
+      return;
+    }
+    metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'allowed' });
+    spliceTunnel(this.options, 'transparent', sandbox, dialled, client, connected.socket).release(
+      seen,
+    );
+  }
+}

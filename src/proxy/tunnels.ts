@@ -1,0 +1,132 @@
+import type net from 'node:net';
+import type { Logger } from 'pino';
+import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
+import type { MoatMetrics, ProxyKind } from '../metrics/index.js';
+import { type Decision, decide, formatDestination } from '../policy/index.js';
+import type { Target } from './dial.js';
+import { type Splice, splice } from './splice.js';
+
+/** An open connection through Moat, decided for one destination. */
+export interface Tunnel {
+  readonly sandboxID: string;
+  readonly target: Target;
+  /** Closes both sides; `decision` says why when a policy change denied it. */
+  close(decision?: Decision): void;
+}
+
+/**
+ * Every open tunnel and in-flight forwarded request, by sandbox. When a sandbox's policy is
+ * republished each one is decided again on the spot (the swap and the check run in the same
+ * tick, so a now-denied tunnel closes well within 100 ms); removing a sandbox closes them all.
+ */
+export class TunnelRegistry {
+  private readonly bySandbox = new Map<string, Set<Tunnel>>();
+
+  constructor(private readonly table: EnforcementTable) {
+    table.subscribe((event) => {
+      if (event.type === 'published') this.recheck(event.sandboxID);
+      else this.closeAll(event.sandboxID);
+    });
+  }
+
+  count(sandboxID: string): number {
+    return this.bySandbox.get(sandboxID)?.size ?? 0;
+  }
+
+  get size(): number {
+    let total = 0;
+    for (const set of this.bySandbox.values()) total += set.size;
+    return total;
+  }
+
+  /** Adds a tunnel; returns the function that removes it (call it when the tunnel closes). */
+  add(tunnel: Tunnel): () => void {
+    let set = this.bySandbox.get(tunnel.sandboxID);
+    if (set === undefined) {
+      set = new Set();
+      this.bySandbox.set(tunnel.sandboxID, set);
+    }
+    set.add(tunnel);
+    return () => {
+      set.delete(tunnel);
+      if (set.size === 0 && this.bySandbox.get(tunnel.sandboxID) === set)
+        this.bySandbox.delete(tunnel.sandboxID);
+    };
+  }
+
+  all(): Tunnel[] {
+    return [...this.bySandbox.values()].flatMap((set) => [...set]);
+  }
+
+  private recheck(sandboxID: string): void {
+    const sandbox = this.table.get(sandboxID);
+    const set = this.bySandbox.get(sandboxID);
+    if (sandbox === undefined || set === undefined) return;
+    for (const tunnel of [...set]) {
+      const { target } = tunnel;
+      const decision = decide(
+        sandbox.policy,
+        target,
+        target.host === undefined ? sandbox.learned : undefined,
+      );
+      if (decision.verdict === 'deny') tunnel.close(decision);
+    }
+  }
+
+  private closeAll(sandboxID: string): void {
+    for (const tunnel of [...(this.bySandbox.get(sandboxID) ?? [])]) tunnel.close();
+  }
+}
+
+export interface TunnelContext {
+  readonly tunnels: TunnelRegistry;
+  readonly metrics: MoatMetrics;
+  readonly logger: Logger;
+  readonly idleTimeoutMs: number;
+}
+
+/**
+ * Splices client and upstream as a registered tunnel: counted, closed when a policy change
+ * denies its destination or the sandbox goes, and unregistered when either side closes.
+ */
+export function spliceTunnel(
+  context: TunnelContext,
+  kind: ProxyKind,
+  sandbox: EnforcedSandbox,
+  target: Target,
+  client: net.Socket,
+  upstream: net.Socket,
+): Splice {
+  const { metrics, logger, tunnels } = context;
+  let remove = () => {};
+  const spliced = splice(client, upstream, {
+    idleTimeoutMs: context.idleTimeoutMs,
+    onClose: (up, down) => {
+      remove();
+      metrics.proxyBytes.inc({ direction: 'up' }, up);
+      metrics.proxyBytes.inc({ direction: 'down' }, down);
+    },
+  });
+  remove = tunnels.add({
+    sandboxID: sandbox.sandboxID,
+    target,
+    close: (decision?: Decision) => {
+      if (decision !== undefined) {
+        metrics.proxyDenials.inc({ kind, list: decision.list });
+        logger.info(
+          {
+            sandboxID: sandbox.sandboxID,
+            kind,
+            destination: formatDestination(target),
+            rule: decision.rule,
+            list: decision.list,
+            reason: decision.reason,
+          },
+          'open connection closed: the policy now denies it',
+        );
+      }
+      spliced.close();
+    },
+  });
+  return spliced;
+}

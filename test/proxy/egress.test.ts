@@ -1,0 +1,465 @@
+import http from 'node:http';
+import net from 'node:net';
+import tls from 'node:tls';
+import { pino } from 'pino';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { loadConfig } from '../../src/config.js';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import { udpQuery } from '../support/dns-client.js';
+import { FakeDns } from '../support/fake-dns.js';
+import {
+  connectThrough,
+  httpEchoOrigin,
+  type Origin,
+  readUntil,
+  tcpEchoOrigin,
+  tlsEchoOrigin,
+} from '../support/origins.js';
+
+const SANDBOX = 'iproxysandbox00000001';
+const SECRET = 'egress-secret-1';
+const SOURCE = '127.77.0.2';
+
+const policy = (config: object) => {
+  const parsed = parseNetworkConfig(config);
+  if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+  return compilePolicy(parsed.value, moat.internal);
+};
+const ip = (text: string) => {
+  const parsed = parseIP(text);
+  if (!parsed.ok) throw new Error(parsed.error);
+  return parsed.value;
+};
+const ALLOW_TEST = { allowOut: ['allowed.test', '*.allowed.test'], denyOut: ['0.0.0.0/0'] };
+
+let upstream: FakeDns;
+let web: Origin & { requests: http.IncomingHttpHeaders[] };
+let secure: Origin;
+let ssh: Origin;
+let moat: RunningMoat;
+let proxy: { host: string; port: number };
+
+beforeAll(async () => {
+  web = await httpEchoOrigin('127.0.0.10');
+  secure = await tlsEchoOrigin('127.0.0.11');
+  ssh = await tcpEchoOrigin('127.0.0.12', 'SSH-2.0-origin\r\n');
+  upstream = await new FakeDns(
+    new Map([
+      ['allowed.test', { A: ['127.0.0.10'] }],
+      ['www.allowed.test', { A: ['127.0.0.10'] }],
+      ['tls.allowed.test', { A: ['127.0.0.11'] }],
+      ['ssh.allowed.test', { A: ['127.0.0.12'] }],
+      ['denied.test', { A: ['127.0.0.10'] }],
+      ['meta.allowed.test', { A: ['127.0.0.99'] }],
+      ['closed.allowed.test', { A: ['127.0.0.13'] }],
+      ['port80.allowed.test', { A: ['127.0.0.14'] }],
+    ]),
+  ).start();
+  const config = loadConfig({
+    flags: {
+      'internal-deny': '10.0.0.0/8,169.254.0.0/16,127.0.0.99/32',
+      'dns-listen': '127.0.0.1:0',
+      'dns-upstream': `127.0.0.1:${upstream.port}`,
+      'proxy-listen': '127.0.0.1:0',
+      'transparent-listen': '127.0.0.1:0',
+      'proxy-max-tunnels': '8',
+      'log-level': 'silent',
+    },
+  });
+  if (!config.ok) throw new Error(config.error);
+  moat = await startMoat(config.value, pino({ level: 'silent' }), {
+    defaultMetrics: false,
+    transparentPorts: { tls: secure.port, http: web.port },
+  });
+  proxy = moat.listening.proxy;
+});
+
+afterAll(async () => {
+  await moat.stop();
+  await Promise.all([web.close(), secure.close(), ssh.close(), upstream.stop()]);
+});
+
+beforeEach(() => {
+  moat.table.remove(SANDBOX);
+  moat.table.register(
+    SANDBOX,
+    { sourceAddress: ip(SOURCE), egressSecret: SECRET },
+    policy(ALLOW_TEST),
+  );
+  web.requests.length = 0;
+});
+
+const auth = `${SANDBOX}:${SECRET}`;
+
+/** Absolute-form GET through the proxy; resolves status, headers and parsed JSON body. */
+function proxyGet(
+  url: string,
+  options: { auth?: string; agent?: http.Agent; headers?: Record<string, string> } = {},
+) {
+  return new Promise<{
+    status: number;
+    headers: http.IncomingHttpHeaders;
+    body: Record<string, unknown>;
+  }>((resolve, reject) => {
+    const headers: Record<string, string> = { ...options.headers };
+    if (options.auth)
+      headers['proxy-authorization'] = `Basic ${Buffer.from(options.auth).toString('base64')}`;
+    const req = http.request({
+      host: proxy.host,
+      port: proxy.port,
+      path: url,
+      headers,
+      agent: options.agent ?? false,
+    });
+    req.on('response', (res) => {
+      let text = '';
+      res.on('data', (chunk) => {
+        text += chunk;
+      });
+      res.on('end', () =>
+        resolve({
+          status: res.statusCode ?? 0,
+          headers: res.headers,
+          body: text ? JSON.parse(text) : {},
+        }),
+      );
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+describe('CONNECT', () => {
+  it('opens a tunnel to an allowed name and carries bytes both ways', async () => {
+    const { socket, status } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, {
+      auth,
+    });
+    expect(status).toBe(200);
+    expect(await readUntil(socket, (t) => t.includes('\r\n'))).toBe('SSH-2.0-origin\r\n');
+    socket.write('ping');
+    expect(await readUntil(socket, (t) => t.includes('ping'))).toBe('ping');
+    socket.destroy();
+  });
+
+  it('identifies the sandbox by its source address when there is no Proxy-Authorization', async () => {
+    const { socket, status } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, {
+      localAddress: SOURCE,
+    });
+    expect(status).toBe(200);
+    socket.destroy();
+  });
+
+  it('answers 403 with a JSON body naming the rule, and X-Moat-Decision', async () => {
+    const { status, head, body } = await connectThrough(proxy, `denied.test:${web.port}`, { auth });
+    expect(status).toBe(403);
+    expect(JSON.parse(body)).toEqual({
+      code: 403,
+      message: `egress to denied.test:${web.port} denied by denyOut rule 0.0.0.0/0: no allowOut name rule covers the name; 0.0.0.0/0 denies it`,
+    });
+    expect(head).toMatch(/X-Moat-Decision: deny; list=denyOut; rule="0.0.0.0\/0"/i);
+    // A denied name is never even looked up.
+    expect(upstream.asked('denied.test')).toHaveLength(0);
+  });
+
+  it('denies an allowed name whose address is in the internal list', async () => {
+    const { status, body } = await connectThrough(proxy, `meta.allowed.test:${web.port}`, { auth });
+    expect(status).toBe(403);
+    expect(JSON.parse(body).message).toContain('denied by internal rule 127.0.0.99/32');
+  });
+
+  it('allows a bare address only after the sandbox learned it from DNS, and never for another name', async () => {
+    expect((await connectThrough(proxy, `127.0.0.12:${ssh.port}`, { auth })).status).toBe(403);
+    await udpQuery(moat.listening.dns.port, SOURCE, 'ssh.allowed.test');
+    const learned = await connectThrough(proxy, `127.0.0.12:${ssh.port}`, { auth });
+    expect(learned.status).toBe(200);
+    learned.socket.destroy();
+    // denied.test shares 127.0.0.10 with allowed.test: the name decides, not the shared address.
+    await udpQuery(moat.listening.dns.port, SOURCE, 'allowed.test');
+    expect((await connectThrough(proxy, `denied.test:${web.port}`, { auth })).status).toBe(403);
+  });
+
+  it.each([
+    ['a hexadecimal IPv4 spelling', () => `0x7f.0.0.10:${web.port}`, 400],
+    ['a short IPv4 spelling', () => `127.10:${web.port}`, 400],
+    ['a decimal IPv4 spelling', () => `2130706442:${web.port}`, 400],
+    ['userinfo', () => `user@allowed.test:${web.port}`, 400],
+    ['a port with a leading zero', () => `allowed.test:0${web.port}`, 400],
+    ['port 0', () => 'allowed.test:0', 400],
+    ['port 65536', () => 'allowed.test:65536', 400],
+    ['no port', () => 'allowed.test', 400],
+    ['a zone ID', () => `[fe80::1%25eth0]:${web.port}`, 400],
+    ['an empty label', () => `a..allowed.test:${web.port}`, 400],
+    ['a label-boundary lookalike', () => `notallowed.test:${web.port}`, 403],
+    ['the allowed name as a prefix', () => `allowed.test.evil.test:${web.port}`, 403],
+    ['an IPv4-mapped internal address', () => `[::ffff:127.0.0.99]:${web.port}`, 403],
+  ])('refuses an authority with %s', async (_, authority, expected) => {
+    const { status } = await connectThrough(proxy, authority(), { auth });
+    expect(status).toBe(expected);
+  });
+
+  it('accepts case and a trailing dot as the same name', async () => {
+    const { socket, status } = await connectThrough(proxy, `SSH.Allowed.TEST.:${ssh.port}`, {
+      auth,
+    });
+    expect(status).toBe(200);
+    socket.destroy();
+  });
+
+  it('answers 407 without identity, and for a wrong secret', async () => {
+    const anonymous = await connectThrough(proxy, `allowed.test:${web.port}`, {
+      localAddress: '127.77.0.200',
+    });
+    expect(anonymous.status).toBe(407);
+    expect(anonymous.head).toMatch(/Proxy-Authenticate: Basic realm="moat"/i);
+    const wrong = await connectThrough(proxy, `allowed.test:${web.port}`, {
+      auth: `${SANDBOX}:not-the-secret`,
+      localAddress: SOURCE,
+    });
+    expect(wrong.status).toBe(407);
+  });
+
+  it('answers 502 when the destination refuses the connection', async () => {
+    const closed = net.createServer();
+    const port = await new Promise<number>((resolve) =>
+      closed.listen(0, '127.0.0.13', () => resolve((closed.address() as net.AddressInfo).port)),
+    );
+    await new Promise((resolve) => closed.close(resolve));
+    const { status, body } = await connectThrough(proxy, `closed.allowed.test:${port}`, { auth });
+    expect(status).toBe(502);
+    expect(JSON.parse(body).message).toContain(`closed.allowed.test:${port}`);
+  });
+
+  it("never dials Moat's own listeners", async () => {
+    moat.table.publish(SANDBOX, policy({ allowOut: ['127.0.0.0/8'], denyOut: ['0.0.0.0/0'] }));
+    const { status, body } = await connectThrough(proxy, `127.0.0.1:${proxy.port}`, { auth });
+    expect(status).toBe(403);
+    expect(JSON.parse(body).message).toContain("Moat's own listeners");
+  });
+});
+
+describe('server name checks inside CONNECT tunnels', () => {
+  const tlsThrough = (authority: string, servername: string | undefined) =>
+    connectThrough(proxy, authority, { auth }).then(
+      ({ socket }) =>
+        new Promise<string>((resolve) => {
+          const client = tls.connect({ socket, servername, rejectUnauthorized: false });
+          let text = '';
+          client.on('data', (chunk) => {
+            text += chunk;
+            if (text.includes('\n')) {
+              client.destroy();
+              resolve(text.trim());
+            }
+          });
+          client.on('error', () => resolve(`closed:${text}`));
+          client.on('close', () => resolve(`closed:${text}`));
+        }),
+    );
+
+  it('lets a ClientHello whose SNI matches the CONNECT host through', async () => {
+    expect(await tlsThrough(`tls.allowed.test:${secure.port}`, 'tls.allowed.test')).toBe(
+      'sni=tls.allowed.test',
+    );
+  });
+
+  it('closes the tunnel when the SNI names another host (domain fronting)', async () => {
+    expect(await tlsThrough(`tls.allowed.test:${secure.port}`, 'denied.test')).toBe('closed:');
+  });
+
+  it('passes bytes that are not TLS through unchecked on ports other than 80', async () => {
+    const { socket, status } = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+    expect(status).toBe(200);
+    socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+    expect(await readUntil(socket, (t) => t.includes('"host":"denied.test"'))).toContain('200 OK');
+    socket.destroy();
+  });
+
+  it('checks the Host header of plain HTTP in tunnels to port 80', async (context) => {
+    let port80: Origin;
+    try {
+      port80 = await httpEchoOrigin('127.0.0.14', 80);
+    } catch (error) {
+      console.log(
+        `skipped: cannot listen on port 80 (${(error as NodeJS.ErrnoException).code}); needs root`,
+      );
+      return context.skip();
+    }
+    try {
+      const fronted = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+      fronted.socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      expect(await readUntil(fronted.socket, () => false, 1000)).toBe('');
+      expect(fronted.socket.destroyed).toBe(true);
+      const honest = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+      honest.socket.write('GET / HTTP/1.1\r\nHost: port80.allowed.test\r\n\r\n');
+      expect(await readUntil(honest.socket, (t) => t.includes('}'))).toContain(
+        '"host":"port80.allowed.test"',
+      );
+      honest.socket.destroy();
+    } finally {
+      await port80.close();
+    }
+  });
+});
+
+describe('absolute-form HTTP', () => {
+  it('forwards with the Host of the absolute URI and strips proxy and hop-by-hop headers', async () => {
+    const response = await proxyGet(`http://www.allowed.test:${web.port}/path?q=1`, {
+      auth,
+      headers: { host: 'denied.test', 'proxy-connection': 'keep-alive', 'x-custom': 'kept' },
+    });
+    expect(response.status).toBe(200);
+    expect(response.body.host).toBe(`www.allowed.test:${web.port}`);
+    expect(response.body.path).toBe('/path?q=1');
+    const seen = web.requests[0]!;
+    expect(seen['proxy-authorization']).toBeUndefined();
+    expect(seen['proxy-connection']).toBeUndefined();
+    expect(seen['x-custom']).toBe('kept');
+  });
+
+  it('decides every request on a keep-alive connection on its own', async () => {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const first = await proxyGet(`http://allowed.test:${web.port}/`, { auth, agent });
+    const second = await proxyGet(`http://denied.test:${web.port}/`, { auth, agent });
+    const third = await proxyGet(`http://allowed.test:${web.port}/again`, { auth, agent });
+    agent.destroy();
+    expect([first.status, second.status, third.status]).toEqual([200, 403, 200]);
+    expect(second.headers['x-moat-decision']).toBe('deny; list=denyOut; rule="0.0.0.0/0"');
+    expect(web.requests).toHaveLength(2);
+  });
+
+  it('answers 407 without identity and 400 for origin-form requests', async () => {
+    const anonymous = await proxyGet(`http://allowed.test:${web.port}/`);
+    expect(anonymous.status).toBe(407);
+    const origin = await proxyGet('/just-a-path', { auth });
+    expect(origin.status).toBe(400);
+    expect(origin.body.message).toMatch(/absolute-form/);
+  });
+});
+
+describe('live policy', () => {
+  it('closes an open tunnel that a republished policy denies, within 100 ms', async () => {
+    const { socket, status } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, {
+      auth,
+    });
+    expect(status).toBe(200);
+    await readUntil(socket, (t) => t.includes('\r\n'));
+    const closed = new Promise<number>((resolve) =>
+      socket.once('close', () => resolve(performance.now())),
+    );
+    const published = performance.now();
+    moat.table.publish(SANDBOX, policy({ allowOut: ['www.allowed.test'], denyOut: ['0.0.0.0/0'] }));
+    expect((await closed) - published).toBeLessThan(100);
+  });
+
+  it('keeps tunnels the new policy still allows', async () => {
+    const { socket } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, { auth });
+    await readUntil(socket, (t) => t.includes('\r\n'));
+    moat.table.publish(SANDBOX, policy({ allowOut: ['ssh.allowed.test'], denyOut: ['0.0.0.0/0'] }));
+    socket.write('still');
+    expect(await readUntil(socket, (t) => t.includes('still'))).toBe('still');
+    socket.destroy();
+  });
+
+  it('closes every connection of a sandbox that is removed', async () => {
+    const tunnels = await Promise.all(
+      [1, 2, 3].map(() => connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, { auth })),
+    );
+    const closed = Promise.all(
+      // Each client keeps reading, as a real one would, so it sees the close.
+      tunnels.map(({ socket }) => new Promise((resolve) => socket.once('close', resolve).resume())),
+    );
+    moat.table.remove(SANDBOX);
+    await closed;
+    expect(moat.tunnels.count(SANDBOX)).toBe(0);
+  });
+});
+
+describe('limits', () => {
+  it('refuses tunnels past the per-sandbox cap with 429', async () => {
+    const open = await Promise.all(
+      Array.from({ length: 8 }, () =>
+        connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, { auth }),
+      ),
+    );
+    expect(open.every((t) => t.status === 200)).toBe(true);
+    const extra = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, { auth });
+    expect(extra.status).toBe(429);
+    for (const t of open) t.socket.destroy();
+  });
+
+  it('respects a slow reader: the origin cannot push far ahead of what the client reads', async () => {
+    let written = 0;
+    const chunk = Buffer.alloc(64 * 1024, 1);
+    const firehose = net.createServer((socket) => {
+      socket.on('error', () => {});
+      const push = () => {
+        while (written < 512 * 1024 * 1024 && socket.write(chunk)) written += chunk.length;
+        if (written < 512 * 1024 * 1024) socket.once('drain', push);
+      };
+      push();
+    });
+    const port = await new Promise<number>((resolve) =>
+      firehose.listen(0, '127.0.0.10', () => resolve((firehose.address() as net.AddressInfo).port)),
+    );
+    const { socket, status } = await connectThrough(proxy, `allowed.test:${port}`, { auth });
+    expect(status).toBe(200);
+    socket.pause();
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    // Kernel buffers on two loopback connections plus Node's stream buffers: a few MiB, not 512.
+    expect(written).toBeLessThan(32 * 1024 * 1024);
+    socket.destroy();
+    await new Promise((resolve) => firehose.close(resolve));
+  });
+});
+
+describe('transparent listener', () => {
+  const transparent = () => moat.listening.transparent!;
+
+  it('decides TLS by its SNI and splices to the named host', async () => {
+    const text = await new Promise<string>((resolve, reject) => {
+      const raw = net.connect({
+        host: '127.0.0.1',
+        port: transparent().port,
+        localAddress: SOURCE,
+      });
+      const client = tls.connect({
+        socket: raw,
+        servername: 'tls.allowed.test',
+        rejectUnauthorized: false,
+      });
+      client.on('data', (chunk) => {
+        client.destroy();
+        resolve(String(chunk).trim());
+      });
+      client.on('error', reject);
+    });
+    expect(text).toBe('sni=tls.allowed.test');
+  });
+
+  it('decides plain HTTP by its Host header', async () => {
+    const socket = net.connect({
+      host: '127.0.0.1',
+      port: transparent().port,
+      localAddress: SOURCE,
+    });
+    socket.write('GET /through HTTP/1.1\r\nHost: www.allowed.test\r\nConnection: close\r\n\r\n');
+    const text = await readUntil(socket, (t) => t.includes('}'));
+    expect(text).toContain('"path":"/through"');
+    expect(text).toContain('"host":"www.allowed.test"');
+  });
+
+  it('closes connections that name a denied host, name no host, or come from no sandbox', async () => {
+    const closedWithout = async (payload: string, localAddress = SOURCE) => {
+      const socket = net.connect({ host: '127.0.0.1', port: transparent().port, localAddress });
+      socket.write(payload);
+      const text = await readUntil(socket, () => false, 2000);
+      return text === '' && socket.destroyed;
+    };
+    expect(await closedWithout('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n')).toBe(true);
+    expect(await closedWithout('GET / HTTP/1.1\r\n\r\n')).toBe(true);
+    expect(
+      await closedWithout('GET / HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n', '127.77.0.201'),
+    ).toBe(true);
+  });
+});

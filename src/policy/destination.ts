@@ -14,6 +14,21 @@ export interface Destination {
   readonly port?: number;
 }
 
+/**
+ * Every destination has the same three properties in the same order, present even when
+ * undefined: decide() then reads them through one hidden class instead of a megamorphic
+ * lookup (spreads and optional properties gave almost every parsed destination its own shape).
+ */
+export const destination = (
+  host: CanonicalName | undefined,
+  ip: IPAddress | undefined,
+  port: number | undefined,
+): Destination => ({
+  host,
+  ip,
+  port,
+});
+
 const DEFAULT_PORTS: Readonly<Record<string, number>> = { http: 80, https: 443, ws: 80, wss: 443 };
 
 /** A decimal port 1-65535 without leading zeros. */
@@ -66,8 +81,11 @@ export function parseAuthority(text: string): Result<Destination> {
     if (!parsed.ok) return parsed;
     port = parsed.value;
   }
-  const target = host.value.kind === 'ip' ? { ip: host.value.ip } : { host: host.value.name };
-  return ok(port === undefined ? target : { ...target, port });
+  return ok(
+    host.value.kind === 'ip'
+      ? destination(undefined, host.value.ip, port)
+      : destination(host.value.name, undefined, port),
+  );
 }
 
 /** Parses a destination as users write it: an authority, or `scheme://authority[/path]`. */
@@ -79,7 +97,7 @@ export function parseDestination(text: string): Result<Destination> {
   const parsed = parseAuthority(end < 0 ? rest : rest.slice(0, end));
   if (!parsed.ok || parsed.value.port !== undefined) return parsed;
   const port = DEFAULT_PORTS[scheme[1]!.toLowerCase()];
-  return port === undefined ? parsed : ok({ ...parsed.value, port });
+  return port === undefined ? parsed : ok(destination(parsed.value.host, parsed.value.ip, port));
 }
 
 /** How a destination is shown in logs and CLI output: `host:port`, `[v6]:port`, `host (ip)`. */

@@ -1,40 +1,35 @@
 /**
- * A trie of domain names keyed by labels from the right (com -> example -> api), holding exact
- * rules and `*.` wildcard rules. A wildcard at `example.com` matches any name with at least one
- * more label below it, never `example.com` itself.
+ * Name rules: exact names and `*.` wildcards. A wildcard at `example.com` matches any name
+ * with at least one more label below it, never `example.com` itself.
+ *
+ * Kept as two hash maps keyed by whole names rather than a tree of labels: an exact match is
+ * one lookup, and a wildcard match looks up only the suffixes whose label count some wildcard
+ * has (usually one or two), deepest first. No per-label strings are made for the rest.
  */
 
-interface DomainNode<T> {
-  children: Map<string, DomainNode<T>> | null;
-  exact: T | undefined;
-  wildcard: T | undefined;
-}
-
-const newNode = <T>(): DomainNode<T> => ({ children: null, exact: undefined, wildcard: undefined });
-
 export class DomainTrie<T> {
-  private readonly root: DomainNode<T> = newNode();
-  private count = 0;
+  private readonly exact = new Map<string, T>();
+  private readonly wildcards = new Map<string, T>();
+  /** depths[n] is true when some wildcard domain has n labels. */
+  private readonly depths: boolean[] = [];
+  private minDepth = Number.POSITIVE_INFINITY;
+  private maxDepth = 0;
 
   get size(): number {
-    return this.count;
+    return this.exact.size + this.wildcards.size;
   }
 
   /** Adds a rule for a canonical name; the first rule for a name and kind wins. */
   insert(name: string, kind: 'exact' | 'wildcard', value: T): boolean {
-    let node = this.root;
-    for (const label of name.split('.').reverse()) {
-      node.children ??= new Map();
-      let child = node.children.get(label);
-      if (!child) {
-        child = newNode();
-        node.children.set(label, child);
-      }
-      node = child;
+    const map = kind === 'exact' ? this.exact : this.wildcards;
+    if (map.has(name)) return false;
+    map.set(name, value);
+    if (kind === 'wildcard') {
+      const depth = name.split('.').length;
+      this.depths[depth] = true;
+      this.minDepth = Math.min(this.minDepth, depth);
+      this.maxDepth = Math.max(this.maxDepth, depth);
     }
-    if (node[kind] !== undefined) return false;
-    node[kind] = value;
-    this.count++;
     return true;
   }
 
@@ -43,17 +38,21 @@ export class DomainTrie<T> {
    * the wildcard of the nearest ancestor.
    */
   lookup(name: string): T | undefined {
-    let node = this.root;
-    let best: T | undefined;
-    let end = name.length;
-    for (;;) {
-      const dot = name.lastIndexOf('.', end - 1);
-      const next = node.children?.get(name.slice(dot + 1, end));
-      if (next === undefined) return best;
-      if (dot < 0) return next.exact ?? best;
-      if (next.wildcard !== undefined) best = next.wildcard;
-      node = next;
-      end = dot;
+    const exact = this.exact.get(name);
+    if (exact !== undefined || this.wildcards.size === 0) return exact;
+    let labels = 1;
+    for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) === 46) labels++;
+    // Suffixes strictly shorter than the name, deepest first, at depths some wildcard has.
+    let depth = labels - 1;
+    let dot = name.indexOf('.');
+    while (dot >= 0 && depth >= this.minDepth) {
+      if (depth <= this.maxDepth && this.depths[depth] === true) {
+        const match = this.wildcards.get(name.slice(dot + 1));
+        if (match !== undefined) return match;
+      }
+      dot = name.indexOf('.', dot + 1);
+      depth--;
     }
+    return undefined;
   }
 }

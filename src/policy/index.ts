@@ -5,6 +5,7 @@
 export { type CIDR, type IPAddress, parseCIDR, parseIP } from './address.js';
 export {
   type Destination,
+  destination,
   formatDestination,
   parseAuthority,
   parseDestination,

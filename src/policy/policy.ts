@@ -4,6 +4,7 @@
  * allocates nothing except for learned addresses.
  */
 import type { CIDR, IPAddress } from './address.js';
+import { AddressIntervals, locate, type PrefixEntry } from './address-intervals.js';
 import { AddressPrefixMap } from './address-prefix-map.js';
 import type { Destination } from './destination.js';
 import { DomainTrie } from './domain-trie.js';
@@ -33,10 +34,12 @@ const decision = (
   list: DecisionList,
   rule: string | null,
   reason: string,
-): Decision => Object.freeze({ verdict, list, rule, reason });
+): Decision => ({ verdict, list, rule, reason });
 
 export interface InternalDenyList {
   readonly ranges: readonly InternalRange[];
+  /** Each range with its decision, for compiling into a policy's address table. */
+  readonly decisions: ReadonlyArray<{ readonly cidr: CIDR; readonly decision: Decision }>;
   lookup(ip: IPAddress): Decision | undefined;
   /** The internal range covering a whole CIDR, if any (for lint). */
   covering(cidr: CIDR): Decision | undefined;
@@ -47,18 +50,22 @@ export function compileInternalDenyList(
   ranges: readonly InternalRange[] = DEFAULT_INTERNAL_DENY,
 ): InternalDenyList {
   const map = new AddressPrefixMap<Decision>();
-  for (const range of ranges) {
-    map.insert(
-      range.cidr,
-      decision(
-        'deny',
-        'internal',
-        range.entry,
-        `the internal deny list holds ${range.entry} (${range.description}); sandbox rules cannot open it`,
-      ),
-    );
-  }
-  return { ranges, lookup: (ip) => map.lookup(ip), covering: (cidr) => map.covering(cidr) };
+  const decisions = ranges.map((range) => ({
+    cidr: range.cidr,
+    decision: decision(
+      'deny',
+      'internal',
+      range.entry,
+      `the internal deny list holds ${range.entry} (${range.description}); sandbox rules cannot open it`,
+    ),
+  }));
+  for (const { cidr, decision: d } of decisions) map.insert(cidr, d);
+  return {
+    ranges,
+    decisions,
+    lookup: (ip) => map.lookup(ip),
+    covering: (cidr) => map.covering(cidr),
+  };
 }
 
 const DEFAULT_INTERNAL = compileInternalDenyList();
@@ -70,10 +77,8 @@ export interface Policy {
   readonly unmatchedName: Decision;
   /** @internal to the policy part */
   readonly allowNames: DomainTrie<Decision>;
-  /** @internal to the policy part */
-  readonly allowAddresses: AddressPrefixMap<Decision>;
-  /** @internal to the policy part */
-  readonly denyAddresses: AddressPrefixMap<Decision>;
+  /** @internal to the policy part: internal list, allowOut and denyOut prefixes, merged. */
+  readonly addresses: AddressIntervals<Decision>;
 }
 
 function allowDecision(rule: Rule): Decision {
@@ -121,43 +126,63 @@ export function compilePolicy(
   internal: InternalDenyList = DEFAULT_INTERNAL,
 ): Policy {
   const allowNames = new DomainTrie<Decision>();
-  const allowAddresses = new AddressPrefixMap<Decision>();
-  const denyAddresses = new AddressPrefixMap<Decision>();
+  const prefixes: Array<PrefixEntry<Decision>> = internal.decisions.map(
+    ({ cidr, decision: d }) => ({
+      cidr,
+      list: 'internal',
+      value: d,
+    }),
+  );
+  let allowAddressCount = 0;
   for (const rule of rules.allowOut) {
-    if (rule.kind === 'address') allowAddresses.insert(rule.cidr, allowDecision(rule));
-    else
+    if (rule.kind === 'address') {
+      prefixes.push({ cidr: rule.cidr, list: 'allow', value: allowDecision(rule) });
+      allowAddressCount++;
+    } else {
       allowNames.insert(
         rule.name,
         rule.kind === 'name' ? 'exact' : 'wildcard',
         allowDecision(rule),
       );
+    }
   }
+  const everything = (d: Decision): Array<PrefixEntry<Decision>> =>
+    ([4, 6] as const).map((version) => ({
+      cidr: {
+        version,
+        words: version === 4 ? [0] : [0, 0, 0, 0],
+        prefixLength: 0,
+        hadHostBits: false,
+        text: '',
+      },
+      list: 'deny',
+      value: d,
+    }));
   let denyAll: Decision | undefined;
   for (const rule of rules.denyOut) {
     if (rule.entry === ALL_TRAFFIC) {
       // ALL_TRAFFIC covers IPv6 too: a sandbox with IPv6 must not escape a deny-all policy.
       denyAll ??= decision('deny', 'denyOut', rule.entry, ALL_TRAFFIC_REASON);
-      denyAddresses.insert(rule.cidr, denyAll);
-      denyAddresses.insert({ ...rule.cidr, version: 6, words: [0, 0, 0, 0] }, denyAll);
+      prefixes.push(...everything(denyAll));
     } else {
-      denyAddresses.insert(
-        rule.cidr,
-        decision('deny', 'denyOut', rule.entry, `the address is inside denyOut ${rule.entry}`),
-      );
+      prefixes.push({
+        cidr: rule.cidr,
+        list: 'deny',
+        value: decision(
+          'deny',
+          'denyOut',
+          rule.entry,
+          `the address is inside denyOut ${rule.entry}`,
+        ),
+      });
     }
   }
   if (rules.allowInternetAccess === false) {
     denyAll ??= decision('deny', 'denyOut', 'allow_internet_access=false', NO_ACCESS_REASON);
-    for (const version of [4, 6] as const) {
-      const words = version === 4 ? [0] : [0, 0, 0, 0];
-      denyAddresses.insert(
-        { version, words, prefixLength: 0, hadHostBits: false, text: '' },
-        denyAll,
-      );
-    }
+    prefixes.push(...everything(denyAll));
   }
   const resolveHint =
-    allowAddresses.size > 0 ? ' unless it resolves into an allowOut address range' : '';
+    allowAddressCount > 0 ? ' unless it resolves into an allowOut address range' : '';
   const unmatchedName = denyAll
     ? decision(
         'deny',
@@ -165,7 +190,7 @@ export function compilePolicy(
         denyAll.rule,
         `no allowOut name rule covers the name; ${denyAll.rule} denies it${resolveHint}`,
       )
-    : denyAddresses.size > 0
+    : rules.denyOut.length > 0
       ? decision(
           'allow',
           'default',
@@ -183,8 +208,7 @@ export function compilePolicy(
     internal,
     unmatchedName,
     allowNames,
-    allowAddresses,
-    denyAddresses,
+    addresses: new AddressIntervals(prefixes),
   });
 }
 
@@ -205,23 +229,27 @@ export function decide(
 ): Decision {
   const { host, ip, port } = destination;
   if (port !== undefined && !isValidPort(port)) return BAD_PORT;
-  if (ip !== undefined) {
-    const internal = policy.internal.lookup(ip);
-    if (internal) return internal;
+  if (ip === undefined) {
+    if (host === undefined) return NO_DESTINATION;
+    return policy.allowNames.lookup(host) ?? policy.unmatchedName;
   }
+  // One search finds the longest internal, allowOut and denyOut prefix of the address.
+  const table = policy.addresses.family(ip);
+  const slot = locate(table, ip.words);
+  const internal = table.internal[slot];
+  if (internal !== undefined) return internal;
   if (host !== undefined) {
     const byName = policy.allowNames.lookup(host);
-    if (byName) return byName;
+    if (byName !== undefined) return byName;
   }
-  if (ip === undefined) return host === undefined ? NO_DESTINATION : policy.unmatchedName;
-  const allowed = policy.allowAddresses.lookup(ip);
-  if (allowed) return allowed;
+  const allowed = table.allow[slot];
+  if (allowed !== undefined) return allowed;
   // A learned address never rescues a connection that itself names a host no rule allows
   // (a CDN address shared with an allowed name must not open other names).
   if (learned !== undefined && host === undefined) {
     const name = learned.lookup(ip);
     // Checked again against this policy so that a stale learned entry cannot open anything.
-    if (name !== undefined && policy.allowNames.lookup(name)) {
+    if (name !== undefined && policy.allowNames.lookup(name) !== undefined) {
       return decision(
         'allow',
         'learned',
@@ -230,5 +258,5 @@ export function decide(
       );
     }
   }
-  return policy.denyAddresses.lookup(ip) ?? ALLOW_DEFAULT;
+  return table.deny[slot] ?? ALLOW_DEFAULT;
 }

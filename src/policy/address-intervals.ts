@@ -1,0 +1,259 @@
+/**
+ * The compiled form of every address prefix a policy holds (internal list, allowOut, denyOut),
+ * as one sorted table of elementary intervals per address family. Each interval carries, per
+ * list, the decision of the longest prefix covering it. An address is decided by one binary
+ * search over a typed array instead of one trie walk per list: prefixes are nested or
+ * disjoint, so the longest match is constant between two consecutive prefix boundaries.
+ */
+import type { CIDR, IPAddress } from './address.js';
+
+export type PrefixList = 'internal' | 'allow' | 'deny';
+const LISTS: readonly PrefixList[] = ['internal', 'allow', 'deny'];
+
+export interface PrefixEntry<T> {
+  readonly cidr: CIDR;
+  readonly list: PrefixList;
+  readonly value: T;
+}
+
+/** One family's table: `starts[i]` (as `words` uint32 words) begins interval i. */
+export interface FamilyTable<T> {
+  readonly words: 1 | 4;
+  readonly starts: Uint32Array;
+  readonly count: number;
+  /**
+   * IPv4 only: `buckets[b]` is the interval holding the first address whose top bits are b,
+   * so a search covers only the intervals of one bucket. Sized to the table (no index for a
+   * small one), so memory stays proportional to the rules.
+   */
+  readonly buckets: Uint32Array | undefined;
+  readonly bucketShift: number;
+  readonly internal: ReadonlyArray<T | undefined>;
+  readonly allow: ReadonlyArray<T | undefined>;
+  readonly deny: ReadonlyArray<T | undefined>;
+}
+
+/**
+ * Arithmetic on prefix positions: plain numbers for IPv4 (exact below 2^53, and fast), BigInt
+ * for IPv6. Used at compile time only.
+ */
+interface Positions<K> {
+  readonly bits: number;
+  start(words: readonly number[]): K;
+  /** The first position after a prefix of `length` bits starting at `start`. */
+  after(start: K, length: number): K;
+  readonly end: K;
+  less(a: K, b: K): boolean;
+  compare(a: K, b: K): number;
+}
+
+const V4: Positions<number> = {
+  bits: 32,
+  start: (w) => w[0]! >>> 0,
+  after: (start, length) => start + 2 ** (32 - length),
+  end: 2 ** 32,
+  less: (a, b) => a < b,
+  compare: (a, b) => a - b,
+};
+
+const V6: Positions<bigint> = {
+  bits: 128,
+  start: (w) => w.reduce((acc, x) => (acc << 32n) | BigInt(x >>> 0), 0n),
+  after: (start, length) => start + (1n << BigInt(128 - length)),
+  end: 1n << 128n,
+  less: (a, b) => a < b,
+  compare: (a, b) => (a < b ? -1 : a > b ? 1 : 0),
+};
+
+/** Ascending positions where one list's longest match changes, and the match from there on. */
+interface Boundaries<T, K> {
+  readonly positions: K[];
+  readonly values: Array<T | undefined>;
+}
+
+/**
+ * Boundaries where one list's longest match changes, ascending. Prefixes are nested or
+ * disjoint: sorted by start, outer (shorter) first, a stack of open prefixes gives the
+ * innermost at each point.
+ */
+function boundaries<T, K>(
+  entries: ReadonlyArray<PrefixEntry<T>>,
+  at: Positions<K>,
+): Boundaries<T, K> {
+  const spans = entries.map((e) => {
+    const start = at.start(e.cidr.words);
+    return {
+      start,
+      after: at.after(start, e.cidr.prefixLength),
+      length: e.cidr.prefixLength,
+      value: e.value,
+    };
+  });
+  spans.sort((a, b) => at.compare(a.start, b.start) || a.length - b.length);
+  const positions: K[] = [];
+  const values: Array<T | undefined> = [];
+  const emit = (position: K, value: T | undefined) => {
+    const last = positions.length - 1;
+    if (last >= 0 && positions[last] === position) values[last] = value;
+    else {
+      positions.push(position);
+      values.push(value);
+    }
+  };
+  const open: typeof spans = [];
+  const closeUpTo = (position: K) => {
+    while (open.length > 0 && !at.less(position, open.at(-1)!.after)) {
+      const done = open.pop()!;
+      emit(done.after, open.at(-1)?.value);
+    }
+  };
+  for (const span of spans) {
+    // The same prefix twice: the first entry wins.
+    const top = open.at(-1);
+    if (top !== undefined && top.start === span.start && top.length === span.length) continue;
+    closeUpTo(span.start);
+    emit(span.start, span.value);
+    open.push(span);
+  }
+  closeUpTo(at.end);
+  return { positions, values };
+}
+
+function buildFamily<T, K>(
+  entries: ReadonlyArray<PrefixEntry<T>>,
+  at: Positions<K>,
+  zero: K,
+): FamilyTable<T> {
+  const words = at.bits === 32 ? 1 : 4;
+  const perList = LISTS.map((list) =>
+    boundaries(
+      entries.filter((e) => e.list === list),
+      at,
+    ),
+  );
+  const cursor = [0, 0, 0];
+  const current: Array<T | undefined> = [undefined, undefined, undefined];
+  const starts: K[] = [];
+  const internal: Array<T | undefined> = [];
+  const allow: Array<T | undefined> = [];
+  const deny: Array<T | undefined> = [];
+  // Merge the three ascending boundary lists: every position where any list's match changes.
+  let position: K | undefined = zero;
+  while (position !== undefined && at.less(position, at.end)) {
+    let next: K | undefined;
+    for (let l = 0; l < 3; l++) {
+      const { positions, values } = perList[l]!;
+      while (cursor[l]! < positions.length && positions[cursor[l]!] === position)
+        current[l] = values[cursor[l]!++];
+      if (
+        cursor[l]! < positions.length &&
+        (next === undefined || at.less(positions[cursor[l]!]!, next))
+      ) {
+        next = positions[cursor[l]!];
+      }
+    }
+    const last = starts.length - 1;
+    if (
+      last < 0 ||
+      internal[last] !== current[0] ||
+      allow[last] !== current[1] ||
+      deny[last] !== current[2]
+    ) {
+      starts.push(position);
+      internal.push(current[0]);
+      allow.push(current[1]);
+      deny.push(current[2]);
+    }
+    position = next;
+  }
+  const packed = new Uint32Array(starts.length * words);
+  starts.forEach((start, i) => {
+    if (words === 1) packed[i] = start as number;
+    else
+      for (let w = 0; w < 4; w++)
+        packed[i * 4 + w] = Number(((start as bigint) >> BigInt(32 * (3 - w))) & 0xffffffffn);
+  });
+  const bucketBits =
+    words === 1 ? Math.min(16, Math.max(0, Math.floor(Math.log2(starts.length)) - 2)) : 0;
+  let buckets: Uint32Array | undefined;
+  if (bucketBits > 0) {
+    buckets = new Uint32Array(2 ** bucketBits);
+    let interval = 0;
+    for (let b = 0; b < buckets.length; b++) {
+      const first = b * 2 ** (32 - bucketBits);
+      while (interval + 1 < starts.length && (starts[interval + 1] as number) <= first) interval++;
+      buckets[b] = interval;
+    }
+  }
+  return {
+    words,
+    starts: packed,
+    count: starts.length,
+    buckets,
+    bucketShift: 32 - bucketBits,
+    internal,
+    allow,
+    deny,
+  };
+}
+
+/** Index of the interval holding `address` (the last start <= address). */
+export function locate(table: FamilyTable<unknown>, address: readonly number[]): number {
+  const { starts, words, buckets } = table;
+  let lo = 0;
+  let hi = table.count - 1;
+  if (words === 1) {
+    const a = address[0]! >>> 0;
+    if (buckets !== undefined) {
+      const b = a >>> table.bucketShift;
+      lo = buckets[b]!;
+      if (b + 1 < buckets.length) hi = buckets[b + 1]!;
+    }
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >>> 1;
+      if (starts[mid]! <= a) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >>> 1;
+    let cmp = 0;
+    for (let w = 0; w < 4 && cmp === 0; w++) {
+      const s = starts[mid * 4 + w]!;
+      const a = address[w]! >>> 0;
+      cmp = s < a ? -1 : s > a ? 1 : 0;
+    }
+    if (cmp <= 0) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+export class AddressIntervals<T> {
+  private readonly v4: FamilyTable<T>;
+  private readonly v6: FamilyTable<T>;
+
+  constructor(entries: ReadonlyArray<PrefixEntry<T>>) {
+    this.v4 = buildFamily(
+      entries.filter((e) => e.cidr.version === 4),
+      V4,
+      0,
+    );
+    this.v6 = buildFamily(
+      entries.filter((e) => e.cidr.version === 6),
+      V6,
+      0n,
+    );
+  }
+
+  /** Intervals in both tables (for diagnostics and benchmarks). */
+  get size(): number {
+    return this.v4.count + this.v6.count;
+  }
+
+  /** The table an address is searched in; `locate` finds its interval there. */
+  family(ip: IPAddress): FamilyTable<T> {
+    return ip.version === 4 ? this.v4 : this.v6;
+  }
+}

@@ -218,7 +218,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_DNS_RATE_LIMIT',
     default: '500',
     help: 'DNS queries per second per sandbox (bursts of the same size); more are REFUSED',
-    parse: positiveInteger(1_000_000),
+    parse: positiveInteger(1_000_000_000),
   },
   {
     key: 'proxyListen',

@@ -13,6 +13,7 @@ export interface RunningMoat {
   readonly metrics: MoatMetrics;
   readonly internal: InternalDenyList;
   readonly tunnels: TunnelRegistry;
+  readonly dns: DnsInterceptor;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
   readonly listening: {
     readonly dns: HostPort;
@@ -125,6 +126,7 @@ export async function startMoat(
     metrics,
     internal,
     tunnels,
+    dns,
     listening,
     async stop(drainMs = 0) {
       await proxy.close(drainMs);

@@ -7,6 +7,7 @@ import { canonicalName, formatDestination, parseAuthority } from '../policy/inde
 import { type Dialer, denial, type Refusal, type Target } from './dial.js';
 import { sendError, writeRawError } from './http-errors.js';
 import { identify } from './identity.js';
+import { listenOn } from './listen.js';
 import { looksLikeTls, peekHttpHost, peekTlsServerName } from './peek.js';
 import type { Splice } from './splice.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
@@ -128,13 +129,7 @@ export class EgressProxy {
   }
 
   listen(address: ProxyListen): Promise<number> {
-    return new Promise((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(address.port, address.host, () => {
-        this.server.off('error', reject);
-        resolve((this.server.address() as net.AddressInfo).port);
-      });
-    });
+    return listenOn(this.server, address);
   }
 
   /** Stops accepting, lets open tunnels finish for up to `drainMs`, then closes what is left. */

@@ -4,6 +4,7 @@ import { formatDestination, parseAuthority } from '../policy/index.js';
 import type { Target } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { identify } from './identity.js';
+import { listenOn } from './listen.js';
 import { looksLikeTls, peekName } from './peek.js';
 import { spliceTunnel } from './tunnels.js';
 
@@ -24,13 +25,7 @@ export class TransparentProxy {
   }
 
   listen(address: ProxyListen): Promise<number> {
-    return new Promise((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(address.port, address.host, () => {
-        this.server.off('error', reject);
-        resolve((this.server.address() as net.AddressInfo).port);
-      });
-    });
+    return listenOn(this.server, address);
   }
 
   async close(): Promise<void> {

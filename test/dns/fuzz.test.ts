@@ -11,13 +11,17 @@ import dgram from 'node:dgram';
 import net from 'node:net';
 import { setImmediate as tick } from 'node:timers/promises';
 import dnsPacket from 'dns-packet';
-import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AnswerCache, DnsInterceptor, UpstreamClient } from '../../src/dns/index.js';
-import { EnforcementTable } from '../../src/enforce/index.js';
-import { MoatMetrics } from '../../src/metrics/index.js';
+import type { DnsInterceptor } from '../../src/dns/index.js';
+import type { MoatMetrics } from '../../src/metrics/index.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
-import { encodeQuery, tcpExchange, udpExchange } from '../support/dns-client.js';
+import {
+  type DnsHarness,
+  encodeQuery,
+  startInterceptor,
+  tcpExchange,
+  udpExchange,
+} from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import {
   buildQuery,
@@ -100,6 +104,7 @@ class Findings {
 let upstream: FakeDns;
 let dns: DnsInterceptor;
 let port: number;
+let harness: DnsHarness | undefined;
 let metrics: MoatMetrics;
 /** Everything that reached the process-level handlers (the first few, in full). */
 const crashes: string[] = [];
@@ -143,40 +148,17 @@ beforeAll(async () => {
   process.on('uncaughtException', onUncaught);
   process.on('unhandledRejection', onUnhandled);
   upstream = await new FakeDns(zone).start();
-  const clock = { now: 1_000_000 };
-  const now = () => clock.now;
-  metrics = new MoatMetrics({ defaultMetrics: false });
-  const table = new EnforcementTable({ now });
-  const client = new UpstreamClient([{ host: '127.0.0.1', port: upstream.port }], {
-    timeoutMs: 400,
-    attemptTimeoutMs: 200,
-  });
-  const cache = new AnswerCache(client, {
-    capacity: 1000,
-    maxTtl: 86400,
-    maxNegativeTtl: 3600,
-    now,
-  });
-  dns = new DnsInterceptor({
-    listen: { host: '127.0.0.1', port: 0 },
-    table,
-    cache,
-    metrics,
-    logger: pino({ level: 'silent' }),
-    minLearnTtl: 30,
-    maxLearnTtl: 86400,
-    // The clock stands still: a finite bucket would turn most of the run into rate-limit refusals.
-    rateLimit: 1e9,
-    now,
-  });
-  port = await dns.start();
+  // The clock stands still: a finite bucket would turn most of the run into rate-limit refusals.
+  harness = await startInterceptor(upstream.port, { timeoutMs: 400, rateLimit: 1_000_000_000 });
+  ({ metrics, interceptor: dns, port } = harness);
+  const table = harness.table;
   const source = parseIP(SOURCE);
   if (!source.ok) throw new Error(source.error);
   table.register(SANDBOX, { sourceAddress: source.value, egressSecret: 'fuzz' }, allowTestPolicy());
 });
 
 afterAll(async () => {
-  await dns?.stop();
+  await harness?.stop();
   await upstream?.stop();
   process.off('uncaughtException', onUncaught);
   process.off('unhandledRejection', onUnhandled);

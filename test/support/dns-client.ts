@@ -3,50 +3,52 @@ import dgram from 'node:dgram';
 import net from 'node:net';
 import dnsPacket from 'dns-packet';
 import { pino } from 'pino';
-import { AnswerCache, DnsInterceptor, UpstreamClient } from '../../src/dns/index.js';
-import { EnforcementTable } from '../../src/enforce/index.js';
-import { MoatMetrics } from '../../src/metrics/index.js';
+import { startMoat } from '../../src/cli/index.js';
+import { loadConfig } from '../../src/config.js';
+import type { DnsInterceptor } from '../../src/dns/index.js';
+import type { EnforcementTable } from '../../src/enforce/index.js';
+import type { MoatMetrics } from '../../src/metrics/index.js';
 
 export interface DnsHarness {
   readonly port: number;
   readonly table: EnforcementTable;
   readonly metrics: MoatMetrics;
+  readonly interceptor: DnsInterceptor;
+  /** The clock Moat reads; tests move it forward. */
   readonly clock: { now: number };
   stop(): Promise<void>;
 }
 
+/** Starts Moat as `moat serve` does (loopback, free ports), with a clock the test controls. */
 export async function startInterceptor(
   upstreamPort: number,
   options: { timeoutMs?: number; rateLimit?: number } = {},
 ): Promise<DnsHarness> {
   const clock = { now: 1_000_000 };
-  const now = () => clock.now;
-  const metrics = new MoatMetrics({ defaultMetrics: false });
-  const table = new EnforcementTable({ now });
-  const timeoutMs = options.timeoutMs ?? 1000;
-  const upstream = new UpstreamClient([{ host: '127.0.0.1', port: upstreamPort }], {
-    timeoutMs,
-    attemptTimeoutMs: timeoutMs / 2,
+  const config = loadConfig({
+    flags: {
+      'dns-listen': '127.0.0.1:0',
+      'dns-upstream': `127.0.0.1:${upstreamPort}`,
+      'dns-timeout-ms': String(options.timeoutMs ?? 1000),
+      'dns-rate-limit': String(options.rateLimit ?? 10_000),
+      'dns-cache-size': '1000',
+      'proxy-listen': '127.0.0.1:0',
+      'transparent-listen': 'off',
+    },
   });
-  const cache = new AnswerCache(upstream, {
-    capacity: 1000,
-    maxTtl: 86400,
-    maxNegativeTtl: 3600,
-    now,
+  if (!config.ok) throw new Error(config.error);
+  const moat = await startMoat(config.value, pino({ level: 'silent' }), {
+    now: () => clock.now,
+    defaultMetrics: false,
   });
-  const dns = new DnsInterceptor({
-    listen: { host: '127.0.0.1', port: 0 },
-    table,
-    cache,
-    metrics,
-    logger: pino({ level: 'silent' }),
-    minLearnTtl: 30,
-    maxLearnTtl: 86400,
-    rateLimit: options.rateLimit ?? 10_000,
-    now,
-  });
-  const port = await dns.start();
-  return { port, table, metrics, clock, stop: () => dns.stop() };
+  return {
+    port: moat.listening.dns.port,
+    table: moat.table,
+    metrics: moat.metrics,
+    interceptor: moat.dns,
+    clock,
+    stop: () => moat.stop(),
+  };
 }
 
 /** A decoded reply with the fields dns-packet sets but its typings leave out. */

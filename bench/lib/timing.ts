@@ -85,7 +85,7 @@ function runTrial(cell: Cell): void {
   let done = 0;
   const start = nowNs();
   const end = start + trialNs;
-  let now = start;
+  let now: bigint;
   do {
     const n = Math.min(cell.count, trialOps - done);
     sink(cell.batch(n));

@@ -2,8 +2,7 @@ import { readFileSync } from 'node:fs';
 import { type NetworkRules, type ParseOptions, parseNetworkConfig } from '../policy/index.js';
 
 export type PolicyFileResult =
-  | { ok: true; rules: NetworkRules }
-  | { ok: false; problems: string[] };
+  { ok: true; rules: NetworkRules } | { ok: false; problems: string[] };
 
 /** Reads and validates a policy file (JSON shaped like the PUT network body). */
 export function readPolicyFile(path: string, options: ParseOptions): PolicyFileResult {

@@ -1,6 +1,5 @@
 declare module 'dns-packet/types.js' {
   /** Record type number to its name (`UNKNOWN_<n>` for types dns-packet has no name for). */
-  // biome-ignore lint/suspicious/noShadowRestrictedNames: the module's real export name
   export function toString(type: number): string;
   /** Record type name to its number. */
   export function toType(name: string): number;

@@ -8,12 +8,7 @@ export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'serv
 
 export type ProxyKind = 'connect' | 'forward' | 'transparent';
 export type ProxyVerdict =
-  | 'allowed'
-  | 'denied'
-  | 'unauthenticated'
-  | 'invalid'
-  | 'failed'
-  | 'limited';
+  'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 
 export class MoatMetrics {
   readonly registry = new Registry();

@@ -114,7 +114,7 @@ export function formatIPv6(words: readonly number[]): string {
   for (const w of words) groups.push(w >>> 16, w & 0xffff);
   let bestStart = -1;
   let bestLen = 1;
-  for (let i = 0; i < 8; ) {
+  for (let i = 0; i < 8;) {
     if (groups[i] !== 0) {
       i++;
       continue;

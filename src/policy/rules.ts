@@ -46,8 +46,7 @@ export interface PolicyProblem {
 }
 
 export type ParseResult =
-  | { ok: true; value: NetworkRules }
-  | { ok: false; errors: PolicyProblem[] };
+  { ok: true; value: NetworkRules } | { ok: false; errors: PolicyProblem[] };
 
 export interface ParseOptions {
   /** Entries allowed in each list (default 10,000). */

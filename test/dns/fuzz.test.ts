@@ -453,7 +453,7 @@ function chop(rng: Rng, frames: readonly Buffer[]): { writes: Buffer[]; pace: bo
       return { writes: [...frames], pace: rng.bool(0.3) };
     default: {
       const writes: Buffer[] = [];
-      for (let at = 0; at < stream.length; ) {
+      for (let at = 0; at < stream.length;) {
         const size = rng.range(1, 1500);
         writes.push(stream.subarray(at, at + size));
         at += size;

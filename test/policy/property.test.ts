@@ -186,8 +186,7 @@ const configArb: fc.Arbitrary<RefConfig> = fc
   });
 
 type InternalChoice =
-  | { kind: 'implicit default' }
-  | { kind: 'list'; text: string; reference: readonly string[] };
+  { kind: 'implicit default' } | { kind: 'list'; text: string; reference: readonly string[] };
 
 const internalArb: fc.Arbitrary<InternalChoice> = fc.oneof(
   { weight: 2, arbitrary: fc.constant({ kind: 'implicit default' as const }) },

@@ -8,3 +8,4 @@ export {
   type UpstreamOptions,
   type UpstreamServer,
 } from './upstream.js';
+export { listenOn } from './listen.js';

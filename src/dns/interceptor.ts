@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { DnsVerdict, MoatMetrics } from '../metrics/index.js';
 import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
+import { listenOn } from './listen.js';
 import { type AnswerCache, buildAnswer, type CachedAnswer } from './cache.js';
 import {
   emptyAnswer,
@@ -68,12 +69,34 @@ export class DnsInterceptor {
   /** Binds UDP and TCP on the same address and port; resolves to the bound port. */
   async start(): Promise<number> {
     const { host, port } = this.options.listen;
+    // With port 0 the UDP port is free but the same number may be taken for TCP: try again.
+    for (let attempt = 1; ; attempt++) {
+      const udp = await this.bindUdp(host, port);
+      const tcp = net.createServer((socket) => this.serveTcp(socket));
+      tcp.maxConnections = MAX_TCP_CONNECTIONS;
+      try {
+        await listenOn(tcp, { host, port: udp.address().port });
+      } catch (error) {
+        await new Promise<void>((resolve) => udp.close(() => resolve()));
+        if (port !== 0 || attempt >= 20 || (error as NodeJS.ErrnoException).code !== 'EADDRINUSE')
+          throw error;
+        continue;
+      }
+      this.udp = udp;
+      this.tcp = tcp;
+      return udp.address().port;
+    }
+  }
+
+  private async bindUdp(host: string, port: number): Promise<dgram.Socket> {
     const udp = dgram.createSocket({ type: net.isIPv6(host) ? 'udp6' : 'udp4' });
-    this.udp = udp;
     udp.on('message', (message, from) => {
-      void this.answer(message, from.address, 'udp').then((reply) => {
+      const send = (reply: Buffer | undefined) => {
         if (reply) udp.send(reply, from.port, from.address);
-      });
+      };
+      const reply = this.answer(message, from.address, 'udp');
+      if (reply instanceof Promise) void reply.then(send);
+      else send(reply);
     });
     await new Promise<void>((resolve, reject) => {
       udp.once('error', reject);
@@ -86,18 +109,7 @@ export class DnsInterceptor {
         resolve();
       });
     });
-    const boundPort = udp.address().port;
-    const tcp = net.createServer((socket) => this.serveTcp(socket));
-    tcp.maxConnections = MAX_TCP_CONNECTIONS;
-    this.tcp = tcp;
-    await new Promise<void>((resolve, reject) => {
-      tcp.once('error', reject);
-      tcp.listen(boundPort, host, () => {
-        tcp.off('error', reject);
-        resolve();
-      });
-    });
-    return boundPort;
+    return udp;
   }
 
   async stop(): Promise<void> {
@@ -108,43 +120,57 @@ export class DnsInterceptor {
     ]);
   }
 
+  /** Counter children, labelled once (prom-client hashes labels on every labelled call). */
+  private readonly counters = new Map<string, { inc(): void }>();
+
+  private count(transport: Transport, verdict: DnsVerdict): void {
+    const key = `${transport} ${verdict}`;
+    let counter = this.counters.get(key);
+    if (counter === undefined) {
+      counter = this.options.metrics.dnsQueries.labels({ transport, verdict });
+      this.counters.set(key, counter);
+    }
+    counter.inc();
+  }
+
   /**
    * Answers one message from `source`. Returns the bytes to send back, or undefined to stay
-   * silent. Never throws: any failure becomes SERVFAIL for a parsed query.
+   * silent; synchronously when the answer is cached. Never throws or rejects: any failure
+   * becomes SERVFAIL for a parsed query.
    */
-  async answer(message: Buffer, source: string, transport: Transport): Promise<Buffer | undefined> {
-    const count = (verdict: DnsVerdict) =>
-      this.options.metrics.dnsQueries.inc({ transport, verdict });
+  answer(
+    message: Buffer,
+    source: string,
+    transport: Transport,
+  ): Buffer | undefined | Promise<Buffer | undefined> {
     const parsed = parseQuery(message);
     if (parsed.kind === 'drop') {
-      count('dropped');
+      this.count(transport, 'dropped');
       return undefined;
     }
     if (parsed.kind === 'error') {
-      count(parsed.rcode === RCODE.FORMERR ? 'formerr' : 'refused');
+      this.count(transport, parsed.rcode === RCODE.FORMERR ? 'formerr' : 'refused');
       return emptyAnswer(parsed.id, parsed.question, parsed.rcode);
     }
     const { query } = parsed;
     const refuse = (reason: string, sandbox?: EnforcedSandbox) => {
-      count('refused');
+      this.count(transport, 'refused');
       this.options.logger.debug(
         { sandboxID: sandbox?.sandboxID, source, name: query.name, reason },
         'dns query refused',
       );
       return emptyAnswer(query.id, questionOf(query), RCODE.REFUSED, query);
     };
-    const sourceIP = parseIP(source);
-    const sandbox = sourceIP.ok ? this.options.table.fromSource(sourceIP.value.text) : undefined;
+    const sandbox = this.sandboxAt(source);
     if (sandbox === undefined) return refuse('unknown source address');
     if (!this.takeToken(sandbox.sandboxID)) return refuse('rate limit', sandbox);
     if (query.type === TYPE.ANY) return refuse('ANY queries are not answered (RFC 8482)', sandbox);
     const name = canonicalName(query.name);
     if (!name.ok) return refuse(name.error, sandbox);
 
-    const policy = sandbox.policy;
-    const verdict = decide(policy, { host: name.value });
+    const verdict = decide(sandbox.policy, { host: name.value, ip: undefined, port: undefined });
     if (verdict.verdict === 'deny') {
-      count('blocked');
+      this.count(transport, 'blocked');
       this.options.logger.info(
         {
           sandboxID: sandbox.sandboxID,
@@ -158,25 +184,40 @@ export class DnsInterceptor {
       );
       return emptyAnswer(query.id, questionOf(query), RCODE.NXDOMAIN, query);
     }
-    try {
-      const answer = await this.options.cache.resolve(name.value, query.type);
-      const reply = this.reply(
-        sandbox,
-        name.value,
-        answer,
-        query,
-        transport === 'udp' ? udpLimit(query) : TCP_LIMIT,
-      );
-      count('forwarded');
-      return reply;
-    } catch (error) {
-      count('servfail');
+    const limit = transport === 'udp' ? udpLimit(query) : TCP_LIMIT;
+    const servfail = (error: unknown) => {
+      this.count(transport, 'servfail');
       this.options.logger.warn(
         { sandboxID: sandbox.sandboxID, destination: name.value, err: (error as Error).message },
         'dns servfail',
       );
       return emptyAnswer(query.id, questionOf(query), RCODE.SERVFAIL, query);
+    };
+    const forward = (answer: CachedAnswer) => {
+      try {
+        const reply = this.reply(sandbox, name.value, answer, query, limit);
+        this.count(transport, 'forwarded');
+        return reply;
+      } catch (error) {
+        return servfail(error);
+      }
+    };
+    try {
+      const resolved = this.options.cache.resolve(name.value, query.type);
+      return resolved instanceof Promise ? resolved.then(forward, servfail) : forward(resolved);
+    } catch (error) {
+      return servfail(error);
     }
+  }
+
+  /** The sandbox behind a source address (udp6 sockets report IPv4 peers as ::ffff:a.b.c.d). */
+  private sandboxAt(source: string): EnforcedSandbox | undefined {
+    const direct = this.options.table.fromSource(source);
+    if (direct !== undefined) return direct;
+    const parsed = parseIP(source);
+    return parsed.ok && parsed.value.text !== source
+      ? this.options.table.fromSource(parsed.value.text)
+      : undefined;
   }
 
   /** Checks the answer's addresses against the sandbox's policy, learns the kept ones, encodes. */
@@ -254,16 +295,18 @@ export class DnsInterceptor {
         const message = Buffer.from(buffered.subarray(2, 2 + length));
         buffered = buffered.subarray(2 + length);
         pending++;
-        void this.answer(message, socket.remoteAddress ?? '', 'tcp').then((reply) => {
-          pending--;
-          if (reply !== undefined && !socket.destroyed) {
-            const framed = Buffer.allocUnsafe(2 + reply.length);
-            framed.writeUInt16BE(reply.length, 0);
-            reply.copy(framed, 2);
-            socket.write(framed);
-          }
-          pump();
-        });
+        void Promise.resolve(this.answer(message, socket.remoteAddress ?? '', 'tcp')).then(
+          (reply) => {
+            pending--;
+            if (reply !== undefined && !socket.destroyed) {
+              const framed = Buffer.allocUnsafe(2 + reply.length);
+              framed.writeUInt16BE(reply.length, 0);
+              reply.copy(framed, 2);
+              socket.write(framed);
+            }
+            pump();
+          },
+        );
       }
       if (busy()) socket.pause();
       else socket.resume();

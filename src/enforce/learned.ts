@@ -7,7 +7,9 @@ interface LearnedEntry {
 
 /**
  * Addresses the DNS interceptor gave one sandbox for allowed names, each until its clamped TTL
- * runs out. Bounded: when full, the entry closest to expiry makes room.
+ * runs out. Bounded: when full, the entry learned or extended longest ago makes room (the Map
+ * keeps that order, so eviction is O(1); answers' expiry is absolute, so this is close to
+ * "soonest to expire" without a scan).
  */
 export class LearnedAddressTable implements LearnedAddresses {
   private readonly entries = new Map<string, LearnedEntry>();
@@ -37,7 +39,9 @@ export class LearnedAddressTable implements LearnedAddresses {
     const current = this.entries.get(ip.text);
     // Never shorten: two names may share an address, and the later answer may carry a lower TTL.
     if (current !== undefined && current.expiresAt >= expiresAt) return;
-    if (current === undefined && this.entries.size >= this.capacity) this.evict();
+    if (current !== undefined) this.entries.delete(ip.text);
+    else if (this.entries.size >= this.capacity)
+      this.entries.delete(this.entries.keys().next().value!);
     this.entries.set(ip.text, { name, expiresAt });
   }
 
@@ -60,17 +64,5 @@ export class LearnedAddressTable implements LearnedAddresses {
     return [...this.entries]
       .filter(([, entry]) => entry.expiresAt > now)
       .map(([address, entry]) => ({ address, name: entry.name, expiresAt: entry.expiresAt }));
-  }
-
-  private evict(): void {
-    let victim: string | undefined;
-    let soonest = Number.POSITIVE_INFINITY;
-    for (const [key, entry] of this.entries) {
-      if (entry.expiresAt < soonest) {
-        soonest = entry.expiresAt;
-        victim = key;
-      }
-    }
-    if (victim !== undefined) this.entries.delete(victim);
   }
 }

@@ -1,13 +1,13 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type net from 'node:net';
 import type { Logger } from 'pino';
+import { listenOn } from '../dns/index.js';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
 import { type Dialer, denial, type Refusal, type Target } from './dial.js';
 import { sendError, writeRawError } from './http-errors.js';
 import { identify } from './identity.js';
-import { listenOn } from './listen.js';
 import { looksLikeTls, peekHttpHost, peekTlsServerName } from './peek.js';
 import type { Splice } from './splice.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';

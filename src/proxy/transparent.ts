@@ -1,10 +1,10 @@
 import net from 'node:net';
+import { listenOn } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import { formatDestination, parseAuthority } from '../policy/index.js';
 import type { Target } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { identify } from './identity.js';
-import { listenOn } from './listen.js';
 import { looksLikeTls, peekName } from './peek.js';
 import { spliceTunnel } from './tunnels.js';
 

@@ -5,6 +5,7 @@
 import dgram from 'node:dgram';
 import net from 'node:net';
 import dnsPacket from 'dns-packet';
+import { listenOn } from '../../src/dns/index.js';
 
 export interface ZoneEntry {
   readonly A?: string[];
@@ -34,32 +35,44 @@ export class FakeDns {
   ) {}
 
   async start(): Promise<this> {
-    const udp = dgram.createSocket('udp4');
-    this.udp = udp;
-    udp.on('message', (message, from) => {
-      const reply = this.answer(message, 'udp');
-      if (reply) udp.send(reply, from.port, from.address);
-    });
-    await new Promise<void>((resolve) => udp.bind(0, this.host, resolve));
-    this.port = udp.address().port;
-    this.tcp = net.createServer((socket) => {
-      let buffered = Buffer.alloc(0);
-      socket.on('error', () => socket.destroy());
-      socket.on('data', (chunk) => {
-        buffered = Buffer.concat([buffered, chunk]);
-        while (buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) {
-          const message = buffered.subarray(2, 2 + buffered.readUInt16BE(0));
-          buffered = buffered.subarray(2 + message.length);
-          const reply = this.answer(message, 'tcp');
-          if (reply)
-            socket.write(
-              Buffer.concat([Buffer.from([reply.length >> 8, reply.length & 255]), reply]),
-            );
-        }
+    // A free UDP port's number may be taken for TCP: try fresh pairs until both bind.
+    for (let attempt = 1; ; attempt++) {
+      const udp = dgram.createSocket('udp4');
+      udp.on('message', (message, from) => {
+        const reply = this.answer(message, 'udp');
+        if (reply) udp.send(reply, from.port, from.address);
       });
+      await new Promise<void>((resolve) => udp.bind(0, this.host, resolve));
+      const tcp = net.createServer((socket) => this.serveTcp(socket));
+      try {
+        await listenOn(tcp, { host: this.host, port: udp.address().port });
+      } catch (error) {
+        udp.close();
+        if (attempt >= 20) throw error;
+        continue;
+      }
+      this.udp = udp;
+      this.tcp = tcp;
+      this.port = udp.address().port;
+      return this;
+    }
+  }
+
+  private serveTcp(socket: net.Socket): void {
+    let buffered = Buffer.alloc(0);
+    socket.on('error', () => socket.destroy());
+    socket.on('data', (chunk) => {
+      buffered = Buffer.concat([buffered, chunk]);
+      while (buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) {
+        const message = buffered.subarray(2, 2 + buffered.readUInt16BE(0));
+        buffered = buffered.subarray(2 + message.length);
+        const reply = this.answer(message, 'tcp');
+        if (reply)
+          socket.write(
+            Buffer.concat([Buffer.from([reply.length >> 8, reply.length & 255]), reply]),
+          );
+      }
     });
-    await new Promise<void>((resolve) => this.tcp!.listen(this.port, this.host, resolve));
-    return this;
   }
 
   async stop(): Promise<void> {

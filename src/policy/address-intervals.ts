@@ -174,7 +174,7 @@ function buildFamily<T, K>(
         packed[i * 4 + w] = Number(((start as bigint) >> BigInt(32 * (3 - w))) & 0xffffffffn);
   });
   const bucketBits =
-    words === 1 ? Math.min(16, Math.max(0, Math.floor(Math.log2(starts.length)) - 2)) : 0;
+    words === 1 ? Math.min(16, Math.max(0, Math.floor(Math.log2(starts.length)))) : 0;
   let buckets: Uint32Array | undefined;
   if (bucketBits > 0) {
     buckets = new Uint32Array(2 ** bucketBits);

@@ -8,7 +8,9 @@ import {
   DEFAULT_MAX_ENTRIES,
   type InternalRange,
   parseInternalDenyList,
+  parseCIDR,
   parseIP,
+  type CIDR,
   type Result,
 } from './policy/index.js';
 
@@ -38,6 +40,8 @@ export interface MoatConfig {
   readonly proxyHandshakeTimeoutMs: number;
   readonly proxyIdleTimeoutMs: number;
   readonly proxyCheckServerName: boolean;
+  /** Where per-sandbox source addresses come from (loopback in the process runtime). */
+  readonly sourcePool: CIDR;
 }
 
 interface Setting<K extends keyof MoatConfig> {
@@ -282,6 +286,25 @@ export const SETTINGS: readonly AnySetting[] = [
     default: 'true',
     help: 'close CONNECT tunnels whose TLS SNI (or, on port 80, Host header) names another host than CONNECT did (domain fronting)',
     parse: booleanValue,
+  },
+  {
+    key: 'sourcePool',
+    metavar: 'CIDR',
+    flag: 'source-pool',
+    env: 'MOAT_SOURCE_POOL',
+    default: '127.77.0.0/16',
+    help: 'IPv4 range that per-sandbox source addresses are drawn from (how DNS and the proxy tell sandboxes apart)',
+    parse: (text) => {
+      const cidr = parseCIDR(text);
+      if (!cidr.ok) return cidr;
+      if (cidr.value.version !== 4 || cidr.value.prefixLength > 30) {
+        return {
+          ok: false,
+          error: `expected an IPv4 range of /30 or wider, got ${JSON.stringify(text)}`,
+        };
+      }
+      return cidr;
+    },
   },
 ];
 

@@ -2,7 +2,7 @@ import os from 'node:os';
 import type { Logger } from 'pino';
 import type { HostPort, MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
-import { EnforcementTable } from '../enforce/index.js';
+import { AddressPool, EnforcementTable } from '../enforce/index.js';
 import { MoatMetrics } from '../metrics/index.js';
 import { compileInternalDenyList, type InternalDenyList, type IPAddress } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
@@ -14,6 +14,8 @@ export interface RunningMoat {
   readonly internal: InternalDenyList;
   readonly tunnels: TunnelRegistry;
   readonly dns: DnsInterceptor;
+  /** Source addresses for new sandboxes, from config.sourcePool. */
+  readonly sources: AddressPool;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
   readonly listening: {
     readonly dns: HostPort;
@@ -127,6 +129,7 @@ export async function startMoat(
     internal,
     tunnels,
     dns,
+    sources: new AddressPool(config.sourcePool),
     listening,
     async stop(drainMs = 0) {
       await proxy.close(drainMs);

@@ -31,14 +31,6 @@ export class AddressPool {
     );
   }
 
-  /** Marks an address as taken (used when reloading sandboxes after a restart). */
-  claim(address: IPAddress): boolean {
-    const offset = address.version === 4 ? (address.words[0]! - this.base) >>> 0 : -1;
-    if (offset < 1 || offset >= this.count - 1 || this.used.has(offset)) return false;
-    this.used.add(offset);
-    return true;
-  }
-
   release(address: IPAddress): void {
     if (address.version === 4) this.used.delete((address.words[0]! - this.base) >>> 0);
   }

@@ -298,7 +298,8 @@ export class EgressProxy {
       agent = new http.Agent({
         keepAlive: true,
         maxSockets: this.options.maxTunnelsPerSandbox,
-        maxFreeSockets: 16,
+        // As many idle connections as may be busy: fewer means reconnecting under steady load.
+        maxFreeSockets: this.options.maxTunnelsPerSandbox,
       });
       this.agents.set(sandboxID, agent);
     }
@@ -418,10 +419,12 @@ export class EgressProxy {
         };
         if (socket.connecting) socket.once('connect', ready);
         else ready();
-        socket.setTimeout(this.options.idleTimeoutMs, () =>
-          upstream.destroy(new Error('idle timeout')),
-        );
       });
+      // On the request, not the pooled socket: the request removes its own listener when it
+      // ends, a listener added to the socket would stay for every later request.
+      upstream.setTimeout(this.options.idleTimeoutMs, () =>
+        upstream.destroy(new Error('idle timeout')),
+      );
       upstream.on('response', (answer) => {
         res.writeHead(
           answer.statusCode ?? 502,

@@ -328,6 +328,22 @@ describe('absolute-form HTTP', () => {
     expect(web.requests).toHaveLength(2);
   });
 
+  it('reuses pooled upstream connections without piling listeners onto them', async () => {
+    const warnings: string[] = [];
+    const onWarning = (warning: Error) => warnings.push(warning.name);
+    process.on('warning', onWarning);
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    for (let i = 0; i < 20; i++) {
+      expect((await proxyGet(`http://allowed.test:${web.port}/${i}`, { auth, agent })).status).toBe(
+        200,
+      );
+    }
+    agent.destroy();
+    await new Promise((resolve) => setImmediate(resolve));
+    process.off('warning', onWarning);
+    expect(warnings).not.toContain('MaxListenersExceededWarning');
+  });
+
   it('answers 407 without identity and 400 for origin-form requests', async () => {
     const anonymous = await proxyGet(`http://allowed.test:${web.port}/`);
     expect(anonymous.status).toBe(407);

@@ -84,12 +84,14 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | string {
       : `the ${what} ${JSON.stringify(named)} names a host, but CONNECT named an address`;
   }
   if (named === undefined) return `the tunnel to ${target.host} sends no ${what}`;
-  const host = tls ? canonicalName(named) : parseAuthority(named);
-  const name = host.ok
-    ? typeof host.value === 'string'
-      ? host.value
-      : host.value.host
-    : undefined;
+  let name: string | undefined;
+  if (tls) {
+    const canonical = canonicalName(named);
+    name = canonical.ok ? canonical.value : undefined;
+  } else {
+    const authority = parseAuthority(named);
+    name = authority.ok ? authority.value.host : undefined;
+  }
   return name === target.host
     ? 'ok'
     : `the ${what} ${JSON.stringify(named)} is not ${target.host} (domain fronting)`;

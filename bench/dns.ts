@@ -32,15 +32,28 @@
  * with query files and logs). Everything is bounded: each child process has a time limit, and
  * is stopped on exit, error, SIGINT and SIGTERM, and when this process dies.
  */
-import { type ChildProcess, fork, spawn, spawnSync } from 'node:child_process';
+import { type ChildProcess, spawnSync } from 'node:child_process';
 import dgram from 'node:dgram';
-import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { closeSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import net from 'node:net';
-import { cpus, tmpdir } from 'node:os';
+import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import {
+  ask,
+  commandPid,
+  forkTracked,
+  has,
+  machineBusy,
+  processCpu,
+  runInScratchFolder,
+  sleep,
+  spawnBounded,
+  stopChildren,
+  waitReady,
+} from './lib/procs.js';
+import { summariseProfile } from './lib/profile.js';
 import { formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 
 const HOST = '127.0.0.1';
@@ -76,36 +89,7 @@ interface Options {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Child processes: every one is tracked, bounded in time, and stopped on the way out.
-
-const children = new Set<ChildProcess>();
-
-function track(child: ChildProcess): ChildProcess {
-  children.add(child);
-  child.once('exit', () => children.delete(child));
-  return child;
-}
-
-/** SIGTERM to every child still running, SIGKILL to those that have not gone after 3 s. */
-async function stopChildren(): Promise<void> {
-  const running = [...children].filter((c) => c.exitCode === null && c.signalCode === null);
-  const exited = running.map(
-    (c) =>
-      new Promise<void>((resolve) => (c.exitCode !== null ? resolve() : c.once('exit', resolve))),
-  );
-  for (const child of running) child.kill('SIGTERM');
-  const timer = setTimeout(() => {
-    for (const child of running) if (child.exitCode === null) child.kill('SIGKILL');
-  }, 3000);
-  await Promise.all(exited);
-  clearTimeout(timer);
-}
-
-// Last resort (an exit that skipped stopChildren): SIGTERM, which `timeout` passes on to
-// dnsmasq and dnsperf, and on which the forked servers exit.
-process.on('exit', () => {
-  for (const child of children) child.kill('SIGTERM');
-});
+// Child processes (tracked, bounded and stopped by lib/procs.ts) and CPU pinning
 
 /** CPUs for the server under test and for the load side (dnsperf, upstream), when pinning. */
 let cpuSets: { server: string; load: string } | undefined;
@@ -124,24 +108,7 @@ function pinProcess(role: 'server' | 'load', pid: number | undefined): void {
   if (result.status !== 0) throw new Error(`taskset could not pin process ${pid}`);
 }
 
-/**
- * Spawns a command bounded in time (`timeout`), and ended with SIGTERM if this process dies
- * without cleaning up (`setpriv --pdeathsig`, which `timeout` passes on to the command).
- * The pid of the command itself is `commandPid(child.pid)`.
- */
-function spawnBounded(
-  seconds: number,
-  command: string[],
-  options: Parameters<typeof spawn>[2],
-): ChildProcess {
-  const bounded = ['timeout', '-k', '2', String(Math.ceil(seconds)), ...command];
-  const argv = HAS_SETPRIV ? ['setpriv', '--pdeathsig', 'TERM', ...bounded] : bounded;
-  return spawn(argv[0]!, argv.slice(1), options);
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Forks a bench script and waits for its `{ ready: port }` message. */
+/** Forks a bench script, pins it, and waits for its `{ ready: port }` message (15 s at most). */
 async function forkServer(
   role: 'server' | 'load',
   script: string,
@@ -149,50 +116,10 @@ async function forkServer(
   execArgv: string[],
   logFile: string,
 ): Promise<{ child: ChildProcess; port: number }> {
-  const log = openSync(logFile, 'a');
-  const child = track(
-    fork(fileURLToPath(new URL(script, import.meta.url)), args, {
-      execArgv,
-      stdio: ['ignore', log, log, 'ipc'],
-    }),
-  );
-  closeSync(log);
+  const child = forkTracked(script, args, execArgv, logFile);
   pinProcess(role, child.pid);
-  const port = await new Promise<number>((resolve, reject) => {
-    const timer = setTimeout(
-      () => reject(new Error(`${script} did not start within 15 s`)),
-      15_000,
-    );
-    child.once('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`${script} exited with ${code} before it was ready; see ${logFile}`));
-    });
-    child.on('message', (message: { ready?: number }) => {
-      if (typeof message?.ready === 'number') {
-        clearTimeout(timer);
-        resolve(message.ready);
-      }
-    });
-  });
+  const port = await waitReady<number>(child, script, logFile, 15_000);
   return { child, port };
-}
-
-/** Sends `request` to a forked child and waits for a reply holding `key` (2 s at most). */
-function ask<T>(child: ChildProcess, request: string, key: string): Promise<T | undefined> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => {
-      child.off('message', listener);
-      resolve(undefined);
-    }, 2000);
-    const listener = (message: Record<string, unknown>) => {
-      if (message?.[key] === undefined) return;
-      clearTimeout(timer);
-      child.off('message', listener);
-      resolve(message as T);
-    };
-    child.on('message', listener);
-    child.send(request);
-  });
 }
 
 /** A port free for both UDP and TCP on 127.0.0.1 (for dnsmasq, which cannot be told port 0). */
@@ -223,12 +150,6 @@ async function freePort(): Promise<number> {
 
 // ---------------------------------------------------------------------------------------------
 // Tools
-
-function has(command: string): boolean {
-  return spawnSync('sh', ['-c', `command -v ${command}`], { stdio: 'ignore' }).status === 0;
-}
-
-const HAS_SETPRIV = has('setpriv');
 
 function ensureTools(): void {
   const missing = ['dnsperf', 'dnsmasq'].filter((tool) => !has(tool));
@@ -381,11 +302,9 @@ async function dnsperf(run: PerfRun): Promise<PerfResult> {
     ...(run.qps ? ['-Q', String(run.qps)] : []),
   ];
   // `timeout` bounds dnsperf even if this process is killed outright.
-  const child = track(
-    spawnBounded(run.seconds + 15, pinned('load', 'dnsperf', args), {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    }),
-  );
+  const child = spawnBounded(run.seconds + 15, pinned('load', 'dnsperf', args), {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   child.stdout?.on('data', (chunk: Buffer) => {
     output += chunk.toString();
@@ -405,96 +324,6 @@ async function writeQueryFile(path: string, names: (i: number) => string, count:
   const lines: string[] = new Array(count);
   for (let i = 0; i < count; i++) lines[i] = `${names(i)} A`;
   await writeFile(path, `${lines.join('\n')}\n`);
-}
-
-// ---------------------------------------------------------------------------------------------
-// CPU accounting
-
-const CLOCK_TICKS = Number(
-  spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout?.trim() || 100,
-);
-
-/** User and system CPU seconds a process (all its threads) has used so far. */
-function cpuSeconds(pid: number): { user: number; sys: number } {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  // Fields after the command name, which is in parentheses and may hold spaces.
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return { user: Number(fields[11]) / CLOCK_TICKS, sys: Number(fields[12]) / CLOCK_TICKS };
-}
-
-/** The process `timeout` runs (taskset execs its command, so the pid is the command's). */
-function commandPid(timeoutPid: number): number {
-  const text = readFileSync(`/proc/${timeoutPid}/task/${timeoutPid}/children`, 'utf8').trim();
-  const pid = Number(text.split(/\s+/)[0]);
-  if (!Number.isInteger(pid) || pid <= 0) throw new Error(`no child under pid ${timeoutPid}`);
-  return pid;
-}
-
-/** Share of the machine's CPU time that was busy over `ms` (other work before the run starts). */
-async function machineBusy(ms: number): Promise<number> {
-  const read = () => {
-    const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1);
-    const values = fields.map(Number);
-    const idle = (values[3] ?? 0) + (values[4] ?? 0);
-    return { idle, total: values.reduce((a, b) => a + b, 0) };
-  };
-  const a = read();
-  await sleep(ms);
-  const b = read();
-  return b.total === a.total ? 0 : 1 - (b.idle - a.idle) / (b.total - a.total);
-}
-
-// ---------------------------------------------------------------------------------------------
-// CPU profile summary (for --profile)
-
-interface ProfileNode {
-  id: number;
-  callFrame: { functionName: string; url: string; lineNumber: number };
-  hitCount?: number;
-}
-
-function summariseProfile(path: string): string {
-  const profile = JSON.parse(readFileSync(path, 'utf8')) as {
-    nodes: ProfileNode[];
-    samples: number[];
-    timeDeltas: number[];
-  };
-  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
-  const selfUs = new Map<number, number>();
-  profile.samples.forEach((id, i) => {
-    selfUs.set(id, (selfUs.get(id) ?? 0) + (profile.timeDeltas[i] ?? 0));
-  });
-  const byFunction = new Map<string, number>();
-  const byFile = new Map<string, number>();
-  let total = 0;
-  let idle = 0;
-  for (const [id, us] of selfUs) {
-    const frame = byId.get(id)!.callFrame;
-    const file = frame.url.replace(/^file:\/\/.*?\/(dist|node_modules)\//, '$1/') || '(native)';
-    if (frame.functionName === '(idle)') {
-      idle += us;
-      continue;
-    }
-    total += us;
-    const name = `${frame.functionName || '(anonymous)'} ${file}:${frame.lineNumber + 1}`;
-    byFunction.set(name, (byFunction.get(name) ?? 0) + us);
-    const where = frame.url === '' ? frame.functionName : file;
-    byFile.set(where, (byFile.get(where) ?? 0) + us);
-  }
-  const top = (map: Map<string, number>, n: number) =>
-    [...map]
-      .sort((a, b) => b[1] - a[1])
-      .slice(0, n)
-      .map(([name, us]) => [`${((100 * us) / total).toFixed(1)}%`, formatMs(us / 1000), name]);
-  return [
-    `Busy ${formatMs(total / 1000)} ms, idle ${formatMs(idle / 1000)} ms.`,
-    '',
-    'Self time by function (share of busy time):',
-    markdownTable(['self', 'ms', 'function'], top(byFunction, 30), ['right', 'right', 'left']),
-    '',
-    'Self time by script:',
-    markdownTable(['self', 'ms', 'script'], top(byFile, 20), ['right', 'right', 'left']),
-  ].join('\n');
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -567,23 +396,9 @@ function parseOptions(): Options {
 async function main(): Promise<void> {
   const options = parseOptions();
   ensureTools();
-  const dir = mkdtempSync(join(tmpdir(), 'moat-bench-dns-'));
-  const stop = async () => {
-    await stopChildren();
-    if (options.keep) console.log(`Scratch folder kept: ${dir}`);
-    else rmSync(dir, { recursive: true, force: true });
-  };
-  const onSignal = (signal: NodeJS.Signals) => {
-    console.error(`bench:dns: ${signal}, stopping`);
-    void stop().finally(() => process.exit(130));
-  };
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
-  try {
-    await run(options, dir);
-  } finally {
-    await stop();
-  }
+  await runInScratchFolder('bench:dns', 'moat-bench-dns-', options.keep, (dir) =>
+    run(options, dir),
+  );
 }
 
 const SERVER_LABEL: Record<Server, string> = {
@@ -622,17 +437,20 @@ async function startDnsmasq(
     '--group=root',
   ];
   const log = openSync(logFile, 'a');
-  const child = track(
-    spawnBounded(Number(lifetime), pinned('server', 'dnsmasq', args), {
-      stdio: ['ignore', log, log],
-    }),
-  );
+  const child = spawnBounded(Number(lifetime), pinned('server', 'dnsmasq', args), {
+    stdio: ['ignore', log, log],
+  });
   closeSync(log);
   child.once('exit', (code) => {
     if (code !== null && code !== 0 && code !== 124)
       console.error(`bench:dns: dnsmasq exited ${code}; see ${logFile}`);
   });
-  return { port, args, pid: () => commandPid(child.pid!) };
+  const pid = () => {
+    const pid = commandPid(child.pid!);
+    if (pid === undefined) throw new Error(`no child under pid ${child.pid}`);
+    return pid;
+  };
+  return { port, args, pid };
 }
 
 async function run(options: Options, dir: string): Promise<void> {
@@ -765,7 +583,8 @@ async function run(options: Options, dir: string): Promise<void> {
   );
 
   const upstreamCount = async () =>
-    (await ask<{ answered: number }>(upstream.child, 'count', 'answered'))?.answered ?? Number.NaN;
+    (await ask<{ answered: number }>(upstream.child, 'count', 'answered', 2000))?.answered ??
+    Number.NaN;
   const measure = async (
     round: number,
     workload: Workload | 'ceiling',
@@ -886,7 +705,7 @@ async function run(options: Options, dir: string): Promise<void> {
         });
       }
       const pid = pids[server]();
-      const before = cpuSeconds(pid);
+      const before = processCpu(pid);
       const result = await dnsperf({
         port: ports[server],
         file,
@@ -896,7 +715,7 @@ async function run(options: Options, dir: string): Promise<void> {
         outstanding: options.outstanding,
         qps: FIXED_QPS[workload],
       });
-      const after = cpuSeconds(pid);
+      const after = processCpu(pid);
       if (server === 'upstream') pinProcess('load', upstream.child.pid);
       const entry = {
         workload,
@@ -921,6 +740,7 @@ async function run(options: Options, dir: string): Promise<void> {
     moat.child,
     'metrics',
     'metrics',
+    2000,
   );
 
   // ------------------------------------------------------------------------- report

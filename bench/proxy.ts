@@ -36,8 +36,8 @@
  * SIGTERM, and when this process dies.
  */
 import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { readdirSync, readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -59,25 +59,30 @@ import {
 import {
   ask,
   cpuSeconds,
-  ensureSquid,
   forkReady,
   machineBusy,
   machineCpu,
-  type RunningSquid,
+  runInScratchFolder,
   sleep,
-  squidVersion,
-  startSquid,
   stopChild,
   stopChildren,
+} from './lib/procs.js';
+import { summariseProfile } from './lib/profile.js';
+import {
+  ensureSquid,
+  type RunningSquid,
+  squidVersion,
+  startSquid,
   stopSystemSquid,
 } from './proxy-procs.js';
-import { summariseProfile } from './proxy-profile.js';
 
 type Workload = 'tunnels' | 'rate' | 'bulk' | 'get';
 const WORKLOADS: readonly Workload[] = ['tunnels', 'rate', 'bulk', 'get'];
 const MODES: readonly Mode[] = ['moat', 'squid', 'direct'];
 /** Workloads the experiment (bench/proxy-experiment.ts) changes, and so is measured in. */
 const EXPERIMENT_WORKLOADS: readonly Workload[] = ['bulk', 'get'];
+/** How long a forked script may take to say it is ready. */
+const START_TIMEOUT_MS = 60_000;
 const LABEL: Record<Mode, string> = {
   moat: 'Moat',
   squid: 'squid',
@@ -359,23 +364,9 @@ async function main(): Promise<void> {
     ensureSquid(log);
     stopSystemSquid(log);
   }
-  const dir = mkdtempSync(join(tmpdir(), 'moat-bench-proxy-'));
-  const stop = async () => {
-    await stopChildren();
-    if (options.keep) console.log(`Scratch folder kept: ${dir}`);
-    else rmSync(dir, { recursive: true, force: true });
-  };
-  const onSignal = (signal: NodeJS.Signals) => {
-    console.error(`bench:proxy: ${signal}, stopping`);
-    void stop().finally(() => process.exit(130));
-  };
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
-  try {
-    await run(options, dir);
-  } finally {
-    await stop();
-  }
+  await runInScratchFolder('bench:proxy', 'moat-bench-proxy-', options.keep, (dir) =>
+    run(options, dir),
+  );
 }
 
 async function run(options: Options, dir: string): Promise<void> {
@@ -413,6 +404,7 @@ async function run(options: Options, dir: string): Promise<void> {
     [String(lifetime)],
     [],
     join(dir, 'origin.log'),
+    START_TIMEOUT_MS,
   );
   const profileDir = join(dir, 'profile');
   const moatLog = join(dir, 'moat.log');
@@ -422,7 +414,13 @@ async function run(options: Options, dir: string): Promise<void> {
     ...(options.profile ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : []),
   ];
   const moat = modes.includes('moat')
-    ? await forkReady<number>('./proxy-moat.js', [ORIGIN_IP, String(lifetime)], moatFlags, moatLog)
+    ? await forkReady<number>(
+        './proxy-moat.js',
+        [ORIGIN_IP, String(lifetime)],
+        moatFlags,
+        moatLog,
+        START_TIMEOUT_MS,
+      )
     : undefined;
   const withExperiment =
     options.experiment && workloads.some((w) => EXPERIMENT_WORKLOADS.includes(w));
@@ -436,6 +434,7 @@ async function run(options: Options, dir: string): Promise<void> {
           fileURLToPath(new URL('./proxy-experiment.js', import.meta.url)),
         ],
         join(dir, 'moat-experiment.log'),
+        START_TIMEOUT_MS,
       )
     : undefined;
   const squid = modes.includes('squid')
@@ -451,6 +450,7 @@ async function run(options: Options, dir: string): Promise<void> {
     ],
     [],
     join(dir, 'client.log'),
+    START_TIMEOUT_MS,
   );
   const procs: Procs = {
     client: client.child,

@@ -1,6 +1,6 @@
-/** Summary of a V8 CPU profile (`node --cpu-prof`) for `npm run bench:proxy --profile`. */
+/** Summary of a V8 CPU profile (`node --cpu-prof`), for the benchmarks' --profile option. */
 import { readFileSync } from 'node:fs';
-import { formatMs, markdownTable } from './lib/table.js';
+import { formatMs, markdownTable } from './table.js';
 
 interface ProfileNode {
   id: number;

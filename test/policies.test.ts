@@ -42,8 +42,8 @@ const PINS: Readonly<Record<string, readonly Pin[]>> = {
     'example.com',
     'https://github.com/',
     'pypi.org:443',
-    '1.1.1.1:53',
-    '8.8.8.8',
+    '1.1.1.1:53', // decided only, never dialled: deny-all must deny public resolvers
+    '8.8.8.8', // decided only, never dialled
     '2606:4700::1',
     '[2606:4700::1]:443',
     '[2001:4860:4860::8888]:53',

@@ -49,23 +49,23 @@ describe('learned address bound', () => {
   it('makes room by dropping the entry learned or extended longest ago', () => {
     let now = 0;
     const table = new LearnedAddressTable(() => now, 2);
-    table.learn(ip('1.1.1.1'), name('a.test'), 100);
-    table.learn(ip('2.2.2.2'), name('b.test'), 100);
+    table.learn(ip('93.184.216.31'), name('a.test'), 100);
+    table.learn(ip('93.184.216.32'), name('b.test'), 100);
     now = 10_000;
-    table.learn(ip('1.1.1.1'), name('a.test'), 100); // extended: now the most recent
-    table.learn(ip('3.3.3.3'), name('c.test'), 100); // full: 2.2.2.2 goes
+    table.learn(ip('93.184.216.31'), name('a.test'), 100); // extended: now the most recent
+    table.learn(ip('93.184.216.33'), name('c.test'), 100); // full: 93.184.216.32 goes
     expect(table.size).toBe(2);
-    expect(table.lookup(ip('2.2.2.2'))).toBeUndefined();
-    expect(table.lookup(ip('1.1.1.1'))).toBe('a.test');
-    expect(table.lookup(ip('3.3.3.3'))).toBe('c.test');
+    expect(table.lookup(ip('93.184.216.32'))).toBeUndefined();
+    expect(table.lookup(ip('93.184.216.31'))).toBe('a.test');
+    expect(table.lookup(ip('93.184.216.33'))).toBe('c.test');
   });
 
   it('never shortens an entry when a later answer carries a lower TTL', () => {
     let now = 0;
     const table = new LearnedAddressTable(() => now, 10);
-    table.learn(ip('1.1.1.1'), name('a.test'), 300);
-    table.learn(ip('1.1.1.1'), name('b.test'), 30);
+    table.learn(ip('93.184.216.31'), name('a.test'), 300);
+    table.learn(ip('93.184.216.31'), name('b.test'), 30);
     now = 200_000;
-    expect(table.lookup(ip('1.1.1.1'))).toBe('a.test');
+    expect(table.lookup(ip('93.184.216.31'))).toBe('a.test');
   });
 });

@@ -23,6 +23,7 @@ import {
   udpExchange,
 } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { TEST_ZONE as zone } from '../support/test-zone.js';
 import {
   buildQuery,
   deservesReply,
@@ -56,21 +57,6 @@ const SANDBOX = 'isandbox0000000000001';
 const SOURCE = '127.77.0.2';
 const UNKNOWN = '127.77.0.99';
 const WEIRD_SOURCES = ['', 'not-an-address', '127.77.0.256', '::1', '10.0.0.1', UNKNOWN];
-
-const zone = new Map([
-  [
-    'api.allowed.test',
-    { A: ['93.184.216.7', '93.184.216.8'], AAAA: ['2606:2800:220:1::7'], ttl: 120 },
-  ],
-  ['www.allowed.test', { CNAME: 'edge.cdn.test', ttl: 300 }],
-  ['edge.cdn.test', { A: ['93.184.216.9'], ttl: 45 }],
-  ['rebind.allowed.test', { A: ['10.0.0.5', '93.184.216.10'], ttl: 60 }],
-  ['internal.allowed.test', { A: ['127.0.0.1', '169.254.169.254'], ttl: 60 }],
-  ['big.allowed.test', { A: Array.from({ length: 60 }, (_, i) => `93.184.217.${i + 1}`), ttl: 60 }],
-  ['short.allowed.test', { A: ['93.184.216.11'], ttl: 5 }],
-  ['secret.denied.test', { A: ['93.184.216.66'], ttl: 60 }],
-  ['open.test', { A: ['93.184.216.20'], ttl: 60 }],
-]);
 
 function allowTestPolicy() {
   const parsed = parseNetworkConfig({ allowOut: ['*.allowed.test'], denyOut: ['0.0.0.0/0'] });

@@ -13,24 +13,10 @@ import {
   udpQuery,
 } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { TEST_ZONE as zone } from '../support/test-zone.js';
 
 const SANDBOX = 'isandbox0000000000001';
 const SOURCE = '127.77.0.2';
-
-const zone = new Map([
-  [
-    'api.allowed.test',
-    { A: ['93.184.216.7', '93.184.216.8'], AAAA: ['2606:2800:220:1::7'], ttl: 120 },
-  ],
-  ['www.allowed.test', { CNAME: 'edge.cdn.test', ttl: 300 }],
-  ['edge.cdn.test', { A: ['93.184.216.9'], ttl: 45 }],
-  ['rebind.allowed.test', { A: ['10.0.0.5', '93.184.216.10'], ttl: 60 }],
-  ['internal.allowed.test', { A: ['127.0.0.1', '169.254.169.254'], ttl: 60 }],
-  ['big.allowed.test', { A: Array.from({ length: 60 }, (_, i) => `93.184.217.${i + 1}`), ttl: 60 }],
-  ['short.allowed.test', { A: ['93.184.216.11'], ttl: 5 }],
-  ['secret.denied.test', { A: ['93.184.216.66'], ttl: 60 }],
-  ['open.test', { A: ['93.184.216.20'], ttl: 60 }],
-]);
 
 const policy = (config: object) => {
   const parsed = parseNetworkConfig(config);

@@ -22,6 +22,33 @@ export class UpstreamError extends Error {}
 const MAX_TCP_MESSAGE = 65535;
 
 /**
+ * The one way an upstream exchange ends: with an answer, an error, or its deadline, whichever
+ * comes first; the socket is released exactly once.
+ */
+function settleOnce(
+  resolve: (reply: Buffer) => void,
+  reject: (error: Error) => void,
+  timeoutMs: number,
+  transport: 'UDP' | 'TCP',
+  release: () => void,
+): (error: Error | undefined, reply?: Buffer) => void {
+  let settled = false;
+  const finish = (error: Error | undefined, reply?: Buffer) => {
+    if (settled) return;
+    settled = true;
+    clearTimeout(timer);
+    release();
+    if (error) reject(error);
+    else resolve(reply!);
+  };
+  const timer = setTimeout(
+    () => finish(new Error(`no ${transport} answer within ${Math.round(timeoutMs)} ms`)),
+    timeoutMs,
+  );
+  return finish;
+}
+
+/**
  * Asks upstream resolvers. Every try uses a fresh random ID and a fresh socket (a fresh source
  * port), and only a reply from the server asked, with our ID and our question, is accepted:
  * anything else is dropped, which is what makes off-path spoofing hard.
@@ -80,16 +107,7 @@ export class UpstreamClient {
   ): Promise<Buffer> {
     return new Promise((resolve, reject) => {
       const socket = dgram.createSocket(net.isIPv6(server.host) ? 'udp6' : 'udp4');
-      const finish = (error: Error | undefined, reply?: Buffer) => {
-        clearTimeout(timer);
-        socket.close();
-        if (error) reject(error);
-        else resolve(reply!);
-      };
-      const timer = setTimeout(
-        () => finish(new Error(`no UDP answer within ${Math.round(timeoutMs)} ms`)),
-        timeoutMs,
-      );
+      const finish = settleOnce(resolve, reject, timeoutMs, 'UDP', () => socket.close());
       socket.on('error', (error) => finish(error));
       socket.on('message', (reply, from) => {
         if (from.address !== server.host || from.port !== server.port) return;
@@ -112,16 +130,7 @@ export class UpstreamClient {
     return new Promise((resolve, reject) => {
       const socket = net.connect({ host: server.host, port: server.port });
       let buffered = Buffer.alloc(0);
-      const finish = (error: Error | undefined, reply?: Buffer) => {
-        clearTimeout(timer);
-        socket.destroy();
-        if (error) reject(error);
-        else resolve(reply!);
-      };
-      const timer = setTimeout(
-        () => finish(new Error(`no TCP answer within ${Math.round(timeoutMs)} ms`)),
-        timeoutMs,
-      );
+      const finish = settleOnce(resolve, reject, timeoutMs, 'TCP', () => socket.destroy());
       socket.on('error', (error) => finish(error));
       socket.on('connect', () => {
         const framed = Buffer.alloc(2 + query.length);

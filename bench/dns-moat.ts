@@ -14,6 +14,7 @@
 import { pino } from 'pino';
 import { startMoat } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
+import { scratchMoatFlags } from './lib/scratch.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../src/policy/index.js';
 
 /** So high that the per-sandbox limiter never refuses a benchmark query. */
@@ -25,6 +26,7 @@ async function main(): Promise<void> {
   if (upstreamPort === undefined || source === undefined) {
     throw new Error('usage: dns-moat.js <listen port> <upstream port> <source address> [seconds]');
   }
+  const scratch = scratchMoatFlags();
   const loaded = loadConfig({
     flags: {
       'dns-listen': `127.0.0.1:${listenPort}`,
@@ -33,6 +35,7 @@ async function main(): Promise<void> {
       'log-level': 'warn',
       'proxy-listen': '127.0.0.1:0',
       'transparent-listen': 'off',
+      ...scratch.flags,
     },
     env: {},
   });
@@ -57,6 +60,7 @@ async function main(): Promise<void> {
     if (stopping) return;
     stopping = true;
     await moat.stop();
+    scratch.remove();
     process.exit(0);
   };
   setTimeout(() => void stop(), Number(lifetime) * 1000).unref();

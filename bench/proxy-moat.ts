@@ -24,6 +24,7 @@ import { startMoat } from '../src/cli/moat.js';
 import { loadConfig } from '../src/config.js';
 import { compilePolicy, parseNetworkConfig } from '../src/policy/index.js';
 import { BENCH_SANDBOX_ID, BENCH_SECRET, ORIGIN_NAME } from './proxy-common.js';
+import { scratchMoatFlags } from './lib/scratch.js';
 
 const TTL = 3600;
 
@@ -107,6 +108,7 @@ async function main(): Promise<void> {
   const [originIp, lifetime = '900'] = process.argv.slice(2);
   if (originIp === undefined) throw new Error('usage: proxy-moat.js <origin ip> [seconds]');
   const dnsPort = await startFakeDns(originIp);
+  const scratch = scratchMoatFlags();
   const loaded = loadConfig({
     flags: {
       'internal-deny': '10.0.0.0/8',
@@ -116,6 +118,7 @@ async function main(): Promise<void> {
       'transparent-listen': 'off',
       'proxy-max-tunnels': '100000',
       'log-level': 'warn',
+      ...scratch.flags,
     },
     env: {},
   });
@@ -138,6 +141,7 @@ async function main(): Promise<void> {
     if (stopping) return;
     stopping = true;
     await moat.stop(0);
+    scratch.remove();
     process.exit(0);
   };
   setTimeout(() => void stop(), Number(lifetime) * 1000).unref();

@@ -42,6 +42,14 @@ export interface MoatConfig {
   readonly proxyCheckServerName: boolean;
   /** Where per-sandbox source addresses come from (loopback in the process runtime). */
   readonly sourcePool: CIDR;
+  readonly apiListen: HostPort;
+  /** API keys from configuration; empty means the generated key in the data folder. */
+  readonly apiKeys: readonly string[];
+  readonly metricsRequireKey: boolean;
+  /** Where sandboxes, snapshots, the store and the generated API key live. */
+  readonly dataDir: string;
+  /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
+  readonly namespace: string;
 }
 
 interface Setting<K extends keyof MoatConfig> {
@@ -52,6 +60,8 @@ interface Setting<K extends keyof MoatConfig> {
   /** What the value looks like, for --help (`N`, `IP:PORT`...). */
   readonly metavar: string;
   readonly help: string;
+  /** Masked wherever the effective configuration is shown. */
+  readonly secret?: true;
   parse(text: string): Result<MoatConfig[K]>;
 }
 
@@ -305,6 +315,67 @@ export const SETTINGS: readonly AnySetting[] = [
       }
       return cidr;
     },
+  },
+  {
+    key: 'apiListen',
+    metavar: 'IP:PORT',
+    flag: 'api-listen',
+    env: 'MOAT_API_LISTEN',
+    default: '127.0.0.1:3000',
+    help: 'where the platform API (sandboxes, network rules, snapshots, /metrics) listens',
+    parse: (text) => hostPort(text),
+  },
+  {
+    key: 'apiKeys',
+    metavar: 'KEY,...',
+    flag: 'api-keys',
+    env: 'MOAT_API_KEYS',
+    default: '',
+    secret: true,
+    help: 'platform API keys (X-API-Key), comma-separated, 16+ characters each; when none is given, the first start generates one into <data-dir>/api-key',
+    parse: (text) => {
+      const keys = text === '' ? [] : text.split(',').map((k) => k.trim());
+      const weak = keys.findIndex((k) => k.length < 16);
+      return weak < 0
+        ? { ok: true, value: keys }
+        : { ok: false, error: `API key number ${weak + 1} is shorter than 16 characters` };
+    },
+  },
+  {
+    key: 'metricsRequireKey',
+    metavar: 'true|false',
+    flag: 'metrics-require-key',
+    env: 'MOAT_METRICS_REQUIRE_KEY',
+    default: 'false',
+    help: 'GET /metrics on the API listener needs the API key too',
+    parse: booleanValue,
+  },
+  {
+    key: 'dataDir',
+    metavar: 'DIR',
+    flag: 'data-dir',
+    env: 'MOAT_DATA_DIR',
+    default: './data',
+    help: 'folder for durable state (store), sandbox roots, snapshots and the generated API key',
+    parse: (text) =>
+      text.trim() === ''
+        ? { ok: false, error: 'expected a folder path, got an empty string' }
+        : { ok: true, value: text },
+  },
+  {
+    key: 'namespace',
+    metavar: 'NAME',
+    flag: 'namespace',
+    env: 'MOAT_NAMESPACE',
+    default: 'moat',
+    help: 'team namespace of named snapshots, as in <namespace>/<name>:<tag>',
+    parse: (text) =>
+      /^[a-z0-9][a-z0-9-]{0,62}$/.test(text)
+        ? { ok: true, value: text }
+        : {
+            ok: false,
+            error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
+          },
   },
 ];
 

@@ -1,25 +1,12 @@
 /** The moat command line: `moat serve`, `moat check`, `moat lint`. */
-import { readFileSync } from 'node:fs';
 import { CHECK_HELP, check } from './check.js';
 import { type CliIO, EXIT, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
 import { SERVE_HELP, serve } from './serve.js';
+import { VERSION } from './version.js';
 
 export type { CliIO } from './io.js';
 export { type RunningMoat, type StartOptions, startMoat } from './moat.js';
-
-/** package.json sits above src/ (running from source) or above dist/src/ (built). */
-function packageVersion(): string {
-  for (let url = new URL('.', import.meta.url); url.pathname !== '/'; url = new URL('..', url)) {
-    try {
-      return (JSON.parse(readFileSync(new URL('package.json', url), 'utf8')) as { version: string })
-        .version;
-    } catch {}
-  }
-  return 'unknown';
-}
-
-const VERSION = packageVersion();
 
 const COMMANDS: Record<
   string,

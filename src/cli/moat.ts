@@ -1,11 +1,18 @@
+import { mkdir } from 'node:fs/promises';
 import os from 'node:os';
+import path from 'node:path';
 import type { Logger } from 'pino';
+import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
 import type { HostPort, MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import { AddressPool, EnforcementTable } from '../enforce/index.js';
 import { MoatMetrics } from '../metrics/index.js';
 import { compileInternalDenyList, type InternalDenyList, type IPAddress } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
+import { ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
+import { SandboxService } from '../sandbox/index.js';
+import { FileStore, type Store } from '../store/index.js';
+import { VERSION } from './version.js';
 
 export interface RunningMoat {
   readonly config: MoatConfig;
@@ -16,13 +23,20 @@ export interface RunningMoat {
   readonly dns: DnsInterceptor;
   /** Source addresses for new sandboxes, from config.sourcePool. */
   readonly sources: AddressPool;
+  readonly store: Store;
+  readonly runtime: SandboxRuntime;
+  readonly sandboxes: SandboxService;
+  readonly apiKeys: ApiKeys;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
-  readonly listening: {
-    readonly dns: HostPort;
-    readonly proxy: HostPort;
-    readonly transparent: HostPort | undefined;
-  };
+  readonly listening: Listening;
   stop(drainMs?: number): Promise<void>;
+}
+
+interface Listening {
+  dns: HostPort;
+  proxy: HostPort;
+  transparent: HostPort | undefined;
+  api: HostPort;
 }
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
@@ -83,10 +97,11 @@ export async function startMoat(
     rateLimit: config.dnsRateLimit,
     now,
   });
-  const listening: { dns: HostPort; proxy: HostPort; transparent: HostPort | undefined } = {
+  const listening: Listening = {
     dns: config.dnsListen,
     proxy: config.proxyListen,
     transparent: config.transparentListen,
+    api: config.apiListen,
   };
   const tunnels = new TunnelRegistry(table);
   metrics.countTunnelsWith(() => tunnels.size);
@@ -96,6 +111,7 @@ export async function startMoat(
     isOwnListener: ownListenerCheck(() => [
       listening.dns,
       listening.proxy,
+      listening.api,
       ...(listening.transparent ? [listening.transparent] : []),
     ]),
     onDial: (seconds) => metrics.proxyDialDuration.observe(seconds),
@@ -114,27 +130,87 @@ export async function startMoat(
   };
   const proxy = new EgressProxy(proxyOptions);
   const transparent = config.transparentListen ? new TransparentProxy(proxyOptions) : undefined;
-  listening.dns = { ...config.dnsListen, port: await dns.start() };
-  listening.proxy = { ...config.proxyListen, port: await proxy.listen(config.proxyListen) };
-  if (transparent && config.transparentListen) {
-    listening.transparent = {
-      ...config.transparentListen,
-      port: await transparent.listen(config.transparentListen),
+  // Whatever started is stopped again if a later step fails (a port in use, a damaged store),
+  // so a failed start leaves no listener open and no store lock held.
+  const undo: Array<() => Promise<unknown>> = [];
+  try {
+    await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
+    const store = await FileStore.open(path.join(config.dataDir, 'store'), {
+      onWarning: (message) => logger.warn({ store: config.dataDir }, message),
+      onSync: (seconds) => metrics.storeSyncDuration.observe(seconds),
+    });
+    undo.push(() => store.close());
+    const runtime = new ProcessRuntime(config.dataDir);
+    const sources = new AddressPool(config.sourcePool);
+    const sandboxes = new SandboxService({
+      store,
+      runtime,
+      table,
+      sources,
+      internal,
+      metrics,
+      logger,
+      maxPolicyEntries: config.maxPolicyEntries,
+      namespace: config.namespace,
+      now,
+    });
+    // Enforcement is restored before any listener takes traffic: nothing is served unguarded.
+    await sandboxes.start();
+    undo.push(() => sandboxes.stop());
+    const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
+    listening.dns = { ...config.dnsListen, port: await dns.start() };
+    undo.push(() => dns.stop());
+    listening.proxy = { ...config.proxyListen, port: await proxy.listen(config.proxyListen) };
+    undo.push(() => proxy.close(0));
+    if (transparent && config.transparentListen) {
+      listening.transparent = {
+        ...config.transparentListen,
+        port: await transparent.listen(config.transparentListen),
+      };
+      undo.push(() => transparent.close());
+    }
+    const api = createPlatformApi({
+      service: sandboxes,
+      egress: {
+        get proxy() {
+          return listening.proxy;
+        },
+        get dns() {
+          return listening.dns;
+        },
+        enforcement: runtime.enforcement,
+      },
+      keys: apiKeys.keys,
+      metrics,
+      logger,
+      metricsRequireKey: config.metricsRequireKey,
+      version: VERSION,
+    });
+    listening.api = await listenApi(api, config.apiListen);
+    return {
+      config,
+      table,
+      metrics,
+      internal,
+      tunnels,
+      dns,
+      sources,
+      store,
+      runtime,
+      sandboxes,
+      apiKeys,
+      listening,
+      async stop(drainMs = 0) {
+        await api.close();
+        await sandboxes.stop();
+        await proxy.close(drainMs);
+        await transparent?.close();
+        await dns.stop();
+        await store.close();
+      },
     };
+  } catch (error) {
+    for (const step of undo.reverse()) await step().catch(() => undefined);
+    throw error;
   }
-  return {
-    config,
-    table,
-    metrics,
-    internal,
-    tunnels,
-    dns,
-    sources: new AddressPool(config.sourcePool),
-    listening,
-    async stop(drainMs = 0) {
-      await proxy.close(drainMs);
-      await transparent?.close();
-      await dns.stop();
-    },
-  };
 }

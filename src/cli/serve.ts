@@ -1,3 +1,4 @@
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { pino } from 'pino';
 import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
@@ -5,9 +6,12 @@ import { startMoat } from './moat.js';
 
 export const SERVE_HELP = `Usage: moat serve [options]
 
-Runs Moat: the DNS interceptor (UDP and TCP) that every sandbox resolves through, the explicit
-egress proxy (CONNECT and absolute-form HTTP) and the transparent listener (SNI/Host).
-Stops cleanly on SIGTERM or SIGINT: stops accepting, lets open tunnels drain for up to 5 s.
+Runs Moat: the platform API (sandboxes, network rules, snapshots, /metrics), the DNS
+interceptor (UDP and TCP) that every sandbox resolves through, the explicit egress proxy
+(CONNECT and absolute-form HTTP) and the transparent listener (SNI/Host). State lives in the
+data folder (--data-dir); on first start without MOAT_API_KEYS an API key is generated there
+and printed once. Stops cleanly on SIGTERM or SIGINT: stops accepting, lets open tunnels drain
+for up to 5 s, closes the store.
 
 Options:
 ${CONFIG_HELP}
@@ -35,20 +39,38 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
   }
   const logger = pino({ level: config.logLevel, base: { service: 'moat' } });
   const moat = await startMoat(config, logger);
-  const { dns, proxy, transparent } = moat.listening;
+  const { dns, proxy, transparent, api } = moat.listening;
   const upstreams = config.dnsUpstream.map(hostPort).join(', ');
   logger.info(
     {
       dns: hostPort(dns),
       proxy: hostPort(proxy),
       transparent: transparent ? hostPort(transparent) : 'off',
+      api: hostPort(api),
+      dataDir: config.dataDir,
+      enforcement: moat.runtime.enforcement,
+      apiKeys: moat.apiKeys.source,
       upstreams,
       internalDeny: config.internalDeny.length,
     },
     'moat started',
   );
+  if (moat.runtime.enforcement === 'proxy') {
+    logger.warn(
+      { reason: moat.runtime.enforcementReason },
+      'proxy-only enforcement: sandboxes are not in network namespaces',
+    );
+  }
+  const keyLine =
+    moat.apiKeys.generated === undefined
+      ? `moat: API key          from ${moat.apiKeys.source}`
+      : `moat: API key          ${moat.apiKeys.generated} (generated; stored in ${moat.apiKeys.source}, shown only this once)`;
   io.stdout.write(
     [
+      `moat: platform API     http://${hostPort(api)} (X-API-Key; /health, /metrics, /openapi.json)`,
+      keyLine,
+      `moat: data folder      ${path.resolve(config.dataDir)}`,
+      `moat: enforcement      ${moat.runtime.enforcement} (${moat.runtime.enforcementReason})`,
       `moat: DNS interceptor  ${hostPort(dns)} (udp, tcp), upstream ${upstreams}`,
       `moat: egress proxy     ${hostPort(proxy)} (CONNECT, absolute-form HTTP)`,
       `moat: transparent      ${transparent ? hostPort(transparent) : 'off'} (TLS SNI / HTTP Host)`,

@@ -31,6 +31,14 @@ export class AddressPool {
     );
   }
 
+  /** Marks an address handed out earlier (before a restart) as in use; false if it is not ours. */
+  reserve(address: IPAddress): boolean {
+    const offset = (address.words[0]! - this.base) >>> 0;
+    if (address.version !== 4 || offset < 1 || offset >= this.count - 1) return false;
+    this.used.add(offset);
+    return true;
+  }
+
   release(address: IPAddress): void {
     if (address.version === 4) this.used.delete((address.words[0]! - this.base) >>> 0);
   }

@@ -79,6 +79,60 @@ export class MoatMetrics {
 
   private tunnelCount: () => number = () => 0;
 
+  readonly sandboxes: Gauge<'state'> = new Gauge({
+    name: 'moat_sandboxes',
+    help: 'Sandboxes this Moat holds, by state (running or paused)',
+    labelNames: ['state'] as const,
+    registers: [this.registry],
+    collect: (): void => {
+      for (const [state, count] of Object.entries(this.sandboxCount())) {
+        this.sandboxes.set({ state }, count);
+      }
+    },
+  });
+
+  private sandboxCount: () => Record<string, number> = () => ({ running: 0, paused: 0 });
+
+  readonly sandboxTransitions = new Counter({
+    name: 'moat_sandbox_transitions_total',
+    help: 'Sandbox lifecycle transitions (create, pause, autoPause, resume, connect, timeout, refresh, network, snapshot, kill, expire, autoResume)',
+    labelNames: ['transition'] as const,
+    registers: [this.registry],
+  });
+
+  readonly policyPublishes = new Counter({
+    name: 'moat_policy_publishes_total',
+    help: 'Network config changes by result: applied, invalid (400) or failed (not stored, old policy kept)',
+    labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
+
+  readonly apiRequestDuration = new Histogram({
+    name: 'moat_api_request_duration_seconds',
+    help: 'Platform API requests: time to answer, by method, route pattern and status code',
+    labelNames: ['method', 'route', 'code'] as const,
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers: [this.registry],
+  });
+
+  readonly storeSyncDuration = new Histogram({
+    name: 'moat_store_sync_duration_seconds',
+    help: 'Time for a batch of store commits to become durable (write and fdatasync)',
+    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25],
+    registers: [this.registry],
+  });
+
+  readonly storeErrors = new Counter({
+    name: 'moat_store_errors_total',
+    help: 'Store operations that failed (the change was not acknowledged)',
+    registers: [this.registry],
+  });
+
+  /** Where the sandboxes gauge reads its values at scrape time. */
+  countSandboxesWith(count: () => Record<string, number>): void {
+    this.sandboxCount = count;
+  }
+
   /** Where the active-tunnel gauge reads its value at scrape time. */
   countTunnelsWith(count: () => number): void {
     this.tunnelCount = count;

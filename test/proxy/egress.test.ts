@@ -4,6 +4,7 @@ import tls from 'node:tls';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { loadConfig } from '../../src/config.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { udpQuery } from '../support/dns-client.js';
@@ -39,6 +40,7 @@ let secure: Origin;
 let ssh: Origin;
 let moat: RunningMoat;
 let proxy: { host: string; port: number };
+const scratch = scratchMoatFlags();
 
 beforeAll(async () => {
   web = await httpEchoOrigin('127.0.0.10');
@@ -65,6 +67,7 @@ beforeAll(async () => {
       'transparent-listen': '127.0.0.1:0',
       'proxy-max-tunnels': '8',
       'log-level': 'silent',
+      ...scratch.flags,
     },
   });
   if (!config.ok) throw new Error(config.error);
@@ -77,6 +80,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await moat.stop();
+  scratch.remove();
   await Promise.all([web.close(), secure.close(), ssh.close(), upstream.stop()]);
 });
 

@@ -4,6 +4,7 @@ import net from 'node:net';
 import dnsPacket from 'dns-packet';
 import { pino } from 'pino';
 import { startMoat } from '../../src/cli/index.js';
+import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { loadConfig } from '../../src/config.js';
 import type { DnsInterceptor } from '../../src/dns/index.js';
 import type { EnforcementTable } from '../../src/enforce/index.js';
@@ -25,6 +26,7 @@ export async function startInterceptor(
   options: { timeoutMs?: number; rateLimit?: number } = {},
 ): Promise<DnsHarness> {
   const clock = { now: 1_000_000 };
+  const scratch = scratchMoatFlags();
   const config = loadConfig({
     flags: {
       'dns-listen': '127.0.0.1:0',
@@ -34,6 +36,7 @@ export async function startInterceptor(
       'dns-cache-size': '1000',
       'proxy-listen': '127.0.0.1:0',
       'transparent-listen': 'off',
+      ...scratch.flags,
     },
   });
   if (!config.ok) throw new Error(config.error);
@@ -47,7 +50,10 @@ export async function startInterceptor(
     metrics: moat.metrics,
     interceptor: moat.dns,
     clock,
-    stop: () => moat.stop(),
+    stop: async () => {
+      await moat.stop();
+      scratch.remove();
+    },
   };
 }
 

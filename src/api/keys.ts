@@ -1,0 +1,51 @@
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { readFile, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+
+/** Where the platform API's keys come from, for start-up output (never the keys themselves). */
+export interface ApiKeys {
+  readonly keys: readonly string[];
+  readonly source: string;
+  /** Set only on the start that generated the key: it is shown once, then only on disk. */
+  readonly generated: string | undefined;
+}
+
+/**
+ * Keys from configuration (MOAT_API_KEYS), or else the one in `<dataDir>/api-key`, generated
+ * on first start with mode 0600.
+ */
+export async function loadApiKeys(
+  configured: readonly string[],
+  dataDir: string,
+): Promise<ApiKeys> {
+  if (configured.length > 0) {
+    return { keys: configured, source: 'configuration (MOAT_API_KEYS)', generated: undefined };
+  }
+  const file = path.resolve(dataDir, 'api-key');
+  try {
+    const key = (await readFile(file, 'utf8')).trim();
+    if (key === '') throw new Error(`${file} is empty; delete it to generate a new key`);
+    return { keys: [key], source: file, generated: undefined };
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+  }
+  const key = `moat_${randomBytes(24).toString('hex')}`;
+  await writeFile(file, `${key}\n`, { mode: 0o600, flag: 'wx' });
+  return { keys: [key], source: file, generated: key };
+}
+
+const digest = (text: string) => createHash('sha256').update(text).digest();
+
+/**
+ * Compares against every key without stopping at a match, on fixed-length digests, so the
+ * time taken says nothing about which key or how much of it matched.
+ */
+export function keyMatcher(keys: readonly string[]): (given: string) => boolean {
+  const digests = keys.map(digest);
+  return (given) => {
+    const candidate = digest(given);
+    let matched = false;
+    for (const d of digests) matched = timingSafeEqual(candidate, d) || matched;
+    return matched;
+  };
+}

@@ -1,0 +1,426 @@
+/**
+ * Every platform route in one table: method, path, schemas, whether it needs the API key, and
+ * the handler. Fastify validates with these schemas and /openapi.json is generated from them,
+ * so the document cannot drift from what is enforced.
+ */
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import {
+  DEFAULT_TIMEOUT,
+  type Order,
+  type SandboxService,
+  type SandboxState,
+  SandboxError,
+} from '../sandbox/index.js';
+import {
+  BASE_TEMPLATE_VIEW,
+  createdSchema,
+  createdView,
+  detailSchema,
+  detailView,
+  type EgressInfo,
+  errorSchema,
+  listedSchema,
+  listedView,
+  snapshotSchema,
+  snapshotView,
+  templatesSchema,
+  templateView,
+} from './views.js';
+
+export interface RouteContext {
+  readonly service: SandboxService;
+  readonly egress: EgressInfo;
+}
+
+type Handler = (
+  request: FastifyRequest,
+  reply: FastifyReply,
+  context: RouteContext,
+) => Promise<unknown>;
+
+export interface RouteSpec {
+  readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  readonly url: string;
+  readonly summary: string;
+  /** Needs X-API-Key. */
+  readonly auth: boolean;
+  /** The body may be left out; it then counts as `{}`. */
+  readonly optionalBody?: boolean;
+  readonly schema: {
+    readonly params?: object;
+    readonly querystring?: object;
+    readonly body?: object;
+    readonly response: Record<number, object>;
+  };
+  readonly handler: Handler;
+}
+
+const timeoutSeconds = {
+  type: 'integer',
+  minimum: 0,
+  maximum: 2_147_483_647,
+  description: 'Seconds',
+};
+const stringList = { type: 'array', items: { type: 'string' } };
+const sandboxParams = {
+  type: 'object',
+  properties: { sandboxID: { type: 'string' } },
+  required: ['sandboxID'],
+};
+const noContent = { 204: { type: 'null', description: 'Done' } };
+const errors = (...codes: number[]) =>
+  Object.fromEntries(codes.map((code) => [code, errorSchema])) as Record<number, object>;
+const bodyObject = (properties: Record<string, object>, required: string[] = []) => ({
+  type: 'object',
+  properties,
+  required,
+  additionalProperties: false,
+});
+
+const createBody = bodyObject(
+  {
+    templateID: { type: 'string', minLength: 1, maxLength: 512 },
+    timeout: { ...timeoutSeconds, description: `Seconds to live; default ${DEFAULT_TIMEOUT}` },
+    autoPause: { type: 'boolean' },
+    autoPauseMemory: { type: 'boolean', description: 'Accepted; the process runtime keeps memory' },
+    autoResume: bodyObject({ enabled: { type: 'boolean' } }),
+    secure: { type: 'boolean' },
+    allow_internet_access: { type: 'boolean' },
+    network: bodyObject({
+      allowPublicTraffic: { type: 'boolean' },
+      allowOut: stringList,
+      denyOut: stringList,
+      maskRequestHost: { type: 'string', maxLength: 255 },
+    }),
+    metadata: { type: 'object', additionalProperties: { type: 'string' } },
+    envVars: { type: 'object', additionalProperties: { type: 'string' } },
+    mcp: { type: 'null', description: 'MCP gateways are not supported; only null is accepted' },
+    volumeMounts: { type: 'array', maxItems: 0, description: 'Volumes are not supported' },
+  },
+  ['templateID'],
+);
+
+const networkBody = bodyObject({
+  allowOut: stringList,
+  denyOut: stringList,
+  allow_internet_access: { type: 'boolean' },
+});
+
+const listQuery = {
+  type: 'object',
+  properties: {
+    metadata: { type: 'string', description: 'URL-encoded key=value pairs, all must match' },
+    state: { type: 'string', description: 'Comma list of running, paused' },
+    order: { type: 'string', enum: ['asc', 'desc'] },
+    startedAfter: { type: 'string', format: 'date-time' },
+    template: { type: 'string' },
+    limit: { type: 'integer', description: '1..100 (clamped), default 100' },
+    nextToken: { type: 'string' },
+  },
+  additionalProperties: false,
+};
+
+/** The SDK encodes each key and value, then the whole `k=v&...` string, then the query. */
+function decodeMetadata(text: string | undefined): Record<string, string> {
+  if (text === undefined || text === '') return {};
+  try {
+    return Object.fromEntries(
+      [...new URLSearchParams(text)].map(([k, v]) => [
+        decodeURIComponent(k),
+        decodeURIComponent(v),
+      ]),
+    );
+  } catch {
+    throw new SandboxError(400, `query.metadata is not a valid encoded key=value list: ${text}`);
+  }
+}
+
+function decodeStates(text: string | undefined): SandboxState[] {
+  if (text === undefined || text === '') return ['running', 'paused'];
+  const states = text.split(',');
+  const unknown = states.find((s) => s !== 'running' && s !== 'paused');
+  if (unknown !== undefined) {
+    throw new SandboxError(
+      400,
+      `query.state has unknown state ${JSON.stringify(unknown)}; use running, paused`,
+    );
+  }
+  return states as SandboxState[];
+}
+
+interface ListQuery {
+  metadata?: string;
+  state?: string;
+  order?: Order;
+  startedAfter?: string;
+  template?: string;
+  limit?: number;
+  nextToken?: string;
+}
+
+const idOf = (request: FastifyRequest) => (request.params as { sandboxID: string }).sandboxID;
+
+export const ROUTES: readonly RouteSpec[] = [
+  ...['/sandboxes', '/v2/sandboxes'].map((url): RouteSpec => ({
+    method: 'POST',
+    url,
+    summary: 'Create a sandbox',
+    auth: true,
+    schema: {
+      body: createBody,
+      response: { 201: createdSchema, ...errors(400, 401, 404, 500, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      const record = await service.create(request.body as Parameters<SandboxService['create']>[0]);
+      reply.code(201);
+      return createdView(record);
+    },
+  })),
+  {
+    method: 'GET',
+    url: '/sandboxes',
+    summary: 'List running sandboxes',
+    auth: true,
+    schema: {
+      querystring: {
+        type: 'object',
+        properties: { metadata: listQuery.properties.metadata },
+        additionalProperties: false,
+      },
+      response: { 200: listedSchema, ...errors(400, 401) },
+    },
+    handler: async (request, _reply, { service }) => {
+      const query = request.query as ListQuery;
+      const page = await service.list({
+        states: ['running'],
+        metadata: decodeMetadata(query.metadata),
+        order: 'desc',
+        limit: Number.MAX_SAFE_INTEGER,
+      });
+      return page.items.map(listedView);
+    },
+  },
+  {
+    method: 'GET',
+    url: '/v2/sandboxes',
+    summary: 'List sandboxes, filtered and paginated (cursor in X-Next-Token)',
+    auth: true,
+    schema: { querystring: listQuery, response: { 200: listedSchema, ...errors(400, 401) } },
+    handler: async (request, reply, { service }) => {
+      const query = request.query as ListQuery;
+      const page = await service.list({
+        states: decodeStates(query.state),
+        metadata: decodeMetadata(query.metadata),
+        template: query.template,
+        startedAfter: query.startedAfter === undefined ? undefined : Date.parse(query.startedAfter),
+        order: query.order ?? 'desc',
+        limit: Math.min(100, Math.max(1, query.limit ?? 100)),
+        nextToken: query.nextToken,
+      });
+      if (page.nextToken !== undefined) reply.header('X-Next-Token', page.nextToken);
+      return page.items.map(listedView);
+    },
+  },
+  {
+    method: 'GET',
+    url: '/sandboxes/:sandboxID',
+    summary: 'Get a running or paused sandbox',
+    auth: true,
+    schema: { params: sandboxParams, response: { 200: detailSchema, ...errors(400, 401, 404) } },
+    handler: async (request, _reply, { service, egress }) =>
+      detailView(await service.get(idOf(request)), egress),
+  },
+  {
+    method: 'DELETE',
+    url: '/sandboxes/:sandboxID',
+    summary: 'Kill a running sandbox or remove a paused one',
+    auth: true,
+    schema: { params: sandboxParams, response: { ...noContent, ...errors(400, 401, 404, 503) } },
+    handler: async (request, reply, { service }) => {
+      await service.kill(idOf(request));
+      reply.code(204);
+    },
+  },
+  {
+    method: 'POST',
+    url: '/sandboxes/:sandboxID/timeout',
+    summary: 'Expire the sandbox `timeout` seconds from now (may shorten)',
+    auth: true,
+    schema: {
+      params: sandboxParams,
+      body: bodyObject({ timeout: timeoutSeconds }, ['timeout']),
+      response: { ...noContent, ...errors(400, 401, 404, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      await service.setTimeout(idOf(request), (request.body as { timeout: number }).timeout);
+      reply.code(204);
+    },
+  },
+  {
+    method: 'POST',
+    url: '/sandboxes/:sandboxID/refreshes',
+    summary: 'Keep the sandbox alive at least `duration` seconds more (never shortens)',
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: bodyObject({ duration: { type: 'integer', minimum: 0, maximum: 3600 } }),
+      response: { ...noContent, ...errors(400, 401, 404, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      const { duration } = request.body as { duration?: number };
+      await service.refresh(idOf(request), duration ?? DEFAULT_TIMEOUT);
+      reply.code(204);
+    },
+  },
+  {
+    method: 'POST',
+    url: '/sandboxes/:sandboxID/pause',
+    summary: 'Pause a running sandbox (409 when already paused)',
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: bodyObject({ memory: { type: 'boolean', description: 'Accepted; memory is kept' } }),
+      response: { ...noContent, ...errors(400, 401, 404, 409, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      await service.pause(idOf(request));
+      reply.code(204);
+    },
+  },
+  {
+    method: 'POST',
+    url: '/sandboxes/:sandboxID/resume',
+    summary: 'Resume a paused sandbox (deprecated; use connect)',
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: bodyObject({ timeout: timeoutSeconds, autoPause: { type: 'boolean' } }),
+      response: { 201: createdSchema, ...errors(400, 401, 404, 409, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      const { timeout } = request.body as { timeout?: number };
+      const record = await service.resume(idOf(request), timeout ?? DEFAULT_TIMEOUT);
+      reply.code(201);
+      return createdView(record);
+    },
+  },
+  ...['/sandboxes/:sandboxID/connect', '/v2/sandboxes/:sandboxID/connect'].map(
+    (url): RouteSpec => ({
+      method: 'POST',
+      url,
+      summary:
+        'Connect: resume a paused sandbox (201) or extend a running one, never shortening (200)',
+      auth: true,
+      optionalBody: true,
+      schema: {
+        params: sandboxParams,
+        body: bodyObject({ timeout: timeoutSeconds, memory: { type: 'boolean' } }),
+        response: { 200: createdSchema, 201: createdSchema, ...errors(400, 401, 404, 503) },
+      },
+      handler: async (request, reply, { service }) => {
+        const { timeout } = request.body as { timeout?: number };
+        const { record, resumed } = await service.connect(
+          idOf(request),
+          timeout ?? DEFAULT_TIMEOUT,
+        );
+        reply.code(resumed ? 201 : 200);
+        return createdView(record);
+      },
+    }),
+  ),
+  {
+    method: 'PUT',
+    url: '/sandboxes/:sandboxID/network',
+    summary: 'Replace the egress rules of a running sandbox ({} clears them)',
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: networkBody,
+      response: { ...noContent, ...errors(400, 401, 404, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      await service.updateNetwork(idOf(request), request.body as object);
+      reply.code(204);
+    },
+  },
+  {
+    method: 'POST',
+    url: '/sandboxes/:sandboxID/snapshots',
+    summary: 'Snapshot the sandbox’s files as a template; the sandbox keeps running',
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: bodyObject({ name: { type: 'string', minLength: 1, maxLength: 200 } }),
+      response: { 201: snapshotSchema, ...errors(400, 401, 404, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      const { name } = request.body as { name?: string };
+      reply.code(201);
+      return snapshotView(await service.createSnapshot(idOf(request), name));
+    },
+  },
+  {
+    method: 'GET',
+    url: '/snapshots',
+    summary: 'List snapshots, newest first (cursor in X-Next-Token)',
+    auth: true,
+    schema: {
+      querystring: {
+        type: 'object',
+        properties: {
+          sandboxID: { type: 'string' },
+          name: { type: 'string' },
+          limit: { type: 'integer', minimum: 1, maximum: 100 },
+          nextToken: { type: 'string' },
+        },
+        additionalProperties: false,
+      },
+      response: { 200: { type: 'array', items: snapshotSchema }, ...errors(400, 401) },
+    },
+    handler: async (request, reply, { service }) => {
+      const query = request.query as {
+        sandboxID?: string;
+        name?: string;
+        limit?: number;
+        nextToken?: string;
+      };
+      const page = await service.listSnapshots({ ...query, limit: query.limit ?? 100 });
+      if (page.nextToken !== undefined) reply.header('X-Next-Token', page.nextToken);
+      return page.items.map(snapshotView);
+    },
+  },
+  {
+    method: 'GET',
+    url: '/templates',
+    summary: 'List templates: the built-in base and every snapshot',
+    auth: true,
+    schema: { response: { 200: templatesSchema, ...errors(401) } },
+    handler: async (_request, _reply, { service }) => [
+      BASE_TEMPLATE_VIEW,
+      ...(await service.snapshots()).sort((a, b) => b.createdAt - a.createdAt).map(templateView),
+    ],
+  },
+  {
+    method: 'DELETE',
+    url: '/templates/:templateID',
+    summary: 'Delete a snapshot (or every tag of a template); refused while sandboxes use it',
+    auth: true,
+    schema: {
+      params: {
+        type: 'object',
+        properties: { templateID: { type: 'string', minLength: 1 } },
+        required: ['templateID'],
+      },
+      response: { ...noContent, ...errors(400, 401, 404, 409, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      await service.deleteTemplate((request.params as { templateID: string }).templateID);
+      reply.code(204);
+    },
+  },
+];

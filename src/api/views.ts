@@ -1,0 +1,198 @@
+/**
+ * What the platform API says about sandboxes and snapshots: the wire shapes (field names as the
+ * reference service and its SDK use them) and their JSON schemas, which both serialise the
+ * replies and document them in /openapi.json.
+ */
+import os from 'node:os';
+import type { HostPort } from '../config.js';
+import type { EnforcementMode } from '../runtime/index.js';
+import type { SandboxRecord, SnapshotRecord } from '../sandbox/index.js';
+
+/**
+ * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream
+ * uploads, file metadata, watch entries); the per-sandbox API serves that protocol.
+ */
+export const ENVD_VERSION = '0.6.4';
+/** The deprecated `clientID` field: one fixed value, as the reference service no longer uses it. */
+const CLIENT_ID = 'moat';
+
+/** How a sandbox's egress is identified and enforced: Moat's extension to the detail reply. */
+export interface EgressInfo {
+  readonly proxy: HostPort;
+  readonly dns: HostPort;
+  readonly enforcement: EnforcementMode;
+}
+
+const hostPort = (a: HostPort) =>
+  a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
+
+// The process runtime does not size sandboxes: they share the host, and say so.
+const HOST = {
+  cpuCount: os.availableParallelism(),
+  memoryMB: Math.floor(os.totalmem() / 2 ** 20),
+  diskSizeMB: 0,
+};
+
+/** The reply to create, connect and resume. */
+export const createdView = (r: SandboxRecord) => ({
+  templateID: r.templateID,
+  sandboxID: r.sandboxID,
+  clientID: CLIENT_ID,
+  envdVersion: ENVD_VERSION,
+  alias: r.alias,
+  envdAccessToken: r.envdAccessToken,
+  trafficAccessToken: r.trafficAccessToken,
+  domain: null,
+});
+
+export const listedView = (r: SandboxRecord) => ({
+  templateID: r.templateID,
+  alias: r.alias,
+  sandboxID: r.sandboxID,
+  clientID: CLIENT_ID,
+  startedAt: new Date(r.startedAt).toISOString(),
+  endAt: new Date(r.endAt).toISOString(),
+  ...HOST,
+  metadata: r.metadata,
+  state: r.state,
+  envdVersion: ENVD_VERSION,
+});
+
+export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
+  ...listedView(r),
+  envdAccessToken: r.envdAccessToken,
+  allowInternetAccess: r.network.allowInternetAccess,
+  domain: null,
+  network: {
+    allowPublicTraffic: r.network.allowPublicTraffic,
+    allowOut: r.network.allowOut,
+    denyOut: r.network.denyOut,
+    maskRequestHost: r.network.maskRequestHost,
+  },
+  lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
+  egress: {
+    address: r.sourceAddress,
+    proxyUrl: `http://${hostPort(egress.proxy)}`,
+    dns: hostPort(egress.dns),
+    enforcement: egress.enforcement,
+  },
+});
+
+export const snapshotView = (s: SnapshotRecord) => ({ snapshotID: s.snapshotID, names: s.names });
+
+export const templateView = (s: SnapshotRecord) => ({
+  templateID: s.templateID,
+  snapshotID: s.snapshotID,
+  tag: s.tag,
+  aliases: s.alias === null ? [] : [s.alias],
+  names: s.names,
+  sourceSandboxID: s.sandboxID,
+  createdAt: new Date(s.createdAt).toISOString(),
+  buildStatus: 'ready',
+  public: false,
+});
+
+export const BASE_TEMPLATE_VIEW = {
+  templateID: 'base',
+  snapshotID: null,
+  tag: 'default',
+  aliases: ['base'],
+  names: ['base'],
+  sourceSandboxID: null,
+  createdAt: new Date(0).toISOString(),
+  buildStatus: 'ready',
+  public: true,
+};
+
+// -- JSON schemas of the replies --
+
+const string = { type: 'string' } as const;
+const nullableString = { type: ['string', 'null'] } as const;
+const integer = { type: 'integer' } as const;
+const stringList = { type: 'array', items: string } as const;
+const stringMap = { type: 'object', additionalProperties: string } as const;
+const object = (properties: Record<string, object>, description?: string) => ({
+  type: 'object',
+  ...(description ? { description } : {}),
+  properties,
+  required: Object.keys(properties),
+});
+
+export const errorSchema = object(
+  { code: integer, message: string },
+  'Every platform error: code repeats the HTTP status',
+);
+
+export const createdSchema = object({
+  templateID: string,
+  sandboxID: string,
+  clientID: string,
+  envdVersion: string,
+  alias: nullableString,
+  envdAccessToken: { ...nullableString, description: 'Only for secure sandboxes' },
+  trafficAccessToken: {
+    ...nullableString,
+    description: 'Only when network.allowPublicTraffic is false',
+  },
+  domain: { type: 'null', description: 'Deprecated; always null' },
+});
+
+const listedProperties = {
+  templateID: string,
+  alias: nullableString,
+  sandboxID: string,
+  clientID: string,
+  startedAt: { type: 'string', format: 'date-time' },
+  endAt: { type: 'string', format: 'date-time' },
+  cpuCount: integer,
+  memoryMB: integer,
+  diskSizeMB: integer,
+  metadata: stringMap,
+  state: { type: 'string', enum: ['running', 'paused'] },
+  envdVersion: string,
+};
+
+export const listedSchema = { type: 'array', items: object(listedProperties) };
+
+export const detailSchema = object({
+  ...listedProperties,
+  envdAccessToken: nullableString,
+  allowInternetAccess: { type: ['boolean', 'null'] },
+  domain: { type: 'null' },
+  network: object({
+    allowPublicTraffic: { type: 'boolean' },
+    allowOut: stringList,
+    denyOut: stringList,
+    maskRequestHost: nullableString,
+  }),
+  lifecycle: object({
+    autoResume: { type: 'boolean' },
+    onTimeout: { type: 'string', enum: ['kill', 'pause'] },
+  }),
+  egress: object(
+    {
+      address: { ...string, description: 'Source address of the sandbox’s traffic' },
+      proxyUrl: { ...string, description: 'Egress proxy (credential not included)' },
+      dns: { ...string, description: 'DNS interceptor the sandbox resolves through' },
+      enforcement: { type: 'string', enum: ['namespace', 'proxy'] },
+    },
+    'Moat extension: how this sandbox’s egress is identified and enforced',
+  ),
+});
+
+export const snapshotSchema = object({ snapshotID: string, names: stringList });
+
+export const templatesSchema = {
+  type: 'array',
+  items: object({
+    templateID: string,
+    snapshotID: nullableString,
+    tag: string,
+    aliases: stringList,
+    names: stringList,
+    sourceSandboxID: nullableString,
+    createdAt: { type: 'string', format: 'date-time' },
+    buildStatus: string,
+    public: { type: 'boolean' },
+  }),
+};

@@ -1,0 +1,19 @@
+/**
+ * The sandbox lifecycle: records, the running/paused state machine, expiry, templates and
+ * snapshots. It drives a runtime, stores through the store and publishes to the enforcement
+ * table.
+ */
+export { SANDBOX_ID } from './ids.js';
+export { InvalidTokenError, type Order, type Page } from './pages.js';
+export type { NetworkSettings, SandboxRecord, SandboxState, SnapshotRecord } from './records.js';
+export {
+  type CreateRequest,
+  DEFAULT_TIMEOUT,
+  type EgressRules,
+  notFound,
+  SandboxError,
+  type SandboxQuery,
+  SandboxService,
+  type SandboxServiceOptions,
+  type SnapshotQuery,
+} from './service.js';

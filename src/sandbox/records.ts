@@ -1,0 +1,126 @@
+/**
+ * What the store holds for sandboxes and snapshots, and the checks that a loaded record is one
+ * of ours: a record that does not fit stops start-up with its key named, never dropped.
+ */
+import type { JsonValue } from '../store/index.js';
+
+export const SANDBOXES = 'sandboxes';
+export const TEMPLATES = 'templates';
+
+export type SandboxState = 'running' | 'paused';
+
+/** The network settings of a sandbox, exactly as accepted (entries as the client wrote them). */
+export interface NetworkSettings {
+  readonly allowOut: readonly string[];
+  readonly denyOut: readonly string[];
+  readonly allowInternetAccess: boolean | null;
+  readonly allowPublicTraffic: boolean;
+  readonly maskRequestHost: string | null;
+}
+
+export interface SandboxRecord {
+  readonly sandboxID: string;
+  /** The template it was made from: `base` or a snapshot ID. */
+  readonly templateID: string;
+  readonly alias: string | null;
+  readonly state: SandboxState;
+  /** Milliseconds since the epoch. */
+  readonly startedAt: number;
+  /** When it expires (running) or expired into a pause (paused). */
+  readonly endAt: number;
+  readonly autoPause: boolean;
+  readonly autoResume: boolean;
+  readonly secure: boolean;
+  readonly envdAccessToken: string | null;
+  readonly trafficAccessToken: string | null;
+  /** The password half of its egress proxy credential. */
+  readonly egressSecret: string;
+  /** The address its traffic comes from. */
+  readonly sourceAddress: string;
+  readonly metadata: Readonly<Record<string, string>>;
+  readonly envVars: Readonly<Record<string, string>>;
+  readonly network: NetworkSettings;
+}
+
+/** A snapshot: a copy of a sandbox's writable root, usable as a template. */
+export interface SnapshotRecord {
+  /** `<namespace>/<alias>:<tag>` when named, else `<templateID>:<tag>`. */
+  readonly snapshotID: string;
+  /** The template part of the ID (`<namespace>/<alias>` or a generated ID). */
+  readonly templateID: string;
+  readonly tag: string;
+  readonly alias: string | null;
+  readonly names: readonly string[];
+  /** The sandbox it was taken from. */
+  readonly sandboxID: string;
+  readonly createdAt: number;
+}
+
+type Shape = Record<string, (value: unknown) => boolean>;
+
+const isString = (v: unknown) => typeof v === 'string';
+const isNullableString = (v: unknown) => v === null || typeof v === 'string';
+const isBoolean = (v: unknown) => typeof v === 'boolean';
+const isTime = (v: unknown) => Number.isSafeInteger(v);
+const isStringList = (v: unknown) => Array.isArray(v) && v.every(isString);
+const isStringMap = (v: unknown) =>
+  typeof v === 'object' && v !== null && !Array.isArray(v) && Object.values(v).every(isString);
+const fits = (value: unknown, shape: Shape) =>
+  typeof value === 'object' &&
+  value !== null &&
+  Object.entries(shape).every(([key, check]) => check((value as Record<string, unknown>)[key]));
+
+const NETWORK: Shape = {
+  allowOut: isStringList,
+  denyOut: isStringList,
+  allowInternetAccess: (v) => v === null || isBoolean(v),
+  allowPublicTraffic: isBoolean,
+  maskRequestHost: isNullableString,
+};
+
+const SANDBOX: Shape = {
+  sandboxID: isString,
+  templateID: isString,
+  alias: isNullableString,
+  state: (v) => v === 'running' || v === 'paused',
+  startedAt: isTime,
+  endAt: isTime,
+  autoPause: isBoolean,
+  autoResume: isBoolean,
+  secure: isBoolean,
+  envdAccessToken: isNullableString,
+  trafficAccessToken: isNullableString,
+  egressSecret: isString,
+  sourceAddress: isString,
+  metadata: isStringMap,
+  envVars: isStringMap,
+  network: (v) => fits(v, NETWORK),
+};
+
+const SNAPSHOT: Shape = {
+  snapshotID: isString,
+  templateID: isString,
+  tag: isString,
+  alias: isNullableString,
+  names: isStringList,
+  sandboxID: isString,
+  createdAt: isTime,
+};
+
+function check<T>(value: JsonValue, key: string, shape: Shape, what: string): T {
+  if (!fits(value, shape)) {
+    throw new Error(
+      `the store holds a ${what} record ${JSON.stringify(key)} that this version of Moat does not understand; restore the data folder that belongs to this version`,
+    );
+  }
+  return value as unknown as T;
+}
+
+export const readSandbox = (value: JsonValue, key: string): SandboxRecord =>
+  check(value, key, SANDBOX, 'sandbox');
+
+export const readSnapshot = (value: JsonValue, key: string): SnapshotRecord =>
+  check(value, key, SNAPSHOT, 'snapshot');
+
+export const asJson = (record: SandboxRecord | SnapshotRecord): JsonValue =>
+  record as unknown as JsonValue;

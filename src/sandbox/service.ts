@@ -1,0 +1,635 @@
+import type { Logger } from 'pino';
+import type { AddressPool, EnforcementTable } from '../enforce/index.js';
+import type { MoatMetrics } from '../metrics/index.js';
+import {
+  compilePolicy,
+  type InternalDenyList,
+  parseIP,
+  parseNetworkConfig,
+  type Policy,
+} from '../policy/index.js';
+import { BASE_TEMPLATE, type SandboxRuntime } from '../runtime/index.js';
+import { type Store, type StoreChange, StoreUnavailableError } from '../store/index.js';
+import { NAME_PART, newSandboxID, newSecret, randomName } from './ids.js';
+import { type Order, type Page, paginate } from './pages.js';
+import {
+  asJson,
+  type NetworkSettings,
+  readSandbox,
+  readSnapshot,
+  SANDBOXES,
+  type SandboxRecord,
+  type SandboxState,
+  type SnapshotRecord,
+  TEMPLATES,
+} from './records.js';
+import { ExpiryTimer, KeyedQueue } from './serial.js';
+
+/** A refusal with the HTTP status the platform API answers it with. */
+export class SandboxError extends Error {
+  override readonly name = 'SandboxError';
+  constructor(
+    readonly status: 400 | 404 | 409 | 500 | 503,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export const notFound = (sandboxID: string) =>
+  new SandboxError(404, `Sandbox "${sandboxID}" doesn't exist or you don't have access to it`);
+
+/** The egress rules of a PUT network body (and of the create body's `network`). */
+export interface EgressRules {
+  readonly allowOut?: readonly string[];
+  readonly denyOut?: readonly string[];
+  readonly allow_internet_access?: boolean;
+}
+
+export interface CreateRequest {
+  readonly templateID: string;
+  readonly timeout?: number;
+  readonly autoPause?: boolean;
+  readonly autoResume?: { readonly enabled?: boolean };
+  readonly secure?: boolean;
+  readonly allow_internet_access?: boolean;
+  readonly network?: {
+    readonly allowOut?: readonly string[];
+    readonly denyOut?: readonly string[];
+    readonly allowPublicTraffic?: boolean;
+    readonly maskRequestHost?: string;
+  };
+  readonly metadata?: Readonly<Record<string, string>>;
+  readonly envVars?: Readonly<Record<string, string>>;
+}
+
+export interface SandboxQuery {
+  readonly states: readonly SandboxState[];
+  readonly metadata: Readonly<Record<string, string>>;
+  readonly template?: string;
+  readonly startedAfter?: number;
+  readonly order: Order;
+  readonly limit: number;
+  readonly nextToken?: string;
+}
+
+export interface SnapshotQuery {
+  readonly sandboxID?: string;
+  readonly name?: string;
+  readonly limit: number;
+  readonly nextToken?: string;
+}
+
+export interface SandboxServiceOptions {
+  readonly store: Store;
+  readonly runtime: SandboxRuntime;
+  readonly table: EnforcementTable;
+  readonly sources: AddressPool;
+  readonly internal: InternalDenyList;
+  readonly metrics: MoatMetrics;
+  readonly logger: Logger;
+  readonly maxPolicyEntries: number;
+  /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
+  readonly namespace: string;
+  /** Clock in milliseconds (tests pass a controllable one). */
+  readonly now?: () => number;
+}
+
+/** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
+export const DEFAULT_TIMEOUT = 15;
+const DEFAULT_TAG = 'default';
+
+/**
+ * The sandbox lifecycle: running -> paused -> running ... -> gone, with expiry. Every change of
+ * one sandbox runs alone (KeyedQueue), is durable in the store before it is acknowledged, and is
+ * published to the enforcement table before the call returns.
+ */
+export class SandboxService {
+  private readonly queue = new KeyedQueue();
+  private readonly expiry: ExpiryTimer;
+  private readonly now: () => number;
+  private readonly log: Logger;
+  /** State of every sandbox this Moat holds, for the sandboxes gauge. */
+  private readonly states = new Map<string, SandboxState>();
+
+  constructor(private readonly options: SandboxServiceOptions) {
+    this.now = options.now ?? Date.now;
+    this.log = options.logger;
+    this.expiry = new ExpiryTimer(this.now, () => void this.expireDue());
+    options.metrics.countSandboxesWith(() => {
+      const counts = { running: 0, paused: 0 };
+      for (const state of this.states.values()) counts[state]++;
+      return counts;
+    });
+  }
+
+  /**
+   * Loads every stored sandbox: running ones are enforced again and their expiry rescheduled
+   * (those already past it expire now), paused ones keep their addresses. Roots left behind by
+   * a crash mid-create are removed.
+   */
+  async start(): Promise<void> {
+    const { sources, runtime, table } = this.options;
+    const records = (await this.options.store.list(SANDBOXES)).map(([key, value]) =>
+      readSandbox(value, key),
+    );
+    for (const record of records) {
+      const address = parseIP(record.sourceAddress);
+      if (!address.ok || !sources.reserve(address.value)) {
+        throw new Error(
+          `sandbox ${record.sandboxID} has source address ${record.sourceAddress}, outside the source pool ${sources.range.text}; restore the --source-pool it was created with`,
+        );
+      }
+      this.states.set(record.sandboxID, record.state);
+      if (record.state === 'paused') continue;
+      table.register(
+        record.sandboxID,
+        { sourceAddress: address.value, egressSecret: record.egressSecret },
+        this.restoredPolicy(record),
+      );
+      this.expiry.set(record.sandboxID, record.endAt);
+    }
+    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)))) {
+      this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
+    }
+    await this.expireDue();
+  }
+
+  /** Stops the expiry timer and waits for transitions in flight. */
+  async stop(): Promise<void> {
+    this.expiry.stop();
+    await this.queue.idle();
+  }
+
+  /**
+   * A stored config was valid when stored; if this Moat's limits have since changed and it no
+   * longer parses, the sandbox is enforced deny-all rather than left open (fail closed).
+   */
+  private restoredPolicy(record: SandboxRecord): Policy {
+    try {
+      return this.compile(networkRules(record.network));
+    } catch (error) {
+      this.log.error(
+        { sandboxID: record.sandboxID, err: (error as Error).message },
+        'stored network config no longer compiles; enforcing deny-all for this sandbox',
+      );
+      return this.compile({ denyOut: ['0.0.0.0/0', '::/0'] });
+    }
+  }
+
+  private compile(rules: EgressRules): Policy {
+    const parsed = parseNetworkConfig(rules, { maxEntries: this.options.maxPolicyEntries });
+    if (!parsed.ok) {
+      throw new SandboxError(400, parsed.errors.map((problem) => problem.message).join('; '));
+    }
+    return compilePolicy(parsed.value, this.options.internal);
+  }
+
+  async create(request: CreateRequest): Promise<SandboxRecord> {
+    const { runtime, table, sources } = this.options;
+    const timeout = request.timeout ?? DEFAULT_TIMEOUT;
+    const network: NetworkSettings = {
+      allowOut: request.network?.allowOut ?? [],
+      denyOut: request.network?.denyOut ?? [],
+      allowInternetAccess: request.allow_internet_access ?? null,
+      allowPublicTraffic: request.network?.allowPublicTraffic ?? true,
+      maskRequestHost: request.network?.maskRequestHost ?? null,
+    };
+    const policy = this.compile(networkRules(network));
+    const secure = request.secure ?? false;
+    if (!network.allowPublicTraffic && !secure) {
+      throw new SandboxError(
+        400,
+        'network.allowPublicTraffic false requires secure: true (the traffic token protects a secured sandbox)',
+      );
+    }
+    const template = await this.resolveTemplate(request.templateID);
+    const now = this.now();
+    const source = sources.allocate();
+    const record: SandboxRecord = {
+      sandboxID: newSandboxID(),
+      templateID: template.id,
+      alias: template.alias,
+      state: 'running',
+      startedAt: now,
+      endAt: now + timeout * 1000,
+      autoPause: request.autoPause ?? false,
+      autoResume: request.autoResume?.enabled ?? false,
+      secure,
+      envdAccessToken: secure ? newSecret() : null,
+      trafficAccessToken: network.allowPublicTraffic ? null : newSecret(),
+      egressSecret: newSecret(),
+      sourceAddress: source.text,
+      metadata: request.metadata ?? {},
+      envVars: request.envVars ?? {},
+      network,
+    };
+    const id = record.sandboxID;
+    try {
+      // Under the template's key so that deleting the template cannot race the copy.
+      await this.queue.run(templateKey(template.id), () => runtime.create(id, template.id));
+      await this.write([{ collection: SANDBOXES, key: id, value: asJson(record) }]);
+    } catch (error) {
+      sources.release(source);
+      await runtime.destroy(id).catch(() => undefined);
+      throw error;
+    }
+    table.register(id, { sourceAddress: source, egressSecret: record.egressSecret }, policy);
+    this.expiry.set(id, record.endAt);
+    this.states.set(id, 'running');
+    this.transition(record, 'create', { templateID: record.templateID, timeout });
+    // timeout 0 means "expire now": the sandbox is made, then expires on the spot.
+    if (timeout === 0) await this.expireDue();
+    return record;
+  }
+
+  async get(sandboxID: string): Promise<SandboxRecord> {
+    const stored = await this.options.store.get(SANDBOXES, sandboxID);
+    if (stored === undefined) throw notFound(sandboxID);
+    return readSandbox(stored, sandboxID);
+  }
+
+  async list(query: SandboxQuery): Promise<Page<SandboxRecord>> {
+    const records = (await this.options.store.list(SANDBOXES)).map(([key, value]) =>
+      readSandbox(value, key),
+    );
+    const matching = records.filter(
+      (r) =>
+        query.states.includes(r.state) &&
+        (query.template === undefined || r.templateID === query.template) &&
+        (query.startedAfter === undefined || r.startedAt > query.startedAfter) &&
+        Object.entries(query.metadata).every(([key, value]) => r.metadata[key] === value),
+    );
+    return paginate(matching, (r) => [r.startedAt, r.sandboxID], query);
+  }
+
+  /** Kills a running sandbox or removes a paused one. */
+  kill(sandboxID: string): Promise<void> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      await this.remove(record, 'kill');
+    });
+  }
+
+  /** The sandbox expires `seconds` from now; may shorten. Only for running sandboxes. */
+  setTimeout(sandboxID: string, seconds: number): Promise<SandboxRecord> {
+    return this.change(sandboxID, 'running', async (record) =>
+      this.extend(record, this.now() + seconds * 1000, 'timeout'),
+    );
+  }
+
+  /** Extends the expiry to at least `seconds` from now; never shortens. */
+  refresh(sandboxID: string, seconds: number): Promise<SandboxRecord> {
+    return this.change(sandboxID, 'running', async (record) =>
+      this.extend(record, Math.max(record.endAt, this.now() + seconds * 1000), 'refresh'),
+    );
+  }
+
+  pause(sandboxID: string): Promise<SandboxRecord> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      if (record.state === 'paused') {
+        throw new SandboxError(409, `Sandbox "${sandboxID}" is already paused`);
+      }
+      return this.pauseNow(record, 'pause');
+    });
+  }
+
+  /** Deprecated resume: a running sandbox is a conflict. */
+  resume(sandboxID: string, seconds: number): Promise<SandboxRecord> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      if (record.state === 'running') {
+        throw new SandboxError(409, `Sandbox "${sandboxID}" is already running`);
+      }
+      return this.resumeNow(record, seconds, 'resume');
+    });
+  }
+
+  /**
+   * Resumes a paused sandbox (`resumed: true`), or extends a running one without shortening
+   * its expiry.
+   */
+  connect(
+    sandboxID: string,
+    seconds: number,
+  ): Promise<{ record: SandboxRecord; resumed: boolean }> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      if (record.state === 'paused') {
+        return { record: await this.resumeNow(record, seconds, 'connect'), resumed: true };
+      }
+      const endAt = Math.max(record.endAt, this.now() + seconds * 1000);
+      return { record: await this.extend(record, endAt, 'connect'), resumed: false };
+    });
+  }
+
+  /**
+   * Traffic arrived for the sandbox (ingress, sandbox API): a paused sandbox with autoResume is
+   * resumed for the default timeout. Returns the sandbox as it now is.
+   */
+  wake(sandboxID: string): Promise<SandboxRecord> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      if (record.state === 'running' || !record.autoResume) return record;
+      return this.resumeNow(record, DEFAULT_TIMEOUT, 'autoResume');
+    });
+  }
+
+  /** Replaces the egress rules: validated, stored, compiled and published before it returns. */
+  updateNetwork(sandboxID: string, rules: EgressRules): Promise<SandboxRecord> {
+    const { metrics } = this.options;
+    return this.change(sandboxID, 'running', async (record) => {
+      let policy: Policy;
+      try {
+        policy = this.compile(rules);
+      } catch (error) {
+        metrics.policyPublishes.inc({ result: 'invalid' });
+        throw error;
+      }
+      const next: SandboxRecord = {
+        ...record,
+        network: {
+          ...record.network,
+          allowOut: rules.allowOut ?? [],
+          denyOut: rules.denyOut ?? [],
+          allowInternetAccess: rules.allow_internet_access ?? null,
+        },
+      };
+      try {
+        await this.write([{ collection: SANDBOXES, key: sandboxID, value: asJson(next) }]);
+      } catch (error) {
+        metrics.policyPublishes.inc({ result: 'failed' });
+        throw error;
+      }
+      this.options.table.publish(sandboxID, policy);
+      metrics.policyPublishes.inc({ result: 'applied' });
+      this.transition(next, 'network', {
+        allowOut: next.network.allowOut.length,
+        denyOut: next.network.denyOut.length,
+      });
+      return next;
+    });
+  }
+
+  /** Copies the sandbox's root into a new template; the sandbox keeps running. */
+  createSnapshot(sandboxID: string, name: string | undefined): Promise<SnapshotRecord> {
+    const naming = this.snapshotNaming(name);
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      const snapshot: SnapshotRecord = {
+        ...naming,
+        sandboxID,
+        createdAt: this.now(),
+      };
+      await this.queue.run(templateKey(snapshot.snapshotID), async () => {
+        await this.options.runtime.snapshot(sandboxID, snapshot.snapshotID);
+        await this.write([
+          { collection: TEMPLATES, key: snapshot.snapshotID, value: asJson(snapshot) },
+        ]);
+      });
+      this.transition(record, 'snapshot', { snapshotID: snapshot.snapshotID });
+      return snapshot;
+    });
+  }
+
+  async listSnapshots(query: SnapshotQuery): Promise<Page<SnapshotRecord>> {
+    const wanted = query.name === undefined ? undefined : this.snapshotNaming(query.name);
+    const snapshots = (await this.snapshots()).filter(
+      (s) =>
+        (query.sandboxID === undefined || s.sandboxID === query.sandboxID) &&
+        (wanted === undefined ||
+          s.snapshotID === wanted.snapshotID ||
+          (query.name?.includes(':') !== true && s.templateID === wanted.templateID)),
+    );
+    return paginate(snapshots, (s) => [s.createdAt, s.snapshotID], { ...query, order: 'desc' });
+  }
+
+  snapshots(): Promise<SnapshotRecord[]> {
+    return this.options.store
+      .list(TEMPLATES)
+      .then((entries) => entries.map(([key, value]) => readSnapshot(value, key)));
+  }
+
+  /**
+   * Deletes a snapshot (by its ID, or every tag of a template ID). Refused while a sandbox made
+   * from it still exists.
+   */
+  async deleteTemplate(id: string): Promise<void> {
+    if (isBaseTemplate(id)) {
+      throw new SandboxError(400, `template "${id}" is built in and cannot be deleted`);
+    }
+    // A template ID without a tag names every tag of that template.
+    const candidates = new Set(this.templateCandidates(id));
+    const templates = new Set(id.includes(':') ? [] : [id, `${this.options.namespace}/${id}`]);
+    const matching = (await this.snapshots()).filter(
+      (s) => candidates.has(s.snapshotID) || templates.has(s.templateID),
+    );
+    if (matching.length === 0) {
+      throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
+    }
+    for (const snapshot of matching) {
+      await this.queue.run(templateKey(snapshot.snapshotID), async () => {
+        const users = (await this.options.store.list(SANDBOXES))
+          .map(([k, value]) => readSandbox(value, k))
+          .filter((r) => r.templateID === snapshot.snapshotID)
+          .map((r) => r.sandboxID);
+        if (users.length > 0) {
+          throw new SandboxError(
+            409,
+            `template "${snapshot.snapshotID}" is used by sandbox${users.length > 1 ? 'es' : ''} ${users.join(', ')}; kill ${users.length > 1 ? 'them' : 'it'} first`,
+          );
+        }
+        await this.write([{ collection: TEMPLATES, key: snapshot.snapshotID, value: null }]);
+        await this.options.runtime.removeTemplate(snapshot.snapshotID);
+        this.log.info({ snapshotID: snapshot.snapshotID }, 'template deleted');
+      });
+    }
+  }
+
+  /** Expires every running sandbox past its deadline: pause when autoPause, else kill. */
+  async expireDue(): Promise<void> {
+    await Promise.all(
+      this.expiry.takeDue().map((id) =>
+        this.queue.run(id, async () => {
+          const stored = await this.options.store.get(SANDBOXES, id);
+          if (stored === undefined) return;
+          const record = readSandbox(stored, id);
+          if (record.state !== 'running') return;
+          if (record.endAt > this.now()) {
+            this.expiry.set(id, record.endAt);
+            return;
+          }
+          try {
+            if (record.autoPause) await this.pauseNow(record, 'expire');
+            else await this.remove(record, 'expire');
+          } catch (error) {
+            // Keep it due: the next sweep tries again (a store outage must not lose expiries).
+            this.log.error({ sandboxID: id, err: (error as Error).message }, 'expiry failed');
+            this.expiry.set(id, this.now() + 1000);
+          }
+        }),
+      ),
+    );
+  }
+
+  // -- transitions; each runs inside the sandbox's queue slot --
+
+  private async change(
+    sandboxID: string,
+    state: SandboxState,
+    apply: (record: SandboxRecord) => Promise<SandboxRecord>,
+  ): Promise<SandboxRecord> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      // A sandbox not in the required state is "not found" to these calls (wire-compat.md).
+      if (record.state !== state) throw notFound(sandboxID);
+      return apply(record);
+    });
+  }
+
+  private async extend(record: SandboxRecord, endAt: number, what: string): Promise<SandboxRecord> {
+    const next = { ...record, endAt };
+    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    this.expiry.set(record.sandboxID, endAt);
+    this.transition(next, what, { endAt: new Date(endAt).toISOString() });
+    return next;
+  }
+
+  private async pauseNow(record: SandboxRecord, why: string): Promise<SandboxRecord> {
+    const next: SandboxRecord = { ...record, state: 'paused', endAt: this.now() };
+    await this.options.runtime.pause(record.sandboxID);
+    try {
+      await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    } catch (error) {
+      await this.options.runtime.resume(record.sandboxID);
+      throw error;
+    }
+    // A paused sandbox sends nothing; dropping it from the table makes that certain.
+    this.options.table.remove(record.sandboxID);
+    this.expiry.delete(record.sandboxID);
+    this.states.set(record.sandboxID, 'paused');
+    this.transition(next, why === 'expire' ? 'autoPause' : 'pause', {});
+    return next;
+  }
+
+  private async resumeNow(
+    record: SandboxRecord,
+    seconds: number,
+    why: string,
+  ): Promise<SandboxRecord> {
+    const now = this.now();
+    const next: SandboxRecord = { ...record, state: 'running', endAt: now + seconds * 1000 };
+    const policy = this.restoredPolicy(record);
+    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    const address = parseIP(record.sourceAddress);
+    if (!address.ok) throw new SandboxError(500, address.error);
+    this.options.table.register(
+      record.sandboxID,
+      { sourceAddress: address.value, egressSecret: record.egressSecret },
+      policy,
+    );
+    await this.options.runtime.resume(record.sandboxID);
+    this.expiry.set(record.sandboxID, next.endAt);
+    this.states.set(record.sandboxID, 'running');
+    this.transition(next, why, { endAt: new Date(next.endAt).toISOString() });
+    return next;
+  }
+
+  private async remove(record: SandboxRecord, why: string): Promise<void> {
+    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: null }]);
+    this.options.table.remove(record.sandboxID);
+    this.expiry.delete(record.sandboxID);
+    this.states.delete(record.sandboxID);
+    await this.options.runtime.destroy(record.sandboxID);
+    const address = parseIP(record.sourceAddress);
+    if (address.ok) this.options.sources.release(address.value);
+    this.transition(record, why === 'expire' ? 'expire' : 'kill', {});
+  }
+
+  private async write(changes: StoreChange[]): Promise<void> {
+    try {
+      await this.options.store.commit(changes);
+    } catch (error) {
+      this.options.metrics.storeErrors.inc();
+      if (error instanceof StoreUnavailableError) throw new SandboxError(503, error.message);
+      throw error;
+    }
+  }
+
+  private transition(record: SandboxRecord, what: string, details: object): void {
+    this.options.metrics.sandboxTransitions.inc({ transition: what });
+    this.log.info({ sandboxID: record.sandboxID, transition: what, ...details }, 'sandbox ' + what);
+  }
+
+  // -- templates and snapshot names --
+
+  /** `alias`, `alias:tag`, `<namespace>/alias[:tag]` -> the snapshot's ID parts. */
+  private snapshotNaming(
+    name: string | undefined,
+  ): Pick<SnapshotRecord, 'snapshotID' | 'templateID' | 'tag' | 'alias' | 'names'> {
+    if (name === undefined) {
+      const templateID = randomName(20);
+      return {
+        snapshotID: `${templateID}:${DEFAULT_TAG}`,
+        templateID,
+        tag: DEFAULT_TAG,
+        alias: null,
+        names: [],
+      };
+    }
+    const { namespace } = this.options;
+    const slash = name.indexOf('/');
+    const space = slash < 0 ? undefined : name.slice(0, slash);
+    const rest = slash < 0 ? name : name.slice(slash + 1);
+    const [alias = '', tag = DEFAULT_TAG, ...extra] = rest.split(':');
+    if (space !== undefined && space !== namespace) {
+      throw new SandboxError(
+        400,
+        `snapshot name ${JSON.stringify(name)} names namespace "${space}"; this Moat's namespace is "${namespace}"`,
+      );
+    }
+    if (!NAME_PART.test(alias) || !NAME_PART.test(tag) || extra.length > 0) {
+      throw new SandboxError(
+        400,
+        `invalid snapshot name ${JSON.stringify(name)}: use lower-case letters, digits, ".", "_" and "-" for the name and an optional ":tag"`,
+      );
+    }
+    const templateID = `${namespace}/${alias}`;
+    const snapshotID = `${templateID}:${tag}`;
+    return { snapshotID, templateID, tag, alias, names: [snapshotID] };
+  }
+
+  /**
+   * The snapshot IDs a template ID may mean: as written with the default tag filled in, and,
+   * without a namespace, the same name in this Moat's namespace.
+   */
+  private templateCandidates(id: string): string[] {
+    const tagged = id.includes(':') ? id : `${id}:${DEFAULT_TAG}`;
+    return tagged.includes('/') ? [tagged] : [tagged, `${this.options.namespace}/${tagged}`];
+  }
+
+  private async resolveTemplate(id: string): Promise<{ id: string; alias: string | null }> {
+    if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
+    for (const key of this.templateCandidates(id)) {
+      const stored = await this.options.store.get(TEMPLATES, key);
+      if (stored === undefined) continue;
+      const snapshot = readSnapshot(stored, key);
+      return { id: snapshot.snapshotID, alias: snapshot.alias };
+    }
+    throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
+  }
+}
+
+const isBaseTemplate = (id: string) =>
+  id === BASE_TEMPLATE || id === `${BASE_TEMPLATE}:${DEFAULT_TAG}`;
+
+const templateKey = (id: string) => `template:${id}`;
+
+const networkRules = (network: NetworkSettings): EgressRules => ({
+  allowOut: network.allowOut,
+  denyOut: network.denyOut,
+  ...(network.allowInternetAccess === null
+    ? {}
+    : { allow_internet_access: network.allowInternetAccess }),
+});

@@ -9,7 +9,8 @@ export interface CliIO {
 }
 
 /** Exit codes shared by every command. */
-export const EXIT = { ok: 0, denied: 1, usage: 2 } as const;
+/** `denied` (a check that denies) and `failed` (serve could not start) share 1. */
+export const EXIT = { ok: 0, denied: 1, failed: 1, usage: 2 } as const;
 
 /** Thrown for a usage error; the CLI prints the message (and a hint) and exits 2. */
 export class UsageError extends Error {}

@@ -2,7 +2,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { pino } from 'pino';
 import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
-import { startMoat } from './moat.js';
+import { type RunningMoat, startMoat } from './moat.js';
 
 export const SERVE_HELP = `Usage: moat serve [options]
 
@@ -38,7 +38,14 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     );
   }
   const logger = pino({ level: config.logLevel, base: { service: 'moat' } });
-  const moat = await startMoat(config, logger);
+  let moat: RunningMoat;
+  try {
+    moat = await startMoat(config, logger);
+  } catch (error) {
+    // A port in use, a damaged store, a data folder held by another Moat: say which, briefly.
+    io.stderr.write(`moat serve: cannot start: ${(error as Error).message}\n`);
+    return EXIT.failed;
+  }
   const { dns, proxy, transparent, api } = moat.listening;
   const upstreams = config.dnsUpstream.map(hostPort).join(', ');
   logger.info(

@@ -447,9 +447,13 @@ export class SandboxService {
     }
   }
 
-  /** Expires every running sandbox past its deadline: pause when autoPause, else kill. */
-  async expireDue(): Promise<void> {
-    await Promise.all(
+  /**
+   * Expires every running sandbox past its deadline: pause when autoPause, else kill. Resolves
+   * once this sweep and any sweep already running (the timer's) are done, so a caller never
+   * returns while a due sandbox is still enforced as running.
+   */
+  expireDue(): Promise<void> {
+    const sweep = Promise.all(
       this.expiry.takeDue().map((id) =>
         this.queue.run(id, async () => {
           const stored = await this.options.store.get(SANDBOXES, id);
@@ -471,7 +475,11 @@ export class SandboxService {
         }),
       ),
     );
+    this.sweeps = Promise.all([this.sweeps, sweep]).then(() => undefined);
+    return this.sweeps;
   }
+
+  private sweeps: Promise<void> = Promise.resolve();
 
   // -- transitions; each runs inside the sandbox's queue slot --
 

@@ -211,7 +211,8 @@ function applyChanges(data: Collections, changes: readonly StoreChange[]): void 
 }
 
 function collectionsToJson(data: Collections): Record<string, Record<string, JsonValue>> {
-  const out: Record<string, Record<string, JsonValue>> = {};
+  // No prototype: a collection named `__proto__` must be a property like any other.
+  const out = Object.create(null) as Record<string, Record<string, JsonValue>>;
   for (const [name, records] of data) out[name] = Object.fromEntries(records);
   return out;
 }

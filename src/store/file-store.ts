@@ -39,6 +39,8 @@ export class StoreOpenError extends Error {
 }
 
 interface PendingCommit {
+  readonly changes: readonly StoreChange[];
+  /** The changes as they go into the log. */
   readonly text: string;
   readonly resolve: () => void;
   readonly reject: (error: Error) => void;
@@ -110,7 +112,7 @@ export class FileStore implements Store {
     if (changes.length === 0) return Promise.resolve();
     const text = JSON.stringify(changes);
     return new Promise((resolve, reject) => {
-      this.pending.push({ text, resolve, reject });
+      this.pending.push({ changes, text, resolve, reject });
       if (!this.flushing) void this.flush();
     });
   }
@@ -153,7 +155,7 @@ export class FileStore implements Store {
       this.seq += batch.length;
       this.logBytes += bytes.length;
       for (const commit of batch) {
-        applyChanges(this.data, JSON.parse(commit.text) as StoreChange[]);
+        applyChanges(this.data, commit.changes);
         commit.resolve();
       }
       if (

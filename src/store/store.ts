@@ -22,7 +22,8 @@ export interface Store {
   list(collection: string): Promise<Array<[key: string, value: JsonValue]>>;
   /**
    * Applies all changes or none. When the promise resolves the changes are durable: they survive
-   * a crash of this process or of the machine.
+   * a crash of this process or of the machine. Values are immutable once committed: a store may
+   * keep the very objects it was given and hand them back from `get` and `list`.
    */
   commit(changes: readonly StoreChange[]): Promise<void>;
   close(): Promise<void>;

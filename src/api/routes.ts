@@ -7,6 +7,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import {
   DEFAULT_TIMEOUT,
   type Order,
+  type Page,
   type SandboxService,
   type SandboxState,
   SandboxError,
@@ -158,6 +159,12 @@ interface ListQuery {
   nextToken?: string;
 }
 
+/** One page of a list: the items, and the cursor of the next page (absent on the last). */
+function pageReply<T, V>(reply: FastifyReply, page: Page<T>, view: (item: T) => V): V[] {
+  if (page.nextToken !== undefined) reply.header('X-Next-Token', page.nextToken);
+  return page.items.map(view);
+}
+
 const idOf = (request: FastifyRequest) => (request.params as { sandboxID: string }).sandboxID;
 
 export const ROUTES: readonly RouteSpec[] = [
@@ -217,8 +224,7 @@ export const ROUTES: readonly RouteSpec[] = [
         limit: Math.min(100, Math.max(1, query.limit ?? 100)),
         nextToken: query.nextToken,
       });
-      if (page.nextToken !== undefined) reply.header('X-Next-Token', page.nextToken);
-      return page.items.map(listedView);
+      return pageReply(reply, page, listedView);
     },
   },
   {
@@ -390,8 +396,7 @@ export const ROUTES: readonly RouteSpec[] = [
         nextToken?: string;
       };
       const page = await service.listSnapshots({ ...query, limit: query.limit ?? 100 });
-      if (page.nextToken !== undefined) reply.header('X-Next-Token', page.nextToken);
-      return page.items.map(snapshotView);
+      return pageReply(reply, page, snapshotView);
     },
   },
   {

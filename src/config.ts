@@ -19,6 +19,10 @@ export interface HostPort {
   readonly port: number;
 }
 
+/** `127.0.0.1:53`, `[::1]:53`: how addresses are written in output and URLs. */
+export const formatHostPort = (a: HostPort): string =>
+  a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
+
 export interface MoatConfig {
   /** Destinations no sandbox rule can open (the hard internal deny list). */
   readonly internalDeny: readonly InternalRange[];

@@ -4,7 +4,7 @@
  * replies and document them in /openapi.json.
  */
 import os from 'node:os';
-import type { HostPort } from '../config.js';
+import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import type { SandboxRecord, SnapshotRecord } from '../sandbox/index.js';
 
@@ -22,9 +22,6 @@ export interface EgressInfo {
   readonly dns: HostPort;
   readonly enforcement: EnforcementMode;
 }
-
-const hostPort = (a: HostPort) =>
-  a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
 
 // The process runtime does not size sandboxes: they share the host, and say so.
 const HOST = {
@@ -72,8 +69,8 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
   lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
   egress: {
     address: r.sourceAddress,
-    proxyUrl: `http://${hostPort(egress.proxy)}`,
-    dns: hostPort(egress.dns),
+    proxyUrl: `http://${formatHostPort(egress.proxy)}`,
+    dns: formatHostPort(egress.dns),
     enforcement: egress.enforcement,
   },
 });

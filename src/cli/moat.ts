@@ -3,14 +3,14 @@ import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
-import type { HostPort, MoatConfig } from '../config.js';
+import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import { AddressPool, EnforcementTable } from '../enforce/index.js';
 import { MoatMetrics } from '../metrics/index.js';
 import { compileInternalDenyList, type InternalDenyList, type IPAddress } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
 import { ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
-import { SandboxService } from '../sandbox/index.js';
+import { type SandboxRecord, SandboxService } from '../sandbox/index.js';
 import { FileStore, type Store } from '../store/index.js';
 import { VERSION } from './version.js';
 
@@ -55,6 +55,27 @@ function ownListenerCheck(listeners: () => HostPort[]): (ip: IPAddress, port: nu
         (l.host === ip.text ||
           (UNSPECIFIED.has(l.host) && (local.has(ip.text) || ip.text.startsWith('127.')))),
     );
+}
+
+/**
+ * What every process of a sandbox finds in its environment: its create `envVars`, then the
+ * egress proxy with its credential (both spellings: curl reads only the lower-case http_proxy).
+ */
+function sandboxEnvironment(record: SandboxRecord, proxy: HostPort): Record<string, string> {
+  const url = `http://${record.sandboxID}:${record.egressSecret}@${formatHostPort(proxy)}`;
+  return {
+    NO_PROXY: 'localhost,127.0.0.1,::1',
+    no_proxy: 'localhost,127.0.0.1,::1',
+    ...record.envVars,
+    HTTP_PROXY: url,
+    HTTPS_PROXY: url,
+    ALL_PROXY: url,
+    http_proxy: url,
+    https_proxy: url,
+    all_proxy: url,
+    E2B_SANDBOX: 'true',
+    E2B_SANDBOX_ID: record.sandboxID,
+  };
 }
 
 /** Starts every part Moat runs, wired together as `moat serve` runs them. */
@@ -140,23 +161,6 @@ export async function startMoat(
       onSync: (seconds) => metrics.storeSyncDuration.observe(seconds),
     });
     undo.push(() => store.close());
-    const runtime = new ProcessRuntime(config.dataDir);
-    const sources = new AddressPool(config.sourcePool);
-    const sandboxes = new SandboxService({
-      store,
-      runtime,
-      table,
-      sources,
-      internal,
-      metrics,
-      logger,
-      maxPolicyEntries: config.maxPolicyEntries,
-      namespace: config.namespace,
-      now,
-    });
-    // Enforcement is restored before any listener takes traffic: nothing is served unguarded.
-    await sandboxes.start();
-    undo.push(() => sandboxes.stop());
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
     listening.dns = { ...config.dnsListen, port: await dns.start() };
     undo.push(() => dns.stop());
@@ -169,6 +173,26 @@ export async function startMoat(
       };
       undo.push(() => transparent.close());
     }
+    const runtime = new ProcessRuntime(config.dataDir);
+    undo.push(() => runtime.stop());
+    const sources = new AddressPool(config.sourcePool);
+    const sandboxes = new SandboxService({
+      store,
+      runtime,
+      table,
+      sources,
+      internal,
+      metrics,
+      logger,
+      maxPolicyEntries: config.maxPolicyEntries,
+      namespace: config.namespace,
+      now,
+      environment: (record) => sandboxEnvironment(record, listening.proxy),
+    });
+    // Listeners are up first (their ports go into sandbox environments); until start() has
+    // restored the stored sandboxes, the table is empty and every packet is refused.
+    await sandboxes.start();
+    undo.push(() => sandboxes.stop());
     const api = createPlatformApi({
       service: sandboxes,
       egress: {
@@ -203,6 +227,7 @@ export async function startMoat(
       async stop(drainMs = 0) {
         await api.close();
         await sandboxes.stop();
+        await runtime.stop();
         await proxy.close(drainMs);
         await transparent?.close();
         await dns.stop();

@@ -1,6 +1,7 @@
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { pino } from 'pino';
+import { formatHostPort } from '../config.js';
 import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
 import { type RunningMoat, startMoat } from './moat.js';
 
@@ -18,9 +19,6 @@ ${CONFIG_HELP}
   -h, --help
       this help`;
 
-const hostPort = (a: { host: string; port: number }) =>
-  a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
-
 export async function serve(args: string[], io: CliIO): Promise<number> {
   const { values } = parseArgs({
     args,
@@ -31,8 +29,8 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     return EXIT.ok;
   }
   const config = configFrom(values, io);
-  const own = hostPort(config.dnsListen);
-  if (config.dnsUpstream.some((s) => hostPort(s) === own)) {
+  const own = formatHostPort(config.dnsListen);
+  if (config.dnsUpstream.some((s) => formatHostPort(s) === own)) {
     throw new UsageError(
       `the DNS upstream list includes Moat's own DNS listener ${own}; name other resolvers with --dns-upstream`,
     );
@@ -47,15 +45,16 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     return EXIT.failed;
   }
   const { dns, proxy, transparent, api } = moat.listening;
-  const upstreams = config.dnsUpstream.map(hostPort).join(', ');
+  const upstreams = config.dnsUpstream.map(formatHostPort).join(', ');
   logger.info(
     {
-      dns: hostPort(dns),
-      proxy: hostPort(proxy),
-      transparent: transparent ? hostPort(transparent) : 'off',
-      api: hostPort(api),
+      dns: formatHostPort(dns),
+      proxy: formatHostPort(proxy),
+      transparent: transparent ? formatHostPort(transparent) : 'off',
+      api: formatHostPort(api),
       dataDir: config.dataDir,
       enforcement: moat.runtime.enforcement,
+      confinement: moat.runtime.confinementReason,
       apiKeys: moat.apiKeys.source,
       upstreams,
       internalDeny: config.internalDeny.length,
@@ -74,13 +73,14 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
       : `moat: API key          ${moat.apiKeys.generated} (generated; stored in ${moat.apiKeys.source}, shown only this once)`;
   io.stdout.write(
     [
-      `moat: platform API     http://${hostPort(api)} (X-API-Key; /health, /metrics, /openapi.json)`,
+      `moat: platform API     http://${formatHostPort(api)} (X-API-Key; /health, /metrics, /openapi.json)`,
       keyLine,
       `moat: data folder      ${path.resolve(config.dataDir)}`,
       `moat: enforcement      ${moat.runtime.enforcement} (${moat.runtime.enforcementReason})`,
-      `moat: DNS interceptor  ${hostPort(dns)} (udp, tcp), upstream ${upstreams}`,
-      `moat: egress proxy     ${hostPort(proxy)} (CONNECT, absolute-form HTTP)`,
-      `moat: transparent      ${transparent ? hostPort(transparent) : 'off'} (TLS SNI / HTTP Host)`,
+      `moat: processes        ${moat.runtime.confinementReason}`,
+      `moat: DNS interceptor  ${formatHostPort(dns)} (udp, tcp), upstream ${upstreams}`,
+      `moat: egress proxy     ${formatHostPort(proxy)} (CONNECT, absolute-form HTTP)`,
+      `moat: transparent      ${transparent ? formatHostPort(transparent) : 'off'} (TLS SNI / HTTP Host)`,
       '',
     ].join('\n'),
   );

@@ -8,7 +8,7 @@ import {
   parseNetworkConfig,
   type Policy,
 } from '../policy/index.js';
-import { BASE_TEMPLATE, type SandboxRuntime } from '../runtime/index.js';
+import { BASE_TEMPLATE, type SandboxEnvironment, type SandboxRuntime } from '../runtime/index.js';
 import { type Store, type StoreChange, StoreUnavailableError } from '../store/index.js';
 import { NAME_PART, newSandboxID, newSecret, randomName } from './ids.js';
 import { type Order, type Page, paginate } from './pages.js';
@@ -93,6 +93,8 @@ export interface SandboxServiceOptions {
   readonly namespace: string;
   /** Clock in milliseconds (tests pass a controllable one). */
   readonly now?: () => number;
+  /** The variables every process of the sandbox gets: its `envVars`, proxy settings... */
+  readonly environment: (record: SandboxRecord) => SandboxEnvironment;
 }
 
 /** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
@@ -133,6 +135,10 @@ export class SandboxService {
     const records = (await this.options.store.list(SANDBOXES)).map(([key, value]) =>
       readSandbox(value, key),
     );
+    // First clear what a previous run left (roots never recorded, processes that outlived it).
+    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)))) {
+      this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
+    }
     for (const record of records) {
       const address = parseIP(record.sourceAddress);
       if (!address.ok || !sources.reserve(address.value)) {
@@ -141,6 +147,7 @@ export class SandboxService {
         );
       }
       this.states.set(record.sandboxID, record.state);
+      await runtime.restore(record.sandboxID, this.options.environment(record));
       if (record.state === 'paused') continue;
       table.register(
         record.sandboxID,
@@ -148,9 +155,6 @@ export class SandboxService {
         this.restoredPolicy(record),
       );
       this.expiry.set(record.sandboxID, record.endAt);
-    }
-    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)))) {
-      this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
     }
     await this.expireDue();
   }
@@ -227,7 +231,9 @@ export class SandboxService {
     const id = record.sandboxID;
     try {
       // Under the template's key so that deleting the template cannot race the copy.
-      await this.queue.run(templateKey(template.id), () => runtime.create(id, template.id));
+      await this.queue.run(templateKey(template.id), () =>
+        runtime.create(id, template.id, this.options.environment(record)),
+      );
       await this.write([{ collection: SANDBOXES, key: id, value: asJson(record) }]);
     } catch (error) {
       sources.release(source);

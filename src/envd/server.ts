@@ -1,0 +1,213 @@
+/**
+ * The per-sandbox API (what the reference service's in-sandbox daemon serves on port 49983):
+ * Connect services `process.Process` and `filesystem.Filesystem`, and REST `/health`, `/envs`,
+ * `/files`, `/files/compose`. Routing to a sandbox happens before (the sandbox gateway); this
+ * answers one request for one known sandbox.
+ */
+import { timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Logger } from 'pino';
+import { DEFAULT_USER, type SandboxUser, USERS } from '../runtime/index.js';
+import {
+  ConnectError,
+  deadlineOf,
+  parseMessage,
+  parseStreamRequest,
+  readBody,
+  sendUnary,
+  sendUnaryError,
+  ServerStream,
+} from './connect.js';
+import type { CallContext, EnvdSandbox, Method } from './context.js';
+import { handleCompose, handleFiles } from './files.js';
+import { FILESYSTEM_METHODS } from './filesystem-service.js';
+import { PROCESS_METHODS } from './process-service.js';
+
+const SERVICES: Readonly<Record<string, Readonly<Record<string, Method>>>> = {
+  'process.Process': PROCESS_METHODS,
+  'filesystem.Filesystem': FILESYSTEM_METHODS,
+};
+
+/** Requests larger than this are refused (uploads go through /files, which streams). */
+const MAX_RPC_BODY = 4 << 20;
+
+/** The seed's sandbox error body: `{message, code, sandboxID}`. */
+export function sendSandboxError(
+  response: ServerResponse,
+  status: number,
+  message: string,
+  sandboxID: string,
+): void {
+  const body = JSON.stringify({ message, code: status, sandboxID });
+  response.writeHead(status, {
+    'Content-Type': 'application/json',
+    'Content-Length': Buffer.byteLength(body),
+  });
+  response.end(body);
+}
+
+const tokenMatches = (given: string, expected: string) => {
+  const a = Buffer.from(given);
+  const b = Buffer.from(expected);
+  return a.length === b.length && timingSafeEqual(a, b);
+};
+
+/** `Authorization: Basic base64("<user>:")` on RPCs, `username=` on /files; default `user`. */
+function userOf(request: IncomingMessage, url: URL): SandboxUser | undefined {
+  const auth = request.headers.authorization;
+  let name = url.searchParams.get('username') ?? undefined;
+  if (typeof auth === 'string' && auth.startsWith('Basic ')) {
+    const decoded = Buffer.from(auth.slice(6), 'base64').toString('utf8');
+    name = decoded.split(':')[0];
+  }
+  if (name === undefined || name === '') return DEFAULT_USER;
+  return USERS.get(name);
+}
+
+export class SandboxApi {
+  constructor(private readonly logger: Logger) {}
+
+  async handle(
+    request: IncomingMessage,
+    response: ServerResponse,
+    sandbox: EnvdSandbox,
+  ): Promise<void> {
+    const url = new URL(request.url ?? '/', 'http://sandbox');
+    const { sandboxID } = sandbox;
+    if (request.method === 'GET' && url.pathname === '/health') {
+      response.writeHead(204).end();
+      return;
+    }
+    if (sandbox.accessToken !== null && !this.authorized(request, url, sandbox.accessToken)) {
+      sendSandboxError(response, 401, 'missing or invalid X-Access-Token', sandboxID);
+      return;
+    }
+    const user = userOf(request, url);
+    if (user === undefined) {
+      sendSandboxError(
+        response,
+        401,
+        `unknown user; this sandbox has ${[...USERS.keys()].join(', ')}`,
+        sandboxID,
+      );
+      return;
+    }
+    const context: CallContext = {
+      sandbox,
+      user,
+      request,
+      response,
+      deadlineMs: deadlineOf(request),
+      keepaliveMs: keepaliveOf(request),
+      log: this.logger,
+    };
+    try {
+      if (url.pathname === '/envs' && request.method === 'GET') {
+        sendJson(response, 200, sandbox.envVars);
+      } else if (url.pathname === '/files') {
+        await handleFiles(context, url);
+      } else if (url.pathname === '/files/compose' && request.method === 'POST') {
+        await handleCompose(context);
+      } else {
+        await this.rpc(context, url.pathname);
+      }
+    } catch (error) {
+      this.fail(context, error);
+    }
+  }
+
+  /** X-Access-Token; `/files` may instead carry a signature (checked by the files handler). */
+  private authorized(request: IncomingMessage, url: URL, token: string): boolean {
+    const given = request.headers['x-access-token'];
+    if (typeof given === 'string' && tokenMatches(given, token)) return true;
+    return url.pathname === '/files' && url.searchParams.has('signature');
+  }
+
+  private async rpc(context: CallContext, pathname: string): Promise<void> {
+    const { request, response } = context;
+    const [, service, name] = pathname.split('/');
+    const method = service && name ? SERVICES[service]?.[name] : undefined;
+    if (request.method !== 'POST' || method === undefined) {
+      throw new ConnectError('unimplemented', `no such operation: ${request.method} ${pathname}`);
+    }
+    if (request.headers['connect-protocol-version'] !== '1') {
+      throw new ConnectError('invalid_argument', 'header Connect-Protocol-Version: 1 is required');
+    }
+    const contentType = String(request.headers['content-type'] ?? '');
+    if (method.kind === 'unary') {
+      if (!/^application\/json\b/.test(contentType)) {
+        throw new ConnectError(
+          'invalid_argument',
+          `unary calls take application/json, not ${contentType || 'no content type'}`,
+        );
+      }
+      const message = parseMessage(await readBody(request, MAX_RPC_BODY));
+      sendUnary(response, await method.run(message, context));
+      return;
+    }
+    if (!/^application\/connect\+json\b/.test(contentType)) {
+      throw new ConnectError(
+        'invalid_argument',
+        `streaming calls take application/connect+json, not ${contentType || 'no content type'}`,
+      );
+    }
+    if (method.kind === 'client-stream') {
+      const reply = await method.run(context);
+      const stream = new ServerStream(response);
+      stream.send(reply);
+      stream.end();
+      return;
+    }
+    const message = parseStreamRequest(await readBody(request, MAX_RPC_BODY), MAX_RPC_BODY);
+    const stream = new ServerStream(response);
+    try {
+      await method.run(message, context, stream);
+    } catch (error) {
+      // Errors on a stream travel in its end frame, with HTTP 200 (see connect.ts).
+      stream.end(asConnectError(error, context));
+    }
+  }
+
+  private fail(context: CallContext, error: unknown): void {
+    const { response, sandbox } = context;
+    if (response.headersSent) {
+      response.destroy();
+      return;
+    }
+    const connectError = asConnectError(error, context);
+    const streaming = /^application\/connect\+json\b/.test(
+      String(context.request.headers['content-type'] ?? ''),
+    );
+    if (streaming) {
+      const stream = new ServerStream(response);
+      stream.end(connectError);
+      return;
+    }
+    sendUnaryError(response, connectError, sandbox.sandboxID);
+  }
+}
+
+function asConnectError(error: unknown, context: CallContext): ConnectError {
+  if (error instanceof ConnectError) return error;
+  context.log.error(
+    { sandboxID: context.sandbox.sandboxID, err: error },
+    'sandbox API operation failed',
+  );
+  return new ConnectError('internal', (error as Error).message);
+}
+
+function keepaliveOf(request: IncomingMessage): number | undefined {
+  const header = request.headers['keepalive-ping-interval'];
+  if (typeof header !== 'string' || !/^[0-9]{1,6}$/.test(header) || header === '0')
+    return undefined;
+  return Number(header) * 1000;
+}
+
+export function sendJson(response: ServerResponse, status: number, value: unknown): void {
+  const body = JSON.stringify(value);
+  response.writeHead(status, {
+    'Content-Type': 'application/json',
+    'Content-Length': Buffer.byteLength(body),
+  });
+  response.end(body);
+}

@@ -259,6 +259,7 @@ async function startMoat(
   const dataDir = join(dir, 'data');
   const args = [
     ...['serve', '--data-dir', dataDir, '--api-listen', `${HOST}:0`],
+    ...['--sandbox-listen', `${HOST}:0`],
     ...['--dns-listen', `${HOST}:0`, '--proxy-listen', `${HOST}:0`],
     // No DNS query is made here; a loopback port where nothing listens keeps it that way.
     ...['--transparent-listen', 'off', '--dns-upstream', `${HOST}:9`],

@@ -47,6 +47,8 @@ export interface MoatConfig {
   /** Where per-sandbox source addresses come from (loopback in the process runtime). */
   readonly sourcePool: CIDR;
   readonly apiListen: HostPort;
+  /** The sandbox API and ingress: `{port}-{sandboxID}.<domain>` or E2b-Sandbox-* headers. */
+  readonly sandboxListen: HostPort;
   /** API keys from configuration; empty means the generated key in the data folder. */
   readonly apiKeys: readonly string[];
   readonly metricsRequireKey: boolean;
@@ -327,6 +329,15 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_API_LISTEN',
     default: '127.0.0.1:3000',
     help: 'where the platform API (sandboxes, network rules, snapshots, /metrics) listens',
+    parse: (text) => hostPort(text),
+  },
+  {
+    key: 'sandboxListen',
+    metavar: 'IP:PORT',
+    flag: 'sandbox-listen',
+    env: 'MOAT_SANDBOX_LISTEN',
+    default: '127.0.0.1:3001',
+    help: 'where the per-sandbox API (port 49983 of {port}-{sandboxID}.<domain>) and ingress to sandbox ports listen; point E2B_SANDBOX_URL here',
     parse: (text) => hostPort(text),
   },
   {

@@ -5,6 +5,7 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import {
+  type CreateRequest,
   DEFAULT_TIMEOUT,
   type Order,
   type Page,
@@ -168,17 +169,27 @@ function pageReply<T, V>(reply: FastifyReply, page: Page<T>, view: (item: T) => 
 const idOf = (request: FastifyRequest) => (request.params as { sandboxID: string }).sandboxID;
 
 export const ROUTES: readonly RouteSpec[] = [
-  ...['/sandboxes', '/v2/sandboxes'].map((url): RouteSpec => ({
+  // v2 (what the SDK uses) always secures the sandbox API: the SDK no longer sends `secure` and
+  // expects an envdAccessToken. The v1 path keeps the seed's default (not secure).
+  ...(
+    [
+      ['/sandboxes', false],
+      ['/v2/sandboxes', true],
+    ] as const
+  ).map(([url, secureByDefault]): RouteSpec => ({
     method: 'POST',
     url,
-    summary: 'Create a sandbox',
+    summary: secureByDefault
+      ? 'Create a sandbox (secure unless `secure: false`)'
+      : 'Create a sandbox (not secure unless `secure: true`)',
     auth: true,
     schema: {
       body: createBody,
       response: { 201: createdSchema, ...errors(400, 401, 404, 500, 503) },
     },
     handler: async (request, reply, { service }) => {
-      const record = await service.create(request.body as Parameters<SandboxService['create']>[0]);
+      const body = request.body as CreateRequest;
+      const record = await service.create({ ...body, secure: body.secure ?? secureByDefault });
       reply.code(201);
       return createdView(record);
     },

@@ -12,6 +12,7 @@ import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/
 import { ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
 import { type SandboxRecord, SandboxService } from '../sandbox/index.js';
 import { FileStore, type Store } from '../store/index.js';
+import { createSandboxGateway } from './gateway.js';
 import { VERSION } from './version.js';
 
 export interface RunningMoat {
@@ -37,6 +38,7 @@ interface Listening {
   proxy: HostPort;
   transparent: HostPort | undefined;
   api: HostPort;
+  sandbox: HostPort;
 }
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
@@ -123,6 +125,7 @@ export async function startMoat(
     proxy: config.proxyListen,
     transparent: config.transparentListen,
     api: config.apiListen,
+    sandbox: config.sandboxListen,
   };
   const tunnels = new TunnelRegistry(table);
   metrics.countTunnelsWith(() => tunnels.size);
@@ -133,6 +136,7 @@ export async function startMoat(
       listening.dns,
       listening.proxy,
       listening.api,
+      listening.sandbox,
       ...(listening.transparent ? [listening.transparent] : []),
     ]),
     onDial: (seconds) => metrics.proxyDialDuration.observe(seconds),
@@ -211,6 +215,18 @@ export async function startMoat(
       version: VERSION,
     });
     listening.api = await listenApi(api, config.apiListen);
+    undo.push(() => api.close());
+    const { gateway, ingress } = createSandboxGateway({
+      sandboxes,
+      runtime,
+      logger,
+      connectTimeoutMs: config.proxyConnectTimeoutMs,
+      idleTimeoutMs: config.proxyIdleTimeoutMs,
+    });
+    listening.sandbox = {
+      ...config.sandboxListen,
+      port: await gateway.listen(config.sandboxListen),
+    };
     return {
       config,
       table,
@@ -226,6 +242,8 @@ export async function startMoat(
       listening,
       async stop(drainMs = 0) {
         await api.close();
+        await gateway.close();
+        ingress.close();
         await sandboxes.stop();
         await runtime.stop();
         await proxy.close(drainMs);

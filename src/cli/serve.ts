@@ -44,7 +44,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     io.stderr.write(`moat serve: cannot start: ${(error as Error).message}\n`);
     return EXIT.failed;
   }
-  const { dns, proxy, transparent, api } = moat.listening;
+  const { dns, proxy, transparent, api, sandbox } = moat.listening;
   const upstreams = config.dnsUpstream.map(formatHostPort).join(', ');
   logger.info(
     {
@@ -52,6 +52,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
       proxy: formatHostPort(proxy),
       transparent: transparent ? formatHostPort(transparent) : 'off',
       api: formatHostPort(api),
+      sandbox: formatHostPort(sandbox),
       dataDir: config.dataDir,
       enforcement: moat.runtime.enforcement,
       confinement: moat.runtime.confinementReason,
@@ -75,6 +76,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     [
       `moat: platform API     http://${formatHostPort(api)} (X-API-Key; /health, /metrics, /openapi.json)`,
       keyLine,
+      `moat: sandbox API      http://${formatHostPort(sandbox)} (E2B_SANDBOX_URL; {port}-{sandboxID}.<domain> or E2b-Sandbox-Id/-Port)`,
       `moat: data folder      ${path.resolve(config.dataDir)}`,
       `moat: enforcement      ${moat.runtime.enforcement} (${moat.runtime.enforcementReason})`,
       `moat: processes        ${moat.runtime.confinementReason}`,

@@ -4,3 +4,4 @@
  */
 export type { EnvdSandbox } from './context.js';
 export { SandboxApi, sendSandboxError } from './server.js';
+export { signatureMatches } from './files.js';

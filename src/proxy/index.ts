@@ -6,3 +6,16 @@ export { Dialer, type DialerOptions } from './dial.js';
 export { EgressProxy, type ProxyListen, type ProxyOptions } from './egress.js';
 export { TransparentProxy } from './transparent.js';
 export { TunnelRegistry } from './tunnels.js';
+export {
+  type GatewaySandbox,
+  NOT_RUNNING,
+  SANDBOX_API_PORT,
+  SandboxGateway,
+  type SandboxGatewayOptions,
+} from './gateway.js';
+export {
+  IngressProxy,
+  type IngressOptions,
+  type IngressTarget,
+  TRAFFIC_TOKEN_HEADER,
+} from './ingress.js';

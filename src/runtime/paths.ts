@@ -1,15 +1,20 @@
 /**
  * Paths as a sandbox sees them (`/home/user/a.txt`, `a.txt` relative to the user's home) mapped
- * to host paths inside the sandbox's root, never outside it: `..` cannot climb above the
- * sandbox's `/`, and no symlink may lead out of the root. Every file operation of the sandbox API
- * goes through here.
+ * to host paths inside the sandbox's root, never outside it.
+ *
+ * Resolution happens in the sandbox's own view, as the kernel would inside its mount namespace:
+ * each component is looked at in turn, `..` stops at the sandbox's `/`, and a symlink is
+ * followed by reading its target and resolving that target *inside the sandbox* again (an
+ * absolute target starts over at the sandbox's `/`). The host path that comes out therefore has
+ * no symlink left in it (except, on request, the final component itself), so nothing can lead
+ * out of the root. Every file operation of the sandbox API goes through here.
  *
  * Known limit: the check and the use are two steps. A process inside the sandbox that swaps a
  * checked folder for a symlink between them could redirect one operation; Node has no
  * openat2(RESOLVE_IN_ROOT) to close that window. Final components are opened without following
  * symlinks where the operation allows it.
  */
-import { lstat, realpath } from 'node:fs/promises';
+import { lstat, readlink, realpath } from 'node:fs/promises';
 import path from 'node:path';
 import type { SandboxUser } from './confinement.js';
 
@@ -24,11 +29,14 @@ export class SandboxPathError extends Error {
 }
 
 export interface ResolvedPath {
-  /** The canonical path as the sandbox sees it (`/home/user/a.txt`). */
+  /** The canonical path as the sandbox sees it (`/home/user/a.txt`), symlinks resolved. */
   readonly view: string;
   /** The host path inside the sandbox root. */
   readonly host: string;
 }
+
+/** Symlinks followed in one resolution before giving up (Linux's own limit is 40). */
+const MAX_LINKS = 40;
 
 /** Lexically resolves `given` inside the sandbox's own `/` (no file system access). */
 export function sandboxView(given: string, user: SandboxUser): string {
@@ -39,13 +47,12 @@ export function sandboxView(given: string, user: SandboxUser): string {
   return path.posix.resolve(user.home, given === '' ? '.' : given);
 }
 
-const inside = (root: string, candidate: string) =>
-  candidate === root || candidate.startsWith(`${root}/`);
+const lstatOrUndefined = (file: string) => lstat(file).catch(() => undefined);
 
 /**
- * Maps a sandbox path to its host path and checks that the deepest part of it that exists
- * (followed through any symlinks) is inside the root. With `followFinal` false, a final
- * component that is itself a symlink is taken as the link (for lstat, remove, rename).
+ * Maps a sandbox path to its host path, following symlinks inside the sandbox's view. With
+ * `followFinal` false, a final component that is a symlink is taken as the link itself (for
+ * lstat, remove, rename).
  */
 export async function resolveInSandbox(
   root: string,
@@ -53,41 +60,33 @@ export async function resolveInSandbox(
   user: SandboxUser,
   options: { followFinal: boolean } = { followFinal: true },
 ): Promise<ResolvedPath> {
-  const view = sandboxView(given, user);
   const realRoot = await realpath(root);
-  const host = path.join(realRoot, view);
-  const checked = options.followFinal ? host : path.dirname(host);
-  // Walk up to the deepest existing ancestor; what does not exist yet cannot be a symlink.
-  let probe = checked;
-  for (;;) {
-    try {
-      const real = await realpath(probe);
-      if (!inside(realRoot, real)) {
-        throw new SandboxPathError(
-          'outside',
-          `path ${JSON.stringify(given)} leads outside the sandbox (through a symlink)`,
-        );
-      }
-      break;
-    } catch (error) {
-      if (error instanceof SandboxPathError) throw error;
-      const code = (error as NodeJS.ErrnoException).code;
-      if (code !== 'ENOENT' && code !== 'ENOTDIR') throw error;
-      // Present but unresolvable: a dangling symlink, which a write would follow anywhere.
-      if (
-        await lstat(probe).then(
-          () => true,
-          () => false,
-        )
-      ) {
-        throw new SandboxPathError(
-          'outside',
-          `path ${JSON.stringify(given)} goes through a symlink to nowhere inside the sandbox`,
-        );
-      }
-      if (probe === realRoot) break;
-      probe = path.dirname(probe);
+  let pending = sandboxView(given, user).split('/').filter(Boolean);
+  const done: string[] = [];
+  let links = 0;
+  while (pending.length > 0) {
+    const [name, ...rest] = pending as [string, ...string[]];
+    pending = rest;
+    if (name === '.') continue;
+    if (name === '..') {
+      done.pop();
+      continue;
     }
+    const host = path.join(realRoot, ...done, name);
+    const stats = await lstatOrUndefined(host);
+    const isFinal = pending.length === 0;
+    if (!stats?.isSymbolicLink() || (isFinal && !options.followFinal)) {
+      done.push(name);
+      continue;
+    }
+    if (++links > MAX_LINKS) {
+      throw new SandboxPathError('invalid', `path ${JSON.stringify(given)} has too many symlinks`);
+    }
+    const target = await readlink(host);
+    // The target is read as the sandbox would: absolute from its `/`, relative from the link.
+    if (target.startsWith('/')) done.length = 0;
+    pending = [...target.split('/').filter(Boolean), ...pending];
   }
-  return { view, host };
+  const view = `/${done.join('/')}`;
+  return { view, host: path.join(realRoot, ...done) };
 }

@@ -85,6 +85,7 @@ class MoatChild {
 function startMoat(listen: { api: number; dns: number }): MoatChild {
   const args = [
     ...['serve', '--data-dir', hostDir, '--api-listen', `127.0.0.1:${listen.api}`],
+    ...['--sandbox-listen', '127.0.0.1:0'],
     ...['--dns-listen', `127.0.0.1:${listen.dns}`, '--proxy-listen', '127.0.0.1:0'],
     ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
     ...['--api-keys', API_KEY, '--log-level', 'warn'],

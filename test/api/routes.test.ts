@@ -194,7 +194,10 @@ describe('create and detail', () => {
     for (const path of ['/sandboxes', '/v2/sandboxes']) {
       const body = { templateID: 'base', timeout: 300, mcp: null, volumeMounts: [] };
       const reply = await api.post(path, body);
-      expectCreated(reply, 201);
+      // v2 (the SDK's path) secures the sandbox API by default; v1 does not.
+      const secure = path === '/v2/sandboxes';
+      const envdAccessToken = secure ? expect.stringMatching(/^[A-Za-z0-9_-]{20,}$/) : null;
+      expectCreated(reply, 201, { envdAccessToken });
       const { sandboxID, envdVersion } = reply.body as Created;
       expect(await api.detail(sandboxID)).toEqual({
         templateID: 'base',
@@ -209,7 +212,7 @@ describe('create and detail', () => {
         metadata: {},
         state: 'running',
         envdVersion,
-        envdAccessToken: null,
+        envdAccessToken,
         allowInternetAccess: null,
         domain: null,
         network: { allowPublicTraffic: true, allowOut: [], denyOut: [], maskRequestHost: null },
@@ -243,19 +246,25 @@ describe('create and detail', () => {
 
   it('issues access tokens by secure and allowPublicTraffic', async () => {
     const token = expect.stringMatching(/^[A-Za-z0-9_-]{20,}$/);
-    const cases: Array<[object, Partial<Created>]> = [
-      [{ secure: true, network: { allowPublicTraffic: false } }, { trafficAccessToken: token }],
-      [{ secure: true }, { trafficAccessToken: null }],
-      [{ secure: false }, { envdAccessToken: null }],
+    const cases: Array<[string, object, Partial<Created>]> = [
+      [
+        '/v2/sandboxes',
+        { secure: true, network: { allowPublicTraffic: false } },
+        { trafficAccessToken: token },
+      ],
+      ['/v2/sandboxes', { network: { allowPublicTraffic: false } }, { trafficAccessToken: token }],
+      ['/v2/sandboxes', { secure: true }, {}],
+      ['/v2/sandboxes', {}, {}],
+      ['/v2/sandboxes', { secure: false }, { envdAccessToken: null }],
+      ['/sandboxes', {}, { envdAccessToken: null }],
     ];
-    for (const [body, tokens] of cases) {
-      const reply = await api.post('/v2/sandboxes', { templateID: 'base', ...body });
-      const secure = (body as { secure: boolean }).secure;
-      expectCreated(reply, 201, { envdAccessToken: secure ? token : null, ...tokens });
+    for (const [path, body, tokens] of cases) {
+      const reply = await api.post(path, { templateID: 'base', ...body });
+      expectCreated(reply, 201, { envdAccessToken: token, ...tokens });
       const { sandboxID, envdAccessToken } = reply.body as Created;
       expect((await api.detail(sandboxID)).envdAccessToken).toBe(envdAccessToken);
     }
-    const open = { templateID: 'base', network: { allowPublicTraffic: false } };
+    const open = { templateID: 'base', secure: false, network: { allowPublicTraffic: false } };
     const message = /allowPublicTraffic false requires secure/;
     expectError(await api.post('/v2/sandboxes', open), 400, message);
   });
@@ -514,7 +523,7 @@ describe('snapshots and templates', () => {
     expect(id).toBe('moat/epsilon:default');
     const users: string[] = [];
     for (const templateID of [id, 'epsilon', 'epsilon:default']) {
-      const reply = await api.post('/v2/sandboxes', { templateID, timeout: 300 });
+      const reply = await api.post('/v2/sandboxes', { templateID, timeout: 300, secure: false });
       expectCreated(reply, 201, { templateID: id, alias: 'epsilon' });
       users.push((reply.body as Created).sandboxID);
     }

@@ -88,7 +88,13 @@ export class ApiClient {
 
   /** Creates a base sandbox that outlives a test file (300 s unless the body says otherwise). */
   async sandbox(body: object = {}): Promise<Created> {
-    const reply = await this.post('/v2/sandboxes', { templateID: 'base', timeout: 300, ...body });
+    // Not secure unless asked: these tests are about the platform API, not envd tokens.
+    const reply = await this.post('/v2/sandboxes', {
+      templateID: 'base',
+      timeout: 300,
+      secure: false,
+      ...body,
+    });
     expect(reply.status, reply.text).toBe(201);
     return reply.body as Created;
   }

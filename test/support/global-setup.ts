@@ -1,7 +1,11 @@
 import { execFileSync } from 'node:child_process';
 
-/** Tests that run the real `moat` binary need dist/ built from the current sources. */
+/**
+ * Tests that run the real `moat` binary need dist/ built from the current sources; sandbox tests
+ * need bubblewrap where the machine allows installing it (they run unconfined otherwise).
+ */
 export default function setup(): void {
+  execFileSync(process.execPath, ['scripts/system-packages.mjs'], { stdio: 'inherit' });
   execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
     stdio: 'inherit',
   });

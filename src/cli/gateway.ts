@@ -1,0 +1,80 @@
+/**
+ * Wires the sandbox listener: the gateway (src/proxy) routes each request to the sandbox API
+ * (src/envd) or to ingress, and finds sandboxes through the lifecycle (src/sandbox) and the
+ * runtime (src/runtime).
+ */
+import type { Logger } from 'pino';
+import { type EnvdSandbox, SandboxApi, signatureMatches } from '../envd/index.js';
+import { type GatewaySandbox, IngressProxy, SandboxGateway } from '../proxy/index.js';
+import type { SandboxRuntime } from '../runtime/index.js';
+import { SANDBOX_ID, type SandboxService } from '../sandbox/index.js';
+
+interface HostedSandbox extends GatewaySandbox {
+  readonly envd: EnvdSandbox;
+}
+
+export interface GatewayParts {
+  readonly sandboxes: SandboxService;
+  readonly runtime: SandboxRuntime;
+  readonly logger: Logger;
+  readonly connectTimeoutMs: number;
+  readonly idleTimeoutMs: number;
+}
+
+export function createSandboxGateway(parts: GatewayParts): {
+  gateway: SandboxGateway<HostedSandbox>;
+  ingress: IngressProxy;
+} {
+  const { sandboxes, runtime, logger } = parts;
+  const api = new SandboxApi(logger);
+  const ingress = new IngressProxy({
+    logger,
+    connectTimeoutMs: parts.connectTimeoutMs,
+    idleTimeoutMs: parts.idleTimeoutMs,
+  });
+
+  const hosted = async (sandboxID: string): Promise<HostedSandbox | undefined> => {
+    if (!SANDBOX_ID.test(sandboxID)) return undefined;
+    let record = await sandboxes.get(sandboxID).catch(() => undefined);
+    // Traffic for a paused sandbox with autoResume resumes it; otherwise it is not running.
+    if (record?.state === 'paused' && record.autoResume) record = await sandboxes.wake(sandboxID);
+    const live = runtime.sandbox(sandboxID);
+    if (record === undefined || record.state !== 'running' || live === undefined) return undefined;
+    return {
+      sandboxID,
+      // The process runtime shares the host's network: a sandbox's ports are the host's.
+      address: '127.0.0.1',
+      trafficToken: record.trafficAccessToken,
+      maskRequestHost: record.network.maskRequestHost,
+      envd: {
+        sandboxID,
+        accessToken: record.envdAccessToken,
+        envVars: record.envVars,
+        runtime: live,
+      },
+    };
+  };
+
+  const gateway = new SandboxGateway<HostedSandbox>({
+    logger,
+    lookup: hosted,
+    // A signed URL names no sandbox: the secure sandbox whose token signed it is the one.
+    async bySignature(url) {
+      const page = await sandboxes.list({
+        states: ['running'],
+        metadata: {},
+        order: 'desc',
+        limit: Number.MAX_SAFE_INTEGER,
+      });
+      for (const record of page.items) {
+        if (record.envdAccessToken !== null && signatureMatches(url, record.envdAccessToken)) {
+          return hosted(record.sandboxID);
+        }
+      }
+      return undefined;
+    },
+    serveApi: (request, response, sandbox) => api.handle(request, response, sandbox.envd),
+    ingress,
+  });
+  return { gateway, ingress };
+}

@@ -1,0 +1,191 @@
+/**
+ * The sandbox listener: every request for a sandbox's own API or one of its ports arrives here.
+ * The sandbox and port come from the Host label `{port}-{sandboxID}.<domain>` or, when the Host
+ * is not such a name (one shared sandbox URL, as E2B_SANDBOX_URL gives), from the
+ * `E2b-Sandbox-Id` and `E2b-Sandbox-Port` headers that the SDK always sends. Port 49983 is the
+ * sandbox API; any other port is ingress to that port of the sandbox.
+ */
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { Logger } from 'pino';
+import type { IngressProxy, IngressTarget } from './ingress.js';
+
+export const SANDBOX_API_PORT = 49983;
+
+/** What the gateway must know of a sandbox to route to it. */
+export interface GatewaySandbox {
+  readonly sandboxID: string;
+  /** Where its ports are reached (the process runtime: 127.0.0.1). */
+  readonly address: string;
+  readonly trafficToken: string | null;
+  readonly maskRequestHost: string | null;
+}
+
+export interface SandboxGatewayOptions<S extends GatewaySandbox> {
+  readonly logger: Logger;
+  /** The sandbox if it is running here (a paused one with autoResume is resumed first). */
+  lookup(sandboxID: string): Promise<S | undefined>;
+  /** A secure sandbox whose signed /files URL this is (URLs that name no sandbox). */
+  bySignature(url: URL): Promise<S | undefined>;
+  /** Serves the sandbox API (port 49983). */
+  serveApi(request: IncomingMessage, response: ServerResponse, sandbox: S): Promise<void>;
+  readonly ingress: IngressProxy;
+}
+
+const HOST_LABEL = /^([0-9]{1,5})-([a-z0-9][a-z0-9-]*)\./;
+
+type Route =
+  | { readonly kind: 'sandbox'; readonly sandboxID: string; readonly port: number }
+  | { readonly kind: 'signed' }
+  | { readonly kind: 'bad'; readonly message: string };
+
+function routeOf(request: IncomingMessage, url: URL): Route {
+  const label = HOST_LABEL.exec((request.headers.host ?? '').toLowerCase());
+  if (label) return { kind: 'sandbox', port: Number(label[1]), sandboxID: label[2]! };
+  const id = request.headers['e2b-sandbox-id'];
+  const port = request.headers['e2b-sandbox-port'];
+  if (typeof id === 'string' && typeof port === 'string') {
+    if (!/^[0-9]{1,5}$/.test(port) || Number(port) > 65535) {
+      return {
+        kind: 'bad',
+        message: `E2b-Sandbox-Port must be a port number, not ${JSON.stringify(port)}`,
+      };
+    }
+    return { kind: 'sandbox', sandboxID: id, port: Number(port) };
+  }
+  if (
+    id === undefined &&
+    port === undefined &&
+    url.pathname === '/files' &&
+    url.searchParams.has('signature')
+  ) {
+    return { kind: 'signed' };
+  }
+  return {
+    kind: 'bad',
+    message:
+      'name the sandbox: Host {port}-{sandboxID}.<domain>, or both E2b-Sandbox-Id and E2b-Sandbox-Port headers',
+  };
+}
+
+function sendError(
+  response: ServerResponse,
+  status: number,
+  message: string,
+  sandboxID: string,
+): void {
+  const body = JSON.stringify({ message, code: status, sandboxID });
+  response.writeHead(status, {
+    'Content-Type': 'application/json',
+    'Content-Length': Buffer.byteLength(body),
+  });
+  response.end(body);
+}
+
+function refuseUpgrade(socket: Duplex, status: number, message: string, sandboxID: string): void {
+  const body = JSON.stringify({ message, code: status, sandboxID });
+  socket.end(
+    `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+  );
+}
+
+export const NOT_RUNNING = 'The sandbox was not found';
+
+export class SandboxGateway<S extends GatewaySandbox> {
+  readonly server: http.Server;
+
+  constructor(private readonly options: SandboxGatewayOptions<S>) {
+    this.server = http.createServer((request, response) => void this.onRequest(request, response));
+    this.server.on(
+      'upgrade',
+      (request: IncomingMessage, socket: Duplex, head: Buffer) =>
+        void this.onUpgrade(request, socket, head),
+    );
+    this.server.on('clientError', (_error, socket) => socket.destroy());
+  }
+
+  private async onRequest(request: IncomingMessage, response: ServerResponse): Promise<void> {
+    const url = new URL(request.url ?? '/', 'http://sandbox');
+    const route = routeOf(request, url);
+    try {
+      if (route.kind === 'bad') {
+        sendError(response, 400, route.message, '');
+        return;
+      }
+      const sandbox =
+        route.kind === 'signed'
+          ? await this.options.bySignature(url)
+          : await this.options.lookup(route.sandboxID);
+      if (sandbox === undefined) {
+        if (route.kind === 'signed')
+          sendError(response, 401, 'the signature matches no sandbox', '');
+        else sendError(response, 502, NOT_RUNNING, route.sandboxID);
+        return;
+      }
+      if (route.kind === 'signed' || route.port === SANDBOX_API_PORT) {
+        await this.options.serveApi(request, response, sandbox);
+        return;
+      }
+      this.options.ingress.request(request, response, this.target(sandbox, route.port));
+    } catch (error) {
+      this.options.logger.error(
+        { err: error, sandboxID: route.kind === 'sandbox' ? route.sandboxID : undefined },
+        'sandbox gateway request failed',
+      );
+      if (!response.headersSent)
+        sendError(response, 500, 'internal error', route.kind === 'sandbox' ? route.sandboxID : '');
+      else response.destroy();
+    }
+  }
+
+  private async onUpgrade(request: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+    socket.on('error', () => socket.destroy());
+    const route = routeOf(request, new URL(request.url ?? '/', 'http://sandbox'));
+    if (route.kind !== 'sandbox') {
+      refuseUpgrade(
+        socket,
+        400,
+        route.kind === 'bad' ? route.message : 'upgrades need a sandbox',
+        '',
+      );
+      return;
+    }
+    const sandbox = await this.options.lookup(route.sandboxID).catch(() => undefined);
+    if (sandbox === undefined) {
+      refuseUpgrade(socket, 502, NOT_RUNNING, route.sandboxID);
+      return;
+    }
+    if (route.port === SANDBOX_API_PORT) {
+      refuseUpgrade(socket, 400, 'the sandbox API takes no upgrades', route.sandboxID);
+      return;
+    }
+    this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));
+  }
+
+  private target(sandbox: S, port: number): IngressTarget {
+    return {
+      sandboxID: sandbox.sandboxID,
+      host: sandbox.address,
+      port,
+      trafficToken: sandbox.trafficToken,
+      maskRequestHost: sandbox.maskRequestHost,
+    };
+  }
+
+  async listen(at: { host: string; port: number }): Promise<number> {
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(at.port, at.host, () => {
+        this.server.off('error', reject);
+        resolve();
+      });
+    });
+    const address = this.server.address();
+    return typeof address === 'object' && address ? address.port : at.port;
+  }
+
+  close(): Promise<void> {
+    this.server.closeAllConnections();
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
+}

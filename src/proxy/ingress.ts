@@ -1,0 +1,417 @@
+/**
+ * Ingress: requests for `{port}-{sandboxID}.{domain}` (ports other than envd's 49983) proxied to
+ * that port of the sandbox. The sandbox gateway parses the address and looks the sandbox up;
+ * this checks the traffic token, rewrites the headers and carries the bytes.
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import http, {
+  type ClientRequest,
+  type IncomingHttpHeaders,
+  type IncomingMessage,
+  type OutgoingHttpHeaders,
+  type ServerResponse,
+  STATUS_CODES,
+} from 'node:http';
+import net from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import type { Logger } from 'pino';
+import { type Splice, splice } from './splice.js';
+
+export interface IngressTarget {
+  readonly sandboxID: string;
+  /** Address to dial for the sandbox's ports (the process runtime: 127.0.0.1). */
+  readonly host: string;
+  readonly port: number;
+  /** When set, header e2b-traffic-access-token must equal it (constant-time), else 403. */
+  readonly trafficToken: string | null;
+  /** e.g. "localhost:${PORT}": ${PORT} replaced by the target port; becomes the upstream Host. */
+  readonly maskRequestHost: string | null;
+}
+
+export interface IngressOptions {
+  readonly logger: Logger;
+  /** Time to get a connection to the sandbox's port (504 after it). */
+  readonly connectTimeoutMs: number;
+  /**
+   * Inactivity allowed on an upstream connection: before the response head it means the
+   * service does not answer (504), afterwards the exchange is torn down. Idle pooled
+   * keep-alive connections are closed after it too.
+   */
+  readonly idleTimeoutMs: number;
+}
+
+export const TRAFFIC_TOKEN_HEADER = 'e2b-traffic-access-token';
+
+/** Upstream connections per sandbox port (the Agent keys its pools by host:port). */
+const MAX_SOCKETS_PER_PORT = 256;
+const MAX_FREE_SOCKETS_PER_PORT = 64;
+
+/** The placeholder E2B defines in maskRequestHost (a plain string, not a template). */
+const PORT_PLACEHOLDER = '${PORT}';
+
+/** Headers that describe one hop (RFC 9110 7.6.1); Proxy-* are dropped by prefix. */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'te', 'trailer', 'transfer-encoding']);
+
+/**
+ * The end-to-end headers: without hop-by-hop ones, those the Connection header names, and
+ * Upgrade unless `keepUpgrade` (an upgrade request or 101 answer needs it).
+ */
+function endToEnd(headers: IncomingHttpHeaders, keepUpgrade: boolean): OutgoingHttpHeaders {
+  const named = new Set(
+    String(headers.connection ?? '')
+      .split(',')
+      .map((token) => token.trim().toLowerCase()),
+  );
+  if (keepUpgrade) named.delete('upgrade');
+  // No prototype: a header named like an Object member (`__proto__`) stays a header.
+  const out: OutgoingHttpHeaders = Object.create(null);
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined || HOP_BY_HOP.has(name) || named.has(name)) continue;
+    if (name.startsWith('proxy-') || (name === 'upgrade' && !keepUpgrade)) continue;
+    out[name] = value;
+  }
+  return out;
+}
+
+/** Hashing first makes the compare take the same time whatever the length of either side. */
+function tokenMatches(given: string | string[] | undefined, expected: string): boolean {
+  if (typeof given !== 'string') return false;
+  const digest = (text: string) => createHash('sha256').update(text).digest();
+  return timingSafeEqual(digest(given), digest(expected));
+}
+
+/** `::ffff:1.2.3.4` as `1.2.3.4`: what the sandbox's service expects to read. */
+function clientAddress(address: string | undefined): string | undefined {
+  return address?.startsWith('::ffff:') && net.isIPv4(address.slice(7))
+    ? address.slice(7)
+    : address;
+}
+
+/**
+ * The headers sent to the sandbox. X-Forwarded-For is appended to (Moat may sit behind a load
+ * balancer); X-Forwarded-Host and -Proto are Moat's own statements and replace the client's.
+ */
+function upstreamHeaders(
+  request: IncomingMessage,
+  target: IngressTarget,
+  upgrade: boolean,
+): OutgoingHttpHeaders {
+  const headers = endToEnd(request.headers, upgrade);
+  delete headers[TRAFFIC_TOKEN_HEADER];
+  delete headers['x-forwarded-host'];
+  const original = request.headers.host;
+  headers.host =
+    target.maskRequestHost?.replaceAll(PORT_PLACEHOLDER, String(target.port)) ??
+    original ??
+    `${target.host}:${target.port}`;
+  if (original !== undefined) headers['x-forwarded-host'] = original;
+  headers['x-forwarded-proto'] = (request.socket as TLSSocket).encrypted ? 'https' : 'http';
+  const client = clientAddress(request.socket.remoteAddress);
+  const prior = request.headers['x-forwarded-for'];
+  if (client !== undefined) headers['x-forwarded-for'] = prior ? `${prior}, ${client}` : client;
+  if (upgrade) headers.connection = 'Upgrade';
+  // The body was decoded on the way in; an unknown length goes on chunked (Node frames it).
+  else if (request.headers['transfer-encoding'] !== undefined) {
+    headers['transfer-encoding'] = 'chunked';
+    delete headers['content-length'];
+  }
+  return headers;
+}
+
+/** The seed's sandbox error body: `{message, code, sandboxID}`. */
+function errorBody(status: number, message: string, sandboxID: string) {
+  const body = JSON.stringify({ message, code: status, sandboxID });
+  return {
+    body,
+    headers: {
+      'Content-Type': 'application/json',
+      'Content-Length': String(Buffer.byteLength(body)),
+    },
+  };
+}
+
+function sendError(
+  response: ServerResponse,
+  status: number,
+  message: string,
+  sandboxID: string,
+): void {
+  if (response.headersSent) {
+    response.destroy();
+    return;
+  }
+  const { body, headers } = errorBody(status, message, sandboxID);
+  response.writeHead(status, headers).end(body);
+}
+
+/** A response head for a raw socket (upgrade requests have no ServerResponse). */
+function rawHead(status: number, reason: string, headers: [string, string][]): string {
+  const lines = headers.map(([name, value]) => `${name}: ${value}\r\n`).join('');
+  return `HTTP/1.1 ${status} ${reason}\r\n${lines}\r\n`;
+}
+
+/** The raw header pairs of an answer, in order and case, minus the hop-by-hop ones. */
+function rawEndToEnd(answer: IncomingMessage, keepUpgrade: boolean): [string, string][] {
+  const kept = endToEnd(answer.headers, keepUpgrade);
+  const pairs: [string, string][] = [];
+  for (let i = 0; i + 1 < answer.rawHeaders.length; i += 2) {
+    const name = answer.rawHeaders[i]!;
+    if (Object.hasOwn(kept, name.toLowerCase())) pairs.push([name, answer.rawHeaders[i + 1]!]);
+  }
+  return pairs;
+}
+
+/** Destroys the upstream request when a timer runs out; the phase then says which timer. */
+class UpstreamTimeout extends Error {
+  constructor() {
+    super('timeout');
+  }
+}
+
+type Phase = 'connecting' | 'waiting' | 'answered';
+
+/** How a failure before the response head is reported to the client. */
+function failure(
+  error: NodeJS.ErrnoException,
+  phase: Phase,
+  target: IngressTarget,
+  options: IngressOptions,
+): { status: 502 | 504; message: string } {
+  const where = `port ${target.port} of sandbox ${target.sandboxID}`;
+  if (error instanceof UpstreamTimeout)
+    return phase === 'connecting'
+      ? {
+          status: 504,
+          message: `${where} did not accept a connection within ${options.connectTimeoutMs} ms`,
+        }
+      : { status: 504, message: `${where} sent no response within ${options.idleTimeoutMs} ms` };
+  const code = error.code ?? error.message;
+  if (phase !== 'connecting')
+    return { status: 502, message: `${where} closed the connection without a response (${code})` };
+  return code === 'ECONNREFUSED'
+    ? { status: 502, message: `no service listening on ${where}` }
+    : { status: 502, message: `${where} is unreachable (${code})` };
+}
+
+/** What the caller of `dial` does when the upstream fails. */
+interface DialHandlers {
+  /** Before any answer: tell the client `status` and `message`. */
+  readonly refuse: (status: number, message: string) => void;
+  /** After the answer began: nothing can be said any more, tear the client side down. */
+  readonly broken: () => void;
+  /** True when the client went away first (its leaving is why the upstream failed). */
+  readonly gone: () => boolean;
+}
+
+export class IngressProxy {
+  private readonly agent: http.Agent;
+  /** Open upgraded connections: detached from every server, so `close` ends them. */
+  private readonly splices = new Set<Splice>();
+
+  constructor(private readonly options: IngressOptions) {
+    this.agent = new http.Agent({
+      keepAlive: true,
+      maxSockets: MAX_SOCKETS_PER_PORT,
+      maxFreeSockets: MAX_FREE_SOCKETS_PER_PORT,
+      // Applies to pooled sockets: the Agent destroys a free socket that idles this long.
+      timeout: options.idleTimeoutMs,
+      scheduling: 'lifo',
+    });
+  }
+
+  /** Proxies one HTTP request (bodies streamed both ways, with backpressure). */
+  request(request: IncomingMessage, response: ServerResponse, target: IngressTarget): void {
+    const log = this.logger(target);
+    if (!this.admitted(request, target, log))
+      return sendError(response, 403, this.forbidden(request, target), target.sandboxID);
+    let gone = false;
+    const upstream = this.dial(request, target, false, log, {
+      refuse: (status, message) => sendError(response, status, message, target.sandboxID),
+      broken: () => response.destroy(),
+      gone: () => gone,
+    });
+    if (upstream === undefined) return;
+    upstream.on('response', (answer) => {
+      answer.on('error', () => response.destroy());
+      answer.on('close', () => {
+        if (!answer.complete) response.destroy();
+      });
+      response.writeHead(
+        answer.statusCode ?? 502,
+        answer.statusMessage,
+        endToEnd(answer.headers, false),
+      );
+      answer.pipe(response);
+      answer.on('end', () =>
+        log.debug({ method: request.method, status: answer.statusCode }, 'ingress request'),
+      );
+    });
+    // Fires when the response is done or the client's connection went away (mid-body too).
+    response.on('close', () => {
+      if (response.writableFinished) return;
+      gone = true;
+      upstream.destroy();
+    });
+    request.on('error', () => upstream.destroy());
+    request.pipe(upstream);
+  }
+
+  /** Proxies an Upgrade request (WebSocket or other): checks as above, then splices raw bytes. */
+  upgrade(request: IncomingMessage, socket: Duplex, head: Buffer, target: IngressTarget): void {
+    const log = this.logger(target);
+    socket.on('error', () => socket.destroy());
+    if (!this.admitted(request, target, log))
+      return this.writeRawError(socket, 403, this.forbidden(request, target), target.sandboxID);
+    if (!(socket instanceof net.Socket)) {
+      // Node's servers always hand over a net.Socket (or a TLSSocket, which is one).
+      log.error('ingress upgrade on a stream that is not a socket');
+      socket.destroy();
+      return;
+    }
+    let joined = false;
+    const upstream = this.dial(request, target, true, log, {
+      refuse: (status, message) => this.writeRawError(socket, status, message, target.sandboxID),
+      broken: () => socket.destroy(),
+      gone: () => socket.destroyed,
+    });
+    if (upstream === undefined) return;
+    socket.on('close', () => {
+      if (!joined) upstream.destroy();
+    });
+    upstream.on('upgrade', (answer: IncomingMessage, upstreamSocket: net.Socket, rest: Buffer) => {
+      joined = true;
+      if (socket.destroyed) return upstreamSocket.destroy();
+      const status = answer.statusCode ?? 101;
+      // Connection is hop-by-hop, but a 101 must say it is an upgrade on this hop too.
+      const headers = [...rawEndToEnd(answer, true), ['Connection', 'Upgrade'] as [string, string]];
+      socket.write(rawHead(status, answer.statusMessage ?? '', headers));
+      if (rest.length > 0) socket.write(rest);
+      log.debug({ status, protocol: answer.headers.upgrade }, 'ingress upgrade');
+      const spliced = splice(socket, upstreamSocket, {
+        idleTimeoutMs: this.options.idleTimeoutMs,
+        onClose: (up, down) => {
+          this.splices.delete(spliced);
+          log.debug({ bytesUp: up, bytesDown: down }, 'ingress upgrade closed');
+        },
+      });
+      this.splices.add(spliced);
+      // Bytes the client sent after its request head belong to the upgraded protocol.
+      spliced.release(head);
+    });
+    // The service declined the upgrade: relay its answer, then close (the body ends with it).
+    upstream.on('response', (answer) => {
+      answer.on('error', () => socket.destroy());
+      answer.on('close', () => {
+        if (!answer.complete) socket.destroy();
+      });
+      const headers = rawEndToEnd(answer, false);
+      headers.push(['Connection', 'close']);
+      socket.write(rawHead(answer.statusCode ?? 502, answer.statusMessage ?? '', headers));
+      answer.pipe(socket);
+    });
+    upstream.end();
+  }
+
+  /** Closes upstream keep-alive connections and open upgraded connections (Moat stopping). */
+  close(): void {
+    this.agent.destroy();
+    for (const spliced of [...this.splices]) spliced.close();
+  }
+
+  private logger(target: IngressTarget): Logger {
+    return this.options.logger.child({ sandboxID: target.sandboxID, port: target.port });
+  }
+
+  /** The traffic token check. The token itself is never logged. */
+  private admitted(request: IncomingMessage, target: IngressTarget, log: Logger): boolean {
+    if (target.trafficToken === null) return true;
+    const given = request.headers[TRAFFIC_TOKEN_HEADER];
+    if (tokenMatches(given, target.trafficToken)) return true;
+    log.info(
+      { reason: given === undefined ? 'missing' : 'wrong' },
+      'ingress refused: traffic access token',
+    );
+    return false;
+  }
+
+  private forbidden(request: IncomingMessage, target: IngressTarget): string {
+    const what = request.headers[TRAFFIC_TOKEN_HEADER] === undefined ? 'missing' : 'invalid';
+    return `${what} traffic access token (header ${TRAFFIC_TOKEN_HEADER}) for sandbox ${target.sandboxID}`;
+  }
+
+  /**
+   * Starts the upstream request with the connect and idle timers, and reports a failure once,
+   * to `refuse` before the answer began or to `broken` after. Undefined when it cannot start.
+   */
+  private dial(
+    request: IncomingMessage,
+    target: IngressTarget,
+    upgrade: boolean,
+    log: Logger,
+    handlers: DialHandlers,
+  ): ClientRequest | undefined {
+    let upstream: ClientRequest;
+    try {
+      upstream = http.request({
+        // Upgraded connections are never given back to a pool.
+        agent: upgrade ? false : this.agent,
+        host: target.host,
+        port: target.port,
+        method: request.method,
+        path: request.url,
+        headers: upstreamHeaders(request, target, upgrade),
+        setHost: false,
+      });
+    } catch (error) {
+      // Node refuses header values it cannot send (say a maskRequestHost with a newline).
+      const message = `cannot forward to port ${target.port} of sandbox ${target.sandboxID}: ${(error as Error).message}`;
+      log.warn({ status: 502, reason: message }, 'ingress failed');
+      handlers.refuse(502, message);
+      return undefined;
+    }
+    let phase: Phase = 'connecting';
+    const timer = setTimeout(
+      () => upstream.destroy(new UpstreamTimeout()),
+      this.options.connectTimeoutMs,
+    );
+    upstream.on('socket', (socket: net.Socket) => {
+      const connected = () => {
+        if (phase === 'connecting') phase = 'waiting';
+        clearTimeout(timer);
+      };
+      if (socket.connecting) socket.once('connect', connected);
+      else connected();
+    });
+    // On the request, not the pooled socket: the request removes its listener when it ends.
+    upstream.setTimeout(this.options.idleTimeoutMs, () => upstream.destroy(new UpstreamTimeout()));
+    const answered = () => {
+      phase = 'answered';
+      clearTimeout(timer);
+    };
+    upstream.once('response', answered);
+    upstream.once('upgrade', answered);
+    upstream.on('error', (error: NodeJS.ErrnoException) => {
+      clearTimeout(timer);
+      if (handlers.gone()) return log.debug({ phase }, 'ingress client went away');
+      if (phase === 'answered') return handlers.broken();
+      const { status, message } = failure(error, phase, target, this.options);
+      log.warn({ status, reason: message }, 'ingress failed');
+      handlers.refuse(status, message);
+    });
+    return upstream;
+  }
+
+  /** An error on a raw socket: the whole response, then close once the client has read it. */
+  private writeRawError(socket: Duplex, status: number, message: string, sandboxID: string): void {
+    if (socket.destroyed) return;
+    const { body, headers } = errorBody(status, message, sandboxID);
+    const pairs: [string, string][] = [...Object.entries(headers), ['Connection', 'close']];
+    // Reading on lets the client's FIN arrive; the timer bounds a client that never sends one.
+    socket.resume();
+    socket.end(rawHead(status, STATUS_CODES[status] ?? '', pairs) + body);
+    const timer = setTimeout(() => socket.destroy(), this.options.idleTimeoutMs);
+    timer.unref();
+    socket.once('close', () => clearTimeout(timer));
+  }
+}

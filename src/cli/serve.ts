@@ -62,6 +62,12 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     },
     'moat started',
   );
+  if (!moat.runtime.confined) {
+    logger.warn(
+      { reason: moat.runtime.confinementReason },
+      'sandbox processes are not confined: they see and can write the host file system',
+    );
+  }
   if (moat.runtime.enforcement === 'proxy') {
     logger.warn(
       { reason: moat.runtime.enforcementReason },

@@ -37,6 +37,7 @@ export class ProcessRuntime implements SandboxRuntime {
   readonly enforcement: EnforcementMode = 'proxy';
   readonly enforcementReason =
     'sandboxes share the host network; egress is enforced for programs that use the injected proxy variables';
+  readonly confined: boolean;
   readonly confinementReason: string;
   private readonly confinement: Confinement;
   private readonly useFreezer: boolean;
@@ -53,6 +54,7 @@ export class ProcessRuntime implements SandboxRuntime {
     const bwrap =
       options.confine === false ? { ok: false, reason: 'switched off' } : bubblewrapWorks();
     this.confinement = bwrap.ok ? bubblewrap : unconfined;
+    this.confined = bwrap.ok;
     this.useFreezer = FreezerCgroup.available();
     this.confinementReason = [
       bwrap.ok ? bwrap.reason : `unconfined (${bwrap.reason}): processes see the host's files`,

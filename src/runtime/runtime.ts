@@ -14,6 +14,8 @@ export interface SandboxRuntime {
   readonly enforcement: EnforcementMode;
   /** Why that mode, for start-up output (e.g. why namespaces are unavailable). */
   readonly enforcementReason: string;
+  /** Processes run in their own namespaces, seeing only the sandbox's root as writable. */
+  readonly confined: boolean;
   /** How processes are confined, for start-up output. */
   readonly confinementReason: string;
   /** Makes the sandbox's root from a template (`base` or a snapshot's key). */

@@ -1,14 +1,16 @@
 #!/usr/bin/env node
 /**
  * Installs the Debian packages Moat uses when they are missing and this machine allows it
- * (root with apt-get): bubblewrap confines sandbox processes. Without them Moat still runs, with
- * weaker isolation, and says so at start-up; this script says why it did not install.
+ * (root with apt-get): bubblewrap confines sandbox processes, python3 runs the launcher that
+ * starts them. Without bubblewrap Moat runs with weaker isolation and says so at start-up;
+ * without python3 sandboxes cannot start processes. This script says why it did not install.
  * Run by `npm start` (prestart) and by the test suite's global set-up.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 
 const PACKAGES = [
+  { name: 'python3-minimal', provides: '/usr/bin/python3', for: 'the in-sandbox process launcher' },
   { name: 'bubblewrap', provides: '/usr/bin/bwrap', for: 'sandbox process confinement' },
 ];
 

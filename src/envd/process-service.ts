@@ -119,7 +119,10 @@ function follow(
       stream.send({ event: { data: { [kind]: bytes.toString('base64') } } });
     const timers: NodeJS.Timeout[] = [];
     let deadlinePassed = false;
+    let done = false;
     const finish = (end: ProcessEnd | undefined) => {
+      if (done) return;
+      done = true;
       process.off('data', onData);
       process.off('end', onEnd);
       for (const timer of timers) clearTimeout(timer);
@@ -156,6 +159,8 @@ function follow(
         }, context.deadlineMs),
       );
     }
+    // Replays what came before anyone listened; a process that ended long ago ends the stream.
+    process.release();
     if (process.ended) finish(process.ended);
   });
 }
@@ -199,7 +204,7 @@ const start: Method = {
     const cwd = await checkCwd(config.cwd, context);
     let started: SandboxProcess;
     try {
-      started = context.sandbox.runtime.processes.start({
+      started = await context.sandbox.runtime.processes.start({
         config: {
           cmd: config.cmd,
           args: args as string[],
@@ -328,7 +333,9 @@ const streamInput: Method = {
       const reader = new EnvelopeReader(1 << 20);
       let target: SandboxProcess | undefined;
       const fail = (error: unknown) => {
-        context.request.destroy();
+        // Stop reading but keep the connection: the error still has to be written back.
+        context.request.removeAllListeners('data');
+        context.request.resume();
         reject(error);
       };
       context.request.on('data', (chunk: Buffer) => {

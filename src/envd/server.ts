@@ -124,32 +124,40 @@ export class SandboxApi {
   }
 
   private async rpc(context: CallContext, pathname: string): Promise<void> {
-    const { request, response } = context;
+    const { request } = context;
     const [, service, name] = pathname.split('/');
     const method = service && name ? SERVICES[service]?.[name] : undefined;
     if (request.method !== 'POST' || method === undefined) {
       throw new ConnectError('unimplemented', `no such operation: ${request.method} ${pathname}`);
     }
+    // A request that does not speak the method's protocol gets a plain (unary) error.
     if (request.headers['connect-protocol-version'] !== '1') {
       throw new ConnectError('invalid_argument', 'header Connect-Protocol-Version: 1 is required');
     }
     const contentType = String(request.headers['content-type'] ?? '');
+    const expected = method.kind === 'unary' ? 'application/json' : 'application/connect+json';
+    if (contentType.split(';')[0]!.trim().toLowerCase() !== expected) {
+      throw new ConnectError(
+        'invalid_argument',
+        `${name} takes ${expected}, not ${contentType || 'no content type'}`,
+      );
+    }
+    try {
+      await this.call(context, method);
+    } catch (error) {
+      // A unary call's errors are a status and a JSON body; a stream's travel in its end frame
+      // with HTTP 200 (see connect.ts).
+      if (method.kind === 'unary') throw error;
+      this.endStream(context, error);
+    }
+  }
+
+  private async call(context: CallContext, method: Method): Promise<void> {
+    const { request, response } = context;
     if (method.kind === 'unary') {
-      if (!/^application\/json\b/.test(contentType)) {
-        throw new ConnectError(
-          'invalid_argument',
-          `unary calls take application/json, not ${contentType || 'no content type'}`,
-        );
-      }
       const message = parseMessage(await readBody(request, MAX_RPC_BODY));
       sendUnary(response, await method.run(message, context));
       return;
-    }
-    if (!/^application\/connect\+json\b/.test(contentType)) {
-      throw new ConnectError(
-        'invalid_argument',
-        `streaming calls take application/connect+json, not ${contentType || 'no content type'}`,
-      );
     }
     if (method.kind === 'client-stream') {
       const reply = await method.run(context);
@@ -163,9 +171,16 @@ export class SandboxApi {
     try {
       await method.run(message, context, stream);
     } catch (error) {
-      // Errors on a stream travel in its end frame, with HTTP 200 (see connect.ts).
       stream.end(asConnectError(error, context));
     }
+  }
+
+  private endStream(context: CallContext, error: unknown): void {
+    if (context.response.headersSent) {
+      context.response.destroy();
+      return;
+    }
+    new ServerStream(context.response).end(asConnectError(error, context));
   }
 
   private fail(context: CallContext, error: unknown): void {
@@ -174,16 +189,7 @@ export class SandboxApi {
       response.destroy();
       return;
     }
-    const connectError = asConnectError(error, context);
-    const streaming = /^application\/connect\+json\b/.test(
-      String(context.request.headers['content-type'] ?? ''),
-    );
-    if (streaming) {
-      const stream = new ServerStream(response);
-      stream.end(connectError);
-      return;
-    }
-    sendUnaryError(response, connectError, sandbox.sandboxID);
+    sendUnaryError(response, asConnectError(error, context), sandbox.sandboxID);
   }
 }
 

@@ -40,6 +40,8 @@ export interface Confinement {
   readonly kind: 'bubblewrap' | 'none';
   /** argv and env for child_process/node-pty, and the host folder to start in. */
   launch(spec: LaunchSpec): { argv: string[]; env: Record<string, string>; cwd: string };
+  /** Working folder and environment of a command as a launcher inside the sandbox sees them. */
+  place(spec: Omit<LaunchSpec, 'argv'>): { cwd: string; env: Record<string, string> };
 }
 
 /** bwrap exists and can make the namespaces it needs on this host. */
@@ -57,7 +59,7 @@ export function bubblewrapWorks(): { ok: boolean; reason: string } {
   }
 }
 
-const baseEnv = (spec: LaunchSpec, home: string): Record<string, string> => ({
+const baseEnv = (spec: Omit<LaunchSpec, 'argv'>, home: string): Record<string, string> => ({
   PATH,
   HOME: home,
   USER: spec.user.name,
@@ -93,6 +95,9 @@ export const bubblewrap: Confinement = {
       '--ro-bind',
       path.join(identity, 'group'),
       '/etc/group',
+      '--ro-bind',
+      path.join(identity, 'profile'),
+      '/etc/profile',
       '--proc',
       '/proc',
       '--dev',
@@ -110,6 +115,7 @@ export const bubblewrap: Confinement = {
       cwd: spec.root,
     };
   },
+  place: (spec) => ({ cwd: spec.cwd, env: baseEnv(spec, spec.user.home) }),
 };
 
 /** No namespaces: the process runs on the host, in the host folder behind `cwd`. */
@@ -123,10 +129,24 @@ export const unconfined: Confinement = {
       cwd: path.join(spec.root, spec.cwd),
     };
   },
+  place: (spec) => ({
+    cwd: path.join(spec.root, spec.cwd),
+    env: baseEnv(spec, path.join(spec.root, spec.user.home)),
+  }),
 };
 
-/** /etc/passwd and /etc/group as the sandbox sees them. */
-export function identityFiles(): { passwd: string; group: string } {
+/**
+ * The sandbox's /etc/profile: the SDK runs every command as a login shell (`bash -l -c`), and the
+ * host's profile forks `id -u` and sources the host's profile.d on each of them.
+ */
+const PROFILE = `# /etc/profile of a Moat sandbox
+PATH=${PATH}
+export PATH
+[ -n "\${BASH_VERSION-}" ] && [ -n "\${PS1-}" ] && [ -r /etc/bash.bashrc ] && . /etc/bash.bashrc
+`;
+
+/** /etc/passwd, /etc/group and /etc/profile as the sandbox sees them. */
+export function identityFiles(): { passwd: string; group: string; profile: string } {
   const users = [...USERS.values()];
   return {
     passwd: users
@@ -137,5 +157,6 @@ export function identityFiles(): { passwd: string; group: string } {
       .map((u) => `${u.name}:x:${u.uid}:`)
       .join('\n')
       .concat('\nnogroup:x:65534:\n'),
+    profile: PROFILE,
   };
 }

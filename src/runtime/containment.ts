@@ -15,6 +15,11 @@ import path from 'node:path';
 const FREEZER_ROOT = '/sys/fs/cgroup/freezer';
 
 export interface Containment {
+  /**
+   * Whether each command may lead its own process group. Without a cgroup, pause and kill reach
+   * commands only as members of their launcher's group, so they stay in it.
+   */
+  readonly ownGroups: boolean;
   /** The argv that starts `argv` inside the containment. */
   wrap(argv: readonly string[]): string[];
   /** A spawned process (its pid leads a process group). */
@@ -38,6 +43,7 @@ function signal(pid: number, sig: NodeJS.Signals): void {
 
 /** Signals process groups: the fallback when no freezer cgroup can be made. */
 export class ProcessGroups implements Containment {
+  readonly ownGroups = false;
   private readonly leaders = new Set<number>();
 
   wrap(argv: readonly string[]): string[] {
@@ -74,6 +80,7 @@ export class ProcessGroups implements Containment {
  * names one Moat (its data folder): several Moats on a host never touch each other's cgroups.
  */
 export class FreezerCgroup implements Containment {
+  readonly ownGroups = true;
   private constructor(readonly dir: string) {}
 
   /** Whether this host lets us make freezer cgroups (root with cgroup v1 mounted). */

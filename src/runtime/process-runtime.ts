@@ -90,11 +90,11 @@ export class ProcessRuntime implements SandboxRuntime {
 
   async restore(sandboxID: string, env: SandboxEnvironment): Promise<void> {
     const root = this.rootOf(sandboxID);
-    // What the sandbox sees as /etc/passwd and /etc/group: its own users, not the host's.
-    const identity = identityFiles();
+    // What the sandbox sees as /etc/passwd, /etc/group and /etc/profile: its own, not the host's.
     await mkdir(path.join(root, '.moat'), { recursive: true });
-    await writeFile(path.join(root, '.moat', 'passwd'), identity.passwd);
-    await writeFile(path.join(root, '.moat', 'group'), identity.group);
+    for (const [name, text] of Object.entries(identityFiles())) {
+      await writeFile(path.join(root, '.moat', name), text);
+    }
     const containment: Containment = this.useFreezer
       ? await FreezerCgroup.create(this.scope, sandboxID)
       : new ProcessGroups();

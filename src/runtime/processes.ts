@@ -2,12 +2,13 @@
  * The processes of one sandbox: started through its confinement and containment, with output
  * delivered as events to whoever is attached (the Start stream, Connect streams).
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { EventEmitter } from 'node:events';
 import os from 'node:os';
 import nodePty from 'node-pty';
 import type { Confinement, SandboxUser } from './confinement.js';
 import type { Containment } from './containment.js';
+import { Launcher, PYTHON } from './launcher.js';
+import { LAUNCHER_SOURCE } from './launcher-source.js';
 
 export interface ProcessConfig {
   readonly cmd: string;
@@ -60,74 +61,28 @@ function describeEnd(code: number | null, signal: NodeJS.Signals | null): Proces
   return { exitCode, exited: true, status, error: exitCode === 0 ? undefined : status };
 }
 
+/** How Moat reaches one process: through the sandbox's launcher, or a pseudo-terminal. */
+type ProcessIO =
+  | { readonly kind: 'launched'; readonly launcher: Launcher; id: number; stdinOpen: boolean }
+  | { readonly kind: 'pty'; readonly pty: nodePty.IPty };
+
 /** One running (or just ended) process of a sandbox. */
 export class SandboxProcess extends EventEmitter<ProcessEvents> {
-  private stdinOpen: boolean;
   private finished: ProcessEnd | undefined;
+  /**
+   * Events that came before anyone listened: output can arrive in the same read as the launcher's
+   * "started", before the caller has attached. `release()` replays them.
+   */
+  private held: Array<() => void> | undefined = [];
 
-  private constructor(
+  constructor(
+    /** Moat's number for it (what the sandbox API calls its pid). */
     readonly pid: number,
     readonly tag: string | undefined,
     readonly config: ProcessConfig,
-    private readonly io:
-      | { readonly kind: 'pipes'; readonly child: ChildProcess }
-      | { readonly kind: 'pty'; readonly pty: nodePty.IPty },
-    stdin: boolean,
+    private readonly io: ProcessIO,
   ) {
     super();
-    this.stdinOpen = stdin || io.kind === 'pty';
-  }
-
-  static start(
-    request: StartRequest,
-    launch: { argv: string[]; env: Record<string, string>; cwd: string },
-  ): SandboxProcess {
-    const [file, ...args] = launch.argv as [string, ...string[]];
-    if (request.pty) {
-      const pty = nodePty.spawn(file, args, {
-        cols: request.pty.cols,
-        rows: request.pty.rows,
-        cwd: launch.cwd,
-        env: launch.env,
-        encoding: null,
-        name: 'xterm-256color',
-      } as nodePty.IPtyForkOptions);
-      const process = new SandboxProcess(
-        pty.pid,
-        request.tag,
-        request.config,
-        { kind: 'pty', pty },
-        true,
-      );
-      pty.onData((data) => process.emit('data', 'pty', Buffer.from(data as unknown as Uint8Array)));
-      pty.onExit(({ exitCode, signal }) =>
-        process.finish(describeEnd(signal ? null : exitCode, signal ? signalName(signal) : null)),
-      );
-      return process;
-    }
-    const child = spawn(file, args, {
-      cwd: launch.cwd,
-      env: launch.env,
-      detached: true, // its own process group, so pause and kill reach its children
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    if (child.pid === undefined) {
-      throw new Error(`could not start ${request.config.cmd}`);
-    }
-    const process = new SandboxProcess(
-      child.pid,
-      request.tag,
-      request.config,
-      { kind: 'pipes', child },
-      request.stdin,
-    );
-    child.stdout!.on('data', (bytes: Buffer) => process.emit('data', 'stdout', bytes));
-    child.stderr!.on('data', (bytes: Buffer) => process.emit('data', 'stderr', bytes));
-    // A write after the process closed its stdin must not take Moat down.
-    child.stdin!.on('error', () => undefined);
-    if (!request.stdin) child.stdin!.end();
-    child.on('close', (code, signal) => process.finish(describeEnd(code, signal)));
-    return process;
   }
 
   get ended(): ProcessEnd | undefined {
@@ -141,14 +96,15 @@ export class SandboxProcess extends EventEmitter<ProcessEvents> {
       this.io.pty.write(bytes);
       return true;
     }
-    if (stream !== 'stdin' || !this.stdinOpen) return false;
-    this.io.child.stdin!.write(bytes);
+    if (stream !== 'stdin' || !this.io.stdinOpen) return false;
+    this.io.launcher.write(this.io.id, bytes);
     return true;
   }
 
   closeStdin(): void {
-    this.stdinOpen = false;
-    if (this.io.kind === 'pipes') this.io.child.stdin!.end();
+    if (this.io.kind !== 'launched' || !this.io.stdinOpen) return;
+    this.io.stdinOpen = false;
+    this.io.launcher.closeStdin(this.io.id);
   }
 
   resize(cols: number, rows: number): boolean {
@@ -157,20 +113,48 @@ export class SandboxProcess extends EventEmitter<ProcessEvents> {
     return true;
   }
 
-  /** Signals the whole process group. */
+  /** Signals the process and (where processes get their own group) its children. */
   signal(signal: 'SIGTERM' | 'SIGKILL'): void {
     if (this.finished) return;
-    try {
-      process.kill(-this.pid, signal);
-    } catch {
-      // Its group is gone already; the end event follows.
-    }
+    if (this.io.kind === 'launched') this.io.launcher.signal(this.io.id, signal);
+    else killGroup(this.io.pty.pid, signal);
   }
 
-  private finish(end: ProcessEnd): void {
+  /** Output of the process (held until released). */
+  output(stream: OutputStream, bytes: Buffer): void {
+    if (this.held) this.held.push(() => this.emit('data', stream, bytes));
+    else this.emit('data', stream, bytes);
+  }
+
+  finish(end: ProcessEnd): void {
     if (this.finished) return;
     this.finished = end;
-    this.emit('end', end);
+    for (const hook of this.endHooks) hook();
+    if (this.held) this.held.push(() => this.emit('end', end));
+    else this.emit('end', end);
+  }
+
+  private readonly endHooks: Array<() => void> = [];
+
+  /** Runs `hook` the moment the process ends, whether or not its events are held. */
+  whenEnded(hook: () => void): void {
+    if (this.finished) hook();
+    else this.endHooks.push(hook);
+  }
+
+  /** Called once the first listener is attached: from now on events flow as they come. */
+  release(): void {
+    const held = this.held;
+    this.held = undefined;
+    for (const replay of held ?? []) replay();
+  }
+}
+
+function killGroup(pid: number, signal: NodeJS.Signals = 'SIGKILL'): void {
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    // Nothing left in the group.
   }
 }
 
@@ -178,9 +162,15 @@ const signalName = (signal: number): NodeJS.Signals =>
   (Object.entries(os.constants.signals).find(([, n]) => n === signal)?.[0] ??
     'SIGKILL') as NodeJS.Signals;
 
-/** The processes of one sandbox. */
+/**
+ * The processes of one sandbox. Commands go through a launcher per user that runs inside the
+ * sandbox (started on first use, again if it died); terminals are started one by one through
+ * node-pty, as a pty must be made on this side.
+ */
 export class ProcessTable {
   private readonly running = new Map<number, SandboxProcess>();
+  private readonly launchers = new Map<string, Launcher>();
+  private nextPid = 1000;
 
   constructor(
     private readonly root: string,
@@ -189,21 +179,81 @@ export class ProcessTable {
     private readonly containment: Containment,
   ) {}
 
-  start(request: StartRequest): SandboxProcess {
-    const launch = this.confinement.launch({
+  async start(request: StartRequest): Promise<SandboxProcess> {
+    const spec = {
       root: this.root,
       user: request.user,
       cwd: request.config.cwd ?? request.user.home,
       env: { ...this.sandboxEnv(), ...request.config.envs },
-      argv: [request.config.cmd, ...request.config.args],
+    };
+    const argv = [request.config.cmd, ...request.config.args];
+    const pid = this.nextPid++;
+    const started = request.pty
+      ? this.startTerminal(pid, request, this.confinement.launch({ ...spec, argv }))
+      : await this.startCommand(pid, request, { argv, ...this.confinement.place(spec) });
+    this.running.set(pid, started);
+    started.whenEnded(() => this.running.delete(pid));
+    return started;
+  }
+
+  private launcherFor(user: SandboxUser): Launcher {
+    const current = this.launchers.get(user.name);
+    if (current?.alive) return current;
+    const launch = this.confinement.launch({
+      root: this.root,
+      user,
+      cwd: user.home,
+      env: {},
+      argv: [PYTHON, '-c', LAUNCHER_SOURCE],
     });
-    launch.argv = this.containment.wrap(launch.argv);
-    const started = SandboxProcess.start(request, launch);
-    this.running.set(started.pid, started);
-    this.containment.track(started.pid);
-    started.once('end', () => {
-      this.running.delete(started.pid);
-      this.containment.untrack(started.pid);
+    const launcher = Launcher.spawn({ ...launch, argv: this.containment.wrap(launch.argv) });
+    if (launcher.pid !== undefined) this.containment.track(launcher.pid);
+    this.launchers.set(user.name, launcher);
+    return launcher;
+  }
+
+  private async startCommand(
+    pid: number,
+    request: StartRequest,
+    placed: { argv: string[]; cwd: string; env: Record<string, string> },
+  ): Promise<SandboxProcess> {
+    const launcher = this.launcherFor(request.user);
+    const io = { kind: 'launched' as const, launcher, id: 0, stdinOpen: request.stdin };
+    const started = new SandboxProcess(pid, request.tag, request.config, io);
+    io.id = await launcher.start(
+      { ...placed, stdin: request.stdin, group: this.containment.ownGroups },
+      {
+        output: (fd, bytes) => started.output(fd === 1 ? 'stdout' : 'stderr', bytes),
+        exit: (code, signal) =>
+          started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
+      },
+    );
+    return started;
+  }
+
+  private startTerminal(
+    pid: number,
+    request: StartRequest,
+    launch: { argv: string[]; env: Record<string, string>; cwd: string },
+  ): SandboxProcess {
+    const [file, ...args] = this.containment.wrap(launch.argv) as [string, ...string[]];
+    const pty = nodePty.spawn(file, args, {
+      cols: request.pty!.cols,
+      rows: request.pty!.rows,
+      cwd: launch.cwd,
+      env: launch.env,
+      encoding: null,
+      name: 'xterm-256color',
+    } as nodePty.IPtyForkOptions);
+    const started = new SandboxProcess(pid, request.tag, request.config, { kind: 'pty', pty });
+    this.containment.track(pty.pid);
+    pty.onData((data) => started.output('pty', Buffer.from(data as unknown as Uint8Array)));
+    pty.onExit(({ exitCode, signal }) => {
+      this.containment.untrack(pty.pid);
+      // A leader killed by a signal may leave its group behind (bwrap's inner half, signalled
+      // while still setting up, ignores SIGTERM as its namespace's pid 1): end the rest too.
+      if (signal) killGroup(pty.pid);
+      started.finish(describeEnd(signal ? null : exitCode, signal ? signalName(signal) : null));
     });
     return started;
   }
@@ -228,7 +278,8 @@ export class ProcessTable {
     return this.containment.resume();
   }
 
-  killAll(): Promise<void> {
-    return this.containment.killAll();
+  async killAll(): Promise<void> {
+    for (const launcher of this.launchers.values()) launcher.stop();
+    await this.containment.killAll();
   }
 }

@@ -1,0 +1,553 @@
+/**
+ * `npm run bench:sandbox`: sandboxes and commands through the real `e2b` SDK. `moat serve` runs
+ * as a child process (the built CLI, a scratch data folder, loopback ports, pino at warn) and
+ * this script is the client, configured only by E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and
+ * E2B_DOMAIN, as a user would. Over 100 sandboxes, one after another:
+ *
+ * - create to first command: from calling Sandbox.create() to the end of
+ *   `await sbx.commands.run('true')`, and its split into the create and the first command;
+ * - commands.run('true') round trips on the existing sandbox (10 per sandbox);
+ * - the same round trip split at the start event (`background: true`, then `wait()`): request
+ *   to "process started", and from there to its end;
+ * - sbx.kill();
+ * - CPU that Moat and this process (the SDK client) spend per commands.run.
+ *
+ * Peers, measured in the same run and interleaved with the sandboxes (after each sandbox, 10
+ * starts of each in turn), every one spawned the way Moat spawns a command (own process group,
+ * stdio pipes, stdin closed; timed from spawn() to 'close'):
+ *
+ * - bash: `/bin/bash -l -c true` directly (Moat's unconfined launch, HOME an empty folder): the
+ *   floor of starting the command at all;
+ * - bwrap: the same inside bubblewrap with exactly the arguments Moat uses (its own launch
+ *   function in src/runtime/confinement.ts, on a sandbox-like root folder), when bwrap works;
+ * - "+ cgroup" variants of both: wrapped as Moat wraps what it starts to join a freezer cgroup
+ *   (src/runtime/containment.ts), when this host lets us make one. bwrap + cgroup is what Moat
+ *   pays once per sandbox and user, for its launcher; each command is then a fork and exec
+ *   inside, so plain bash is the floor a command is compared with.
+ *
+ * Targets (issue): create to first command p50 under 100 ms; commands.run p50 under 10 ms.
+ *
+ * Everything is on loopback; no DNS query is made (the DNS upstream names a loopback port
+ * where nothing listens). Counts are fixed, every SDK call and every spawn has a time limit,
+ * the whole run has one (TIMEOUT_MS), and the children are stopped on exit, error, SIGINT and
+ * SIGTERM, and when this process dies. Options: --keep (keep the scratch folder), --strict
+ * (exit 1 when a target fails), --profile (run Moat under node --cpu-prof and summarise it).
+ */
+import { type ChildProcess, spawn, type SpawnOptions } from 'node:child_process';
+import { closeSync, existsSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { cpus } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Sandbox } from 'e2b';
+import {
+  bubblewrap,
+  bubblewrapWorks,
+  type Confinement,
+  DEFAULT_USER,
+  identityFiles,
+  unconfined,
+  USERS,
+} from '../src/runtime/confinement.js';
+import { FreezerCgroup } from '../src/runtime/containment.js';
+import {
+  commandPid,
+  cpuSeconds,
+  machineBusy,
+  runInScratchFolder,
+  sleep,
+  spawnBounded,
+  stopChildren,
+  track,
+} from './lib/procs.js';
+import { summariseProfile } from './lib/profile.js';
+import { formatBytes, formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
+import { nowNs } from './lib/timing.js';
+
+const HOST = '127.0.0.1';
+const API_KEY = 'bench-sandbox-api-key-0123456789';
+const DOMAIN = 'moat.bench.test';
+const SANDBOXES = 100;
+/** Sandboxes that go through the whole procedure before measuring (JIT, connections, caches). */
+const WARMUP = 5;
+const RUNS_PER_SANDBOX = 10;
+/** Extra round trips per sandbox split at the start event. */
+const SPLIT_RUNS_PER_SANDBOX = 3;
+/** Starts of each peer after each sandbox (so each peer gets as many as commands.run). */
+const PEER_RUNS_PER_SANDBOX = RUNS_PER_SANDBOX;
+/** Sandbox lifetime on Moat; each is killed long before. */
+const SANDBOX_TIMEOUT_MS = 120_000;
+const REQUEST_TIMEOUT_MS = 10_000;
+const SPAWN_TIMEOUT_MS = 10_000;
+const TIMEOUT_MS = 300_000;
+const TARGETS = { createToFirstP50Ms: 100, runP50Ms: 10 };
+const MOAT_CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
+/** What the SDK runs for commands.run(cmd): `/bin/bash -l -c <cmd>`. */
+const COMMAND = ['/bin/bash', '-l', '-c', 'true'];
+
+/** Limits for every SDK call: none may hang the run. */
+const CALL = { requestTimeoutMs: REQUEST_TIMEOUT_MS, timeoutMs: REQUEST_TIMEOUT_MS };
+
+// ---------------------------------------------------------------------------------------------
+// Moat as a child process
+
+interface StartedMoat {
+  readonly child: ChildProcess;
+  readonly pid: number;
+  readonly apiPort: number;
+  readonly sandboxPort: number;
+  /** Its start-up line "moat: processes ...", without the prefix. */
+  readonly processes: string;
+}
+
+async function startMoat(
+  dir: string,
+  lifetimeSeconds: number,
+  profileDir: string | undefined,
+): Promise<StartedMoat> {
+  const args = [
+    ...['serve', '--data-dir', join(dir, 'data'), '--api-listen', `${HOST}:0`],
+    ...['--sandbox-listen', `${HOST}:0`],
+    ...['--dns-listen', `${HOST}:0`, '--proxy-listen', `${HOST}:0`],
+    // No DNS query is made here; a loopback port where nothing listens keeps it that way.
+    ...['--transparent-listen', 'off', '--dns-upstream', `${HOST}:9`],
+    ...['--api-keys', API_KEY, '--log-level', 'warn'],
+  ];
+  const profiling = profileDir ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : [];
+  const log = openSync(join(dir, 'moat.log'), 'a');
+  const child = spawnBounded(lifetimeSeconds, [process.execPath, ...profiling, MOAT_CLI, ...args], {
+    stdio: ['ignore', 'pipe', log],
+    env: { PATH: process.env.PATH ?? '' },
+  });
+  closeSync(log);
+  let output = '';
+  child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
+    output += chunk;
+  });
+  const line = (label: string) => new RegExp(`^moat: ${label}\\s+(.*)$`, 'm').exec(output)?.[1];
+  const portOf = (label: string) => /^http:\/\/127\.0\.0\.1:(\d+)/.exec(line(label) ?? '')?.[1];
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const apiPort = portOf('platform API');
+    const sandboxPort = portOf('sandbox API');
+    const processes = line('processes');
+    const pid = commandPid(child.pid!);
+    if (apiPort && sandboxPort && processes && pid !== undefined) {
+      const health = await fetch(`http://${HOST}:${apiPort}/health`, {
+        signal: AbortSignal.timeout(2000),
+      }).catch(() => undefined);
+      if (health?.status === 200) {
+        return {
+          child,
+          pid,
+          apiPort: Number(apiPort),
+          sandboxPort: Number(sandboxPort),
+          processes,
+        };
+      }
+    }
+    if (child.exitCode !== null || Date.now() > deadline) {
+      throw new Error(`moat serve did not start; its output:\n${output}`);
+    }
+    await sleep(50);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peers: starting the same command without Moat
+
+interface Peer {
+  readonly label: string;
+  readonly argv: string[];
+  readonly options: SpawnOptions;
+}
+
+/** Spawns as Moat does (src/runtime/processes.ts) and resolves with ms from spawn to 'close'. */
+function timeSpawn(peer: Peer): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const started = nowNs();
+    const child = track(spawn(peer.argv[0]!, peer.argv.slice(1), peer.options));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`${peer.label}: no exit within ${SPAWN_TIMEOUT_MS} ms`));
+    }, SPAWN_TIMEOUT_MS);
+    let stderr = '';
+    child.stderr?.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+    child.stdout?.resume();
+    child.stdin?.end();
+    child.once('error', (error) => {
+      clearTimeout(timer);
+      reject(error);
+    });
+    child.once('close', (code, signal) => {
+      clearTimeout(timer);
+      const ms = Number(nowNs() - started) / 1e6;
+      if (code === 0) resolve(ms);
+      else reject(new Error(`${peer.label}: exit ${code ?? signal}; stderr: ${stderr.trim()}`));
+    });
+  });
+}
+
+/** What Moat passes to spawn(): its own process group, stdio pipes. */
+const spawnOptions = (cwd: string, env: Record<string, string>): SpawnOptions => ({
+  cwd,
+  env,
+  detached: true,
+  stdio: ['pipe', 'pipe', 'pipe'],
+});
+
+/**
+ * A folder laid out like a sandbox root of the base template (each user's home, /tmp, the
+ * identity files Moat binds over /etc/passwd, /etc/group and /etc/profile), for the peers.
+ */
+async function sandboxLikeRoot(dir: string): Promise<string> {
+  const root = join(dir, 'peer-root');
+  for (const user of USERS.values()) await mkdir(join(root, user.home), { recursive: true });
+  await mkdir(join(root, 'tmp'), { recursive: true });
+  await mkdir(join(root, '.moat'), { recursive: true });
+  for (const [name, text] of Object.entries(identityFiles())) {
+    await writeFile(join(root, '.moat', name), text);
+  }
+  return root;
+}
+
+/**
+ * The peers: the command unconfined (Moat's fallback launch: HOME an empty folder, as in a
+ * sandbox, so that no host dotfiles are read) and, where bwrap works, inside bubblewrap (Moat's
+ * launch); each also wrapped to join a freezer cgroup as Moat does, where one can be made.
+ */
+async function peers(
+  dir: string,
+): Promise<{ list: Peer[]; notes: string[]; close: () => Promise<void> }> {
+  const spec = {
+    root: await sandboxLikeRoot(dir),
+    user: DEFAULT_USER,
+    cwd: DEFAULT_USER.home,
+    env: {},
+    argv: COMMAND,
+  };
+  const notes: string[] = [];
+  const confinements: Array<[string, Confinement]> = [['bash', unconfined]];
+  const works = bubblewrapWorks();
+  if (works.ok) confinements.push(['bwrap', bubblewrap]);
+  else notes.push(`the bwrap peers are left out: ${works.reason}`);
+  // A scope of its own, so that Moat's cgroups and this one never meet.
+  const scope = `bench-sandbox-${process.pid}`;
+  const cgroup = FreezerCgroup.available() ? await FreezerCgroup.create(scope, 'peers') : undefined;
+  if (!cgroup) notes.push('no writable freezer cgroup here: the "+ cgroup" peers are left out');
+  const list: Peer[] = [];
+  for (const [label, confinement] of confinements) {
+    const launch = confinement.launch(spec);
+    const options = spawnOptions(launch.cwd, launch.env);
+    list.push({ label, argv: launch.argv, options });
+    if (cgroup) list.push({ label: `${label} + cgroup`, argv: cgroup.wrap(launch.argv), options });
+  }
+  const close = async () => {
+    if (!cgroup) return;
+    await cgroup.killAll();
+    await FreezerCgroup.release(scope);
+  };
+  return { list, notes, close };
+}
+
+const PEER_TEXT: Readonly<Record<string, string>> = {
+  bash:
+    `\`${COMMAND.join(' ')}\` directly, launched as Moat launches it unconfined (HOME and cwd ` +
+    'the empty /home/user of a folder laid out like a sandbox root; with HOME=/root the ' +
+    "host's own dotfiles would be read)",
+  'bash + cgroup':
+    'that, wrapped as Moat wraps every command to join a freezer cgroup first ' +
+    '(`sh -c \'echo $$ > cgroup.procs && exec "$@"\'`)',
+  bwrap:
+    'the command inside bubblewrap with the arguments Moat uses (its launch function, user ' +
+    '`user`, cwd /home/user, on that folder)',
+  'bwrap + cgroup':
+    "that, wrapped to join a freezer cgroup: what starting Moat's launcher costs, once per sandbox and user",
+};
+
+// ---------------------------------------------------------------------------------------------
+// The run
+
+const percentile = (values: readonly number[], q: number): number => {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!;
+};
+const ms = (value: number) => `${formatMs(value)} ms`;
+const sinceMs = (t0: bigint) => Number(nowNs() - t0) / 1e6;
+
+interface Samples {
+  createToFirst: number[];
+  create: number[];
+  first: number[];
+  run: number[];
+  /** commands.run split at the start event: request to pid, pid to end. */
+  toStart: number[];
+  startToEnd: number[];
+  kill: number[];
+  peers: Map<string, number[]>;
+  /** CPU seconds over the measured commands.run blocks: Moat's, and this process's. */
+  cpu: { moat: number; client: number; runs: number };
+}
+
+/** One sandbox through the whole procedure; adds its figures to `into` when given. */
+async function oneSandbox(moatPid: number, into: Samples | undefined): Promise<void> {
+  const t0 = nowNs();
+  const sbx = await Sandbox.create({
+    timeoutMs: SANDBOX_TIMEOUT_MS,
+    requestTimeoutMs: REQUEST_TIMEOUT_MS,
+  });
+  const created = sinceMs(t0);
+  try {
+    await sbx.commands.run('true', CALL);
+    const total = sinceMs(t0);
+    into?.createToFirst.push(total);
+    into?.create.push(created);
+    into?.first.push(total - created);
+
+    const moatCpu = cpuSeconds(moatPid);
+    const clientCpu = process.cpuUsage();
+    for (let i = 0; i < RUNS_PER_SANDBOX; i++) {
+      const r0 = nowNs();
+      await sbx.commands.run('true', CALL);
+      into?.run.push(sinceMs(r0));
+    }
+    if (into) {
+      const client = process.cpuUsage(clientCpu);
+      into.cpu.moat += cpuSeconds(moatPid) - moatCpu;
+      into.cpu.client += (client.user + client.system) / 1e6;
+      into.cpu.runs += RUNS_PER_SANDBOX;
+    }
+
+    for (let i = 0; i < SPLIT_RUNS_PER_SANDBOX; i++) {
+      const r0 = nowNs();
+      const handle = await sbx.commands.run('true', { ...CALL, background: true });
+      const started = sinceMs(r0);
+      const result = await handle.wait();
+      if (result.exitCode !== 0) throw new Error(`true exited with ${result.exitCode}`);
+      into?.toStart.push(started);
+      into?.startToEnd.push(sinceMs(r0) - started);
+    }
+  } finally {
+    const k0 = nowNs();
+    await sbx.kill(CALL);
+    into?.kill.push(sinceMs(k0));
+  }
+}
+
+/** Each peer in turn, `count` times (interleaved, so interference hits them alike). */
+async function runPeers(list: readonly Peer[], count: number, into?: Samples): Promise<void> {
+  for (let i = 0; i < count; i++) {
+    for (const peer of list) {
+      const spent = await timeSpawn(peer);
+      if (into) {
+        const samples = into.peers.get(peer.label) ?? [];
+        samples.push(spent);
+        into.peers.set(peer.label, samples);
+      }
+    }
+  }
+}
+
+async function run(dir: string, strict: boolean, profile: boolean): Promise<void> {
+  const lifetime = TIMEOUT_MS / 1000 + 30;
+  const busy = await machineBusy(500);
+  console.log('# Sandbox benchmark: create and commands.run through the e2b SDK\n');
+  console.log(
+    `Machine: ${cpus().length} x ${cpus()[0]?.model.trim() ?? '?'}, Node ${process.version}. ` +
+      `Scratch folder ${dir}.`,
+  );
+  if (busy > 0.15) {
+    console.log(
+      `WARNING: the machine was ${Math.round(busy * 100)}% busy before the run (other ` +
+        'processes); expect noisy numbers.',
+    );
+  }
+
+  const profileDir = profile ? join(dir, 'profile') : undefined;
+  const moat = await startMoat(dir, lifetime, profileDir);
+  Object.assign(process.env, {
+    E2B_API_URL: `http://${HOST}:${moat.apiPort}`,
+    E2B_SANDBOX_URL: `http://${HOST}:${moat.sandboxPort}`,
+    E2B_API_KEY: API_KEY,
+    E2B_DOMAIN: DOMAIN,
+  });
+  const { list: peerList, notes, close: closePeers } = await peers(dir);
+  const samples: Samples = {
+    createToFirst: [],
+    create: [],
+    first: [],
+    run: [],
+    toStart: [],
+    startToEnd: [],
+    kill: [],
+    peers: new Map(),
+    cpu: { moat: 0, client: 0, runs: 0 },
+  };
+  const wall = nowNs();
+  try {
+    for (let i = 0; i < WARMUP; i++) {
+      await oneSandbox(moat.pid, undefined);
+      await runPeers(peerList, PEER_RUNS_PER_SANDBOX);
+    }
+    for (let i = 0; i < SANDBOXES; i++) {
+      await oneSandbox(moat.pid, samples);
+      await runPeers(peerList, PEER_RUNS_PER_SANDBOX, samples);
+    }
+  } finally {
+    await closePeers();
+  }
+  const wallSeconds = sinceMs(wall) / 1000;
+  const memory = readFileSync(`/proc/${moat.pid}/status`, 'utf8');
+  const kb = (field: string) =>
+    Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(memory)?.[1]) * 1024;
+
+  // ------------------------------------------------------------------------- report
+  const p = percentile;
+  console.log(
+    [
+      '',
+      'Setup (all on loopback):',
+      `- Moat: \`node dist/src/cli/main.js serve\` (pid ${moat.pid}), a fresh data folder, ` +
+        `pino at warn, transparent listener off${profile ? ', under node --cpu-prof (slower)' : ''}.`,
+      `- Moat's processes: ${moat.processes}.`,
+      '- Client: the `e2b` SDK in this process, with only E2B_API_URL, E2B_SANDBOX_URL (the ' +
+        'sandbox listener), E2B_API_KEY and E2B_DOMAIN set; Sandbox.create() with the default ' +
+        'template (POST /v2/sandboxes, so the sandbox API wants its access token).',
+      `- ${SANDBOXES} sandboxes one after another, each: create, commands.run('true'), ` +
+        `${RUNS_PER_SANDBOX} more commands.run('true'), ${SPLIT_RUNS_PER_SANDBOX} split at the ` +
+        'start event (background, then wait), kill. Not counted: a warm-up of ' +
+        `${WARMUP} sandboxes (and ${PEER_RUNS_PER_SANDBOX} starts of each peer after each).`,
+      `- Peers: after each sandbox, ${PEER_RUNS_PER_SANDBOX} starts of each in turn, spawned ` +
+        'as Moat spawns (own process group, stdio pipes, stdin closed), timed from spawn() ' +
+        `to 'close':`,
+      ...peerList.map((peer) => `  - ${peer.label}: ${PEER_TEXT[peer.label] ?? ''}.`),
+      ...notes.map((note) => `  - ${note}.`),
+      `- Whole measured run: ${wallSeconds.toFixed(1)} s. Moat's resident memory at the end ` +
+        `${formatBytes(kb('VmRSS'))} (peak ${formatBytes(kb('VmHWM'))}).`,
+    ].join('\n'),
+  );
+
+  const row = (label: string, values: number[]) => [
+    label,
+    formatInt(values.length),
+    ms(p(values, 0.5)),
+    ms(p(values, 0.99)),
+    ms(Math.max(...values)),
+  ];
+  console.log(`\n## Moat through the SDK (${SANDBOXES} sandboxes)\n`);
+  console.log(
+    markdownTable(
+      ['measure', 'samples', 'p50', 'p99', 'max'],
+      [
+        row("create to first command (create + run('true'))", samples.createToFirst),
+        row('  of which Sandbox.create()', samples.create),
+        row("  of which the first commands.run('true')", samples.first),
+        row("commands.run('true') on an existing sandbox", samples.run),
+        row('  split: request to start event (pid)', samples.toStart),
+        row('  split: start event to end event', samples.startToEnd),
+        row('sbx.kill()', samples.kill),
+      ],
+    ),
+  );
+  const perRun = (seconds: number) => ms((seconds * 1000) / Math.max(1, samples.cpu.runs));
+  console.log(
+    `\nCPU per commands.run (user + system over the ${formatInt(samples.cpu.runs)} measured ` +
+      `round trips): Moat ${perRun(samples.cpu.moat)}, this process (SDK client) ` +
+      `${perRun(samples.cpu.client)}; the started processes' own CPU is in neither.`,
+  );
+
+  const runP50 = p(samples.run, 0.5);
+  console.log('\n## Starting a process: Moat vs starting it directly (same run)\n');
+  console.log(
+    markdownTable(
+      ['what', 'samples', 'p50', 'p99', 'Moat commands.run p50 / this p50'],
+      [
+        [
+          "Moat: commands.run('true') through the SDK",
+          formatInt(samples.run.length),
+          ms(runP50),
+          ms(p(samples.run, 0.99)),
+          formatRatio(1),
+        ],
+        ...peerList.map((peer) => {
+          const values = samples.peers.get(peer.label) ?? [];
+          return [
+            `peer ${peer.label}`,
+            formatInt(values.length),
+            ms(p(values, 0.5)),
+            ms(p(values, 0.99)),
+            formatRatio(runP50 / p(values, 0.5)),
+          ];
+        }),
+      ],
+    ),
+  );
+  // Moat pays bwrap and the cgroup join once per sandbox and user (its launcher, at the first
+  // command); every later command is a fork and exec inside. The fair floor is plain bash.
+  const floor = samples.peers.get('bash');
+  if (floor) {
+    console.log(
+      '\nMoat starts commands through a launcher already inside the sandbox (its namespaces and ' +
+        'cgroup), so a command costs a fork and an exec there; the first command of a sandbox ' +
+        'also starts the launcher. What the rest of a round trip adds (SDK client, HTTP, ' +
+        `Moat's own work), commands.run p50 - bash p50: ${ms(runP50 - p(floor, 0.5))}.`,
+    );
+  }
+
+  console.log('\n## Targets\n');
+  const createToFirstP50 = p(samples.createToFirst, 0.5);
+  const verdicts = [
+    {
+      pass: createToFirstP50 < TARGETS.createToFirstP50Ms,
+      text: `create to first command p50 under ${TARGETS.createToFirstP50Ms} ms: ${ms(createToFirstP50)}`,
+    },
+    {
+      pass: runP50 < TARGETS.runP50Ms,
+      text: `commands.run round trip p50 under ${TARGETS.runP50Ms} ms: ${ms(runP50)}`,
+    },
+  ];
+  for (const v of verdicts) console.log(`${v.pass ? 'PASS' : 'FAIL'}: ${v.text}`);
+  const warnings = readFileSync(join(dir, 'moat.log'), 'utf8').split('\n').filter(Boolean);
+  if (warnings.length > 0) {
+    console.log(`\nMoat logged ${warnings.length} lines at warn or above; first: ${warnings[0]}`);
+  }
+
+  if (profileDir) {
+    await stopChildren();
+    const profiles = existsSync(profileDir)
+      ? readdirSync(profileDir).filter((f) => f.endsWith('.cpuprofile'))
+      : [];
+    if (profiles.length === 0) console.log('\nNo CPU profile was written.');
+    for (const file of profiles) {
+      console.log(`\n## Moat CPU profile (${join(profileDir, file)})\n`);
+      console.log(summariseProfile(join(profileDir, file)));
+    }
+  }
+  if (strict && verdicts.some((v) => !v.pass)) process.exitCode = 1;
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      keep: { type: 'boolean', default: false },
+      strict: { type: 'boolean', default: false },
+      profile: { type: 'boolean', default: false },
+    },
+  });
+  const timer = setTimeout(() => {
+    writeSync(2, `bench:sandbox: still running after ${TIMEOUT_MS / 1000} s; stopping\n`);
+    void stopChildren().finally(() => process.exit(1));
+  }, TIMEOUT_MS);
+  timer.unref();
+  await runInScratchFolder('bench:sandbox', 'moat-bench-sandbox-', values.keep, (dir) =>
+    run(dir, values.strict, values.profile),
+  );
+}
+
+main().catch(async (error: unknown) => {
+  console.error(`bench:sandbox: ${(error as Error).stack ?? String(error)}`);
+  await stopChildren();
+  process.exit(1);
+});

@@ -234,7 +234,7 @@ async function peers(
   else notes.push(`the bwrap peers are left out: ${works.reason}`);
   // A scope of its own, so that Moat's cgroups and this one never meet.
   const scope = `bench-sandbox-${process.pid}`;
-  const cgroup = FreezerCgroup.available() ? await FreezerCgroup.create(scope, 'peers') : undefined;
+  const cgroup = FreezerCgroup.available() ? FreezerCgroup.for(scope, 'peers') : undefined;
   if (!cgroup) notes.push('no writable freezer cgroup here: the "+ cgroup" peers are left out');
   const list: Peer[] = [];
   for (const [label, confinement] of confinements) {

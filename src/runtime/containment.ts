@@ -8,8 +8,8 @@
  * own process group, and pause/kill signal the groups: a process that leaves its group escapes,
  * which start-up reports.
  */
-import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
+import { existsSync, mkdirSync } from 'node:fs';
+import { readdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 
 const FREEZER_ROOT = '/sys/fs/cgroup/freezer';
@@ -88,11 +88,12 @@ export class FreezerCgroup implements Containment {
     return existsSync(path.join(FREEZER_ROOT, 'cgroup.procs'));
   }
 
-  static async create(scope: string, sandboxID: string): Promise<FreezerCgroup> {
-    const dir = path.join(FREEZER_ROOT, 'moat', scope, sandboxID);
-    await mkdir(dir, { recursive: true });
-    return new FreezerCgroup(dir);
+  /** The cgroup itself is made when the sandbox starts its first process. */
+  static for(scope: string, sandboxID: string): FreezerCgroup {
+    return new FreezerCgroup(path.join(FREEZER_ROOT, 'moat', scope, sandboxID));
   }
+
+  private made = false;
 
   /**
    * Kills whatever a previous run of this Moat left in its cgroups (processes do not survive a
@@ -112,6 +113,10 @@ export class FreezerCgroup implements Containment {
   }
 
   wrap(argv: readonly string[]): string[] {
+    if (!this.made) {
+      mkdirSync(this.dir, { recursive: true });
+      this.made = true;
+    }
     // The shell moves itself into the cgroup, then becomes the command: no window in which the
     // command (or anything it forks) runs outside.
     return [
@@ -127,12 +132,12 @@ export class FreezerCgroup implements Containment {
 
   untrack(): void {}
 
-  pause(): Promise<void> {
-    return this.setState('FROZEN');
+  async pause(): Promise<void> {
+    if (existsSync(this.dir)) await this.setState('FROZEN');
   }
 
-  resume(): Promise<void> {
-    return this.setState('THAWED');
+  async resume(): Promise<void> {
+    if (existsSync(this.dir)) await this.setState('THAWED');
   }
 
   async killAll(): Promise<void> {
@@ -145,6 +150,7 @@ export class FreezerCgroup implements Containment {
       await delay(10);
     }
     await rmdir(this.dir).catch(() => undefined);
+    this.made = false;
   }
 
   private async members(): Promise<number[]> {

@@ -96,7 +96,7 @@ export class ProcessRuntime implements SandboxRuntime {
       await writeFile(path.join(root, '.moat', name), text);
     }
     const containment: Containment = this.useFreezer
-      ? await FreezerCgroup.create(this.scope, sandboxID)
+      ? FreezerCgroup.for(this.scope, sandboxID)
       : new ProcessGroups();
     this.live.set(sandboxID, {
       sandboxID,

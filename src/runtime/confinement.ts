@@ -38,7 +38,7 @@ export interface LaunchSpec {
 
 export interface Confinement {
   readonly kind: 'bubblewrap' | 'none';
-  /** argv and env for child_process/node-pty, and the host folder to start in. */
+  /** argv and env to spawn `spec.argv` confined, and the host folder to start in. */
   launch(spec: LaunchSpec): { argv: string[]; env: Record<string, string>; cwd: string };
   /** Working folder and environment of a command as a launcher inside the sandbox sees them. */
   place(spec: Omit<LaunchSpec, 'argv'>): { cwd: string; env: Record<string, string> };

@@ -6,9 +6,10 @@
  * process (a few ms, blocking Moat's event loop).
  *
  * Protocol, one JSON object per line. Moat writes to the launcher's stdin:
- *   {"op":"start","id":N,"argv":[...],"env":{...},"cwd":"...","stdin":bool,"group":bool}
+ *   {"op":"start","id":N,"argv":[...],"env":{...},"cwd":"...","stdin":bool,"group":bool,
+ *    "pty":{"cols":C,"rows":R}?}   (with pty: a new session on a pseudo-terminal; its output is fd 1)
  *   {"op":"stdin","id":N,"data":"<base64>"}     {"op":"close","id":N}
- *   {"op":"signal","id":N,"signal":9|15}
+ *   {"op":"signal","id":N,"signal":9|15}        {"op":"resize","id":N,"cols":C,"rows":R}
  * and reads from its stdout:
  *   {"ev":"started","id":N}   {"ev":"failed","id":N,"error":"..."}
  *   {"ev":"out","id":N,"fd":1|2,"data":"<base64>"}
@@ -19,7 +20,7 @@
  * costs about 10 MB per sandbox; a Node launcher would cost several times that.
  */
 export const LAUNCHER_SOURCE = String.raw`
-import base64, errno, json, os, selectors, signal, sys
+import base64, fcntl, json, os, selectors, signal, struct, sys, termios
 
 sel = selectors.DefaultSelector()
 procs = {}
@@ -48,22 +49,37 @@ def by_id(ident):
             return pid, proc
     return None, None
 
+def set_size(fd, cols, rows):
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack('HHHH', rows, cols, 0, 0))
+
 def start(message):
     ident = message['id']
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    in_r, in_w = os.pipe() if message.get('stdin') else (os.open('/dev/null', os.O_RDONLY), None)
+    terminal = message.get('pty')
+    if terminal:
+        # One pseudo-terminal: the child's stdin, stdout and stderr; Moat reads and writes its
+        # master side.
+        out_r, slave = os.openpty()
+        set_size(slave, terminal['cols'], terminal['rows'])
+        err_r = err_w = None
+        in_r, in_w, out_w = slave, os.dup(out_r), slave
+    else:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if message.get('stdin') else (os.open('/dev/null', os.O_RDONLY), None)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            if message.get('group'):
+            if terminal:
+                os.setsid()
+                fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+            elif message.get('group'):
                 os.setpgid(0, 0)
             os.dup2(in_r, 0)
             os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
+            os.dup2(err_w if err_w is not None else out_w, 2)
             os.closerange(3, status_w)
             os.closerange(status_w + 1, 65536)
             os.chdir(message['cwd'])
@@ -72,7 +88,7 @@ def start(message):
         except BaseException as error:
             os.write(status_w, str(error).encode()[:4000])
         os._exit(127)
-    for fd in (out_w, err_w, in_r, status_w):
+    for fd in {out_w, err_w, in_r, status_w} - {None}:
         os.close(fd)
     failure = b''
     while True:
@@ -81,16 +97,17 @@ def start(message):
             break
         failure += chunk
     os.close(status_r)
+    outputs = [(out_r, 1)] + ([(err_r, 2)] if err_r is not None else [])
     if failure:
-        for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
+        for fd in [fd for fd, _ in outputs] + ([in_w] if in_w is not None else []):
             os.close(fd)
         os.waitpid(pid, 0)
         send({'ev': 'failed', 'id': ident, 'error': failure.decode(errors='replace')})
         return
-    procs[pid] = {'id': ident, 'stdin': in_w, 'open': 2, 'status': None,
-                  'group': bool(message.get('group'))}
-    sel.register(out_r, selectors.EVENT_READ, (pid, 1))
-    sel.register(err_r, selectors.EVENT_READ, (pid, 2))
+    procs[pid] = {'id': ident, 'stdin': in_w, 'open': len(outputs), 'status': None,
+                  'group': bool(terminal or message.get('group')), 'terminal': out_r if terminal else None}
+    for fd, number in outputs:
+        sel.register(fd, selectors.EVENT_READ, (pid, number))
     send({'ev': 'started', 'id': ident})
 
 def command(message):
@@ -112,6 +129,11 @@ def command(message):
     elif op == 'signal':
         try:
             os.kill(-pid if proc['group'] else pid, message['signal'])
+        except OSError:
+            pass
+    elif op == 'resize' and proc['terminal'] is not None:
+        try:
+            set_size(proc['terminal'], message['cols'], message['rows'])
         except OSError:
             pass
 

@@ -16,6 +16,8 @@ export interface LaunchCommand {
   readonly stdin: boolean;
   /** Give the command its own process group (signals then reach its children). */
   readonly group: boolean;
+  /** Run it on a pseudo-terminal of this size (its output then arrives as fd 1). */
+  readonly pty?: { readonly cols: number; readonly rows: number };
 }
 
 export interface LaunchedCallbacks {
@@ -94,6 +96,10 @@ export class Launcher {
 
   closeStdin(id: number): void {
     this.send({ op: 'close', id });
+  }
+
+  resize(id: number, cols: number, rows: number): void {
+    this.send({ op: 'resize', id, cols, rows });
   }
 
   signal(id: number, signal: 'SIGTERM' | 'SIGKILL'): void {

@@ -4,7 +4,6 @@
  */
 import { EventEmitter } from 'node:events';
 import os from 'node:os';
-import nodePty from 'node-pty';
 import type { Confinement, SandboxUser } from './confinement.js';
 import type { Containment } from './containment.js';
 import { Launcher, PYTHON } from './launcher.js';
@@ -61,10 +60,13 @@ function describeEnd(code: number | null, signal: NodeJS.Signals | null): Proces
   return { exitCode, exited: true, status, error: exitCode === 0 ? undefined : status };
 }
 
-/** How Moat reaches one process: through the sandbox's launcher, or a pseudo-terminal. */
-type ProcessIO =
-  | { readonly kind: 'launched'; readonly launcher: Launcher; id: number; stdinOpen: boolean }
-  | { readonly kind: 'pty'; readonly pty: nodePty.IPty };
+/** How Moat reaches one process: its number at the sandbox's launcher. */
+interface ProcessIO {
+  readonly launcher: Launcher;
+  id: number;
+  readonly terminal: boolean;
+  stdinOpen: boolean;
+}
 
 /** One running (or just ended) process of a sandbox. */
 export class SandboxProcess extends EventEmitter<ProcessEvents> {
@@ -91,33 +93,28 @@ export class SandboxProcess extends EventEmitter<ProcessEvents> {
 
   /** Bytes for standard input (or the terminal); false when input is closed. */
   write(stream: 'stdin' | 'pty', bytes: Buffer): boolean {
-    if (this.finished) return false;
-    if (this.io.kind === 'pty') {
-      this.io.pty.write(bytes);
-      return true;
+    if (this.finished || !this.io.stdinOpen || (stream === 'pty') !== this.io.terminal) {
+      return false;
     }
-    if (stream !== 'stdin' || !this.io.stdinOpen) return false;
     this.io.launcher.write(this.io.id, bytes);
     return true;
   }
 
   closeStdin(): void {
-    if (this.io.kind !== 'launched' || !this.io.stdinOpen) return;
+    if (!this.io.stdinOpen || this.io.terminal) return;
     this.io.stdinOpen = false;
     this.io.launcher.closeStdin(this.io.id);
   }
 
   resize(cols: number, rows: number): boolean {
-    if (this.io.kind !== 'pty' || this.finished) return false;
-    this.io.pty.resize(cols, rows);
+    if (!this.io.terminal || this.finished) return false;
+    this.io.launcher.resize(this.io.id, cols, rows);
     return true;
   }
 
   /** Signals the process and (where processes get their own group) its children. */
   signal(signal: 'SIGTERM' | 'SIGKILL'): void {
-    if (this.finished) return;
-    if (this.io.kind === 'launched') this.io.launcher.signal(this.io.id, signal);
-    else killGroup(this.io.pty.pid, signal);
+    if (!this.finished) this.io.launcher.signal(this.io.id, signal);
   }
 
   /** Output of the process (held until released). */
@@ -150,22 +147,13 @@ export class SandboxProcess extends EventEmitter<ProcessEvents> {
   }
 }
 
-function killGroup(pid: number, signal: NodeJS.Signals = 'SIGKILL'): void {
-  try {
-    process.kill(-pid, signal);
-  } catch {
-    // Nothing left in the group.
-  }
-}
-
 const signalName = (signal: number): NodeJS.Signals =>
   (Object.entries(os.constants.signals).find(([, n]) => n === signal)?.[0] ??
     'SIGKILL') as NodeJS.Signals;
 
 /**
- * The processes of one sandbox. Commands go through a launcher per user that runs inside the
- * sandbox (started on first use, again if it died); terminals are started one by one through
- * node-pty, as a pty must be made on this side.
+ * The processes of one sandbox. Commands and terminals go through a launcher per user that runs
+ * inside the sandbox (started on first use, again if it died).
  */
 export class ProcessTable {
   private readonly running = new Map<number, SandboxProcess>();
@@ -188,9 +176,7 @@ export class ProcessTable {
     };
     const argv = [request.config.cmd, ...request.config.args];
     const pid = this.nextPid++;
-    const started = request.pty
-      ? this.startTerminal(pid, request, this.confinement.launch({ ...spec, argv }))
-      : await this.startCommand(pid, request, { argv, ...this.confinement.place(spec) });
+    const started = await this.launch(pid, request, { argv, ...this.confinement.place(spec) });
     this.running.set(pid, started);
     started.whenEnded(() => this.running.delete(pid));
     return started;
@@ -212,49 +198,29 @@ export class ProcessTable {
     return launcher;
   }
 
-  private async startCommand(
+  private async launch(
     pid: number,
     request: StartRequest,
     placed: { argv: string[]; cwd: string; env: Record<string, string> },
   ): Promise<SandboxProcess> {
     const launcher = this.launcherFor(request.user);
-    const io = { kind: 'launched' as const, launcher, id: 0, stdinOpen: request.stdin };
+    const terminal = request.pty !== undefined;
+    const io = { launcher, id: 0, terminal, stdinOpen: request.stdin || terminal };
     const started = new SandboxProcess(pid, request.tag, request.config, io);
     io.id = await launcher.start(
-      { ...placed, stdin: request.stdin, group: this.containment.ownGroups },
       {
-        output: (fd, bytes) => started.output(fd === 1 ? 'stdout' : 'stderr', bytes),
+        ...placed,
+        stdin: request.stdin,
+        group: this.containment.ownGroups,
+        ...(request.pty ? { pty: request.pty } : {}),
+      },
+      {
+        output: (fd, bytes) =>
+          started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes),
         exit: (code, signal) =>
           started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
       },
     );
-    return started;
-  }
-
-  private startTerminal(
-    pid: number,
-    request: StartRequest,
-    launch: { argv: string[]; env: Record<string, string>; cwd: string },
-  ): SandboxProcess {
-    const [file, ...args] = this.containment.wrap(launch.argv) as [string, ...string[]];
-    const pty = nodePty.spawn(file, args, {
-      cols: request.pty!.cols,
-      rows: request.pty!.rows,
-      cwd: launch.cwd,
-      env: launch.env,
-      encoding: null,
-      name: 'xterm-256color',
-    } as nodePty.IPtyForkOptions);
-    const started = new SandboxProcess(pid, request.tag, request.config, { kind: 'pty', pty });
-    this.containment.track(pty.pid);
-    pty.onData((data) => started.output('pty', Buffer.from(data as unknown as Uint8Array)));
-    pty.onExit(({ exitCode, signal }) => {
-      this.containment.untrack(pty.pid);
-      // A leader killed by a signal may leave its group behind (bwrap's inner half, signalled
-      // while still setting up, ignores SIGTERM as its namespace's pid 1): end the rest too.
-      if (signal) killGroup(pty.pid);
-      started.finish(describeEnd(signal ? null : exitCode, signal ? signalName(signal) : null));
-    });
     return started;
   }
 

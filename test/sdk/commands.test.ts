@@ -143,7 +143,8 @@ describe('pty', () => {
       rows: 24,
       onData: (data) => void (output += Buffer.from(data).toString('utf8')),
     });
-    await sbx.pty.sendInput(terminal.pid, Buffer.from('stty size; echo READY\n'));
+    // The terminal echoes the input line: quote the marker so only the command's output has it.
+    await sbx.pty.sendInput(terminal.pid, Buffer.from("stty size; echo RE''ADY\n"));
     await expect.poll(() => output, { timeout: 5000 }).toContain('READY');
     expect(output).toContain('24 80');
     await sbx.pty.resize(terminal.pid, { cols: 100, rows: 40 });

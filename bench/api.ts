@@ -26,24 +26,21 @@
  * process dies. Options: --keep (keep the scratch folder), --strict (exit 1 when a target fails).
  */
 import type { ChildProcess } from 'node:child_process';
-import { closeSync, openSync, writeSync } from 'node:fs';
+import { writeSync } from 'node:fs';
 import { open, readdir, readFile, stat } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import {
-  commandPid,
   cpuSeconds,
   forkReady,
   machineBusy,
   runInScratchFolder,
-  sleep,
-  spawnBounded,
   stopChildren,
 } from './lib/procs.js';
+import { startMoatServe } from './lib/moat-serve.js';
 import { Prng } from './lib/prng.js';
 import {
   formatBytes,
@@ -72,7 +69,6 @@ const TIMEOUT_MS = 300_000;
 const ALL_TRAFFIC = '0.0.0.0/0';
 const SEED = 0xa91;
 const TARGETS = { putP99Ms: 10, rssBytes: 500e6 };
-const MOAT_CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
 
 // ---------------------------------------------------------------------------------------------
 // Workload: a distinct 100-entry config per sandbox and round
@@ -256,40 +252,8 @@ async function startMoat(
   dir: string,
   lifetimeSeconds: number,
 ): Promise<{ child: ChildProcess; pid: number; port: number }> {
-  const dataDir = join(dir, 'data');
-  const args = [
-    ...['serve', '--data-dir', dataDir, '--api-listen', `${HOST}:0`],
-    ...['--sandbox-listen', `${HOST}:0`],
-    ...['--dns-listen', `${HOST}:0`, '--proxy-listen', `${HOST}:0`],
-    // No DNS query is made here; a loopback port where nothing listens keeps it that way.
-    ...['--transparent-listen', 'off', '--dns-upstream', `${HOST}:9`],
-    ...['--api-keys', API_KEY, '--log-level', 'warn'],
-  ];
-  const log = openSync(join(dir, 'moat.log'), 'a');
-  const child = spawnBounded(lifetimeSeconds, [process.execPath, MOAT_CLI, ...args], {
-    stdio: ['ignore', 'pipe', log],
-    env: { PATH: process.env.PATH ?? '' },
-  });
-  closeSync(log);
-  let output = '';
-  child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
-    output += chunk;
-  });
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    const port = /platform API\s+http:\/\/127\.0\.0\.1:(\d+)/.exec(output)?.[1];
-    const pid = commandPid(child.pid!);
-    if (port !== undefined && pid !== undefined) {
-      const moat = target('Moat', Number(port));
-      const health = await send(moat, moat.one, 'GET', '/health').catch(() => undefined);
-      moat.one.destroy();
-      if (health?.status === 200) return { child, pid, port: Number(port) };
-    }
-    if (child.exitCode !== null || Date.now() > deadline) {
-      throw new Error(`moat serve did not start; its output:\n${output}`);
-    }
-    await sleep(50);
-  }
+  const moat = await startMoatServe({ dir, apiKey: API_KEY, lifetimeSeconds });
+  return { child: moat.child, pid: moat.pid, port: moat.apiPort };
 }
 
 /** VmRSS and VmHWM (peak) of a process, in bytes. */

@@ -34,11 +34,10 @@
  * (exit 1 when a target fails), --profile (run Moat under node --cpu-prof and summarise it).
  */
 import { type ChildProcess, spawn, type SpawnOptions } from 'node:child_process';
-import { closeSync, existsSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, writeSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Sandbox } from 'e2b';
 import {
@@ -51,16 +50,8 @@ import {
   USERS,
 } from '../src/runtime/confinement.js';
 import { FreezerCgroup } from '../src/runtime/containment.js';
-import {
-  commandPid,
-  cpuSeconds,
-  machineBusy,
-  runInScratchFolder,
-  sleep,
-  spawnBounded,
-  stopChildren,
-  track,
-} from './lib/procs.js';
+import { cpuSeconds, machineBusy, runInScratchFolder, stopChildren, track } from './lib/procs.js';
+import { startMoatServe } from './lib/moat-serve.js';
 import { summariseProfile } from './lib/profile.js';
 import { formatBytes, formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 import { nowNs } from './lib/timing.js';
@@ -82,7 +73,6 @@ const REQUEST_TIMEOUT_MS = 10_000;
 const SPAWN_TIMEOUT_MS = 10_000;
 const TIMEOUT_MS = 300_000;
 const TARGETS = { createToFirstP50Ms: 100, runP50Ms: 10 };
-const MOAT_CLI = fileURLToPath(new URL('../src/cli/main.js', import.meta.url));
 /** What the SDK runs for commands.run(cmd): `/bin/bash -l -c <cmd>`. */
 const COMMAND = ['/bin/bash', '-l', '-c', 'true'];
 
@@ -106,52 +96,13 @@ async function startMoat(
   lifetimeSeconds: number,
   profileDir: string | undefined,
 ): Promise<StartedMoat> {
-  const args = [
-    ...['serve', '--data-dir', join(dir, 'data'), '--api-listen', `${HOST}:0`],
-    ...['--sandbox-listen', `${HOST}:0`],
-    ...['--dns-listen', `${HOST}:0`, '--proxy-listen', `${HOST}:0`],
-    // No DNS query is made here; a loopback port where nothing listens keeps it that way.
-    ...['--transparent-listen', 'off', '--dns-upstream', `${HOST}:9`],
-    ...['--api-keys', API_KEY, '--log-level', 'warn'],
-  ];
-  const profiling = profileDir ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : [];
-  const log = openSync(join(dir, 'moat.log'), 'a');
-  const child = spawnBounded(lifetimeSeconds, [process.execPath, ...profiling, MOAT_CLI, ...args], {
-    stdio: ['ignore', 'pipe', log],
-    env: { PATH: process.env.PATH ?? '' },
+  const moat = await startMoatServe({
+    dir,
+    apiKey: API_KEY,
+    lifetimeSeconds,
+    ...(profileDir ? { profileDir } : {}),
   });
-  closeSync(log);
-  let output = '';
-  child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
-    output += chunk;
-  });
-  const line = (label: string) => new RegExp(`^moat: ${label}\\s+(.*)$`, 'm').exec(output)?.[1];
-  const portOf = (label: string) => /^http:\/\/127\.0\.0\.1:(\d+)/.exec(line(label) ?? '')?.[1];
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    const apiPort = portOf('platform API');
-    const sandboxPort = portOf('sandbox API');
-    const processes = line('processes');
-    const pid = commandPid(child.pid!);
-    if (apiPort && sandboxPort && processes && pid !== undefined) {
-      const health = await fetch(`http://${HOST}:${apiPort}/health`, {
-        signal: AbortSignal.timeout(2000),
-      }).catch(() => undefined);
-      if (health?.status === 200) {
-        return {
-          child,
-          pid,
-          apiPort: Number(apiPort),
-          sandboxPort: Number(sandboxPort),
-          processes,
-        };
-      }
-    }
-    if (child.exitCode !== null || Date.now() > deadline) {
-      throw new Error(`moat serve did not start; its output:\n${output}`);
-    }
-    await sleep(50);
-  }
+  return { ...moat, processes: moat.line('processes') ?? '?' };
 }
 
 // ---------------------------------------------------------------------------------------------

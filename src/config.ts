@@ -52,6 +52,8 @@ export interface MoatConfig {
   /** API keys from configuration; empty means the generated key in the data folder. */
   readonly apiKeys: readonly string[];
   readonly metricsRequireKey: boolean;
+  /** A second listener serving only GET /metrics (no API key); undefined when switched off. */
+  readonly metricsListen: HostPort | undefined;
   /** Where sandboxes, snapshots, the store and the generated API key live. */
   readonly dataDir: string;
   /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
@@ -69,6 +71,11 @@ interface Setting<K extends keyof MoatConfig> {
   /** Masked wherever the effective configuration is shown. */
   readonly secret?: true;
   parse(text: string): Result<MoatConfig[K]>;
+  /**
+   * The value as a config file would write it (`ip:port`, CIDR text, `off`...), so that printed
+   * configuration reads back as the same configuration. Plain values are shown as they are.
+   */
+  show?(value: MoatConfig[K]): unknown;
 }
 
 const positiveInteger =
@@ -147,6 +154,11 @@ const logLevel = (text: string): Result<string> =>
     ? { ok: true, value: text }
     : { ok: false, error: `expected one of ${LOG_LEVELS.join(', ')}` };
 
+const showOptional = (value: HostPort | undefined): string =>
+  value === undefined ? 'off' : formatHostPort(value);
+const optionalHostPort = (text: string): Result<HostPort | undefined> =>
+  text === 'off' ? { ok: true, value: undefined } : hostPort(text);
+
 type AnySetting = { [K in keyof MoatConfig]: Setting<K> }[keyof MoatConfig];
 
 export const SETTINGS: readonly AnySetting[] = [
@@ -157,6 +169,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_INTERNAL_DENY',
     default: 'default',
     help: 'the hard internal deny list: comma-separated CIDRs, "none", or "default" (loopback, private, link-local/metadata, CGNAT, multicast, reserved, NAT64/6to4/Teredo, ULA...)',
+    show: (ranges) => (ranges.length === 0 ? 'none' : ranges.map((r) => r.entry)),
     parse: parseInternalDenyList,
   },
   {
@@ -184,6 +197,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_DNS_LISTEN',
     default: '127.0.0.1:5353',
     help: 'where the DNS interceptor listens (UDP and TCP), ip:port',
+    show: formatHostPort,
     parse: (text) => hostPort(text),
   },
   {
@@ -193,6 +207,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_DNS_UPSTREAM',
     default: 'system',
     help: 'upstream resolvers, comma-separated ip[:port], or "system" for /etc/resolv.conf',
+    show: (servers) => servers.map(formatHostPort),
     parse: resolverList,
   },
   {
@@ -247,6 +262,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_PROXY_LISTEN',
     default: '127.0.0.1:3128',
     help: 'where the explicit egress proxy (CONNECT and absolute-form HTTP) listens',
+    show: formatHostPort,
     parse: (text) => hostPort(text),
   },
   {
@@ -256,7 +272,8 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_TRANSPARENT_LISTEN',
     default: '127.0.0.1:3129',
     help: 'where TCP 80/443 redirected by the kernel enforcer arrives (decided by SNI or Host), or "off"',
-    parse: (text) => (text === 'off' ? { ok: true, value: undefined } : hostPort(text)),
+    show: showOptional,
+    parse: optionalHostPort,
   },
   {
     key: 'proxyMaxTunnels',
@@ -310,6 +327,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_SOURCE_POOL',
     default: '127.77.0.0/16',
     help: 'IPv4 range that per-sandbox source addresses are drawn from (how DNS and the proxy tell sandboxes apart)',
+    show: (cidr) => cidr.text,
     parse: (text) => {
       const cidr = parseCIDR(text);
       if (!cidr.ok) return cidr;
@@ -329,6 +347,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_API_LISTEN',
     default: '127.0.0.1:3000',
     help: 'where the platform API (sandboxes, network rules, snapshots, /metrics) listens',
+    show: formatHostPort,
     parse: (text) => hostPort(text),
   },
   {
@@ -338,6 +357,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_SANDBOX_LISTEN',
     default: '127.0.0.1:3001',
     help: 'where the per-sandbox API (port 49983 of {port}-{sandboxID}.<domain>) and ingress to sandbox ports listen; point E2B_SANDBOX_URL here',
+    show: formatHostPort,
     parse: (text) => hostPort(text),
   },
   {
@@ -364,6 +384,16 @@ export const SETTINGS: readonly AnySetting[] = [
     default: 'false',
     help: 'GET /metrics on the API listener needs the API key too',
     parse: booleanValue,
+  },
+  {
+    key: 'metricsListen',
+    metavar: 'IP:PORT|off',
+    flag: 'metrics-listen',
+    env: 'MOAT_METRICS_LISTEN',
+    default: 'off',
+    help: 'a separate listener serving only GET /metrics, without the API key, so Prometheus can scrape without reaching the platform API; or "off"',
+    show: showOptional,
+    parse: optionalHostPort,
   },
   {
     key: 'dataDir',
@@ -456,4 +486,26 @@ export function loadConfig(sources: ConfigSources = {}): Result<MoatConfig> {
     config[setting.key] = parsed.value;
   }
   return { ok: true, value: config as unknown as MoatConfig };
+}
+
+/** What a secret looks like wherever configuration is shown: one mask per value, never text. */
+export const SECRET_MASK = '***';
+
+/**
+ * The effective configuration as JSON-ready values, one per setting in SETTINGS order, written
+ * as a config file would write them, with every secret masked.
+ */
+export function showConfig(config: MoatConfig): Record<string, unknown> {
+  const shown: Record<string, unknown> = {};
+  for (const setting of SETTINGS) {
+    const value = config[setting.key];
+    if (setting.secret) {
+      shown[setting.key] = Array.isArray(value) ? value.map(() => SECRET_MASK) : SECRET_MASK;
+      continue;
+    }
+    // SETTINGS pairs each show with its own key's value type; the union loses that pairing.
+    const show = setting.show as ((v: typeof value) => unknown) | undefined;
+    shown[setting.key] = show ? show(value) : value;
+  }
+  return shown;
 }

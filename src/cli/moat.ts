@@ -6,7 +6,7 @@ import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import { AddressPool, EnforcementTable } from '../enforce/index.js';
-import { MoatMetrics } from '../metrics/index.js';
+import { listenMetrics, MoatMetrics } from '../metrics/index.js';
 import { compileInternalDenyList, type InternalDenyList, type IPAddress } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
 import { ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
@@ -39,6 +39,8 @@ interface Listening {
   transparent: HostPort | undefined;
   api: HostPort;
   sandbox: HostPort;
+  /** The separate GET /metrics listener; undefined when switched off. */
+  metrics: HostPort | undefined;
 }
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
@@ -126,6 +128,7 @@ export async function startMoat(
     transparent: config.transparentListen,
     api: config.apiListen,
     sandbox: config.sandboxListen,
+    metrics: config.metricsListen,
   };
   const tunnels = new TunnelRegistry(table);
   metrics.countTunnelsWith(() => tunnels.size);
@@ -138,6 +141,7 @@ export async function startMoat(
       listening.api,
       listening.sandbox,
       ...(listening.transparent ? [listening.transparent] : []),
+      ...(listening.metrics ? [listening.metrics] : []),
     ]),
     onDial: (seconds) => metrics.proxyDialDuration.observe(seconds),
   });
@@ -227,6 +231,16 @@ export async function startMoat(
       ...config.sandboxListen,
       port: await gateway.listen(config.sandboxListen),
     };
+    undo.push(async () => {
+      await gateway.close();
+      ingress.close();
+    });
+    const metricsListener = config.metricsListen
+      ? await listenMetrics(metrics.registry, config.metricsListen)
+      : undefined;
+    if (metricsListener && config.metricsListen) {
+      listening.metrics = { ...config.metricsListen, port: metricsListener.port };
+    }
     return {
       config,
       table,
@@ -241,6 +255,7 @@ export async function startMoat(
       apiKeys,
       listening,
       async stop(drainMs = 0) {
+        await metricsListener?.close();
         await api.close();
         await gateway.close();
         ingress.close();

@@ -1,9 +1,16 @@
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { pino } from 'pino';
-import { formatHostPort } from '../config.js';
+import {
+  formatHostPort,
+  type HostPort,
+  type MoatConfig,
+  SECRET_MASK,
+  showConfig,
+} from '../config.js';
 import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
 import { type RunningMoat, startMoat } from './moat.js';
+import { VERSION } from './version.js';
 
 export const SERVE_HELP = `Usage: moat serve [options]
 
@@ -11,31 +18,123 @@ Runs Moat: the platform API (sandboxes, network rules, snapshots, /metrics), the
 interceptor (UDP and TCP) that every sandbox resolves through, the explicit egress proxy
 (CONNECT and absolute-form HTTP) and the transparent listener (SNI/Host). State lives in the
 data folder (--data-dir); on first start without MOAT_API_KEYS an API key is generated there
-and printed once. Stops cleanly on SIGTERM or SIGINT: stops accepting, lets open tunnels drain
-for up to 5 s, closes the store.
+and printed once (on standard output, never in the log). Start-up prints every listener, the
+data folder, the enforcement mode and how processes are confined, and logs the same facts as
+one JSON line ("moat started").
+
+Settings come from the defaults, then the --config file, then MOAT_* environment variables,
+then flags, each overriding the one before. Logs are JSON lines on standard output.
+
+Stops cleanly on SIGTERM or SIGINT: stops accepting, lets open tunnels drain for up to 5 s,
+stops the sandboxes, closes the store, logs "moat stopped" and exits 0. A second signal
+during the stop ends Moat at once.
 
 Options:
+  --print-config
+      print the effective configuration (defaults < --config < MOAT_* < flags) as
+      JSON, one key per setting, secrets (API keys) masked as "${SECRET_MASK}", and exit
+      without starting anything
 ${CONFIG_HELP}
   -h, --help
       this help`;
 
-export async function serve(args: string[], io: CliIO): Promise<number> {
-  const { values } = parseArgs({
-    args,
-    options: { help: { type: 'boolean', short: 'h' }, ...CONFIG_OPTIONS },
-  });
-  if (values.help) {
-    io.stdout.write(`${SERVE_HELP}\n`);
-    return EXIT.ok;
-  }
-  const config = configFrom(values, io);
+/** Moat must not forward its own queries to itself (a loop no timeout would break early). */
+function checkUpstreams(config: MoatConfig): void {
   const own = formatHostPort(config.dnsListen);
   if (config.dnsUpstream.some((s) => formatHostPort(s) === own)) {
     throw new UsageError(
       `the DNS upstream list includes Moat's own DNS listener ${own}; name other resolvers with --dns-upstream`,
     );
   }
+}
+
+const optional = (at: HostPort | undefined) => (at ? formatHostPort(at) : 'off');
+
+/**
+ * What start-up tells the operator, once for the log and once for people. The generated API key
+ * is not among these facts: it is printed on its own line, once, and never logged.
+ */
+function startupFacts(config: MoatConfig, moat: RunningMoat) {
+  const { dns, proxy, transparent, api, sandbox, metrics } = moat.listening;
+  return {
+    api: formatHostPort(api),
+    sandbox: formatHostPort(sandbox),
+    dns: formatHostPort(dns),
+    proxy: formatHostPort(proxy),
+    transparent: optional(transparent),
+    metrics: optional(metrics),
+    dataDir: path.resolve(config.dataDir),
+    enforcement: moat.runtime.enforcement,
+    enforcementReason: moat.runtime.enforcementReason,
+    confined: moat.runtime.confined,
+    confinement: moat.runtime.confinementReason,
+    apiKeys: moat.apiKeys.source,
+    apiKeyGenerated: moat.apiKeys.generated !== undefined,
+    upstreams: config.dnsUpstream.map(formatHostPort),
+    internalDeny: config.internalDeny.length,
+    version: VERSION,
+  };
+}
+
+function startupLines(facts: ReturnType<typeof startupFacts>, generatedKey: string | undefined) {
+  const keyLine =
+    generatedKey === undefined
+      ? `moat: API key          from ${facts.apiKeys}`
+      : `moat: API key          ${generatedKey} (generated; stored in ${facts.apiKeys}, shown only this once)`;
+  const metrics =
+    facts.metrics === 'off' ? 'off' : `http://${facts.metrics}/metrics (GET only, no API key)`;
+  return [
+    `moat: platform API     http://${facts.api} (X-API-Key; /health, /metrics, /openapi.json)`,
+    keyLine,
+    `moat: sandbox API      http://${facts.sandbox} (E2B_SANDBOX_URL; {port}-{sandboxID}.<domain> or E2b-Sandbox-Id/-Port)`,
+    `moat: data folder      ${facts.dataDir}`,
+    `moat: enforcement      ${facts.enforcement} (${facts.enforcementReason})`,
+    `moat: processes        ${facts.confinement}`,
+    `moat: DNS interceptor  ${facts.dns} (udp, tcp), upstream ${facts.upstreams.join(', ')}`,
+    `moat: egress proxy     ${facts.proxy} (CONNECT, absolute-form HTTP)`,
+    `moat: transparent      ${facts.transparent} (TLS SNI / HTTP Host)`,
+    `moat: metrics          ${metrics}`,
+    '',
+  ].join('\n');
+}
+
+/** Resolves with the first SIGTERM or SIGINT; a second one gets the default (immediate) end. */
+function firstSignal(): Promise<NodeJS.Signals> {
+  return new Promise((resolve) => {
+    const signals: NodeJS.Signals[] = ['SIGTERM', 'SIGINT'];
+    const handlers = signals.map((signal) => {
+      const handler = () => {
+        signals.forEach((s, i) => process.off(s, handlers[i]!));
+        resolve(signal);
+      };
+      process.on(signal, handler);
+      return handler;
+    });
+  });
+}
+
+export async function serve(args: string[], io: CliIO): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      help: { type: 'boolean', short: 'h' },
+      'print-config': { type: 'boolean' },
+      ...CONFIG_OPTIONS,
+    },
+  });
+  if (values.help) {
+    io.stdout.write(`${SERVE_HELP}\n`);
+    return EXIT.ok;
+  }
+  const config = configFrom(values, io);
+  checkUpstreams(config);
+  if (values['print-config']) {
+    io.stdout.write(`${JSON.stringify(showConfig(config), null, 2)}\n`);
+    return EXIT.ok;
+  }
   const logger = pino({ level: config.logLevel, base: { service: 'moat' } });
+  // Listening from the start: a signal during start-up stops Moat once it is up.
+  const stopping = firstSignal();
   let moat: RunningMoat;
   try {
     moat = await startMoat(config, logger);
@@ -44,24 +143,8 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     io.stderr.write(`moat serve: cannot start: ${(error as Error).message}\n`);
     return EXIT.failed;
   }
-  const { dns, proxy, transparent, api, sandbox } = moat.listening;
-  const upstreams = config.dnsUpstream.map(formatHostPort).join(', ');
-  logger.info(
-    {
-      dns: formatHostPort(dns),
-      proxy: formatHostPort(proxy),
-      transparent: transparent ? formatHostPort(transparent) : 'off',
-      api: formatHostPort(api),
-      sandbox: formatHostPort(sandbox),
-      dataDir: config.dataDir,
-      enforcement: moat.runtime.enforcement,
-      confinement: moat.runtime.confinementReason,
-      apiKeys: moat.apiKeys.source,
-      upstreams,
-      internalDeny: config.internalDeny.length,
-    },
-    'moat started',
-  );
+  const facts = startupFacts(config, moat);
+  logger.info(facts, 'moat started');
   if (!moat.runtime.confined) {
     logger.warn(
       { reason: moat.runtime.confinementReason },
@@ -74,29 +157,16 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
       'proxy-only enforcement: sandboxes are not in network namespaces',
     );
   }
-  const keyLine =
-    moat.apiKeys.generated === undefined
-      ? `moat: API key          from ${moat.apiKeys.source}`
-      : `moat: API key          ${moat.apiKeys.generated} (generated; stored in ${moat.apiKeys.source}, shown only this once)`;
-  io.stdout.write(
-    [
-      `moat: platform API     http://${formatHostPort(api)} (X-API-Key; /health, /metrics, /openapi.json)`,
-      keyLine,
-      `moat: sandbox API      http://${formatHostPort(sandbox)} (E2B_SANDBOX_URL; {port}-{sandboxID}.<domain> or E2b-Sandbox-Id/-Port)`,
-      `moat: data folder      ${path.resolve(config.dataDir)}`,
-      `moat: enforcement      ${moat.runtime.enforcement} (${moat.runtime.enforcementReason})`,
-      `moat: processes        ${moat.runtime.confinementReason}`,
-      `moat: DNS interceptor  ${formatHostPort(dns)} (udp, tcp), upstream ${upstreams}`,
-      `moat: egress proxy     ${formatHostPort(proxy)} (CONNECT, absolute-form HTTP)`,
-      `moat: transparent      ${transparent ? formatHostPort(transparent) : 'off'} (TLS SNI / HTTP Host)`,
-      '',
-    ].join('\n'),
-  );
-  const signal = await new Promise<string>((resolve) => {
-    process.once('SIGTERM', () => resolve('SIGTERM'));
-    process.once('SIGINT', () => resolve('SIGINT'));
-  });
+  io.stdout.write(startupLines(facts, moat.apiKeys.generated));
+  const signal = await stopping;
+  const began = Date.now();
   logger.info({ signal }, 'moat stopping');
-  await moat.stop(5000);
+  try {
+    await moat.stop(5000);
+  } catch (error) {
+    logger.error({ signal, err: error }, 'moat stop failed');
+    return EXIT.failed;
+  }
+  logger.info({ signal, ms: Date.now() - began }, 'moat stopped');
   return EXIT.ok;
 }

@@ -2,6 +2,8 @@
  * Every Prometheus metric Moat exports, defined in one place on one registry per server.
  * Labels are bounded sets; nothing is labelled by sandbox ID or destination.
  */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 
 export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'servfail' | 'dropped';
@@ -147,4 +149,51 @@ export class MoatMetrics {
   countLearnedWith(count: () => number): void {
     this.learnedCount = count;
   }
+}
+
+/** The separate metrics listener once it is up. */
+export interface MetricsListener {
+  /** The bound port (resolved when 0 was asked for). */
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+/**
+ * A listener serving only `GET /metrics` from `registry`, without the API key: Prometheus
+ * scrapes it without any route to the platform API. Anything else gets 404 or 405.
+ */
+export function listenMetrics(
+  registry: Registry,
+  at: { readonly host: string; readonly port: number },
+): Promise<MetricsListener> {
+  const server = http.createServer(
+    { headersTimeout: 10_000, requestTimeout: 10_000 },
+    (req, res) => {
+      const answer = (status: number, text: string, headers: http.OutgoingHttpHeaders = {}) => {
+        res.writeHead(status, { 'Content-Type': 'text/plain; charset=utf-8', ...headers });
+        res.end(req.method === 'HEAD' ? undefined : text);
+      };
+      if ((req.url ?? '').split('?')[0] !== '/metrics') return answer(404, 'only /metrics here\n');
+      if (req.method !== 'GET' && req.method !== 'HEAD') {
+        return answer(405, 'GET /metrics only\n', { Allow: 'GET, HEAD' });
+      }
+      registry.metrics().then(
+        (text) => answer(200, text, { 'Content-Type': registry.contentType }),
+        (error: unknown) => answer(500, `metrics collection failed: ${(error as Error).message}\n`),
+      );
+    },
+  );
+  // Scrapers keep connections alive between scrapes; stop must not wait for them.
+  const close = () =>
+    new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      server.closeAllConnections();
+    });
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(at.port, at.host, () => {
+      server.off('error', reject);
+      resolve({ port: (server.address() as AddressInfo).port, close });
+    });
+  });
 }

@@ -30,6 +30,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type EnvdSandbox, SandboxApi } from '../../src/envd/index.js';
 import { ProcessRuntime } from '../../src/runtime/index.js';
+import { envelope, type Frame as ConnectFrame, StreamCall } from '../support/connect-client.js';
 
 const OPEN = 'ifsopen000000000000001';
 const SECURE = 'ifssecure00000000000001';
@@ -169,109 +170,21 @@ async function fails(method: string, body: object, code: string, options: Option
   return reply.body;
 }
 
-interface Frame {
-  flags: number;
-  message: Reply;
-}
-
-/** A Connect server stream read frame by frame as it arrives. */
-class StreamCall {
-  status = 0;
-  contentType = '';
-  private buffered = Buffer.alloc(0);
-  private readonly frames: Frame[] = [];
-  private waiter: (() => void) | undefined;
-  private ended = false;
-  private readonly request: http.ClientRequest;
-  readonly ready: Promise<void>;
-
-  constructor(method: string, body: object, options: Options = {}) {
-    const json = Buffer.from(JSON.stringify(body));
-    const envelope = Buffer.alloc(5 + json.length);
-    envelope.writeUInt32BE(json.length, 1);
-    json.copy(envelope, 5);
-    this.request = http.request(`${base}/filesystem.Filesystem/${method}`, {
-      method: 'POST',
-      headers: {
-        'Content-Type': 'application/connect+json',
-        'Connect-Protocol-Version': '1',
-        'Content-Length': envelope.length,
-        ...headersFor(options),
-      },
-    });
-    this.ready = new Promise((resolve, reject) => {
-      this.request.on('response', (response) => {
-        this.status = response.statusCode ?? 0;
-        this.contentType = String(response.headers['content-type']);
-        response.on('data', (chunk: Buffer) => this.push(chunk));
-        response.on('end', () => this.finish());
-        response.on('error', () => this.finish());
-        resolve();
-      });
-      this.request.on('error', (error) => {
-        this.finish();
-        reject(error);
-      });
-    });
-    this.request.end(envelope);
-  }
-
-  private push(chunk: Buffer) {
-    this.buffered = Buffer.concat([this.buffered, chunk]);
-    while (this.buffered.length >= 5) {
-      const length = this.buffered.readUInt32BE(1);
-      if (this.buffered.length < 5 + length) break;
-      this.frames.push({
-        flags: this.buffered[0]!,
-        message: JSON.parse(this.buffered.subarray(5, 5 + length).toString()),
-      });
-      this.buffered = this.buffered.subarray(5 + length);
-    }
-    this.waiter?.();
-  }
-
-  private finish() {
-    this.ended = true;
-    this.waiter?.();
-  }
-
-  /** The next frame, or undefined when the stream closed; fails after `timeoutMs`. */
-  async next(timeoutMs = 5000): Promise<Frame | undefined> {
-    const deadline = Date.now() + timeoutMs;
-    while (this.frames.length === 0 && !this.ended) {
-      const left = deadline - Date.now();
-      if (left <= 0) throw new Error(`no frame within ${timeoutMs} ms`);
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, left);
-        this.waiter = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-      });
-    }
-    return this.frames.shift();
-  }
-
-  /** Frames until `done` holds for the ones collected (or the stream ends). */
-  async until(done: (frames: Frame[]) => boolean, timeoutMs = 5000): Promise<Frame[]> {
-    const collected: Frame[] = [];
-    const deadline = Date.now() + timeoutMs;
-    while (!done(collected)) {
-      const frame = await this.next(Math.max(1, deadline - Date.now()));
-      if (frame === undefined) break;
-      collected.push(frame);
-    }
-    return collected;
-  }
-
-  close() {
-    this.request.destroy();
-  }
-}
+/** A filesystem.Filesystem server stream, read frame by frame as it arrives. */
+const streamCall = (method: string, body: object, options: Options = {}) =>
+  new StreamCall<Reply>(
+    new URL(`${base}/filesystem.Filesystem/${method}`),
+    {
+      'Content-Type': 'application/connect+json',
+      'Connect-Protocol-Version': '1',
+      ...headersFor(options),
+    },
+    envelope(body),
+  );
 
 /** Opens a WatchDir stream and waits for its start message. */
 async function watchDir(body: object, options: Options = {}) {
-  const call = new StreamCall('WatchDir', body, options);
+  const call = streamCall('WatchDir', body, options);
   await call.ready;
   expect(call.status).toBe(200);
   expect(call.contentType).toMatch(/^application\/connect\+json/);
@@ -279,9 +192,9 @@ async function watchDir(body: object, options: Options = {}) {
   return call;
 }
 
-const eventsOf = (frames: Frame[]): Event[] =>
+const eventsOf = (frames: ConnectFrame<Reply>[]): Event[] =>
   frames.filter((f) => f.message.filesystem).map((f) => f.message.filesystem as Event);
-const has = (name: string, type: string) => (frames: Frame[]) =>
+const has = (name: string, type: string) => (frames: ConnectFrame<Reply>[]) =>
   eventsOf(frames).some((e) => e.name === name && e.type === `EVENT_TYPE_${type}`);
 
 const filesUrl = (query: Record<string, string>) => `${base}/files?${new URLSearchParams(query)}`;
@@ -670,7 +583,7 @@ describe('WatchDir', () => {
       [{ path: '/.moat' }, 'permission_denied'],
       [{}, 'invalid_argument'],
     ] as const) {
-      const call = new StreamCall('WatchDir', body);
+      const call = streamCall('WatchDir', body);
       await call.ready;
       expect(call.status).toBe(200);
       const frame = await call.next();
@@ -1224,7 +1137,7 @@ describe('confinement: nothing outside the sandbox root is read or written', () 
     plantLinks();
     const outcomes: Record<string, unknown> = {};
     for (const given of ['links/etc', 'links/outdir', 'links/up', 'links/dangling']) {
-      const watch = new StreamCall('WatchDir', { path: given });
+      const watch = streamCall('WatchDir', { path: given });
       await watch.ready;
       const first = await watch.next();
       outcomes[given] = first?.flags === 2 ? first.message : 'watching';

@@ -71,22 +71,22 @@ export function envelope(message: unknown, flags = 0): Buffer {
   return frame;
 }
 
-export interface Frame {
+export interface Frame<M = Record<string, unknown>> {
   readonly flags: number;
-  readonly message: Record<string, unknown>;
+  readonly message: M;
 }
 
 /**
  * An enveloped Connect call: the request body is written as given (or envelope by envelope with
  * `write`), the response is read frame by frame as it arrives.
  */
-export class StreamCall {
+export class StreamCall<M = Record<string, unknown>> {
   status = 0;
   contentType = '';
   /** Bytes after the last whole frame when the response ended (must be none). */
   trailing = 0;
   private buffered = Buffer.alloc(0);
-  private readonly frames: Frame[] = [];
+  private readonly frames: Frame<M>[] = [];
   private waiter: (() => void) | undefined;
   private ended = false;
   private readonly request: http.ClientRequest;
@@ -132,10 +132,7 @@ export class StreamCall {
       if (this.buffered.length < 5 + length) break;
       this.frames.push({
         flags: this.buffered[0]!,
-        message: JSON.parse(this.buffered.subarray(5, 5 + length).toString()) as Record<
-          string,
-          unknown
-        >,
+        message: JSON.parse(this.buffered.subarray(5, 5 + length).toString()) as M,
       });
       this.buffered = this.buffered.subarray(5 + length);
     }
@@ -149,7 +146,7 @@ export class StreamCall {
   }
 
   /** The next frame, or undefined when the stream closed; fails after `timeoutMs`. */
-  async next(timeoutMs = 5000): Promise<Frame | undefined> {
+  async next(timeoutMs = 5000): Promise<Frame<M> | undefined> {
     const deadline = Date.now() + timeoutMs;
     while (this.frames.length === 0 && !this.ended) {
       const left = deadline - Date.now();
@@ -166,8 +163,8 @@ export class StreamCall {
   }
 
   /** Every frame up to the end of the response; fails when it does not end in `timeoutMs`. */
-  async rest(timeoutMs = 5000): Promise<Frame[]> {
-    const collected: Frame[] = [];
+  async rest(timeoutMs = 5000): Promise<Frame<M>[]> {
+    const collected: Frame<M>[] = [];
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       const frame = await this.next(Math.max(1, deadline - Date.now()));
@@ -177,8 +174,8 @@ export class StreamCall {
   }
 
   /** Frames until `done` holds for the ones collected (or the stream ends). */
-  async until(done: (frames: Frame[]) => boolean, timeoutMs = 5000): Promise<Frame[]> {
-    const collected: Frame[] = [];
+  async until(done: (frames: Frame<M>[]) => boolean, timeoutMs = 5000): Promise<Frame<M>[]> {
+    const collected: Frame<M>[] = [];
     const deadline = Date.now() + timeoutMs;
     while (!done(collected)) {
       const frame = await this.next(Math.max(1, deadline - Date.now()));

@@ -12,6 +12,12 @@ export type ProxyKind = 'connect' | 'forward' | 'transparent';
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 
+const MISNAMED_DEFAULT_GAUGES = [
+  'nodejs_active_handles_total',
+  'nodejs_active_requests_total',
+  'nodejs_active_resources_total',
+];
+
 export class MoatMetrics {
   readonly registry = new Registry();
   private learnedCount: () => number = () => 0;
@@ -141,8 +147,12 @@ export class MoatMetrics {
   }
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
-    if (options.defaultMetrics !== false)
+    if (options.defaultMetrics !== false) {
       collectDefaultMetrics({ register: this.registry, prefix: 'moat_' });
+      // prom-client names these gauges `_total`, which Prometheus reserves for counters
+      // (promtool check metrics refuses them); the per-type gauges without it stay.
+      for (const name of MISNAMED_DEFAULT_GAUGES) this.registry.removeSingleMetric(`moat_${name}`);
+    }
   }
 
   /** Where the learned-address gauge reads its value at scrape time. */

@@ -198,6 +198,15 @@ export class EgressProxy {
     };
   }
 
+  /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
+  private unidentified(kind: 'connect' | 'forward', req: IncomingMessage, reason: string): void {
+    this.count(kind, 'unauthenticated');
+    this.options.logger.info(
+      { kind, client: req.socket.remoteAddress, destination: req.url, reason },
+      'egress refused: no sandbox identified',
+    );
+  }
+
   private async onConnect(req: IncomingMessage, client: net.Socket, head: Buffer): Promise<void> {
     client.on('error', () => client.destroy());
     const who = identify(
@@ -206,7 +215,7 @@ export class EgressProxy {
       req.socket.remoteAddress,
     );
     if (!who.ok) {
-      this.count('connect', 'unauthenticated');
+      this.unidentified('connect', req, who.reason);
       return writeRawError(client, 407, who.reason, undefined, {
         'Proxy-Authenticate': 'Basic realm="moat"',
       });
@@ -265,9 +274,20 @@ export class EgressProxy {
       () => finish('no first bytes within the handshake timeout'),
       this.options.handshakeTimeoutMs,
     );
-    const finish = (problem: string | undefined) => {
+    const stopWatching = () => {
       clearTimeout(timer);
       client.off('data', onData);
+      client.off('end', abandoned);
+      client.off('close', stopWatching);
+    };
+    // The client left (or the tunnel closed for another reason) before showing its first bytes:
+    // nothing to judge, nothing to count, and no timer left to keep the process alive.
+    const abandoned = () => {
+      stopWatching();
+      tunnel.close();
+    };
+    const finish = (problem: string | undefined) => {
+      stopWatching();
       if (problem === undefined) return tunnel.release(seen);
       this.options.metrics.proxyDenials.inc({ kind: 'connect', list: 'invalid' });
       this.options.logger.info(
@@ -291,6 +311,8 @@ export class EgressProxy {
       examine();
     };
     client.on('data', onData);
+    client.once('end', abandoned);
+    client.once('close', stopWatching);
     examine();
   }
 
@@ -325,7 +347,7 @@ export class EgressProxy {
       req.socket.remoteAddress,
     );
     if (!who.ok) {
-      this.count('forward', 'unauthenticated');
+      this.unidentified('forward', req, who.reason);
       return sendError(res, 407, who.reason, undefined, {
         'Proxy-Authenticate': 'Basic realm="moat"',
       });

@@ -1,0 +1,645 @@
+/**
+ * Operating Moat, with real `moat serve` children: --print-config (precedence of file < env <
+ * flags, secrets masked), the separate --metrics-listen listener, the start-up facts in the log,
+ * clean stops on SIGTERM and SIGINT, and a secrets scan of the whole output of a debug-level run
+ * driven through a full scenario (generated key, secure sandbox, the egress credential, denied
+ * and allowed egress, ingress with the traffic token, PUT network, pause, connect, kill).
+ * Every socket is on loopback; the upstream resolver is a FakeDns.
+ */
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SETTINGS } from '../src/config.js';
+import { SandboxClient, type StreamCall } from './support/connect-client.js';
+import { udpQuery } from './support/dns-client.js';
+import { FakeDns } from './support/fake-dns.js';
+import { MOAT_BIN, runMoat } from './support/moat.js';
+import { httpEchoOrigin, type Origin } from './support/origins.js';
+
+const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-operate-'));
+let folders = 0;
+const folder = () => path.join(scratch, `d${++folders}`);
+
+/** allowed.moat.test reaches the echo origin; denied.moat.test is a documentation address. */
+const zone = new FakeDns(
+  new Map([
+    ['allowed.moat.test', { A: ['127.0.0.1'] }],
+    ['denied.moat.test', { A: ['192.0.2.10'] }],
+  ]),
+);
+let origin: Origin;
+const children: ServeChild[] = [];
+
+beforeAll(async () => {
+  await zone.start();
+  origin = await httpEchoOrigin('127.0.0.1');
+});
+
+afterAll(async () => {
+  await Promise.all(children.map((c) => c.kill()));
+  await origin?.close();
+  await zone.stop();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+// -- the serve child ---------------------------------------------------------------------------
+
+/** What the human start-up lines say. */
+interface Started {
+  readonly api: string;
+  readonly sandbox: string;
+  readonly proxy: string;
+  readonly dns: string;
+  /** `off` or ip:port. */
+  readonly metrics: string;
+  readonly dataDir: string;
+  /** The key, when this start generated it. */
+  readonly generatedKey: string | undefined;
+}
+
+type LogLine = Record<string, unknown> & { msg?: string };
+
+class ServeChild {
+  stdout = '';
+  stderr = '';
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  private readonly child: ChildProcess;
+
+  constructor(args: string[], env: Record<string, string> = {}) {
+    // Only PATH from the environment: no MOAT_* setting of the host leaks in.
+    this.child = spawn(process.execPath, [MOAT_BIN, 'serve', ...args], {
+      env: { PATH: process.env.PATH ?? '', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => (this.stdout += chunk));
+    this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (this.stderr += chunk));
+    this.exited = new Promise((resolve) =>
+      this.child.once('exit', (code, signal) => resolve({ code, signal })),
+    );
+    children.push(this);
+  }
+
+  get running(): boolean {
+    return this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  output(): string {
+    return `stdout:\n${this.stdout}\nstderr:\n${this.stderr}`;
+  }
+
+  /** The JSON log lines so far (the human start-up lines are not JSON). */
+  logLines(): LogLine[] {
+    return this.stdout
+      .split('\n')
+      .filter((line) => line.startsWith('{'))
+      .map((line) => JSON.parse(line) as LogLine);
+  }
+
+  /**
+   * Waits for the last human start-up line and the "moat started" log line (the log is written
+   * asynchronously, so either may come first) and returns what the human lines say.
+   */
+  async started(deadlineMs = 15_000): Promise<Started> {
+    const deadline = Date.now() + deadlineMs;
+    const complete = () =>
+      /^moat: metrics .*$/m.test(this.stdout) && /"msg":"moat started"/.test(this.stdout);
+    while (!complete()) {
+      if (!this.running || Date.now() > deadline) {
+        throw new Error(`moat serve did not start\n${this.output()}`);
+      }
+      await sleep(20);
+    }
+    const field = (pattern: RegExp) => {
+      const found = pattern.exec(this.stdout)?.[1];
+      if (found === undefined) throw new Error(`no ${pattern} in\n${this.output()}`);
+      return found;
+    };
+    return {
+      api: field(/^moat: platform API +http:\/\/(\S+) /m),
+      sandbox: field(/^moat: sandbox API +http:\/\/(\S+) /m),
+      proxy: field(/^moat: egress proxy +(\S+) /m),
+      dns: field(/^moat: DNS interceptor +(\S+) /m),
+      metrics: field(/^moat: metrics +(?:http:\/\/)?([^/\s]+)/m),
+      dataDir: field(/^moat: data folder +(\S+)$/m),
+      generatedKey: /^moat: API key +(\S+) \(generated;/m.exec(this.stdout)?.[1],
+    };
+  }
+
+  /** Sends `signal` and waits (bounded) for the exit. */
+  async stop(signal: NodeJS.Signals): Promise<{ code: number | null; signal: string | null }> {
+    this.child.kill(signal);
+    const timeout = sleep(15_000).then(() => ({ code: null, signal: 'still running after 15 s' }));
+    return Promise.race([this.exited, timeout]);
+  }
+
+  async kill(): Promise<void> {
+    if (this.running) this.child.kill('SIGKILL');
+    await this.exited;
+  }
+}
+
+/** Loopback everywhere, ports chosen by the kernel, the FakeDns upstream. */
+const serveArgs = (dataDir: string, extra: string[] = []) => [
+  ...['--data-dir', dataDir, '--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
+  ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
+  ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
+  ...extra,
+];
+
+async function startServe(extra: string[] = []): Promise<{ child: ServeChild; at: Started }> {
+  const child = new ServeChild(serveArgs(folder(), extra));
+  return { child, at: await child.started() };
+}
+
+// -- HTTP helpers ------------------------------------------------------------------------------
+
+interface Reply {
+  readonly status: number;
+  readonly headers: http.IncomingHttpHeaders;
+  readonly text: string;
+}
+
+/** One request over node:http (any method, Host or proxy header; nothing added). */
+function request(
+  at: string,
+  options: { method?: string; path?: string; headers?: Record<string, string>; body?: string },
+): Promise<Reply> {
+  const [host, port] = splitHostPort(at);
+  return new Promise((resolve, reject) => {
+    const outgoing = http.request(
+      { host, port, method: options.method ?? 'GET', path: options.path ?? '/', timeout: 10_000 },
+      (response) => {
+        let text = '';
+        response.setEncoding('utf8').on('data', (chunk: string) => (text += chunk));
+        response.on('end', () =>
+          resolve({ status: response.statusCode ?? 0, headers: response.headers, text }),
+        );
+        response.on('error', reject);
+      },
+    );
+    for (const [name, value] of Object.entries(options.headers ?? {}))
+      outgoing.setHeader(name, value);
+    outgoing.on('timeout', () => outgoing.destroy(new Error(`${options.path} timed out`)));
+    outgoing.on('error', reject);
+    outgoing.end(options.body);
+  });
+}
+
+/**
+ * CONNECT through the egress proxy. Resolves with the status and, when `send` is given and the
+ * tunnel opened, what came back for it before the origin closed; the tunnel is closed after.
+ */
+function connectThrough(
+  proxy: string,
+  target: string,
+  authorization: string,
+  send?: string,
+): Promise<{ status: number; received: string }> {
+  const [host, port] = splitHostPort(proxy);
+  return new Promise((resolve, reject) => {
+    const outgoing = http.request({
+      host,
+      port,
+      method: 'CONNECT',
+      path: target,
+      headers: { 'Proxy-Authorization': authorization },
+      timeout: 10_000,
+    });
+    outgoing.on('connect', (response, socket) => {
+      const status = response.statusCode ?? 0;
+      if (send === undefined || status !== 200) {
+        socket.destroy();
+        return resolve({ status, received: '' });
+      }
+      let received = '';
+      socket.setEncoding('utf8').on('data', (chunk: string) => (received += chunk));
+      socket.on('error', reject);
+      socket.on('close', () => resolve({ status, received }));
+      socket.setTimeout(10_000, () => socket.destroy());
+      socket.write(send);
+    });
+    outgoing.on('timeout', () => outgoing.destroy(new Error(`CONNECT ${target} timed out`)));
+    outgoing.on('error', reject);
+    outgoing.end();
+  });
+}
+
+function splitHostPort(at: string): [string, number] {
+  const colon = at.lastIndexOf(':');
+  return [at.slice(0, colon), Number(at.slice(colon + 1))];
+}
+
+const basic = (user: string, password: string) =>
+  `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`;
+
+/** The platform API with one key. */
+const platform =
+  (at: string, key: string) =>
+  async (method: string, url: string, body?: object): Promise<Reply & { body: unknown }> => {
+    const reply = await request(at, {
+      method,
+      path: url,
+      headers: {
+        'X-API-Key': key,
+        ...(body ? { 'Content-Type': 'application/json' } : {}),
+      },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    return { ...reply, body: reply.text === '' ? undefined : (JSON.parse(reply.text) as unknown) };
+  };
+
+// -- --print-config ----------------------------------------------------------------------------
+
+describe('moat serve --print-config', () => {
+  const keys = {
+    file: 'file-key-0123456789abcdef',
+    env1: 'env-key-one-0123456789abcdef',
+    env2: 'env-key-two-0123456789abcdef',
+    flag: 'flag-key-0123456789abcdef',
+  };
+
+  /** A config file setting four keys; env overrides two of them, a flag one more. */
+  function configFile(): string {
+    const file = path.join(scratch, `config-${++folders}.json`);
+    writeFileSync(
+      file,
+      JSON.stringify({
+        dnsMinTtl: 11,
+        dnsMaxTtl: 2222,
+        dnsCacheSize: 333,
+        namespace: 'from-file',
+        apiKeys: [keys.file],
+        metricsListen: '127.0.0.1:9464',
+      }),
+    );
+    return file;
+  }
+
+  const env = {
+    MOAT_DNS_MAX_TTL: '4444',
+    MOAT_DNS_CACHE_SIZE: '555',
+    MOAT_API_KEYS: `${keys.env1},${keys.env2}`,
+    MOAT_LOG_LEVEL: 'warn',
+  };
+
+  async function printConfig(args: string[], environment: Record<string, string> = {}) {
+    const result = await runMoat(['serve', '--print-config', ...args], { env: environment });
+    expect({ code: result.code, stderr: result.stderr }).toEqual({ code: 0, stderr: '' });
+    return { shown: JSON.parse(result.stdout) as Record<string, unknown>, stdout: result.stdout };
+  }
+
+  it('merges defaults < file < env < flags and prints every setting, then exits', async () => {
+    const dataDir = folder();
+    const { shown } = await printConfig(
+      ['--config', configFile(), '--dns-cache-size', '666', '--data-dir', dataDir],
+      env,
+    );
+    expect(Object.keys(shown)).toEqual(SETTINGS.map((s) => s.key));
+    expect(shown).toMatchObject({
+      dnsMinTtl: 11, // file only
+      dnsMaxTtl: 4444, // env over file
+      dnsCacheSize: 666, // flag over env over file
+      namespace: 'from-file',
+      logLevel: 'warn', // env over default
+      metricsListen: '127.0.0.1:9464',
+      dataDir,
+      // Defaults, written as a config file would write them.
+      dnsTimeoutMs: 2000,
+      transparentListen: '127.0.0.1:3129',
+      apiListen: '127.0.0.1:3000',
+      sourcePool: '127.77.0.0/16',
+      proxyCheckServerName: true,
+    });
+    // Nothing started: not even the data folder exists.
+    expect(existsSync(dataDir)).toBe(false);
+  });
+
+  it.each([
+    ['the file', [], {}, 1],
+    ['the environment', [], { MOAT_API_KEYS: `${keys.env1},${keys.env2}` }, 2],
+    ['a flag', ['--api-keys', keys.flag], { MOAT_API_KEYS: keys.env1 }, 1],
+  ] as const)(
+    'masks API keys from %s: one mask per key, no key text anywhere',
+    async (_from, flags, environment, count) => {
+      const { shown, stdout } = await printConfig(
+        ['--config', configFile(), ...flags],
+        environment,
+      );
+      expect(shown.apiKeys).toEqual(Array.from({ length: count }, () => '***'));
+      for (const key of Object.values(keys)) expect(stdout).not.toContain(key);
+    },
+  );
+
+  it('reads back as the same configuration when fed in as a --config file', async () => {
+    const first = await printConfig(['--config', configFile()], env);
+    const file = path.join(scratch, 'printed.json');
+    // The masked keys cannot be read back; everything else must mean the same again.
+    const { apiKeys: _masked, ...rest } = first.shown;
+    writeFileSync(file, JSON.stringify(rest));
+    const again = await printConfig(['--config', file]);
+    expect({ ...again.shown, apiKeys: _masked }).toEqual(first.shown);
+  });
+
+  it('rejects an invalid value naming the key and its source, exit 2', async () => {
+    const result = await runMoat(['serve', '--print-config'], {
+      env: { MOAT_METRICS_LISTEN: 'everywhere' },
+    });
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain('MOAT_METRICS_LISTEN');
+  });
+
+  it('is documented in serve --help with --metrics-listen', async () => {
+    const help = await runMoat(['serve', '--help']);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toMatch(/--print-config\n\s+print the effective configuration/);
+    expect(help.stdout).toMatch(/--metrics-listen IP:PORT\|off\n[^-]*MOAT_METRICS_LISTEN/);
+  });
+});
+
+// -- --metrics-listen --------------------------------------------------------------------------
+
+describe('--metrics-listen', () => {
+  it('serves Prometheus text from the same registry as the API listener, no key', async () => {
+    const { child, at } = await startServe(['--metrics-listen', '127.0.0.1:0']);
+    expect(at.metrics).toMatch(/^127\.0\.0\.1:\d+$/);
+    expect(at.metrics).not.toBe(at.api);
+    const key = at.generatedKey!;
+    // A request on the API listener must show up on the separate listener: one registry.
+    expect((await platform(at.api, key)('GET', '/sandboxes')).status).toBe(200);
+    const separate = await request(at.metrics, { path: '/metrics' });
+    expect(separate.status).toBe(200);
+    expect(separate.headers['content-type']).toMatch(/^text\/plain; version=0\.0\.4/);
+    expect(separate.text).toContain('# TYPE moat_dns_queries_total counter');
+    expect(separate.text).toContain('# TYPE moat_process_cpu_seconds_total counter');
+    expect(separate.text).toMatch(
+      /^moat_api_request_duration_seconds_count\{method="GET",route="\/sandboxes",code="200"\} 1$/m,
+    );
+    // `_total` is for counters only (promtool refuses prom-client's `*_total` gauges).
+    const misnamed = [...separate.text.matchAll(/^# TYPE (\S+_total) (\S+)$/gm)].filter(
+      ([, , type]) => type !== 'counter',
+    );
+    expect(misnamed.map(([line]) => line)).toEqual([]);
+    const onApi = await request(at.api, { path: '/metrics' });
+    const families = (text: string) => text.match(/^# TYPE \S+/gm)?.sort();
+    expect(families(onApi.text)).toEqual(families(separate.text));
+
+    // Only GET /metrics.
+    expect((await request(at.metrics, { path: '/sandboxes' })).status).toBe(404);
+    const post = await request(at.metrics, { method: 'POST', path: '/metrics' });
+    expect({ status: post.status, allow: post.headers.allow }).toEqual({
+      status: 405,
+      allow: 'GET, HEAD',
+    });
+    // The start-up log line names it too; stop closes it.
+    expect(child.logLines().find((l) => l.msg === 'moat started')).toMatchObject({
+      metrics: at.metrics,
+    });
+    expect(await child.stop('SIGTERM')).toEqual({ code: 0, signal: null });
+    await expect(request(at.metrics, { path: '/metrics' })).rejects.toThrow(/ECONNREFUSED/);
+  });
+
+  it('is off by default', async () => {
+    const { child, at } = await startServe();
+    expect(at.metrics).toBe('off');
+    expect(child.logLines().find((l) => l.msg === 'moat started')).toMatchObject({
+      metrics: 'off',
+    });
+    expect(await child.stop('SIGTERM')).toEqual({ code: 0, signal: null });
+  });
+});
+
+// -- sandboxes ---------------------------------------------------------------------------------
+
+/** Runs `script` in the sandbox through process.Process/Start; returns its stdout. */
+async function runInSandbox(sandbox: SandboxClient, script: string): Promise<string> {
+  const call = startInSandbox(sandbox, script);
+  await call.ready;
+  expect(call.status).toBe(200);
+  let stdout = '';
+  for (const frame of await call.rest(10_000)) {
+    const data = (frame.message as { event?: { data?: { stdout?: string } } }).event?.data;
+    if (data?.stdout) stdout += Buffer.from(data.stdout, 'base64').toString();
+  }
+  return stdout;
+}
+
+const startInSandbox = (sandbox: SandboxClient, script: string): StreamCall =>
+  sandbox.stream('process.Process/Start', { process: { cmd: '/bin/sh', args: ['-c', script] } });
+
+interface CreatedSandbox {
+  readonly sandboxID: string;
+  readonly envdAccessToken: string | null;
+  readonly trafficAccessToken: string | null;
+}
+
+/**
+ * A sandbox created through the platform API (POST /v2/sandboxes: secure), its sandbox API
+ * client, and its egress credential as every process of the sandbox sees it in $HTTPS_PROXY.
+ */
+async function sandboxWithEgress(at: Started, body: object = {}) {
+  const api = platform(at.api, at.generatedKey!);
+  const created = await api('POST', '/v2/sandboxes', { templateID: 'base', timeout: 120, ...body });
+  expect(created.status, created.text).toBe(201);
+  const record = created.body as CreatedSandbox;
+  const client = new SandboxClient(
+    `http://${at.sandbox}`,
+    record.sandboxID,
+    record.envdAccessToken,
+  );
+  const proxyUrl = new URL(await runInSandbox(client, 'printf %s "$HTTPS_PROXY"'));
+  expect(proxyUrl.username).toBe(record.sandboxID);
+  expect(`${proxyUrl.hostname}:${proxyUrl.port}`).toBe(at.proxy);
+  const egressSecret = decodeURIComponent(proxyUrl.password);
+  expect(egressSecret.length).toBeGreaterThanOrEqual(16);
+  return {
+    api,
+    record,
+    client,
+    egressSecret,
+    credential: basic(record.sandboxID, egressSecret),
+  };
+}
+
+/** Command lines of every process on the host (sandbox processes are among them). */
+const hostProcesses = () => execFileSync('ps', ['-eo', 'args']).toString().split('\n');
+
+/** Only allowed.moat.test; everything else over IPv4 denied. */
+const ALLOW_ONE = { allowOut: ['allowed.moat.test'], denyOut: ['0.0.0.0/0'] };
+
+// -- start-up and stop -------------------------------------------------------------------------
+
+describe('moat serve start-up and stop', () => {
+  it.each(['SIGTERM', 'SIGINT'] as const)(
+    '%s with a sandbox process running: exit 0, "moat stopped" logged, nothing left behind',
+    async (signal) => {
+      const { child, at } = await startServe();
+      const started = child.logLines().find((l) => l.msg === 'moat started');
+      // The log line carries what the human lines say, and never the key.
+      expect(started).toMatchObject({
+        api: at.api,
+        sandbox: at.sandbox,
+        dns: at.dns,
+        proxy: at.proxy,
+        transparent: 'off',
+        metrics: 'off',
+        dataDir: at.dataDir,
+        enforcement: expect.any(String),
+        enforcementReason: expect.any(String),
+        confinement: expect.any(String),
+        apiKeys: path.join(at.dataDir, 'api-key'),
+        apiKeyGenerated: true,
+      });
+      expect(JSON.stringify(started)).not.toContain(at.generatedKey);
+
+      const { client } = await sandboxWithEgress(at);
+      const marker = `moatstop${signal}${process.pid}`;
+      // A loop, so the shell (whose command line has the marker) stays.
+      const sleeper = startInSandbox(client, `: ${marker}; while true; do sleep 1; done`);
+      await sleeper.next(); // the start event
+      const withMarker = () => hostProcesses().filter((line) => line.includes(marker));
+      await expect.poll(() => withMarker().length, { timeout: 5000 }).toBeGreaterThan(0);
+
+      expect(await child.stop(signal)).toEqual({ code: 0, signal: null });
+      sleeper.close();
+      const lines = child.logLines();
+      expect(lines.find((l) => l.msg === 'moat stopping')).toMatchObject({ signal });
+      expect(
+        lines.find((l) => l.msg === 'moat stopped'),
+        child.output(),
+      ).toMatchObject({
+        signal,
+        level: 30,
+      });
+      expect(child.stderr).toBe('');
+      await expect(request(at.api, { path: '/health' })).rejects.toThrow(/ECONNREFUSED/);
+      expect(withMarker()).toEqual([]);
+    },
+  );
+
+  it('stops within 3 s, "moat stopped" last, with a CONNECT tunnel that never sent a byte', async () => {
+    const { child, at } = await startServe(['--internal-deny', '10.0.0.0/8']);
+    const { credential } = await sandboxWithEgress(at, { network: ALLOW_ONE });
+    // The tunnel opens (200) and the client leaves without sending its first bytes.
+    const opened = await connectThrough(at.proxy, `allowed.moat.test:${origin.port}`, credential);
+    expect(opened.status).toBe(200);
+    const signalled = Date.now();
+    expect(await child.stop('SIGTERM')).toEqual({ code: 0, signal: null });
+    expect(Date.now() - signalled, child.output()).toBeLessThan(3000);
+    expect(child.logLines().at(-1)?.msg, child.output()).toBe('moat stopped');
+  });
+});
+
+// -- secrets scan ------------------------------------------------------------------------------
+
+describe('secrets never reach the log', () => {
+  it('a debug-level run through a full scenario logs denies with their facts and no secret', async () => {
+    // Loopback is not internal here, so the allowed destination (the echo origin) is reachable;
+    // 10.0.0.0/8 stays internal for the internal-list deny.
+    const { child, at } = await startServe([
+      '--log-level',
+      'debug',
+      '--internal-deny',
+      '10.0.0.0/8',
+    ]);
+    const apiKey = at.generatedKey;
+    expect(apiKey, child.output()).toMatch(/^moat_/);
+    const { api, record, credential, egressSecret } = await sandboxWithEgress(at, {
+      network: { allowPublicTraffic: false },
+    });
+    const { sandboxID, envdAccessToken, trafficAccessToken } = record;
+    expect(envdAccessToken).toEqual(expect.any(String));
+    expect(trafficAccessToken).toEqual(expect.any(String));
+
+    // Ingress with the traffic token (and once without: 403).
+    const ingress = (token: string | null) =>
+      request(at.sandbox, {
+        path: '/ingress-check',
+        headers: {
+          'E2b-Sandbox-Id': sandboxID,
+          'E2b-Sandbox-Port': String(origin.port),
+          ...(token ? { 'e2b-traffic-access-token': token } : {}),
+        },
+      });
+    expect((await ingress(trafficAccessToken)).status).toBe(200);
+    expect((await ingress(null)).status).toBe(403);
+
+    // Policy: only allowed.moat.test; then denied (name, internal address, forward), allowed.
+    const put = await api('PUT', `/sandboxes/${sandboxID}/network`, ALLOW_ONE);
+    expect(put.status, put.text).toBe(204);
+    const connectStatus = async (target: string, authorization = credential) =>
+      (await connectThrough(at.proxy, target, authorization)).status;
+    expect(await connectStatus('denied.moat.test:443')).toBe(403);
+    expect(await connectStatus('10.1.2.3:443')).toBe(403);
+    const forward = await request(at.proxy, {
+      path: 'http://denied.moat.test/',
+      headers: { Host: 'denied.moat.test', 'Proxy-Authorization': credential },
+    });
+    expect(forward.status).toBe(403);
+    const allowed = await connectThrough(
+      at.proxy,
+      `allowed.moat.test:${origin.port}`,
+      credential,
+      'GET /through-the-tunnel HTTP/1.1\r\nHost: allowed.moat.test\r\nConnection: close\r\n\r\n',
+    );
+    expect(allowed.status).toBe(200);
+    expect(allowed.received).toMatch(/^HTTP\/1\.1 200 [^]*"path":"\/through-the-tunnel"/);
+    // A DNS query from the sandbox's source address for a name its policy denies.
+    const detail = await api('GET', `/sandboxes/${sandboxID}`);
+    const source = (detail.body as { egress: { address: string } }).egress.address;
+    const dnsPort = splitHostPort(at.dns)[1];
+    expect((await udpQuery(dnsPort, source, 'denied.moat.test')).rcode).toBe('NXDOMAIN');
+    // A wrong credential is refused (407); it must not be logged either.
+    const wrongSecret = `${egressSecret.slice(0, -4)}zzzz`;
+    expect(await connectStatus('denied.moat.test:443', basic(sandboxID, wrongSecret))).toBe(407);
+
+    // Lifecycle.
+    expect((await api('POST', `/sandboxes/${sandboxID}/pause`)).status).toBe(204);
+    const connected = await api('POST', `/sandboxes/${sandboxID}/connect`, { timeout: 120 });
+    expect(connected.status, connected.text).toBe(201);
+    expect((await api('DELETE', `/sandboxes/${sandboxID}`)).status).toBe(204);
+    expect(await child.stop('SIGTERM')).toEqual({ code: 0, signal: null });
+
+    // The generated key is printed once, on its own start-up line, and nowhere else.
+    const keyLine = `moat: API key          ${apiKey} (generated;`;
+    const [before, ...after] = child.stdout.split(keyLine);
+    expect(after, 'the key line').toHaveLength(1);
+    const everything = `${before}${after.join('')}\n${child.stderr}`;
+    const secrets: Record<string, string> = {
+      'API key': apiKey!,
+      envdAccessToken: envdAccessToken!,
+      trafficAccessToken: trafficAccessToken!,
+      'egress secret': egressSecret,
+      'egress credential (Basic)': credential.slice('Basic '.length),
+      'egress secret (base64)': Buffer.from(egressSecret).toString('base64'),
+      'wrong egress secret': wrongSecret,
+      'wrong egress credential (Basic)': basic(sandboxID, wrongSecret).slice('Basic '.length),
+    };
+    const leaked = Object.entries(secrets).filter(([, secret]) => everything.includes(secret));
+    expect(leaked.map(([name]) => name)).toEqual([]);
+
+    // Each deny is one structured line with the facts an operator needs.
+    const lines = child.logLines();
+    const fact = { rule: expect.any(String), list: expect.any(String), reason: expect.any(String) };
+    const denied = (msg: string, details: object) =>
+      expect.objectContaining({ msg, sandboxID, ...fact, ...details });
+    expect(lines).toEqual(
+      expect.arrayContaining([
+        denied('egress denied', { kind: 'connect', destination: 'denied.moat.test:443' }),
+        denied('egress denied', { kind: 'connect', destination: '10.1.2.3:443', list: 'internal' }),
+        denied('egress denied', { kind: 'forward', destination: 'denied.moat.test:80' }),
+        denied('dns query denied', { destination: 'denied.moat.test' }),
+        // At debug level, the allow too.
+        expect.objectContaining({
+          msg: 'egress allowed',
+          sandboxID,
+          destination: expect.stringContaining(`:${origin.port}`),
+        }),
+      ]),
+    );
+  });
+});

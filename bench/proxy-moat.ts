@@ -20,7 +20,7 @@ import net from 'node:net';
 import dnsPacket from 'dns-packet';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { pino } from 'pino';
-import { startMoat } from '../src/cli/moat.js';
+import { startMoat } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
 import { compilePolicy, parseNetworkConfig } from '../src/policy/index.js';
 import { BENCH_SANDBOX_ID, BENCH_SECRET, ORIGIN_NAME } from './proxy-common.js';

@@ -41,6 +41,9 @@ export class Launcher {
   private readonly commands = new Map<number, Pending>();
   private buffered = '';
   private gone: Error | undefined;
+  private markExited: () => void = () => undefined;
+  /** Resolves once the launcher process is gone (killed with its sandbox, or stopped). */
+  readonly exited = new Promise<void>((resolve) => (this.markExited = resolve));
 
   private constructor(private readonly child: ChildProcess) {
     child.stdout!.setEncoding('utf8').on('data', (chunk: string) => this.onData(chunk));
@@ -150,6 +153,7 @@ export class Launcher {
   private onGone(error: Error): void {
     if (this.gone) return;
     this.gone = error;
+    this.markExited();
     for (const command of this.commands.values()) {
       command.started.reject(error);
       command.callbacks.exit(null, 9);

@@ -193,7 +193,12 @@ export class ProcessTable {
       argv: [PYTHON, '-c', LAUNCHER_SOURCE],
     });
     const launcher = Launcher.spawn({ ...launch, argv: this.containment.wrap(launch.argv) });
-    if (launcher.pid !== undefined) this.containment.track(launcher.pid);
+    const pid = launcher.pid;
+    if (pid !== undefined) {
+      this.containment.track(pid);
+      // Forget it once gone: its pid may be reused by an unrelated process group.
+      void launcher.exited.then(() => this.containment.untrack(pid));
+    }
     this.launchers.set(user.name, launcher);
     return launcher;
   }

@@ -8,7 +8,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
-import type { IngressProxy, IngressTarget } from './ingress.js';
+import { type IngressProxy, type IngressTarget, sendSandboxError } from './ingress.js';
 
 export const SANDBOX_API_PORT = 49983;
 
@@ -68,27 +68,6 @@ function routeOf(request: IncomingMessage, url: URL): Route {
   };
 }
 
-function sendError(
-  response: ServerResponse,
-  status: number,
-  message: string,
-  sandboxID: string,
-): void {
-  const body = JSON.stringify({ message, code: status, sandboxID });
-  response.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
-  });
-  response.end(body);
-}
-
-function refuseUpgrade(socket: Duplex, status: number, message: string, sandboxID: string): void {
-  const body = JSON.stringify({ message, code: status, sandboxID });
-  socket.end(
-    `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
-  );
-}
-
 export const NOT_RUNNING = 'The sandbox was not found';
 
 export class SandboxGateway<S extends GatewaySandbox> {
@@ -109,7 +88,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
     const route = routeOf(request, url);
     try {
       if (route.kind === 'bad') {
-        sendError(response, 400, route.message, '');
+        sendSandboxError(response, 400, route.message, '');
         return;
       }
       const sandbox =
@@ -118,8 +97,8 @@ export class SandboxGateway<S extends GatewaySandbox> {
           : await this.options.lookup(route.sandboxID);
       if (sandbox === undefined) {
         if (route.kind === 'signed')
-          sendError(response, 401, 'the signature matches no sandbox', '');
-        else sendError(response, 502, NOT_RUNNING, route.sandboxID);
+          sendSandboxError(response, 401, 'the signature matches no sandbox', '');
+        else sendSandboxError(response, 502, NOT_RUNNING, route.sandboxID);
         return;
       }
       if (route.kind === 'signed' || route.port === SANDBOX_API_PORT) {
@@ -133,7 +112,12 @@ export class SandboxGateway<S extends GatewaySandbox> {
         'sandbox gateway request failed',
       );
       if (!response.headersSent)
-        sendError(response, 500, 'internal error', route.kind === 'sandbox' ? route.sandboxID : '');
+        sendSandboxError(
+          response,
+          500,
+          'internal error',
+          route.kind === 'sandbox' ? route.sandboxID : '',
+        );
       else response.destroy();
     }
   }
@@ -142,7 +126,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
     socket.on('error', () => socket.destroy());
     const route = routeOf(request, new URL(request.url ?? '/', 'http://sandbox'));
     if (route.kind !== 'sandbox') {
-      refuseUpgrade(
+      this.options.ingress.refuse(
         socket,
         400,
         route.kind === 'bad' ? route.message : 'upgrades need a sandbox',
@@ -152,11 +136,16 @@ export class SandboxGateway<S extends GatewaySandbox> {
     }
     const sandbox = await this.options.lookup(route.sandboxID).catch(() => undefined);
     if (sandbox === undefined) {
-      refuseUpgrade(socket, 502, NOT_RUNNING, route.sandboxID);
+      this.options.ingress.refuse(socket, 502, NOT_RUNNING, route.sandboxID);
       return;
     }
     if (route.port === SANDBOX_API_PORT) {
-      refuseUpgrade(socket, 400, 'the sandbox API takes no upgrades', route.sandboxID);
+      this.options.ingress.refuse(
+        socket,
+        400,
+        'the sandbox API takes no upgrades',
+        route.sandboxID,
+      );
       return;
     }
     this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));

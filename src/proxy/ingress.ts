@@ -131,7 +131,8 @@ function errorBody(status: number, message: string, sandboxID: string) {
   };
 }
 
-function sendError(
+/** The sandbox error body `{message, code, sandboxID}` as an HTTP answer. */
+export function sendSandboxError(
   response: ServerResponse,
   status: number,
   message: string,
@@ -224,10 +225,10 @@ export class IngressProxy {
   request(request: IncomingMessage, response: ServerResponse, target: IngressTarget): void {
     const log = this.logger(target);
     if (!this.admitted(request, target, log))
-      return sendError(response, 403, this.forbidden(request, target), target.sandboxID);
+      return sendSandboxError(response, 403, this.forbidden(request, target), target.sandboxID);
     let gone = false;
     const upstream = this.dial(request, target, false, log, {
-      refuse: (status, message) => sendError(response, status, message, target.sandboxID),
+      refuse: (status, message) => sendSandboxError(response, status, message, target.sandboxID),
       broken: () => response.destroy(),
       gone: () => gone,
     });
@@ -262,7 +263,7 @@ export class IngressProxy {
     const log = this.logger(target);
     socket.on('error', () => socket.destroy());
     if (!this.admitted(request, target, log))
-      return this.writeRawError(socket, 403, this.forbidden(request, target), target.sandboxID);
+      return this.refuse(socket, 403, this.forbidden(request, target), target.sandboxID);
     if (!(socket instanceof net.Socket)) {
       // Node's servers always hand over a net.Socket (or a TLSSocket, which is one).
       log.error('ingress upgrade on a stream that is not a socket');
@@ -271,7 +272,7 @@ export class IngressProxy {
     }
     let joined = false;
     const upstream = this.dial(request, target, true, log, {
-      refuse: (status, message) => this.writeRawError(socket, status, message, target.sandboxID),
+      refuse: (status, message) => this.refuse(socket, status, message, target.sandboxID),
       broken: () => socket.destroy(),
       gone: () => socket.destroyed,
     });
@@ -403,7 +404,7 @@ export class IngressProxy {
   }
 
   /** An error on a raw socket: the whole response, then close once the client has read it. */
-  private writeRawError(socket: Duplex, status: number, message: string, sandboxID: string): void {
+  refuse(socket: Duplex, status: number, message: string, sandboxID: string): void {
     if (socket.destroyed) return;
     const { body, headers } = errorBody(status, message, sandboxID);
     const pairs: [string, string][] = [...Object.entries(headers), ['Connection', 'close']];

@@ -39,7 +39,6 @@ export class StoreOpenError extends Error {
 }
 
 interface PendingCommit {
-  readonly changes: readonly StoreChange[];
   /** The changes as they go into the log. */
   readonly text: string;
   readonly resolve: () => void;
@@ -112,7 +111,7 @@ export class FileStore implements Store {
     if (changes.length === 0) return Promise.resolve();
     const text = JSON.stringify(changes);
     return new Promise((resolve, reject) => {
-      this.pending.push({ changes, text, resolve, reject });
+      this.pending.push({ text, resolve, reject });
       if (!this.flushing) void this.flush();
     });
   }
@@ -155,7 +154,9 @@ export class FileStore implements Store {
       this.seq += batch.length;
       this.logBytes += bytes.length;
       for (const commit of batch) {
-        applyChanges(this.data, commit.changes);
+        // What was written, read back: memory then holds exactly what a restart would load (a value
+        // that JSON cannot carry, such as -0, must not look different before and after).
+        applyChanges(this.data, JSON.parse(commit.text) as StoreChange[]);
         commit.resolve();
       }
       if (

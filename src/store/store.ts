@@ -22,8 +22,8 @@ export interface Store {
   list(collection: string): Promise<Array<[key: string, value: JsonValue]>>;
   /**
    * Applies all changes or none. When the promise resolves the changes are durable: they survive
-   * a crash of this process or of the machine. Values are immutable once committed: a store may
-   * keep the very objects it was given and hand them back from `get` and `list`.
+   * a crash of this process or of the machine. Reads return what was stored (as JSON carries
+   * it), never the caller's own objects.
    */
   commit(changes: readonly StoreChange[]): Promise<void>;
   close(): Promise<void>;

@@ -1,4 +1,5 @@
 import { execFileSync } from 'node:child_process';
+import { chmodSync } from 'node:fs';
 
 /**
  * Tests that run the real `moat` binary need dist/ built from the current sources; sandbox tests
@@ -9,4 +10,6 @@ export default function setup(): void {
   execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
     stdio: 'inherit',
   });
+  // The bin `npx moat` runs (tsc does not set the executable bit).
+  chmodSync('dist/src/cli/main.js', 0o755);
 }

@@ -30,13 +30,12 @@ import { writeSync } from 'node:fs';
 import { open, readdir, readFile, stat } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import {
   cpuSeconds,
   forkReady,
-  machineBusy,
+  printHeading,
   runInScratchFolder,
   stopChildren,
 } from './lib/procs.js';
@@ -290,18 +289,7 @@ interface Latencies {
 
 async function run(dir: string, strict: boolean): Promise<void> {
   const lifetime = TIMEOUT_MS / 1000 + 30;
-  const busy = await machineBusy(500);
-  console.log('# Platform API benchmark: Moat vs a minimal durable node:http server\n');
-  console.log(
-    `Machine: ${cpus().length} x ${cpus()[0]?.model.trim() ?? '?'}, Node ${process.version}. ` +
-      `Scratch folder ${dir}.`,
-  );
-  if (busy > 0.15) {
-    console.log(
-      `WARNING: the machine was ${Math.round(busy * 100)}% busy before the run (other ` +
-        'processes); expect noisy numbers.',
-    );
-  }
+  await printHeading('Platform API benchmark: Moat vs a minimal durable node:http server', dir);
 
   const started = await startMoat(dir, lifetime);
   const moat = target('Moat', started.port);

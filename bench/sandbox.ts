@@ -36,7 +36,6 @@
 import { type ChildProcess, spawn, type SpawnOptions } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, writeSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
-import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox } from 'e2b';
@@ -50,7 +49,7 @@ import {
   USERS,
 } from '../src/runtime/confinement.js';
 import { FreezerCgroup } from '../src/runtime/containment.js';
-import { cpuSeconds, machineBusy, runInScratchFolder, stopChildren, track } from './lib/procs.js';
+import { cpuSeconds, printHeading, runInScratchFolder, stopChildren, track } from './lib/procs.js';
 import { startMoatServe } from './lib/moat-serve.js';
 import { summariseProfile } from './lib/profile.js';
 import { formatBytes, formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
@@ -303,18 +302,7 @@ async function runPeers(list: readonly Peer[], count: number, into?: Samples): P
 
 async function run(dir: string, strict: boolean, profile: boolean): Promise<void> {
   const lifetime = TIMEOUT_MS / 1000 + 30;
-  const busy = await machineBusy(500);
-  console.log('# Sandbox benchmark: create and commands.run through the e2b SDK\n');
-  console.log(
-    `Machine: ${cpus().length} x ${cpus()[0]?.model.trim() ?? '?'}, Node ${process.version}. ` +
-      `Scratch folder ${dir}.`,
-  );
-  if (busy > 0.15) {
-    console.log(
-      `WARNING: the machine was ${Math.round(busy * 100)}% busy before the run (other ` +
-        'processes); expect noisy numbers.',
-    );
-  }
+  await printHeading('Sandbox benchmark: create and commands.run through the e2b SDK', dir);
 
   const profileDir = profile ? join(dir, 'profile') : undefined;
   const moat = await startMoat(dir, lifetime, profileDir);

@@ -7,7 +7,7 @@
  */
 import { type ChildProcess, fork, spawn, spawnSync } from 'node:child_process';
 import { closeSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -237,6 +237,25 @@ export function commandPid(timeoutPid: number): number | undefined {
     return Number.isInteger(pid) && pid > 0 ? pid : undefined;
   } catch {
     return undefined;
+  }
+}
+
+/**
+ * The heading every benchmark prints: its title, the machine, the scratch folder, and a warning
+ * when other work already keeps the machine busy.
+ */
+export async function printHeading(title: string, dir: string): Promise<void> {
+  const busy = await machineBusy(500);
+  console.log(`# ${title}\n`);
+  console.log(
+    `Machine: ${cpus().length} x ${cpus()[0]?.model.trim() ?? '?'}, Node ${process.version}. ` +
+      `Scratch folder ${dir}.`,
+  );
+  if (busy > 0.15) {
+    console.log(
+      `WARNING: the machine was ${Math.round(busy * 100)}% busy before the run (other ` +
+        'processes); expect noisy numbers.',
+    );
   }
 }
 

@@ -1,7 +1,7 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runMoat } from './support/moat.js';
 
 let dir: string;
@@ -19,6 +19,7 @@ beforeAll(() => {
     denyOut: ['0.0.0.0/0'],
   });
 });
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('moat --help and usage', () => {
   it('prints help naming every command and exits 0', async () => {

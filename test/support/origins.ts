@@ -1,6 +1,6 @@
 /** Origin servers on loopback for proxy tests: HTTP echo, TLS echo, raw TCP echo. */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
@@ -84,6 +84,8 @@ export function testCertificate(): { key: Buffer; cert: Buffer } {
     key: readFileSync(join(dir, 'key.pem')),
     cert: readFileSync(join(dir, 'cert.pem')),
   };
+  // Kept in memory from here; the files are not needed again.
+  rmSync(dir, { recursive: true, force: true });
   return certificate;
 }
 

@@ -9,15 +9,13 @@ import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Prng } from '../../bench/lib/prng.js';
-import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { type RunningMoat, startMoat } from '../../src/cli/index.js';
-import { loadConfig } from '../../src/config.js';
 import { decide, parseDestination } from '../../src/policy/index.js';
 import type { ProcessRuntime } from '../../src/runtime/index.js';
 import { type CreateRequest, SandboxError, type SandboxRecord } from '../../src/sandbox/index.js';
+import { API_KEY, testMoatConfig } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 
-const API_KEY = 'lifecycle-test-key';
 const START = 1_900_000_000_000;
 const RULES = { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] };
 
@@ -38,24 +36,14 @@ const removals: Array<() => void> = [];
 
 /** Starts Moat on `dataDir` (fresh when absent); a clock given means time moves only by hand. */
 async function launch(options: { clock?: Clock; dataDir?: string } = {}): Promise<TestMoat> {
-  const scratch = scratchMoatFlags();
+  const { config, scratch } = testMoatConfig(
+    upstream.port,
+    options.dataDir ? { 'data-dir': options.dataDir } : {},
+  );
   removals.push(scratch.remove);
-  const dataDir = options.dataDir ?? scratch.flags['data-dir']!;
-  const config = loadConfig({
-    flags: {
-      ...scratch.flags,
-      'data-dir': dataDir,
-      'api-keys': API_KEY,
-      'dns-listen': '127.0.0.1:0',
-      'dns-upstream': `127.0.0.1:${upstream.port}`,
-      'proxy-listen': '127.0.0.1:0',
-      'transparent-listen': 'off',
-      'log-level': 'silent',
-    },
-  });
-  if (!config.ok) throw new Error(config.error);
+  const dataDir = config.dataDir;
   const clock = options.clock;
-  const moat = await startMoat(config.value, pino({ level: 'silent' }), {
+  const moat = await startMoat(config, pino({ level: 'silent' }), {
     now: clock ? () => clock.now : undefined,
     defaultMetrics: false,
   });

@@ -16,22 +16,14 @@ const hostProcesses = () =>
     .toString()
     .split('\n')
     .map((l) => l.trim());
-const created: Sandbox[] = [];
 
-async function sandbox(options: SandboxOpts = {}): Promise<Sandbox> {
-  const sbx = await Sandbox.create({ timeoutMs: 120_000, ...options });
-  created.push(sbx);
-  return sbx;
-}
+const sandbox = (options: SandboxOpts = {}) => harness.sandbox(options);
 
 beforeAll(async () => {
   harness = await startSdkMoat();
 });
 
-afterAll(async () => {
-  await Promise.all(created.map((s) => s.kill().catch(() => undefined)));
-  await harness.stop();
-});
+afterAll(() => harness.stop());
 
 describe('commands.run', () => {
   it('returns stdout, stderr and exit code 0', async () => {

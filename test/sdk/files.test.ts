@@ -17,28 +17,16 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 let harness: SdkMoat;
-const created: Sandbox[] = [];
 
-async function sandbox(options: SandboxOpts = {}): Promise<Sandbox> {
-  const sbx = await Sandbox.create({ timeoutMs: 120_000, ...options });
-  created.push(sbx);
-  return sbx;
-}
+const sandbox = (options: SandboxOpts = {}) => harness.sandbox(options);
 
-async function fromTemplate(template: string): Promise<Sandbox> {
-  const sbx = await Sandbox.create(template, { timeoutMs: 120_000 });
-  created.push(sbx);
-  return sbx;
-}
+const fromTemplate = (template: string) => harness.sandbox({}, template);
 
 beforeAll(async () => {
   harness = await startSdkMoat();
 });
 
-afterAll(async () => {
-  await Promise.all(created.map((s) => s.kill().catch(() => undefined)));
-  await harness.stop();
-});
+afterAll(() => harness.stop());
 
 /** The token the SDK keeps (protected on Sandbox) and sends as X-Access-Token. */
 const accessToken = (sbx: Sandbox) =>

@@ -6,7 +6,7 @@ import { pino } from 'pino';
 import { expect } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { type RunningMoat, startMoat } from '../../src/cli/index.js';
-import { loadConfig } from '../../src/config.js';
+import { loadConfig, type MoatConfig } from '../../src/config.js';
 import { FakeDns, type ZoneEntry } from './fake-dns.js';
 
 export const API_KEY = 'moat-test-key-0123456789abcdef';
@@ -170,19 +170,21 @@ export interface ApiMoat {
   stop(): Promise<void>;
 }
 
-/** Starts Moat on loopback with free ports, a known key and a FakeDns upstream. */
-export async function startApiMoat(
-  zone: Map<string, ZoneEntry> = new Map(),
+/**
+ * Moat's configuration for an in-process test: a scratch data folder, every listener on a free
+ * loopback port, the known API key, the given loopback DNS upstream, silent logs.
+ */
+export function testMoatConfig(
+  upstreamPort: number,
   flags: Record<string, string> = {},
-): Promise<ApiMoat> {
-  const upstream = await new FakeDns(zone).start();
+): { config: MoatConfig; scratch: ReturnType<typeof scratchMoatFlags> } {
   const scratch = scratchMoatFlags();
   const config = loadConfig({
     flags: {
       ...scratch.flags,
       'api-keys': API_KEY,
       'dns-listen': '127.0.0.1:0',
-      'dns-upstream': `127.0.0.1:${upstream.port}`,
+      'dns-upstream': `127.0.0.1:${upstreamPort}`,
       'proxy-listen': '127.0.0.1:0',
       'transparent-listen': 'off',
       'log-level': 'silent',
@@ -190,7 +192,17 @@ export async function startApiMoat(
     },
   });
   if (!config.ok) throw new Error(config.error);
-  const moat = await startMoat(config.value, pino({ level: 'silent' }), { defaultMetrics: false });
+  return { config: config.value, scratch };
+}
+
+/** Starts Moat on loopback with free ports, a known key and a FakeDns upstream. */
+export async function startApiMoat(
+  zone: Map<string, ZoneEntry> = new Map(),
+  flags: Record<string, string> = {},
+): Promise<ApiMoat> {
+  const upstream = await new FakeDns(zone).start();
+  const { config, scratch } = testMoatConfig(upstream.port, flags);
+  const moat = await startMoat(config, pino({ level: 'silent' }), { defaultMetrics: false });
   const { host, port } = moat.listening.api;
   return {
     moat,

@@ -3,51 +3,45 @@
  * E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and E2B_DOMAIN are set.
  */
 import http from 'node:http';
-import { pino } from 'pino';
-import { scratchMoatFlags } from '../../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
-import { loadConfig } from '../../src/config.js';
-import { FakeDns } from './fake-dns.js';
+import { Sandbox, type SandboxOpts } from 'e2b';
+import type { RunningMoat } from '../../src/cli/index.js';
+import { API_KEY, startApiMoat } from './api-client.js';
 
-export const SDK_API_KEY = 'sdk-suite-api-key-0123456789';
 export const SDK_DOMAIN = 'moat.test';
 
 export interface SdkMoat {
   readonly moat: RunningMoat;
   readonly sandboxUrl: string;
+  /** A sandbox from `template` (default base) that stop() kills. */
+  sandbox(options?: SandboxOpts, template?: string): Promise<Sandbox>;
   stop(): Promise<void>;
 }
 
 export async function startSdkMoat(): Promise<SdkMoat> {
-  const upstream = await new FakeDns(new Map()).start();
-  const scratch = scratchMoatFlags();
-  const config = loadConfig({
-    flags: {
-      ...scratch.flags,
-      'api-keys': SDK_API_KEY,
-      'dns-listen': '127.0.0.1:0',
-      'dns-upstream': `127.0.0.1:${upstream.port}`,
-      'proxy-listen': '127.0.0.1:0',
-      'transparent-listen': 'off',
-      'log-level': 'silent',
-    },
-  });
-  if (!config.ok) throw new Error(config.error);
-  const moat = await startMoat(config.value, pino({ level: 'silent' }), { defaultMetrics: false });
+  const started = await startApiMoat();
+  const { moat } = started;
   const sandboxUrl = `http://127.0.0.1:${moat.listening.sandbox.port}`;
   Object.assign(process.env, {
     E2B_API_URL: `http://127.0.0.1:${moat.listening.api.port}`,
     E2B_SANDBOX_URL: sandboxUrl,
-    E2B_API_KEY: SDK_API_KEY,
+    E2B_API_KEY: API_KEY,
     E2B_DOMAIN: SDK_DOMAIN,
   });
+  const created: Sandbox[] = [];
   return {
     moat,
     sandboxUrl,
+    async sandbox(options = {}, template) {
+      const opts = { timeoutMs: 120_000, ...options };
+      const sbx = await (template === undefined
+        ? Sandbox.create(opts)
+        : Sandbox.create(template, opts));
+      created.push(sbx);
+      return sbx;
+    },
     async stop() {
-      await moat.stop();
-      await upstream.stop();
-      scratch.remove();
+      await Promise.all(created.map((s) => s.kill().catch(() => undefined)));
+      await started.stop();
     },
   };
 }

@@ -1,0 +1,62 @@
+/**
+ * The Redis the Redis store tests use: the one on 127.0.0.1:6379. CI machines have none
+ * running, so the global set-up starts a throwaway one when redis-server is installed.
+ */
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { connect } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+export const REDIS_PORT = 6379;
+
+/** Undefined when Redis answers PING on 127.0.0.1, else why not. */
+export function redisProblem(timeoutMs = 500): Promise<string | undefined> {
+  return new Promise((resolve) => {
+    const socket = connect(REDIS_PORT, '127.0.0.1');
+    const done = (problem: string | undefined) => {
+      socket.destroy();
+      resolve(problem);
+    };
+    socket.setTimeout(timeoutMs, () => done(`no answer within ${timeoutMs} ms`));
+    socket.on('error', (error) => done(error.message));
+    socket.on('connect', () => socket.write('PING\r\n'));
+    socket.once('data', (reply) => {
+      const text = reply.toString().trim();
+      done(text === '+PONG' ? undefined : `PING answered ${text}`);
+    });
+  });
+}
+
+/** Starts redis-server on 127.0.0.1:6379 unless a Redis answers there already. */
+export async function startLocalRedis(): Promise<void> {
+  if ((await redisProblem()) === undefined) return;
+  const skipped = (why: string) => console.warn(`Redis store tests will be skipped: ${why}`);
+  if (spawnSync('redis-server', ['--version']).error) {
+    skipped(`no Redis on 127.0.0.1:${REDIS_PORT} and redis-server is not installed`);
+    return;
+  }
+  try {
+    mkdirSync('/var/lib/redis', { recursive: true });
+    mkdirSync('/var/log/redis', { recursive: true });
+    execFileSync(
+      'redis-server',
+      [
+        ...['--daemonize', 'yes', '--bind', '127.0.0.1', '-::1', '--port', String(REDIS_PORT)],
+        ...['--save', '', '--appendonly', 'no', '--dir', '/var/lib/redis'],
+        ...['--logfile', '/var/log/redis/ci.log'],
+      ],
+      { stdio: 'inherit' },
+    );
+  } catch (error) {
+    skipped(`could not start redis-server (${(error as Error).message})`);
+    return;
+  }
+  const deadline = Date.now() + 5000;
+  while (Date.now() < deadline) {
+    if ((await redisProblem()) === undefined) return;
+    await sleep(100);
+  }
+  skipped(
+    `redis-server started but 127.0.0.1:${REDIS_PORT} did not answer within 5 s; see /var/log/redis/ci.log`,
+  );
+}

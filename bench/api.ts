@@ -49,7 +49,7 @@ import {
   formatSi,
   markdownTable,
 } from './lib/table.js';
-import { median, nowNs } from './lib/timing.js';
+import { median, nowNs, percentile } from './lib/timing.js';
 
 const HOST = '127.0.0.1';
 const API_KEY = 'bench-api-key-0123456789abcdef';
@@ -275,11 +275,6 @@ async function folderBytes(dir: string): Promise<number> {
 // ---------------------------------------------------------------------------------------------
 // The run
 
-const percentile = (values: readonly number[], q: number): number => {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!;
-};
 const ms = (value: number) => `${formatMs(value)} ms`;
 
 interface Latencies {

@@ -2,8 +2,10 @@
 /**
  * Installs the Debian packages Moat uses when they are missing and this machine allows it
  * (root with apt-get): bubblewrap confines sandbox processes, python3 runs the launcher that
- * starts them. Without bubblewrap Moat runs with weaker isolation and says so at start-up;
- * without python3 sandboxes cannot start processes. This script says why it did not install.
+ * starts them, iproute2 and nftables give each sandbox its own network namespace and firewall.
+ * Without bubblewrap Moat runs with weaker isolation, without iproute2 and nftables it enforces
+ * through the proxy only, and says so at start-up; without python3 sandboxes cannot start
+ * processes. This script says why it did not install.
  * Run by `npm start` (prestart) and by the test suite's global set-up.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
@@ -12,6 +14,8 @@ import { existsSync } from 'node:fs';
 const PACKAGES = [
   { name: 'python3-minimal', provides: '/usr/bin/python3', for: 'the in-sandbox process launcher' },
   { name: 'bubblewrap', provides: '/usr/bin/bwrap', for: 'sandbox process confinement' },
+  { name: 'iproute2', provides: '/usr/sbin/ip', for: 'per-sandbox network namespaces' },
+  { name: 'nftables', provides: '/usr/sbin/nft', for: 'per-sandbox firewall rules' },
 ];
 
 const missing = PACKAGES.filter((p) => !existsSync(p.provides));

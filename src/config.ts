@@ -46,6 +46,10 @@ export interface MoatConfig {
   readonly proxyCheckServerName: boolean;
   /** Where per-sandbox source addresses come from (loopback in the process runtime). */
   readonly sourcePool: CIDR;
+  /** namespace: each sandbox in its own network namespace; proxy: shared network; auto: namespace where it works. */
+  readonly enforcement: EnforcementSetting;
+  /** Where namespaced sandboxes' links come from: a /30 each, the first holding the gateway. */
+  readonly namespacePool: CIDR;
   readonly apiListen: HostPort;
   /** The sandbox API and ingress: `{port}-{sandboxID}.<domain>` or E2b-Sandbox-* headers. */
   readonly sandboxListen: HostPort;
@@ -147,6 +151,31 @@ const booleanValue = (text: string): Result<boolean> =>
   text === 'true' || text === 'false'
     ? { ok: true, value: text === 'true' }
     : { ok: false, error: `expected true or false, got ${JSON.stringify(text)}` };
+
+export type EnforcementSetting = 'auto' | 'namespace' | 'proxy';
+const ENFORCEMENTS: readonly EnforcementSetting[] = ['auto', 'namespace', 'proxy'];
+const enforcement = (text: string): Result<EnforcementSetting> =>
+  (ENFORCEMENTS as readonly string[]).includes(text)
+    ? { ok: true, value: text as EnforcementSetting }
+    : {
+        ok: false,
+        error: `expected one of ${ENFORCEMENTS.join(', ')}, got ${JSON.stringify(text)}`,
+      };
+
+/** An IPv4 range no narrower than /longestPrefix. */
+const ipv4Range =
+  (longestPrefix: number) =>
+  (text: string): Result<CIDR> => {
+    const cidr = parseCIDR(text);
+    if (!cidr.ok) return cidr;
+    if (cidr.value.version !== 4 || cidr.value.prefixLength > longestPrefix) {
+      return {
+        ok: false,
+        error: `expected an IPv4 range of /${longestPrefix} or wider, got ${JSON.stringify(text)}`,
+      };
+    }
+    return cidr;
+  };
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 const logLevel = (text: string): Result<string> =>
@@ -326,19 +355,28 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'source-pool',
     env: 'MOAT_SOURCE_POOL',
     default: '127.77.0.0/16',
-    help: 'IPv4 range that per-sandbox source addresses are drawn from (how DNS and the proxy tell sandboxes apart)',
+    help: 'IPv4 range that per-sandbox source addresses are drawn from when sandboxes share the host network (how DNS and the proxy tell sandboxes apart)',
     show: (cidr) => cidr.text,
-    parse: (text) => {
-      const cidr = parseCIDR(text);
-      if (!cidr.ok) return cidr;
-      if (cidr.value.version !== 4 || cidr.value.prefixLength > 30) {
-        return {
-          ok: false,
-          error: `expected an IPv4 range of /30 or wider, got ${JSON.stringify(text)}`,
-        };
-      }
-      return cidr;
-    },
+    parse: ipv4Range(30),
+  },
+  {
+    key: 'enforcement',
+    metavar: 'auto|namespace|proxy',
+    flag: 'enforcement',
+    env: 'MOAT_ENFORCEMENT',
+    default: 'auto',
+    help: 'namespace: each sandbox in its own network namespace with a generated nftables firewall (root, iproute2, nftables, bubblewrap); proxy: sandboxes share the host network and only programs that use the proxy variables are held; auto: namespace where it works, else proxy',
+    parse: enforcement,
+  },
+  {
+    key: 'namespacePool',
+    metavar: 'CIDR',
+    flag: 'namespace-pool',
+    env: 'MOAT_NAMESPACE_POOL',
+    default: '10.213.0.0/16',
+    help: "IPv4 range of namespaced sandboxes' links, a /30 each; its first address is Moat's gateway for them (DNS, proxy). Give every Moat on a host its own",
+    show: (cidr) => cidr.text,
+    parse: ipv4Range(28),
   },
   {
     key: 'apiListen',

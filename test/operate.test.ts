@@ -6,7 +6,7 @@
  * and allowed egress, ingress with the traffic token, PUT network, pause, connect, kill).
  * Every socket is on loopback; the upstream resolver is a FakeDns.
  */
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
@@ -16,8 +16,9 @@ import { SETTINGS } from '../src/config.js';
 import { SandboxClient, type StreamCall } from './support/connect-client.js';
 import { udpQuery } from './support/dns-client.js';
 import { FakeDns } from './support/fake-dns.js';
-import { MOAT_BIN, runMoat } from './support/moat.js';
+import { runMoat } from './support/moat.js';
 import { httpEchoOrigin, type Origin } from './support/origins.js';
+import { ServeChild, type Started } from './support/serve-child.js';
 
 const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-operate-'));
 let folders = 0;
@@ -31,7 +32,6 @@ const zone = new FakeDns(
   ]),
 );
 let origin: Origin;
-const children: ServeChild[] = [];
 
 beforeAll(async () => {
   await zone.start();
@@ -39,115 +39,21 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await Promise.all(children.map((c) => c.kill()));
+  await ServeChild.killAll();
   await origin?.close();
   await zone.stop();
   rmSync(scratch, { recursive: true, force: true });
 });
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
 // -- the serve child ---------------------------------------------------------------------------
-
-/** What the human start-up lines say. */
-interface Started {
-  readonly api: string;
-  readonly sandbox: string;
-  readonly proxy: string;
-  readonly dns: string;
-  /** `off` or ip:port. */
-  readonly metrics: string;
-  readonly dataDir: string;
-  /** The key, when this start generated it. */
-  readonly generatedKey: string | undefined;
-}
-
-type LogLine = Record<string, unknown> & { msg?: string };
-
-class ServeChild {
-  stdout = '';
-  stderr = '';
-  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-  private readonly child: ChildProcess;
-
-  constructor(args: string[], env: Record<string, string> = {}) {
-    // Only PATH from the environment: no MOAT_* setting of the host leaks in.
-    this.child = spawn(process.execPath, [MOAT_BIN, 'serve', ...args], {
-      env: { PATH: process.env.PATH ?? '', ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => (this.stdout += chunk));
-    this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (this.stderr += chunk));
-    this.exited = new Promise((resolve) =>
-      this.child.once('exit', (code, signal) => resolve({ code, signal })),
-    );
-    children.push(this);
-  }
-
-  get running(): boolean {
-    return this.child.exitCode === null && this.child.signalCode === null;
-  }
-
-  output(): string {
-    return `stdout:\n${this.stdout}\nstderr:\n${this.stderr}`;
-  }
-
-  /** The JSON log lines so far (the human start-up lines are not JSON). */
-  logLines(): LogLine[] {
-    return this.stdout
-      .split('\n')
-      .filter((line) => line.startsWith('{'))
-      .map((line) => JSON.parse(line) as LogLine);
-  }
-
-  /**
-   * Waits for the last human start-up line and the "moat started" log line (the log is written
-   * asynchronously, so either may come first) and returns what the human lines say.
-   */
-  async started(deadlineMs = 15_000): Promise<Started> {
-    const deadline = Date.now() + deadlineMs;
-    const complete = () =>
-      /^moat: metrics .*$/m.test(this.stdout) && /"msg":"moat started"/.test(this.stdout);
-    while (!complete()) {
-      if (!this.running || Date.now() > deadline) {
-        throw new Error(`moat serve did not start\n${this.output()}`);
-      }
-      await sleep(20);
-    }
-    const field = (pattern: RegExp) => {
-      const found = pattern.exec(this.stdout)?.[1];
-      if (found === undefined) throw new Error(`no ${pattern} in\n${this.output()}`);
-      return found;
-    };
-    return {
-      api: field(/^moat: platform API +http:\/\/(\S+) /m),
-      sandbox: field(/^moat: sandbox API +http:\/\/(\S+) /m),
-      proxy: field(/^moat: egress proxy +(\S+) /m),
-      dns: field(/^moat: DNS interceptor +(\S+) /m),
-      metrics: field(/^moat: metrics +(?:http:\/\/)?([^/\s]+)/m),
-      dataDir: field(/^moat: data folder +(\S+)$/m),
-      generatedKey: /^moat: API key +(\S+) \(generated;/m.exec(this.stdout)?.[1],
-    };
-  }
-
-  /** Sends `signal` and waits (bounded) for the exit. */
-  async stop(signal: NodeJS.Signals): Promise<{ code: number | null; signal: string | null }> {
-    this.child.kill(signal);
-    const timeout = sleep(15_000).then(() => ({ code: null, signal: 'still running after 15 s' }));
-    return Promise.race([this.exited, timeout]);
-  }
-
-  async kill(): Promise<void> {
-    if (this.running) this.child.kill('SIGKILL');
-    await this.exited;
-  }
-}
 
 /** Loopback everywhere, ports chosen by the kernel, the FakeDns upstream. */
 const serveArgs = (dataDir: string, extra: string[] = []) => [
   ...['--data-dir', dataDir, '--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
   ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
   ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
+  // Several of these run at once; namespaced Moats would need a pool each (test/netns does that).
+  ...['--enforcement', 'proxy'],
   ...extra,
 ];
 

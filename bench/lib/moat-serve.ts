@@ -42,6 +42,8 @@ export async function startMoatServe(options: {
     // No DNS query is made here; a loopback port where nothing listens keeps it that way.
     ...['--transparent-listen', 'off', '--dns-upstream', `${host}:9`],
     ...['--api-keys', options.apiKey, '--log-level', 'warn'],
+    // Shared host network: namespaced creates are measured by bench:netns.
+    ...['--enforcement', 'proxy'],
   ];
   const profiling = options.profileDir ? ['--cpu-prof', '--cpu-prof-dir', options.profileDir] : [];
   const log = openSync(join(options.dir, 'moat.log'), 'a');

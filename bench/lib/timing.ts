@@ -187,3 +187,10 @@ export function medianTimeMs<T>(
   }
   return { medianMs: median(times), runs: times.length };
 }
+
+/** The nearest-rank percentile (`q` in 0..1) of `values`; NaN when there are none. */
+export const percentile = (values: readonly number[], q: number): number => {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!;
+};

@@ -42,8 +42,7 @@ export function createSandboxGateway(parts: GatewayParts): {
     if (record === undefined || record.state !== 'running' || live === undefined) return undefined;
     return {
       sandboxID,
-      // The process runtime shares the host's network: a sandbox's ports are the host's.
-      address: '127.0.0.1',
+      address: live.address,
       trafficToken: record.trafficAccessToken,
       maskRequestHost: record.network.maskRequestHost,
       envd: {

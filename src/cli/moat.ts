@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -5,11 +6,28 @@ import type { Logger } from 'pino';
 import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
-import { AddressPool, EnforcementTable } from '../enforce/index.js';
+import {
+  AddressPool,
+  EnforcementTable,
+  KernelEnforcer,
+  removeHostRuleset,
+} from '../enforce/index.js';
 import { listenMetrics, MoatMetrics } from '../metrics/index.js';
-import { compileInternalDenyList, type InternalDenyList, type IPAddress } from '../policy/index.js';
+import {
+  type CIDR,
+  compileInternalDenyList,
+  type InternalDenyList,
+  type IPAddress,
+  parseIP,
+} from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
-import { ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
+import {
+  bubblewrapWorks,
+  NamespaceNetwork,
+  namespacesWork,
+  ProcessRuntime,
+  type SandboxRuntime,
+} from '../runtime/index.js';
 import { type SandboxRecord, SandboxService } from '../sandbox/index.js';
 import { FileStore, type Store } from '../store/index.js';
 import { createSandboxGateway } from './gateway.js';
@@ -26,6 +44,8 @@ export interface RunningMoat {
   readonly sources: AddressPool;
   readonly store: Store;
   readonly runtime: SandboxRuntime;
+  /** Each sandbox's network namespace; undefined when sandboxes share the host network. */
+  readonly network: NamespaceNetwork | undefined;
   readonly sandboxes: SandboxService;
   readonly apiKeys: ApiKeys;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
@@ -41,18 +61,33 @@ interface Listening {
   sandbox: HostPort;
   /** The separate GET /metrics listener; undefined when switched off. */
   metrics: HostPort | undefined;
+  /** Where namespaced sandboxes reach Moat; undefined when sandboxes share the host network. */
+  gateway: { dns: HostPort; proxy: HostPort; transparent: HostPort } | undefined;
 }
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
 
-/** Moat's own listeners are never dialled: a sandbox must not reach Moat through Moat. */
-function ownListenerCheck(listeners: () => HostPort[]): (ip: IPAddress, port: number) => boolean {
+/**
+ * Moat's own listeners and sandbox links are never dialled: a sandbox must not reach Moat, or
+ * another sandbox, through Moat.
+ */
+function ownAddressCheck(
+  listeners: () => HostPort[],
+  links: CIDR | undefined,
+): (ip: IPAddress, port: number) => boolean {
   const local = new Set(
     Object.values(os.networkInterfaces())
       .flat()
       .map((i) => i?.address),
   );
+  const linkBase = links?.words[0];
+  const linkMask = links
+    ? links.prefixLength === 0
+      ? 0
+      : (~0 << (32 - links.prefixLength)) >>> 0
+    : 0;
   return (ip, port) =>
+    (linkBase !== undefined && ip.version === 4 && (ip.words[0]! & linkMask) >>> 0 === linkBase) ||
     listeners().some(
       (l) =>
         l.port === port &&
@@ -61,11 +96,40 @@ function ownListenerCheck(listeners: () => HostPort[]): (ip: IPAddress, port: nu
     );
 }
 
+/** Ports Moat listens on at the gateway address of namespaced sandboxes. */
+const GATEWAY_PORTS = { dns: 53, proxy: 3128, transparent: 3129 } as const;
+
+/**
+ * The network namespace part when this Moat enforces in the kernel, or why it does not. `auto`
+ * falls back to proxy-only enforcement and says why; `namespace` refuses to start without it.
+ */
+function chooseNetwork(config: MoatConfig): { network?: NamespaceNetwork; reason?: string } {
+  if (config.enforcement === 'proxy') return { reason: '--enforcement proxy' };
+  const namespaces = namespacesWork();
+  const bwrap = bubblewrapWorks();
+  const problem = !namespaces.ok ? namespaces.reason : !bwrap.ok ? bwrap.reason : undefined;
+  if (problem !== undefined) {
+    if (config.enforcement === 'namespace')
+      throw new Error(`--enforcement namespace is not possible here: ${problem}`);
+    return { reason: problem };
+  }
+  const pool = config.namespacePool;
+  return {
+    network: new NamespaceNetwork({
+      // Named by the pool, which one Moat holds at a time (a lock in /run/moat): a Moat that
+      // takes over a pool after a crash finds and removes what its predecessor left.
+      scope: createHash('sha256').update(pool.text).digest('hex').slice(0, 6),
+      pool: { network: pool.text.split('/')[0]!, prefixLength: pool.prefixLength },
+    }),
+  };
+}
+
 /**
  * What every process of a sandbox finds in its environment: its create `envVars`, then the
  * egress proxy with its credential (both spellings: curl reads only the lower-case http_proxy).
  */
 function sandboxEnvironment(record: SandboxRecord, proxy: HostPort): Record<string, string> {
+  // Inside a namespace 127.0.0.1 is the sandbox's own; the proxy is on the gateway.
   const url = `http://${record.sandboxID}:${record.egressSecret}@${formatHostPort(proxy)}`;
   return {
     NO_PROXY: 'localhost,127.0.0.1,::1',
@@ -99,6 +163,9 @@ export async function startMoat(
   const metrics = new MoatMetrics({ defaultMetrics: options.defaultMetrics });
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
+  const { network, reason: proxyOnlyReason } = chooseNetwork(config);
+  // Set once the gateway's ports are known; the DNS interceptor opens learned addresses with it.
+  let kernel: KernelEnforcer | undefined;
   const upstream = new UpstreamClient(config.dnsUpstream, {
     timeoutMs: config.dnsTimeoutMs,
     attemptTimeoutMs: Math.max(100, Math.floor(config.dnsTimeoutMs / 3)),
@@ -121,6 +188,9 @@ export async function startMoat(
     maxLearnTtl: config.dnsMaxTtl,
     rateLimit: config.dnsRateLimit,
     now,
+    onLearn: network
+      ? (sandboxID, learned) => kernel?.learn(sandboxID, learned) ?? Promise.resolve()
+      : undefined,
   });
   const listening: Listening = {
     dns: config.dnsListen,
@@ -129,20 +199,24 @@ export async function startMoat(
     api: config.apiListen,
     sandbox: config.sandboxListen,
     metrics: config.metricsListen,
+    gateway: undefined,
   };
   const tunnels = new TunnelRegistry(table);
   metrics.countTunnelsWith(() => tunnels.size);
   const dialer = new Dialer({
     resolver: new HostResolver(cache),
     connectTimeoutMs: config.proxyConnectTimeoutMs,
-    isOwnListener: ownListenerCheck(() => [
-      listening.dns,
-      listening.proxy,
-      listening.api,
-      listening.sandbox,
-      ...(listening.transparent ? [listening.transparent] : []),
-      ...(listening.metrics ? [listening.metrics] : []),
-    ]),
+    isOwnListener: ownAddressCheck(
+      () => [
+        listening.dns,
+        listening.proxy,
+        listening.api,
+        listening.sandbox,
+        ...(listening.transparent ? [listening.transparent] : []),
+        ...(listening.metrics ? [listening.metrics] : []),
+      ],
+      network ? config.namespacePool : undefined,
+    ),
     onDial: (seconds) => metrics.proxyDialDuration.observe(seconds),
   });
   const proxyOptions = {
@@ -158,7 +232,9 @@ export async function startMoat(
     transparentPorts: options.transparentPorts,
   };
   const proxy = new EgressProxy(proxyOptions);
-  const transparent = config.transparentListen ? new TransparentProxy(proxyOptions) : undefined;
+  // Namespaced sandboxes' web traffic always has a transparent listener on the gateway.
+  const transparent =
+    config.transparentListen || network ? new TransparentProxy(proxyOptions) : undefined;
   // Whatever started is stopped again if a later step fails (a port in use, a damaged store),
   // so a failed start leaves no listener open and no store lock held.
   const undo: Array<() => Promise<unknown>> = [];
@@ -181,21 +257,43 @@ export async function startMoat(
       };
       undo.push(() => transparent.close());
     }
-    const runtime = new ProcessRuntime(config.dataDir);
+    if (network) {
+      undo.push(() => network.stop(removeHostRuleset(network.hostTable)));
+      kernel = await startGateway(network, {
+        config,
+        logger,
+        listening,
+        table,
+        internal,
+        metrics,
+        now,
+        dns,
+        proxy,
+        transparent: transparent!,
+      });
+    }
+    const runtime = new ProcessRuntime(config.dataDir, {
+      network,
+      proxyOnlyReason,
+    });
     undo.push(() => runtime.stop());
-    const sources = new AddressPool(config.sourcePool);
+    const sources = network
+      ? new AddressPool(config.namespacePool, { block: 4 })
+      : new AddressPool(config.sourcePool);
     const sandboxes = new SandboxService({
       store,
       runtime,
       table,
       sources,
+      kernel,
       internal,
       metrics,
       logger,
       maxPolicyEntries: config.maxPolicyEntries,
       namespace: config.namespace,
       now,
-      environment: (record) => sandboxEnvironment(record, listening.proxy),
+      environment: (record) =>
+        sandboxEnvironment(record, listening.gateway?.proxy ?? listening.proxy),
     });
     // Listeners are up first (their ports go into sandbox environments); until start() has
     // restored the stored sandboxes, the table is empty and every packet is refused.
@@ -204,11 +302,12 @@ export async function startMoat(
     const api = createPlatformApi({
       service: sandboxes,
       egress: {
+        // What the sandbox itself uses: inside a namespace, the gateway.
         get proxy() {
-          return listening.proxy;
+          return listening.gateway?.proxy ?? listening.proxy;
         },
         get dns() {
-          return listening.dns;
+          return listening.gateway?.dns ?? listening.dns;
         },
         enforcement: runtime.enforcement,
       },
@@ -251,6 +350,7 @@ export async function startMoat(
       sources,
       store,
       runtime,
+      network,
       sandboxes,
       apiKeys,
       listening,
@@ -261,6 +361,7 @@ export async function startMoat(
         ingress.close();
         await sandboxes.stop();
         await runtime.stop();
+        if (network) await network.stop(removeHostRuleset(network.hostTable));
         await proxy.close(drainMs);
         await transparent?.close();
         await dns.stop();
@@ -271,4 +372,79 @@ export async function startMoat(
     for (const step of undo.reverse()) await step().catch(() => undefined);
     throw error;
   }
+}
+
+interface GatewayParts {
+  readonly config: MoatConfig;
+  readonly logger: Logger;
+  readonly listening: Listening;
+  readonly table: EnforcementTable;
+  readonly internal: InternalDenyList;
+  readonly metrics: MoatMetrics;
+  readonly now: () => number;
+  readonly dns: DnsInterceptor;
+  readonly proxy: EgressProxy;
+  readonly transparent: TransparentProxy;
+}
+
+/**
+ * Readies the host for namespaced sandboxes: leftovers of an earlier run removed, the gateway
+ * address up, Moat's DNS, proxy and transparent listeners on it, and the host's side of the
+ * firewall. Returns the enforcer that writes each sandbox's firewall.
+ */
+async function startGateway(
+  network: NamespaceNetwork,
+  parts: GatewayParts,
+): Promise<KernelEnforcer> {
+  const { config, logger, listening, metrics } = parts;
+  for (const name of await network.prepare()) {
+    logger.warn({ namespace: name }, 'removed a network namespace an earlier run left');
+  }
+  const gateway = parseIP(network.gateway);
+  if (!gateway.ok) throw new Error(gateway.error);
+  const host = network.gateway;
+  // A main listener on the unspecified address already answers on the gateway.
+  const onGateway = async (
+    main: HostPort,
+    port: number,
+    bind: (at: HostPort) => Promise<number>,
+  ) =>
+    UNSPECIFIED.has(main.host)
+      ? { host, port: main.port }
+      : { host, port: await bind({ host, port }) };
+  listening.gateway = {
+    dns: await onGateway(listening.dns, GATEWAY_PORTS.dns, (at) => parts.dns.listen(at)),
+    proxy: await onGateway(listening.proxy, GATEWAY_PORTS.proxy, (at) => parts.proxy.listen(at)),
+    transparent: await onGateway(
+      listening.transparent ?? { host, port: 0 },
+      GATEWAY_PORTS.transparent,
+      (at) => parts.transparent.listen(at),
+    ),
+  };
+  const kernel = new KernelEnforcer(
+    {
+      gateway: gateway.value,
+      ports: {
+        dns: listening.gateway.dns.port,
+        proxy: listening.gateway.proxy.port,
+        transparent: listening.gateway.transparent.port,
+      },
+      pool: config.namespacePool,
+      internal: parts.internal,
+      linkPrefix: network.linkPrefix,
+      hostTable: network.hostTable,
+    },
+    {
+      table: parts.table,
+      apply: (sandboxID, commands) => network.firewall(sandboxID, commands),
+      applyHost: (commands) => network.host(commands),
+      now: parts.now,
+      onApplied: (change, ok, seconds) => {
+        metrics.kernelApplies.inc({ change, result: ok ? 'applied' : 'failed' });
+        if (ok) metrics.kernelApplyDuration.observe({ change }, seconds);
+      },
+    },
+  );
+  await kernel.installHost();
+  return kernel;
 }

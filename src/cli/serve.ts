@@ -55,13 +55,19 @@ const optional = (at: HostPort | undefined) => (at ? formatHostPort(at) : 'off')
  * is not among these facts: it is printed on its own line, once, and never logged.
  */
 function startupFacts(config: MoatConfig, moat: RunningMoat) {
-  const { dns, proxy, transparent, api, sandbox, metrics } = moat.listening;
+  const { dns, proxy, transparent, api, sandbox, metrics, gateway } = moat.listening;
   return {
     api: formatHostPort(api),
     sandbox: formatHostPort(sandbox),
     dns: formatHostPort(dns),
     proxy: formatHostPort(proxy),
     transparent: optional(transparent),
+    /** Where namespaced sandboxes reach Moat's DNS, proxy and transparent listener. */
+    gateway: gateway && {
+      dns: formatHostPort(gateway.dns),
+      proxy: formatHostPort(gateway.proxy),
+      transparent: formatHostPort(gateway.transparent),
+    },
     metrics: optional(metrics),
     dataDir: path.resolve(config.dataDir),
     enforcement: moat.runtime.enforcement,
@@ -83,6 +89,8 @@ function startupLines(facts: ReturnType<typeof startupFacts>, generatedKey: stri
       : `moat: API key          ${generatedKey} (generated; stored in ${facts.apiKeys}, shown only this once)`;
   const metrics =
     facts.metrics === 'off' ? 'off' : `http://${facts.metrics}/metrics (GET only, no API key)`;
+  const forSandboxes = (listener: 'dns' | 'proxy' | 'transparent') =>
+    facts.gateway ? `, for sandboxes ${facts.gateway[listener]}` : '';
   return [
     `moat: platform API     http://${facts.api} (X-API-Key; /health, /metrics, /openapi.json)`,
     keyLine,
@@ -90,9 +98,9 @@ function startupLines(facts: ReturnType<typeof startupFacts>, generatedKey: stri
     `moat: data folder      ${facts.dataDir}`,
     `moat: enforcement      ${facts.enforcement} (${facts.enforcementReason})`,
     `moat: processes        ${facts.confinement}`,
-    `moat: DNS interceptor  ${facts.dns} (udp, tcp), upstream ${facts.upstreams.join(', ')}`,
-    `moat: egress proxy     ${facts.proxy} (CONNECT, absolute-form HTTP)`,
-    `moat: transparent      ${facts.transparent} (TLS SNI / HTTP Host)`,
+    `moat: DNS interceptor  ${facts.dns}${forSandboxes('dns')} (udp, tcp), upstream ${facts.upstreams.join(', ')}`,
+    `moat: egress proxy     ${facts.proxy}${forSandboxes('proxy')} (CONNECT, absolute-form HTTP)`,
+    `moat: transparent      ${facts.transparent}${forSandboxes('transparent')} (TLS SNI / HTTP Host)`,
     `moat: metrics          ${metrics}`,
     '',
   ].join('\n');

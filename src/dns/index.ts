@@ -8,4 +8,4 @@ export {
   type UpstreamOptions,
   type UpstreamServer,
 } from './upstream.js';
-export { listenOn } from './listen.js';
+export { ListenerGroup, listenOn } from './listen.js';

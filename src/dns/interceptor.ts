@@ -1,7 +1,7 @@
 import dgram from 'node:dgram';
 import net from 'node:net';
 import type { Logger } from 'pino';
-import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
+import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
 import type { DnsVerdict, MoatMetrics } from '../metrics/index.js';
 import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
 import { listenOn } from './listen.js';
@@ -36,6 +36,12 @@ export interface DnsInterceptorOptions {
   readonly now: () => number;
   /** TCP connections idle longer than this are closed (RFC 7766 section 6.2.3). */
   readonly tcpIdleTimeoutMs?: number;
+  /**
+   * Called with the addresses an answer newly opens (or keeps open longer) for a sandbox; the
+   * answer is released once it resolves (the kernel enforcer opens them in the sandbox's
+   * firewall). A rejection is logged and the answer still released: the firewall stays closed.
+   */
+  readonly onLearn?: (sandboxID: string, learned: LearnedElement[]) => Promise<void>;
 }
 
 type Transport = 'udp' | 'tcp';
@@ -52,8 +58,7 @@ const MAX_UNSENT_BYTES = 256 * 1024;
  * addresses it hands out before the answer leaves.
  */
 export class DnsInterceptor {
-  private udp: dgram.Socket | undefined;
-  private tcp: net.Server | undefined;
+  private readonly sockets: Array<{ udp: dgram.Socket; tcp: net.Server }> = [];
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
   private readonly connections = new Set<net.Socket>();
 
@@ -66,9 +71,13 @@ export class DnsInterceptor {
     });
   }
 
-  /** Binds UDP and TCP on the same address and port; resolves to the bound port. */
-  async start(): Promise<number> {
-    const { host, port } = this.options.listen;
+  /** Binds UDP and TCP on the configured address and port; resolves to the bound port. */
+  start(): Promise<number> {
+    return this.listen(this.options.listen);
+  }
+
+  /** Binds UDP and TCP on one more address (and port); resolves to the bound port. */
+  async listen({ host, port }: ListenAddress): Promise<number> {
     // With port 0 the UDP port is free but the same number may be taken for TCP: try again.
     for (let attempt = 1; ; attempt++) {
       const udp = await this.bindUdp(host, port);
@@ -82,8 +91,7 @@ export class DnsInterceptor {
           throw error;
         continue;
       }
-      this.udp = udp;
-      this.tcp = tcp;
+      this.sockets.push({ udp, tcp });
       return udp.address().port;
     }
   }
@@ -114,10 +122,14 @@ export class DnsInterceptor {
 
   async stop(): Promise<void> {
     for (const socket of this.connections) socket.destroy();
-    await Promise.all([
-      new Promise<void>((resolve) => (this.udp ? this.udp.close(() => resolve()) : resolve())),
-      new Promise<void>((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve())),
-    ]);
+    await Promise.all(
+      this.sockets
+        .splice(0)
+        .flatMap(({ udp, tcp }) => [
+          new Promise<void>((resolve) => udp.close(() => resolve())),
+          new Promise<void>((resolve) => tcp.close(() => resolve())),
+        ]),
+    );
   }
 
   /** Counter children, labelled once (prom-client hashes labels on every labelled call). */
@@ -227,7 +239,7 @@ export class DnsInterceptor {
     answer: CachedAnswer,
     query: Query,
     limit: number,
-  ): Buffer {
+  ): Buffer | Promise<Buffer> {
     const { minLearnTtl, maxLearnTtl, now } = this.options;
     const elapsed = Math.floor((now() - answer.storedAt) / 1000);
     const ttls = answer.ttls.map((ttl) => Math.max(0, ttl - elapsed));
@@ -237,10 +249,37 @@ export class DnsInterceptor {
       if (decide(policy, { host: name, ip }).verdict === 'deny') refused.add(index);
     }
     // Learn before the answer is released: the client may connect the moment it has it.
+    const opened: LearnedElement[] = [];
     for (const { index, ip } of answer.addresses) {
-      if (!refused.has(index))
-        sandbox.learned.learn(ip, name, Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!)));
+      if (refused.has(index)) continue;
+      const ttl = Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!));
+      const expiresAt = sandbox.learned.learn(ip, name, ttl);
+      if (expiresAt !== undefined) opened.push({ address: ip, expiresAt });
     }
+    const reply = this.encode(name, answer, ttls, refused, query, limit);
+    const { onLearn } = this.options;
+    if (onLearn === undefined || opened.length === 0) return reply;
+    return onLearn(sandbox.sandboxID, opened).then(
+      () => reply,
+      (error: Error) => {
+        this.options.logger.error(
+          { sandboxID: sandbox.sandboxID, destination: name, err: error.message },
+          'learned addresses could not be opened in the firewall',
+        );
+        return reply;
+      },
+    );
+  }
+
+  /** The answer as this client gets it: TTLs aged, refused addresses left out. */
+  private encode(
+    name: CanonicalName,
+    answer: CachedAnswer,
+    ttls: number[],
+    refused: ReadonlySet<number>,
+    query: Query,
+    limit: number,
+  ): Buffer {
     if (refused.size === 0)
       return finishAnswer(answer.template, answer.offsets, ttls, query, answer.rcode, limit);
     // Rare path: this sandbox may not see some addresses (rebinding defence); re-encode without them.
@@ -251,7 +290,7 @@ export class DnsInterceptor {
       answer.rcode,
       { answers: answer.answers.filter((_, i) => keep[i]), authorities: answer.authorities },
       ttls.filter((_, i) => i >= answer.answers.length || keep[i]),
-      now(),
+      this.options.now(),
       0,
     );
     return finishAnswer(

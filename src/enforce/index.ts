@@ -2,7 +2,7 @@
  * The enforcement table: sandbox -> current compiled Policy, learned addresses and identities.
  * DNS and the proxy read it; the sandbox lifecycle writes it.
  */
-export { AddressPool } from './address-pool.js';
+export { AddressPool, type AddressPoolOptions } from './address-pool.js';
 export { LearnedAddressTable } from './learned.js';
 export {
   type EnforcedSandbox,
@@ -10,3 +10,15 @@ export {
   EnforcementTable,
   type EnforcementTableOptions,
 } from './table.js';
+export {
+  type KernelChange,
+  KernelEnforcementError,
+  KernelEnforcer,
+  type KernelEnforcerOptions,
+} from './kernel.js';
+export {
+  type KernelLayout,
+  type LearnedElement,
+  REDIRECTED_PORTS,
+  removeHostRuleset,
+} from './kernel-rules.js';

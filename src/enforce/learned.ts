@@ -1,6 +1,7 @@
 import type { CanonicalName, IPAddress, LearnedAddresses } from '../policy/index.js';
 
 interface LearnedEntry {
+  readonly ip: IPAddress;
   readonly name: CanonicalName;
   readonly expiresAt: number;
 }
@@ -12,7 +13,7 @@ interface LearnedEntry {
  * "soonest to expire" without a scan).
  */
 export class LearnedAddressTable implements LearnedAddresses {
-  private readonly entries = new Map<string, LearnedEntry>();
+  private readonly byAddress = new Map<string, LearnedEntry>();
 
   constructor(
     private readonly now: () => number,
@@ -20,49 +21,53 @@ export class LearnedAddressTable implements LearnedAddresses {
   ) {}
 
   get size(): number {
-    return this.entries.size;
+    return this.byAddress.size;
   }
 
   lookup(ip: IPAddress): CanonicalName | undefined {
-    const entry = this.entries.get(ip.text);
+    const entry = this.byAddress.get(ip.text);
     if (entry === undefined) return undefined;
     if (entry.expiresAt <= this.now()) {
-      this.entries.delete(ip.text);
+      this.byAddress.delete(ip.text);
       return undefined;
     }
     return entry.name;
   }
 
-  /** Records that `ip` was given for `name`, for `ttlSeconds` (already clamped). */
-  learn(ip: IPAddress, name: CanonicalName, ttlSeconds: number): void {
+  /**
+   * Records that `ip` was given for `name`, for `ttlSeconds` (already clamped). Returns the
+   * entry's expiry when this added it or moved it out, undefined when nothing changed.
+   */
+  learn(ip: IPAddress, name: CanonicalName, ttlSeconds: number): number | undefined {
     const expiresAt = this.now() + ttlSeconds * 1000;
-    const current = this.entries.get(ip.text);
+    const current = this.byAddress.get(ip.text);
     // Never shorten: two names may share an address, and the later answer may carry a lower TTL.
-    if (current !== undefined && current.expiresAt >= expiresAt) return;
-    if (current !== undefined) this.entries.delete(ip.text);
-    else if (this.entries.size >= this.capacity)
-      this.entries.delete(this.entries.keys().next().value!);
-    this.entries.set(ip.text, { name, expiresAt });
+    if (current !== undefined && current.expiresAt >= expiresAt) return undefined;
+    if (current !== undefined) this.byAddress.delete(ip.text);
+    else if (this.byAddress.size >= this.capacity)
+      this.byAddress.delete(this.byAddress.keys().next().value!);
+    this.byAddress.set(ip.text, { ip, name, expiresAt });
+    return expiresAt;
   }
 
   /** Drops entries whose name `keep` rejects, and expired ones; returns how many went. */
   retain(keep: (name: CanonicalName) => boolean): number {
     const now = this.now();
     let dropped = 0;
-    for (const [key, entry] of this.entries) {
+    for (const [key, entry] of this.byAddress) {
       if (entry.expiresAt <= now || !keep(entry.name)) {
-        this.entries.delete(key);
+        this.byAddress.delete(key);
         dropped++;
       }
     }
     return dropped;
   }
 
-  /** Live entries, for the kernel enforcer and for diagnostics. */
-  list(): Array<{ address: string; name: string; expiresAt: number }> {
+  /** Live entries, for the kernel enforcer. */
+  entries(): Array<{ address: IPAddress; name: CanonicalName; expiresAt: number }> {
     const now = this.now();
-    return [...this.entries]
-      .filter(([, entry]) => entry.expiresAt > now)
-      .map(([address, entry]) => ({ address, name: entry.name, expiresAt: entry.expiresAt }));
+    return [...this.byAddress.values()]
+      .filter((entry) => entry.expiresAt > now)
+      .map((entry) => ({ address: entry.ip, name: entry.name, expiresAt: entry.expiresAt }));
   }
 }

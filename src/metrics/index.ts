@@ -110,8 +110,23 @@ export class MoatMetrics {
 
   readonly policyPublishes = new Counter({
     name: 'moat_policy_publishes_total',
-    help: 'Network config changes by result: applied, invalid (400) or failed (not stored, old policy kept)',
+    help: 'Network config changes by result: applied, invalid (400) or failed (not stored, old policy kept; or stored but the kernel firewall refused it)',
     labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
+
+  readonly kernelApplies = new Counter({
+    name: 'moat_kernel_applies_total',
+    help: "Changes written to namespaced sandboxes' nftables firewalls, by change (install, policy, learned) and result (applied, failed)",
+    labelNames: ['change', 'result'] as const,
+    registers: [this.registry],
+  });
+
+  readonly kernelApplyDuration = new Histogram({
+    name: 'moat_kernel_apply_duration_seconds',
+    help: "Time to write one change into a sandbox's nftables firewall, by change",
+    labelNames: ['change'] as const,
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
     registers: [this.registry],
   });
 

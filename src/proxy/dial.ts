@@ -26,7 +26,10 @@ export type Plan =
 export interface DialerOptions {
   readonly resolver: HostResolver;
   readonly connectTimeoutMs: number;
-  /** True when ip:port is one of Moat's own listeners: never dialled (self-connection). */
+  /**
+   * True when ip:port is Moat's own: one of its listeners (self-connection) or an address of a
+   * sandbox link (sandboxes never reach each other through the proxy). Never dialled.
+   */
   readonly isOwnListener: (ip: IPAddress, port: number) => boolean;
   readonly onDial?: (seconds: number) => void;
 }
@@ -35,7 +38,7 @@ const SELF: Decision = Object.freeze({
   verdict: 'deny',
   list: 'internal',
   rule: null,
-  reason: "the address is one of Moat's own listeners",
+  reason: "the address is Moat's own (one of its listeners or a sandbox link)",
 });
 
 export function denial(target: Target, decision: Decision): Refusal {

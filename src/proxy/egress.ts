@@ -1,7 +1,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type net from 'node:net';
 import type { Logger } from 'pino';
-import { listenOn } from '../dns/index.js';
+import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
@@ -103,6 +103,7 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | string {
  */
 export class EgressProxy {
   private readonly server: http.Server;
+  private readonly listeners: ListenerGroup;
   private readonly agents = new Map<string, http.Agent>();
 
   constructor(private readonly options: ProxyOptions) {
@@ -113,6 +114,7 @@ export class EgressProxy {
       keepAliveTimeout: 30_000,
     });
     this.server.maxHeadersCount = 100;
+    this.listeners = new ListenerGroup(this.server);
     this.server.on('connect', (req: IncomingMessage, socket: net.Socket, head: Buffer) => {
       void this.onConnect(req, socket, head);
     });
@@ -130,13 +132,15 @@ export class EgressProxy {
     });
   }
 
+  /** Listens on one more address; resolves to the bound port. */
   listen(address: ProxyListen): Promise<number> {
-    return listenOn(this.server, address);
+    return this.listeners.listen(address);
   }
 
   /** Stops accepting, lets open tunnels finish for up to `drainMs`, then closes what is left. */
   async close(drainMs = 0): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const extraClosed = this.listeners.closeExtra();
     this.server.closeIdleConnections();
     const deadline = Date.now() + drainMs;
     while (this.options.tunnels.size > 0 && Date.now() < deadline)
@@ -144,7 +148,7 @@ export class EgressProxy {
     for (const tunnel of this.options.tunnels.all()) tunnel.close();
     this.server.closeAllConnections();
     for (const agent of this.agents.values()) agent.destroy();
-    await closed;
+    await Promise.all([closed, extraClosed]);
   }
 
   private count(kind: ProxyKind, verdict: ProxyVerdict): void {

@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { listenOn } from '../dns/index.js';
+import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import { formatDestination, parseAuthority } from '../policy/index.js';
 import type { Target } from './dial.js';
@@ -16,21 +16,27 @@ import { spliceTunnel } from './tunnels.js';
  */
 export class TransparentProxy {
   private readonly server: net.Server;
+  private readonly listeners: ListenerGroup;
   private readonly pending = new Set<net.Socket>();
 
   constructor(private readonly options: ProxyOptions) {
     this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
       this.accept(socket),
     );
+    this.listeners = new ListenerGroup(this.server);
   }
 
+  /** Listens on one more address; resolves to the bound port. */
   listen(address: ProxyListen): Promise<number> {
-    return listenOn(this.server, address);
+    return this.listeners.listen(address);
   }
 
   async close(): Promise<void> {
     for (const socket of this.pending) socket.destroy();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+    await Promise.all([
+      new Promise<void>((resolve) => this.server.close(() => resolve())),
+      this.listeners.closeExtra(),
+    ]);
   }
 
   private accept(client: net.Socket): void {

@@ -7,6 +7,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import path from 'node:path';
+import { NSENTER } from './nft-session.js';
 
 export interface SandboxUser {
   readonly name: string;
@@ -98,14 +99,11 @@ export const bubblewrap: Confinement = {
       '--ro-bind',
       path.join(identity, 'profile'),
       '/etc/profile',
-      '--proc',
-      '/proc',
-      '--dev',
-      '/dev',
-      '--chdir',
-      spec.cwd,
-      '--clearenv',
     );
+    // In its own network namespace the sandbox's resolver is Moat's DNS on the gateway.
+    const resolver = path.join(identity, 'resolv.conf');
+    if (existsSync(resolver)) args.push('--ro-bind', resolver, '/etc/resolv.conf');
+    args.push('--proc', '/proc', '--dev', '/dev', '--chdir', spec.cwd, '--clearenv');
     for (const [key, value] of Object.entries(baseEnv(spec, spec.user.home))) {
       args.push('--setenv', key, value);
     }
@@ -117,6 +115,17 @@ export const bubblewrap: Confinement = {
   },
   place: (spec) => ({ cwd: spec.cwd, env: baseEnv(spec, spec.user.home) }),
 };
+
+/** The same confinement, started inside a network namespace (`/run/netns/<name>`). */
+export function inNetworkNamespace(confinement: Confinement, netns: string): Confinement {
+  return {
+    ...confinement,
+    launch(spec) {
+      const launch = confinement.launch(spec);
+      return { ...launch, argv: [NSENTER, `--net=${netns}`, '--', ...launch.argv] };
+    },
+  };
+}
 
 /** No namespaces: the process runs on the host, in the host folder behind `cwd`. */
 export const unconfined: Confinement = {
@@ -145,10 +154,16 @@ export PATH
 [ -n "\${BASH_VERSION-}" ] && [ -n "\${PS1-}" ] && [ -r /etc/bash.bashrc ] && . /etc/bash.bashrc
 `;
 
-/** /etc/passwd, /etc/group and /etc/profile as the sandbox sees them. */
-export function identityFiles(): { passwd: string; group: string; profile: string } {
+/**
+ * /etc/passwd, /etc/group and /etc/profile as the sandbox sees them, and /etc/resolv.conf when
+ * it has its own resolver address.
+ */
+export function identityFiles(resolver?: string): Record<string, string> {
   const users = [...USERS.values()];
   return {
+    ...(resolver
+      ? { 'resolv.conf': `nameserver ${resolver}\noptions timeout:2 attempts:2\n` }
+      : {}),
     passwd: users
       .map((u) => `${u.name}:x:${u.uid}:${u.uid}:${u.name}:${u.home}:/bin/bash`)
       .join('\n')

@@ -1,5 +1,6 @@
 /** What a sandbox is on this host: its root folder and the processes started in it. */
-export { DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
+export { bubblewrapWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
+export { NamespaceNetwork, type NamespaceNetworkOptions, namespacesWork } from './network.js';
 export { type ResolvedPath, resolveInSandbox, SandboxPathError, sandboxView } from './paths.js';
 export { BASE_TEMPLATE, ProcessRuntime, type ProcessRuntimeOptions } from './process-runtime.js';
 export {

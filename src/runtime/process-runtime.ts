@@ -6,10 +6,12 @@ import {
   bubblewrapWorks,
   type Confinement,
   identityFiles,
+  inNetworkNamespace,
   unconfined,
   USERS,
 } from './confinement.js';
 import { type Containment, FreezerCgroup, ProcessGroups } from './containment.js';
+import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
 import type {
   EnforcementMode,
@@ -26,6 +28,13 @@ export const BASE_TEMPLATE = 'base';
 export interface ProcessRuntimeOptions {
   /** Run processes unconfined even where bubblewrap works (tests of the fallback). */
   readonly confine?: boolean;
+  /**
+   * Give each sandbox its own network namespace (needs bubblewrap: unconfined processes would
+   * run as root inside the namespace and could rewrite its firewall).
+   */
+  readonly network?: NamespaceNetwork;
+  /** Why there is no network namespace per sandbox, for start-up output. */
+  readonly proxyOnlyReason?: string;
 }
 
 /**
@@ -34,9 +43,8 @@ export interface ProcessRuntimeOptions {
  * the empty skeleton), and the processes started in it.
  */
 export class ProcessRuntime implements SandboxRuntime {
-  readonly enforcement: EnforcementMode = 'proxy';
-  readonly enforcementReason =
-    'sandboxes share the host network; egress is enforced for programs that use the injected proxy variables';
+  readonly enforcement: EnforcementMode;
+  readonly enforcementReason: string;
   readonly confined: boolean;
   readonly confinementReason: string;
   private readonly confinement: Confinement;
@@ -46,6 +54,7 @@ export class ProcessRuntime implements SandboxRuntime {
   private readonly live = new Map<string, RuntimeSandbox>();
   /** Names this Moat's cgroups apart from other Moats' on the host. */
   private readonly scope: string;
+  private readonly network: NamespaceNetwork | undefined;
 
   constructor(dataDir: string, options: ProcessRuntimeOptions = {}) {
     this.sandboxesDir = path.resolve(dataDir, 'sandboxes');
@@ -55,6 +64,16 @@ export class ProcessRuntime implements SandboxRuntime {
       options.confine === false ? { ok: false, reason: 'switched off' } : bubblewrapWorks();
     this.confinement = bwrap.ok ? bubblewrap : unconfined;
     this.confined = bwrap.ok;
+    if (options.network && !bwrap.ok) {
+      throw new Error(
+        `network namespaces need confined processes, and ${bwrap.reason}; run with --enforcement proxy`,
+      );
+    }
+    this.network = options.network;
+    this.enforcement = this.network ? 'namespace' : 'proxy';
+    this.enforcementReason = this.network
+      ? `each sandbox in its own network namespace, a /30 link each from ${options.network!.pool}, firewall generated into nftables`
+      : `sandboxes share the host network; egress is enforced for programs that use the injected proxy variables${options.proxyOnlyReason ? ` (no network namespaces: ${options.proxyOnlyReason})` : ''}`;
     this.useFreezer = FreezerCgroup.available();
     this.confinementReason = [
       bwrap.ok ? bwrap.reason : `unconfined (${bwrap.reason}): processes see the host's files`,
@@ -73,7 +92,12 @@ export class ProcessRuntime implements SandboxRuntime {
     return path.join(this.templates, encodeURIComponent(templateKey), 'root');
   }
 
-  async create(sandboxID: string, templateKey: string, env: SandboxEnvironment): Promise<void> {
+  async create(
+    sandboxID: string,
+    templateKey: string,
+    env: SandboxEnvironment,
+    address: string,
+  ): Promise<void> {
     const root = this.rootOf(sandboxID);
     await rm(path.dirname(root), { recursive: true, force: true });
     if (templateKey === BASE_TEMPLATE) {
@@ -85,15 +109,22 @@ export class ProcessRuntime implements SandboxRuntime {
         verbatimSymlinks: true,
       });
     }
-    await this.restore(sandboxID, env);
+    await this.restore(sandboxID, env, address);
   }
 
-  async restore(sandboxID: string, env: SandboxEnvironment): Promise<void> {
+  async restore(sandboxID: string, env: SandboxEnvironment, address: string): Promise<void> {
     const root = this.rootOf(sandboxID);
-    // What the sandbox sees as /etc/passwd, /etc/group and /etc/profile: its own, not the host's.
+    // What the sandbox sees as /etc/passwd, /etc/group, /etc/profile and (in its own network
+    // namespace) /etc/resolv.conf: its own, not the host's.
     await mkdir(path.join(root, '.moat'), { recursive: true });
-    for (const [name, text] of Object.entries(identityFiles())) {
+    const resolver = this.network?.gateway;
+    for (const [name, text] of Object.entries(identityFiles(resolver))) {
       await writeFile(path.join(root, '.moat', name), text);
+    }
+    let confinement = this.confinement;
+    if (this.network) {
+      await this.network.create(sandboxID, address);
+      confinement = inNetworkNamespace(confinement, this.network.namespaceOf(sandboxID)!);
     }
     const containment: Containment = this.useFreezer
       ? FreezerCgroup.for(this.scope, sandboxID)
@@ -102,7 +133,9 @@ export class ProcessRuntime implements SandboxRuntime {
       sandboxID,
       root,
       env,
-      processes: new ProcessTable(root, () => env, this.confinement, containment),
+      // Its ports: on the host's loopback when it shares the host's network.
+      address: this.network ? address : '127.0.0.1',
+      processes: new ProcessTable(root, () => env, confinement, containment),
     });
   }
 
@@ -121,6 +154,7 @@ export class ProcessRuntime implements SandboxRuntime {
   async destroy(sandboxID: string): Promise<void> {
     await this.live.get(sandboxID)?.processes.killAll();
     this.live.delete(sandboxID);
+    await this.network?.destroy(sandboxID);
     await rm(path.join(this.sandboxesDir, sandboxID), { recursive: true, force: true });
   }
 
@@ -152,10 +186,14 @@ export class ProcessRuntime implements SandboxRuntime {
     return leftovers;
   }
 
-  /** Ends every sandbox's processes (Moat is stopping); roots stay for the next start. */
+  /**
+   * Ends every sandbox's processes and removes their namespaces (Moat is stopping); roots stay
+   * for the next start, which makes the namespaces again.
+   */
   async stop(): Promise<void> {
     await Promise.all([...this.live.values()].map((s) => s.processes.killAll()));
     this.live.clear();
+    await this.network?.sweep();
     if (this.useFreezer) await FreezerCgroup.release(this.scope);
   }
 }

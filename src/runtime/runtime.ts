@@ -18,10 +18,18 @@ export interface SandboxRuntime {
   readonly confined: boolean;
   /** How processes are confined, for start-up output. */
   readonly confinementReason: string;
-  /** Makes the sandbox's root from a template (`base` or a snapshot's key). */
-  create(sandboxID: string, templateKey: string, env: SandboxEnvironment): Promise<void>;
+  /**
+   * Makes the sandbox's root from a template (`base` or a snapshot's key) and, in namespace
+   * mode, its network namespace with `address` (its source address) on its link.
+   */
+  create(
+    sandboxID: string,
+    templateKey: string,
+    env: SandboxEnvironment,
+    address: string,
+  ): Promise<void>;
   /** Takes back a sandbox whose root survived a restart (its processes did not). */
-  restore(sandboxID: string, env: SandboxEnvironment): Promise<void>;
+  restore(sandboxID: string, env: SandboxEnvironment, address: string): Promise<void>;
   pause(sandboxID: string): Promise<void>;
   resume(sandboxID: string): Promise<void>;
   /** Ends every process of the sandbox and removes its root. Idempotent. */
@@ -41,6 +49,8 @@ export interface RuntimeSandbox {
   readonly sandboxID: string;
   /** Host folder that is `/` of the sandbox's own view. */
   readonly root: string;
+  /** Where its ports are reached from the host. */
+  readonly address: string;
   readonly processes: ProcessTable;
   readonly env: SandboxEnvironment;
 }

@@ -1,5 +1,10 @@
 import type { Logger } from 'pino';
-import type { AddressPool, EnforcementTable } from '../enforce/index.js';
+import {
+  type AddressPool,
+  type EnforcementTable,
+  KernelEnforcementError,
+  type KernelEnforcer,
+} from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import {
   compilePolicy,
@@ -85,6 +90,8 @@ export interface SandboxServiceOptions {
   readonly runtime: SandboxRuntime;
   readonly table: EnforcementTable;
   readonly sources: AddressPool;
+  /** Writes each sandbox's firewall in its network namespace (namespace enforcement only). */
+  readonly kernel?: KernelEnforcer;
   readonly internal: InternalDenyList;
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
@@ -147,12 +154,14 @@ export class SandboxService {
         );
       }
       this.states.set(record.sandboxID, record.state);
-      await runtime.restore(record.sandboxID, this.options.environment(record));
+      await runtime.restore(record.sandboxID, this.options.environment(record), address.value.text);
+      const policy = this.restoredPolicy(record);
+      await this.options.kernel?.install(record.sandboxID, address.value, policy);
       if (record.state === 'paused') continue;
       table.register(
         record.sandboxID,
         { sourceAddress: address.value, egressSecret: record.egressSecret },
-        this.restoredPolicy(record),
+        policy,
       );
       this.expiry.set(record.sandboxID, record.endAt);
     }
@@ -232,12 +241,16 @@ export class SandboxService {
     try {
       // Under the template's key so that deleting the template cannot race the copy.
       await this.queue.run(templateKey(template.id), () =>
-        runtime.create(id, template.id, this.options.environment(record)),
+        runtime.create(id, template.id, this.options.environment(record), source.text),
       );
+      // Fail closed: a sandbox whose firewall cannot be written is not started.
+      await this.options.kernel?.install(id, source, policy);
       await this.write([{ collection: SANDBOXES, key: id, value: asJson(record) }]);
     } catch (error) {
       sources.release(source);
       await runtime.destroy(id).catch(() => undefined);
+      if (error instanceof KernelEnforcementError)
+        throw new SandboxError(503, `the sandbox was not created: ${error.message}`);
       throw error;
     }
     table.register(id, { sourceAddress: source, egressSecret: record.egressSecret }, policy);
@@ -369,6 +382,16 @@ export class SandboxService {
         throw error;
       }
       this.options.table.publish(sandboxID, policy);
+      try {
+        await this.options.kernel?.enforce(sandboxID, policy);
+      } catch (error) {
+        metrics.policyPublishes.inc({ result: 'failed' });
+        this.log.error({ sandboxID, err: (error as Error).message }, 'firewall update failed');
+        throw new SandboxError(
+          503,
+          `the new network config is stored and Moat's DNS and proxy enforce it, but ${(error as Error).message}`,
+        );
+      }
       metrics.policyPublishes.inc({ result: 'applied' });
       this.transition(next, 'network', {
         allowOut: next.network.allowOut.length,
@@ -543,6 +566,10 @@ export class SandboxService {
       { sourceAddress: address.value, egressSecret: record.egressSecret },
       policy,
     );
+    // Addresses learned before the pause were forgotten with it; the firewall forgets them too.
+    await this.options.kernel?.enforce(record.sandboxID, policy).catch((error: Error) => {
+      this.log.error({ sandboxID: record.sandboxID, err: error.message }, 'firewall update failed');
+    });
     await this.options.runtime.resume(record.sandboxID);
     this.expiry.set(record.sandboxID, next.endAt);
     this.states.set(record.sandboxID, 'running');

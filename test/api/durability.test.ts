@@ -89,6 +89,8 @@ function startMoat(listen: { api: number; dns: number }): MoatChild {
     ...['--dns-listen', `127.0.0.1:${listen.dns}`, '--proxy-listen', '127.0.0.1:0'],
     ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
     ...['--api-keys', API_KEY, '--log-level', 'warn'],
+    // The test speaks as a sandbox from its loopback source address.
+    ...['--enforcement', 'proxy'],
   ];
   // Only PATH from the environment: no MOAT_* setting of the host leaks in.
   const child = spawn(process.execPath, [MOAT_BIN, ...args], {

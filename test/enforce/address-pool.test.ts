@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.js';
 import { AddressPool } from '../../src/enforce/index.js';
-import { parseCIDR } from '../../src/policy/index.js';
+import { parseCIDR, parseIP } from '../../src/policy/index.js';
 
 const range = (text: string) => {
   const parsed = parseCIDR(text);
@@ -22,7 +22,7 @@ describe('source address pool', () => {
       '127.77.0.6',
     ]);
     expect(() => pool.allocate()).toThrow(
-      'source address pool 127.77.0.0/29 is exhausted (6 addresses in use)',
+      'source address pool 127.77.0.0/29 is exhausted (6 sandboxes hold addresses from it)',
     );
   });
 
@@ -32,6 +32,27 @@ describe('source address pool', () => {
     pool.allocate();
     pool.release(first);
     expect(pool.allocate().text).toBe(first.text);
+  });
+
+  it('in link mode hands out the sandbox end of one /30 per sandbox, keeping the first for the gateway', () => {
+    const pool = new AddressPool(range('10.213.0.0/28'), { block: 4 });
+    expect(pool.capacity).toBe(3);
+    const handed = Array.from({ length: 3 }, () => pool.allocate());
+    expect(handed.map((a) => a.text)).toEqual(['10.213.0.6', '10.213.0.10', '10.213.0.14']);
+    expect(handed.map((a) => pool.slotOf(a))).toEqual([1, 2, 3]);
+    expect(handed.map((a) => AddressPool.offset(a, -1).text)).toEqual([
+      '10.213.0.5',
+      '10.213.0.9',
+      '10.213.0.13',
+    ]);
+    expect(() => pool.allocate()).toThrow(/is exhausted \(3 sandboxes/);
+    // Host ends, the gateway block and foreign addresses are not sandbox addresses.
+    for (const text of ['10.213.0.5', '10.213.0.2', '10.213.0.7', '10.213.1.6']) {
+      const parsed = parseIP(text);
+      expect(parsed.ok && pool.reserve(parsed.value)).toBe(false);
+    }
+    pool.release(handed[1]!);
+    expect(pool.allocate().text).toBe('10.213.0.10');
   });
 
   it('is configured by --source-pool (default 127.77.0.0/16) and rejects what cannot work', () => {

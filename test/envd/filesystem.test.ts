@@ -60,7 +60,7 @@ beforeAll(async () => {
     [OPEN, null],
     [SECURE, TOKEN],
   ] as const) {
-    await runtime.create(id, 'base', {});
+    await runtime.create(id, 'base', {}, '127.0.0.1');
     sandboxes.set(id, {
       sandboxID: id,
       accessToken: token,

@@ -238,7 +238,7 @@ describe('CONNECT', () => {
     moat.table.publish(SANDBOX, policy({ allowOut: ['127.0.0.0/8'], denyOut: ['0.0.0.0/0'] }));
     const { status, body } = await connectThrough(proxy, `127.0.0.1:${proxy.port}`, { auth });
     expect(status).toBe(403);
-    expect(JSON.parse(body).message).toContain("Moat's own listeners");
+    expect(JSON.parse(body).message).toContain("the address is Moat's own (one of its listeners");
   });
 });
 

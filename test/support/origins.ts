@@ -1,11 +1,10 @@
 /** Origin servers on loopback for proxy tests: HTTP echo, TLS echo, raw TCP echo. */
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import tls from 'node:tls';
+import { testCertificate } from '../../bench/lib/certificate.js';
+
+export { testCertificate };
 
 export interface Origin {
   readonly host: string;
@@ -51,42 +50,6 @@ export async function httpEchoOrigin(
     });
   });
   return { host, port: await listen(server, host, port), close: closer(server), requests };
-}
-
-let certificate: { key: Buffer; cert: Buffer } | undefined;
-
-/** A throwaway self-signed certificate (made once per run with openssl). */
-export function testCertificate(): { key: Buffer; cert: Buffer } {
-  if (certificate) return certificate;
-  const dir = mkdtempSync(join(tmpdir(), 'moat-cert-'));
-  execFileSync(
-    'openssl',
-    [
-      'req',
-      '-x509',
-      '-newkey',
-      'ec',
-      '-pkeyopt',
-      'ec_paramgen_curve:P-256',
-      '-nodes',
-      '-days',
-      '1',
-      '-subj',
-      '/CN=moat-test',
-      '-keyout',
-      join(dir, 'key.pem'),
-      '-out',
-      join(dir, 'cert.pem'),
-    ],
-    { stdio: 'ignore' },
-  );
-  certificate = {
-    key: readFileSync(join(dir, 'key.pem')),
-    cert: readFileSync(join(dir, 'cert.pem')),
-  };
-  // Kept in memory from here; the files are not needed again.
-  rmSync(dir, { recursive: true, force: true });
-  return certificate;
 }
 
 /** TLS server that echoes what it receives, after writing the SNI it was given and a newline. */

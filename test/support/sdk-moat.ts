@@ -5,20 +5,25 @@
 import http from 'node:http';
 import { Sandbox, type SandboxOpts } from 'e2b';
 import type { RunningMoat } from '../../src/cli/index.js';
-import { API_KEY, startApiMoat } from './api-client.js';
+import { API_KEY, type ApiClient, startApiMoat } from './api-client.js';
+import type { FakeDns, ZoneEntry } from './fake-dns.js';
 
 export const SDK_DOMAIN = 'moat.test';
 
 export interface SdkMoat {
   readonly moat: RunningMoat;
+  readonly api: ApiClient;
+  readonly upstream: FakeDns;
   readonly sandboxUrl: string;
   /** A sandbox from `template` (default base) that stop() kills. */
   sandbox(options?: SandboxOpts, template?: string): Promise<Sandbox>;
   stop(): Promise<void>;
 }
 
-export async function startSdkMoat(): Promise<SdkMoat> {
-  const started = await startApiMoat();
+export async function startSdkMoat(
+  options: { zone?: Map<string, ZoneEntry>; flags?: Record<string, string> } = {},
+): Promise<SdkMoat> {
+  const started = await startApiMoat(options.zone, options.flags);
   const { moat } = started;
   const sandboxUrl = `http://127.0.0.1:${moat.listening.sandbox.port}`;
   Object.assign(process.env, {
@@ -30,6 +35,8 @@ export async function startSdkMoat(): Promise<SdkMoat> {
   const created: Sandbox[] = [];
   return {
     moat,
+    api: started.api,
+    upstream: started.upstream,
     sandboxUrl,
     async sandbox(options = {}, template) {
       const opts = { timeoutMs: 120_000, ...options };

@@ -1,0 +1,199 @@
+/**
+ * The kernel enforcer's nftables text, generated from the same compiled Policy the DNS and proxy
+ * parts ask. Pure: it writes commands, the runtime runs them inside the sandbox's namespace.
+ *
+ * Every command list is one line (commands joined by `;`): `nft -i` runs each line it reads as
+ * one transaction, so a change is applied whole or not at all.
+ *
+ * The chains never change after a sandbox is set up; a policy change rewrites four sets only.
+ * That keeps a publish to one small transaction, and lets learned addresses carry their own
+ * timeouts so that expiry needs no rewrite.
+ */
+import type { CIDR, InternalDenyList, IPAddress, Policy } from '../policy/index.js';
+
+/** Where Moat's listeners for sandboxes are and which addresses its links use. */
+export interface KernelLayout {
+  /** Moat's address for its sandboxes (DNS, explicit proxy, transparent listener). */
+  readonly gateway: IPAddress;
+  readonly ports: { readonly dns: number; readonly proxy: number; readonly transparent: number };
+  /** The range every sandbox link comes from; none of it is a destination. */
+  readonly pool: CIDR;
+  readonly internal: InternalDenyList;
+  /** Host-side names of sandbox links start with this (nft matches `prefix*`). */
+  readonly linkPrefix: string;
+  /** The host's own table, in the host's namespace. */
+  readonly hostTable: string;
+}
+
+export interface LearnedElement {
+  readonly address: IPAddress;
+  /** Absolute expiry, milliseconds on the enforcement table's clock. */
+  readonly expiresAt: number;
+}
+
+/** TCP destination ports that go to the transparent listener when no address rule opens them. */
+export const REDIRECTED_PORTS = [80, 443] as const;
+/** DNS over TLS: a resolver Moat cannot see into. */
+const DOT_PORT = 853;
+
+const TABLE = 'inet moat';
+const SET_TYPES = {
+  internal4: 'type ipv4_addr; flags interval; auto-merge',
+  allow4: 'type ipv4_addr; flags interval; auto-merge',
+  deny4: 'type ipv4_addr; flags interval; auto-merge',
+  learned4: 'type ipv4_addr; flags timeout',
+} as const;
+
+/** IPv6 rules need no elements: IPv6 is off on sandbox links. */
+const ipv4 = (cidrs: Iterable<CIDR>) =>
+  [...cidrs].filter((c) => c.version === 4).map((c) => c.text);
+
+const elements = (items: readonly string[]) =>
+  items.length ? ` elements = { ${items.join(', ')} }` : '';
+
+/**
+ * The sandbox's whole table, replacing any earlier one, with every destination denied until the
+ * first policy is written into its sets (`policySets`).
+ */
+export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAddress }): string {
+  const gw = layout.gateway.text;
+  const { dns, proxy, transparent } = layout.ports;
+  const redirected = `{ ${REDIRECTED_PORTS.join(', ')} }`;
+  const internal = ipv4(layout.internal.ranges.map((r) => r.cidr));
+  const sets = Object.entries(SET_TYPES).map(
+    ([name, type]) =>
+      `set ${name} { ${type};${name === 'internal4' ? elements(internal) : name === 'deny4' ? elements(['0.0.0.0/0']) : ''} }`,
+  );
+  const redirect = [
+    'type nat hook output priority -100; policy accept',
+    'oifname "lo" accept',
+    // Every DNS query, to whichever resolver it was sent, goes to the interceptor.
+    `meta l4proto { tcp, udp } th dport 53 dnat ip to ${gw}:${dns}`,
+    'ip daddr @internal4 accept',
+    'ip daddr @allow4 accept',
+    // Learned addresses and denied destinations on web ports are decided by name (SNI or Host).
+    `tcp dport ${redirected} ip daddr @learned4 dnat ip to ${gw}:${transparent}`,
+    `tcp dport ${redirected} ip daddr @deny4 dnat ip to ${gw}:${transparent}`,
+  ];
+  const egress = [
+    'type filter hook output priority filter; policy drop',
+    'oifname "lo" accept',
+    // IPv6 is switched off on the sandbox's link; this holds even if it came back.
+    'meta nfproto ipv6 reject with icmpx admin-prohibited',
+    `ip daddr ${gw} udp dport ${dns} accept`,
+    `ip daddr ${gw} tcp dport { ${[...new Set([dns, proxy, transparent])].join(', ')} } accept`,
+    // Answers to connections Moat's ingress opened to the sandbox's own ports.
+    `ip daddr ${link.host.text} ct direction reply accept`,
+    `tcp dport ${DOT_PORT} drop`,
+    `udp dport ${DOT_PORT} drop`,
+    'ip daddr @internal4 drop',
+    `ip daddr ${layout.pool.text} drop`,
+    'ip daddr @allow4 accept',
+    'ip daddr @learned4 accept',
+    'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
+    'ip daddr @deny4 reject with icmpx admin-prohibited',
+    'accept',
+  ];
+  const ingress = [
+    'type filter hook input priority filter; policy drop',
+    'iifname "lo" accept',
+    'ct state established,related accept',
+    `ip saddr ${link.host.text} meta l4proto tcp ct state new accept`,
+  ];
+  const chain = (name: string, rules: string[]) => `chain ${name} { ${rules.join('; ')}; }`;
+  return [
+    `table ${TABLE}`,
+    `delete table ${TABLE}`,
+    `table ${TABLE} { ${[...sets, chain('to_moat', redirect), chain('outbound', egress), chain('inbound', ingress)].join('; ')}; }`,
+  ].join('; ');
+}
+
+/** Rewrites the policy's sets (and the learned addresses still allowed) in one transaction. */
+export function policySets(
+  policy: Policy,
+  learned: readonly LearnedElement[],
+  now: number,
+): string {
+  const allow = ipv4(
+    policy.rules.allowOut.flatMap((rule) => (rule.kind === 'address' ? [rule.cidr] : [])),
+  );
+  const deny = policy.rules.denyAll
+    ? ['0.0.0.0/0']
+    : ipv4(policy.rules.denyOut.map((rule) => rule.cidr));
+  return [
+    ...['allow4', 'deny4', 'learned4'].map((set) => `flush set ${TABLE} ${set}`),
+    ...addElements('allow4', allow),
+    ...addElements('deny4', deny),
+    ...addElements('learned4', timed(learned, now)),
+  ].join('; ');
+}
+
+/** Every destination denied (a publish that could not be written falls back to this). */
+export function lockdownSets(): string {
+  return [
+    ...['allow4', 'deny4', 'learned4'].map((set) => `flush set ${TABLE} ${set}`),
+    ...addElements('deny4', ['0.0.0.0/0']),
+  ].join('; ');
+}
+
+/**
+ * Adds learned addresses, or moves their expiry out. nft keeps an element's first timeout on a
+ * plain `add`, so each is added (a no-op when present), deleted and added with its new timeout.
+ */
+export function learnedElements(learned: readonly LearnedElement[], now: number): string {
+  const addresses = learned.filter((e) => e.address.version === 4).map((e) => e.address.text);
+  if (addresses.length === 0) return '';
+  return [
+    ...addElements('learned4', addresses),
+    `delete element ${TABLE} learned4 { ${addresses.join(', ')} }`,
+    ...addElements('learned4', timed(learned, now)),
+  ].join('; ');
+}
+
+/**
+ * The host's side: only Moat's listeners on the gateway are reachable from sandbox links,
+ * sandboxes cannot reach each other, and what leaves the host is masqueraded.
+ */
+export function hostRuleset(layout: KernelLayout): string {
+  const links = `"${layout.linkPrefix}*"`;
+  const gw = layout.gateway.text;
+  const { dns, proxy, transparent } = layout.ports;
+  const table = `inet ${layout.hostTable}`;
+  const chain = (name: string, rules: string[]) => `chain ${name} { ${rules.join('; ')}; }`;
+  return [
+    `table ${table}`,
+    `delete table ${table}`,
+    `table ${table} { ${[
+      chain('from_sandboxes', [
+        'type filter hook input priority filter; policy accept',
+        `iifname ${links} ct state established,related accept`,
+        `iifname ${links} ip daddr ${gw} udp dport ${dns} accept`,
+        `iifname ${links} ip daddr ${gw} tcp dport { ${[...new Set([dns, proxy, transparent])].join(', ')} } accept`,
+        `iifname ${links} drop`,
+      ]),
+      chain('between_sandboxes', [
+        'type filter hook forward priority filter; policy accept',
+        `iifname ${links} oifname ${links} drop`,
+      ]),
+      chain('leaving_host', [
+        'type nat hook postrouting priority srcnat; policy accept',
+        `ip saddr ${layout.pool.text} oifname != ${links} masquerade`,
+      ]),
+    ].join('; ')}; }`,
+  ].join('; ');
+}
+
+/** Removes the host's table (Moat is stopping); no error when it is already gone. */
+export function removeHostRuleset(hostTable: string): string {
+  return `table inet ${hostTable}; delete table inet ${hostTable}`;
+}
+
+function addElements(set: string, items: readonly string[]): string[] {
+  return items.length ? [`add element ${TABLE} ${set} { ${items.join(', ')} }`] : [];
+}
+
+function timed(learned: readonly LearnedElement[], now: number): string[] {
+  return learned
+    .filter((e) => e.address.version === 4 && e.expiresAt > now)
+    .map((e) => `${e.address.text} timeout ${Math.max(1, Math.ceil((e.expiresAt - now) / 1000))}s`);
+}

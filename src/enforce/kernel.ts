@@ -1,0 +1,104 @@
+import type { IPAddress, Policy } from '../policy/index.js';
+import {
+  hostRuleset,
+  type KernelLayout,
+  type LearnedElement,
+  learnedElements,
+  lockdownSets,
+  policySets,
+  sandboxRuleset,
+} from './kernel-rules.js';
+import { AddressPool } from './address-pool.js';
+import type { EnforcementTable } from './table.js';
+
+export type KernelChange = 'install' | 'policy' | 'learned';
+
+export interface KernelEnforcerOptions {
+  readonly table: EnforcementTable;
+  /** Runs nft commands inside the sandbox's namespace (the runtime's job). */
+  readonly apply: (sandboxID: string, commands: string) => Promise<void>;
+  /** Runs nft commands in the host's namespace. */
+  readonly applyHost: (commands: string) => Promise<void>;
+  readonly now: () => number;
+  /** Each change written (or refused), with how long it took. */
+  readonly onApplied?: (change: KernelChange, ok: boolean, seconds: number) => void;
+}
+
+/** A change the kernel refused; the message says what stays in force. */
+export class KernelEnforcementError extends Error {
+  override readonly name = 'KernelEnforcementError';
+}
+
+/**
+ * Keeps each namespaced sandbox's firewall equal to its policy: the whole table when the
+ * sandbox is set up, its sets on every publish, and learned addresses as the DNS interceptor
+ * hands them out (before the answer is released).
+ */
+export class KernelEnforcer {
+  constructor(
+    private readonly layout: KernelLayout,
+    private readonly options: KernelEnforcerOptions,
+  ) {}
+
+  /** The host's side of all sandbox links. */
+  installHost(): Promise<void> {
+    return this.options.applyHost(hostRuleset(this.layout));
+  }
+
+  /** Writes the sandbox's whole firewall for `policy`; rejects when it could not be applied. */
+  async install(sandboxID: string, address: IPAddress, policy: Policy): Promise<void> {
+    const host = AddressPool.offset(address, -1);
+    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now())}`;
+    try {
+      await this.timed('install', () => this.options.apply(sandboxID, commands));
+    } catch (error) {
+      throw new KernelEnforcementError(
+        `the firewall of sandbox ${sandboxID} could not be written: ${(error as Error).message}`,
+      );
+    }
+  }
+
+  /**
+   * Rewrites the sandbox's sets for its current policy. When that fails, every destination is
+   * denied instead (stricter than any policy), and the error says so.
+   */
+  async enforce(sandboxID: string, policy: Policy): Promise<void> {
+    const commands = policySets(policy, this.learnedOf(sandboxID), this.options.now());
+    try {
+      await this.timed('policy', () => this.options.apply(sandboxID, commands));
+    } catch (error) {
+      const locked = await this.options.apply(sandboxID, lockdownSets()).then(
+        () => 'every direct destination is denied until a later change succeeds',
+        (lockError: Error) =>
+          `denying everything failed too (${lockError.message}); the previous firewall stays`,
+      );
+      throw new KernelEnforcementError(
+        `the firewall of sandbox ${sandboxID} could not be updated (${(error as Error).message}); ${locked}`,
+      );
+    }
+  }
+
+  /** Opens addresses the interceptor is about to hand out; resolves once they are live. */
+  learn(sandboxID: string, learned: readonly LearnedElement[]): Promise<void> {
+    const commands = learnedElements(learned, this.options.now());
+    if (commands === '') return Promise.resolve();
+    return this.timed('learned', () => this.options.apply(sandboxID, commands));
+  }
+
+  private learnedOf(sandboxID: string): LearnedElement[] {
+    const sandbox = this.options.table.get(sandboxID);
+    if (sandbox === undefined) return [];
+    return sandbox.learned.entries();
+  }
+
+  private async timed(change: KernelChange, work: () => Promise<void>): Promise<void> {
+    const started = performance.now();
+    let ok = false;
+    try {
+      await work();
+      ok = true;
+    } finally {
+      this.options.onApplied?.(change, ok, (performance.now() - started) / 1000);
+    }
+  }
+}

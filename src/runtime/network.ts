@@ -1,0 +1,283 @@
+/**
+ * Each sandbox's own network namespace: a veth link (a /30 from the pool, the host end `.1`,
+ * the sandbox end `.2`), IPv6 switched off on it, a default route to the host, and an nft session
+ * through which the kernel enforcer writes the sandbox's firewall. The host keeps one gateway
+ * address (the pool's first address, on `lo`) where Moat's DNS, proxy and transparent listeners
+ * wait for sandboxes.
+ *
+ * Names are derived from a scope (the pool's, which one Moat holds at a time) and the link's
+ * slot, so that start-up can find and remove what an earlier Moat on the same pool left, and only
+ * that.
+ */
+import { execFile, execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { NFT, NftSession, NSENTER } from './nft-session.js';
+
+const IP = '/usr/sbin/ip';
+const NETNS_DIR = '/run/netns';
+/** Which Moat holds which pool: two Moats on one gateway address would undo each other. */
+const POOL_LOCKS = '/run/moat';
+const heldHere = new Set<string>();
+const COMMAND_TIMEOUT_MS = 10_000;
+
+export interface NamespaceNetworkOptions {
+  /** Hex that names this Moat's namespaces and links apart from other Moats' (6 characters). */
+  readonly scope: string;
+  /** The pool's network address and prefix length (IPv4, /30 per sandbox). */
+  readonly pool: { readonly network: string; readonly prefixLength: number };
+}
+
+/** Whether namespaces with nftables can be made here, and why not. */
+export function namespacesWork(): { ok: boolean; reason: string } {
+  if (process.getuid?.() !== 0) return { ok: false, reason: 'Moat is not running as root' };
+  for (const [tool, pkg] of [
+    [IP, 'iproute2'],
+    [NFT, 'nftables'],
+    [NSENTER, 'util-linux'],
+  ] as const) {
+    if (!existsSync(tool))
+      return { ok: false, reason: `${tool} is missing (Debian package ${pkg})` };
+  }
+  const probe = `moat-probe-${process.pid}`;
+  try {
+    execFileSync(IP, ['netns', 'add', probe], { stdio: 'pipe', timeout: COMMAND_TIMEOUT_MS });
+    execFileSync(NSENTER, [`--net=${NETNS_DIR}/${probe}`, NFT, 'list', 'tables'], {
+      stdio: 'pipe',
+      timeout: COMMAND_TIMEOUT_MS,
+    });
+    return { ok: true, reason: 'network namespaces and nftables work' };
+  } catch (error) {
+    const stderr = (error as { stderr?: Buffer }).stderr?.toString().trim();
+    return {
+      ok: false,
+      reason: `cannot make a network namespace with nftables: ${stderr || (error as Error).message}`,
+    };
+  } finally {
+    try {
+      execFileSync(IP, ['netns', 'delete', probe], {
+        stdio: 'ignore',
+        timeout: COMMAND_TIMEOUT_MS,
+      });
+    } catch {
+      // It was never made.
+    }
+  }
+}
+
+function processRuns(pid: number): boolean {
+  if (!Number.isSafeInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+function run(file: string, args: readonly string[], input?: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = execFile(file, args, { timeout: COMMAND_TIMEOUT_MS }, (error, _out, stderr) => {
+      if (error === null) return resolve();
+      const detail = String(stderr).trim() || error.message;
+      reject(new Error(`${[file, ...args].join(' ')}: ${detail}`));
+    });
+    if (input !== undefined) child.stdin!.end(input);
+  });
+}
+
+const toWord = (text: string) =>
+  text.split('.').reduce((word, part) => ((word << 8) | Number(part)) >>> 0, 0);
+const toText = (word: number) =>
+  [word >>> 24, (word >>> 16) & 255, (word >>> 8) & 255, word & 255].join('.');
+
+interface Link {
+  readonly namespace: string;
+  readonly hostLink: string;
+  /** The sandbox end (its source address) and the host end. */
+  readonly address: string;
+  readonly host: string;
+  readonly firewall: NftSession;
+}
+
+export class NamespaceNetwork {
+  /** Moat's address for its sandboxes: the pool's first address. */
+  readonly gateway: string;
+  /** Host-side link names start with this. */
+  readonly linkPrefix: string;
+  /** The nftables table (family inet) holding the host's side of the links. */
+  readonly hostTable: string;
+  private readonly namespacePrefix: string;
+  private readonly base: number;
+  private readonly links = new Map<string, Link>();
+  private readonly hostFirewall: NftSession;
+  /** This instance holds the pool; only then does `stop` undo anything on the host. */
+  private locked = false;
+
+  constructor(private readonly options: NamespaceNetworkOptions) {
+    this.base = toWord(options.pool.network);
+    this.gateway = toText(this.base + 1);
+    // Interface names have at most 15 characters: "mt" + 6 + "-" + up to 6 hex digits of slot.
+    this.linkPrefix = `mt${options.scope}-`;
+    this.namespacePrefix = `moat-${options.scope}-`;
+    this.hostTable = `moat_${options.scope}`;
+    this.hostFirewall = new NftSession(undefined, 'the host namespace');
+  }
+
+  /** The pool, as CIDR text. */
+  get pool(): string {
+    return `${this.options.pool.network}/${this.options.pool.prefixLength}`;
+  }
+
+  /** The namespace file a sandbox's processes enter. */
+  namespaceOf(sandboxID: string): string | undefined {
+    const link = this.links.get(sandboxID);
+    return link && `${NETNS_DIR}/${link.namespace}`;
+  }
+
+  /**
+   * Gives the host its gateway address and lets it forward sandbox traffic, after removing every
+   * namespace an earlier run of this Moat left (their processes did not survive it).
+   */
+  async prepare(): Promise<string[]> {
+    await this.lockPool();
+    const removed = await this.sweep();
+    await writeFile('/proc/sys/net/ipv4/ip_forward', '1\n');
+    await run(IP, ['addr', 'replace', `${this.gateway}/32`, 'dev', 'lo']);
+    return removed;
+  }
+
+  /** Applies nft commands in the host's namespace (the host side of sandbox links). */
+  host(commands: string): Promise<void> {
+    return this.hostFirewall.run(commands);
+  }
+
+  /** Makes the sandbox's namespace and link; no destination is reachable until its firewall is written. */
+  async create(sandboxID: string, address: string): Promise<void> {
+    await this.destroy(sandboxID);
+    const offset = toWord(address) - this.base;
+    const slot = (offset - 2) / 4;
+    if (!Number.isInteger(slot) || slot < 1 || slot >= 0x1000000) {
+      throw new Error(
+        `sandbox address ${address} is not a link address of the pool ${this.options.pool.network}/${this.options.pool.prefixLength}`,
+      );
+    }
+    const namespace = `${this.namespacePrefix}${slot}`;
+    const hostLink = `${this.linkPrefix}${slot.toString(16)}`;
+    const host = toText(toWord(address) - 1);
+    const link: Link = {
+      namespace,
+      hostLink,
+      address,
+      host,
+      firewall: new NftSession(
+        `${NETNS_DIR}/${namespace}`,
+        `the namespace of sandbox ${sandboxID}`,
+      ),
+    };
+    this.links.set(sandboxID, link);
+    try {
+      await run(
+        IP,
+        ['-batch', '-'],
+        [
+          `netns add ${namespace}`,
+          `link add ${hostLink} type veth peer name eth0 netns ${namespace}`,
+          `addr add ${host}/30 dev ${hostLink}`,
+          `link set ${hostLink} up`,
+        ].join('\n'),
+      );
+      // IPv6 off on the sandbox's link before it comes up (loopback keeps ::1).
+      await run(NSENTER, [
+        `--net=${NETNS_DIR}/${namespace}`,
+        '--',
+        '/bin/sh',
+        '-ec',
+        [
+          'echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6',
+          `${IP} link set lo up`,
+          `${IP} addr add ${address}/30 dev eth0`,
+          `${IP} link set eth0 up`,
+          `${IP} route add default via ${host}`,
+        ].join('\n'),
+      ]);
+    } catch (error) {
+      await this.destroy(sandboxID);
+      throw error;
+    }
+  }
+
+  /** Applies nft commands in the sandbox's namespace. */
+  firewall(sandboxID: string, commands: string): Promise<void> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined)
+      return Promise.reject(new Error(`sandbox ${sandboxID} has no network namespace`));
+    return link.firewall.run(commands);
+  }
+
+  /** Removes the sandbox's namespace and link. Idempotent. */
+  async destroy(sandboxID: string): Promise<void> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined) return;
+    this.links.delete(sandboxID);
+    link.firewall.close();
+    await this.removeNamespace(link.namespace, link.hostLink);
+  }
+
+  /** Removes every namespace and link of this scope, known or not; returns the namespaces. */
+  async sweep(): Promise<string[]> {
+    for (const link of this.links.values()) link.firewall.close();
+    this.links.clear();
+    const names = (await readdir(NETNS_DIR).catch(() => [] as string[])).filter((n) =>
+      n.startsWith(this.namespacePrefix),
+    );
+    for (const name of names) {
+      const slot = Number(name.slice(this.namespacePrefix.length));
+      await this.removeNamespace(name, `${this.linkPrefix}${slot.toString(16)}`);
+    }
+    return names;
+  }
+
+  /** Removes the sandboxes' namespaces, the host's table and the gateway address. */
+  async stop(removeHostRules: string): Promise<void> {
+    if (!this.locked) return;
+    await this.sweep();
+    await this.hostFirewall.run(removeHostRules).catch(() => undefined);
+    this.hostFirewall.close();
+    await run(IP, ['addr', 'del', `${this.gateway}/32`, 'dev', 'lo']).catch(() => undefined);
+    heldHere.delete(this.lockFile);
+    this.locked = false;
+    await rm(this.lockFile, { force: true });
+  }
+
+  private get lockFile(): string {
+    return `${POOL_LOCKS}/pool-${this.options.pool.network}-${this.options.pool.prefixLength}.pid`;
+  }
+
+  private async lockPool(): Promise<void> {
+    const file = this.lockFile;
+    const refuse = (holder: string) =>
+      new Error(
+        `the namespace pool ${this.pool} is in use by another Moat (${holder}); give each Moat on a host its own --namespace-pool`,
+      );
+    if (heldHere.has(file)) throw refuse('in this process');
+    await mkdir(POOL_LOCKS, { recursive: true, mode: 0o700 });
+    try {
+      await writeFile(file, `${process.pid}\n`, { flag: 'wx', mode: 0o600 });
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
+      const holder = Number.parseInt(await readFile(file, 'utf8').catch(() => ''), 10);
+      if (holder !== process.pid && processRuns(holder)) throw refuse(`process ${holder}`);
+      await writeFile(file, `${process.pid}\n`, { mode: 0o600 });
+    }
+    heldHere.add(file);
+    this.locked = true;
+  }
+
+  private async removeNamespace(namespace: string, hostLink: string): Promise<void> {
+    // The link first: deleting a namespace frees its devices later, in the background, and the
+    // slot may be handed out again before that.
+    await run(IP, ['link', 'delete', hostLink]).catch(() => undefined);
+    await run(IP, ['netns', 'delete', namespace]).catch(() => undefined);
+  }
+}

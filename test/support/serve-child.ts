@@ -1,0 +1,106 @@
+/** A real `moat serve` child for tests: its output, start-up facts, signals and log lines. */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { MOAT_BIN } from './moat.js';
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** What the human start-up lines say. */
+export interface Started {
+  readonly api: string;
+  readonly sandbox: string;
+  readonly proxy: string;
+  readonly dns: string;
+  /** `off` or ip:port. */
+  readonly metrics: string;
+  readonly dataDir: string;
+  /** The key, when this start generated it. */
+  readonly generatedKey: string | undefined;
+}
+
+export type LogLine = Record<string, unknown> & { msg?: string };
+
+export class ServeChild {
+  /** Every child started, so that a suite can end them all. */
+  static readonly all: ServeChild[] = [];
+
+  static async killAll(): Promise<void> {
+    await Promise.all(ServeChild.all.splice(0).map((c) => c.kill()));
+  }
+
+  stdout = '';
+  stderr = '';
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  private readonly child: ChildProcess;
+
+  constructor(args: string[], env: Record<string, string> = {}) {
+    // Only PATH from the environment: no MOAT_* setting of the host leaks in.
+    this.child = spawn(process.execPath, [MOAT_BIN, 'serve', ...args], {
+      env: { PATH: process.env.PATH ?? '', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => (this.stdout += chunk));
+    this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (this.stderr += chunk));
+    this.exited = new Promise((resolve) =>
+      this.child.once('exit', (code, signal) => resolve({ code, signal })),
+    );
+    ServeChild.all.push(this);
+  }
+
+  get running(): boolean {
+    return this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  output(): string {
+    return `stdout:\n${this.stdout}\nstderr:\n${this.stderr}`;
+  }
+
+  /** The JSON log lines so far (the human start-up lines are not JSON). */
+  logLines(): LogLine[] {
+    return this.stdout
+      .split('\n')
+      .filter((line) => line.startsWith('{'))
+      .map((line) => JSON.parse(line) as LogLine);
+  }
+
+  /**
+   * Waits for the last human start-up line and the "moat started" log line (the log is written
+   * asynchronously, so either may come first) and returns what the human lines say.
+   */
+  async started(deadlineMs = 15_000): Promise<Started> {
+    const deadline = Date.now() + deadlineMs;
+    const complete = () =>
+      /^moat: metrics .*$/m.test(this.stdout) && /"msg":"moat started"/.test(this.stdout);
+    while (!complete()) {
+      if (!this.running || Date.now() > deadline) {
+        throw new Error(`moat serve did not start\n${this.output()}`);
+      }
+      await sleep(20);
+    }
+    const field = (pattern: RegExp) => {
+      const found = pattern.exec(this.stdout)?.[1];
+      if (found === undefined) throw new Error(`no ${pattern} in\n${this.output()}`);
+      return found;
+    };
+    return {
+      api: field(/^moat: platform API +http:\/\/(\S+) /m),
+      sandbox: field(/^moat: sandbox API +http:\/\/(\S+) /m),
+      proxy: field(/^moat: egress proxy +(\S+) /m),
+      dns: field(/^moat: DNS interceptor +(\S+) /m),
+      metrics: field(/^moat: metrics +(?:http:\/\/)?([^/\s]+)/m),
+      dataDir: field(/^moat: data folder +(\S+)$/m),
+      generatedKey: /^moat: API key +(\S+) \(generated;/m.exec(this.stdout)?.[1],
+    };
+  }
+
+  /** Sends `signal` and waits (bounded) for the exit. */
+  async stop(signal: NodeJS.Signals): Promise<{ code: number | null; signal: string | null }> {
+    this.child.kill(signal);
+    const timeout = sleep(15_000).then(() => ({ code: null, signal: 'still running after 15 s' }));
+    return Promise.race([this.exited, timeout]);
+  }
+
+  async kill(): Promise<void> {
+    if (this.running) this.child.kill('SIGKILL');
+    await this.exited;
+  }
+}

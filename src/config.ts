@@ -62,6 +62,18 @@ export interface MoatConfig {
   readonly dataDir: string;
   /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
   readonly namespace: string;
+  /** `file` (the embedded store in the data folder) or a `redis://` URL shared by many nodes. */
+  readonly store: string;
+  /** Prefix of every Redis key and channel of this platform. */
+  readonly storePrefix: string;
+  /** This node's name among the nodes sharing a Redis store; `auto` keeps one in the data folder. */
+  readonly nodeID: string;
+  /** A node whose heartbeat is older than this is gone, with its sandboxes. */
+  readonly nodeTtlMs: number;
+  /** false: an API replica that places sandboxes on other nodes and hosts none itself. */
+  readonly hostsSandboxes: boolean;
+  /** Where other nodes reach this node's platform API; default: its API listener. */
+  readonly advertiseApi: HostPort | undefined;
 }
 
 interface Setting<K extends keyof MoatConfig> {
@@ -176,6 +188,19 @@ const ipv4Range =
     }
     return cidr;
   };
+
+const storeLocation = (text: string): Result<string> => {
+  if (text === 'file') return { ok: true, value: text };
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    return { ok: false, error: 'expected "file" or a redis:// URL' };
+  }
+  return url.protocol === 'redis:' || url.protocol === 'rediss:'
+    ? { ok: true, value: text }
+    : { ok: false, error: `expected "file" or a redis:// URL, got the scheme ${url.protocol}` };
+};
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 const logLevel = (text: string): Result<string> =>
@@ -459,6 +484,72 @@ export const SETTINGS: readonly AnySetting[] = [
             ok: false,
             error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
           },
+  },
+  {
+    key: 'store',
+    metavar: 'file|redis://HOST:PORT[/DB]',
+    flag: 'store',
+    env: 'MOAT_STORE',
+    default: 'file',
+    help: 'where sandbox records live: "file" (embedded, in the data folder) or Redis shared by every node of one platform',
+    // Shown with any password masked; the rest is what an operator needs to see.
+    show: (value) => value.replace(/^(rediss?:\/\/[^:@/]*:)[^@/]*@/, '$1***@'),
+    parse: storeLocation,
+  },
+  {
+    key: 'storePrefix',
+    metavar: 'PREFIX',
+    flag: 'store-prefix',
+    env: 'MOAT_STORE_PREFIX',
+    default: 'moat:',
+    help: 'prefix of every Redis key and channel of this platform (several platforms can share one Redis)',
+    parse: (text) =>
+      /^[A-Za-z0-9:._-]{1,64}$/.test(text)
+        ? { ok: true, value: text }
+        : { ok: false, error: `expected 1-64 of A-Z a-z 0-9 : . _ -, got ${JSON.stringify(text)}` },
+  },
+  {
+    key: 'nodeID',
+    metavar: 'ID|auto',
+    flag: 'node-id',
+    env: 'MOAT_NODE_ID',
+    default: 'auto',
+    help: 'this node\'s name in a Redis-backed platform; "auto" makes one once and keeps it in the data folder',
+    parse: (text) =>
+      /^[a-z0-9][a-z0-9-]{0,62}$/.test(text)
+        ? { ok: true, value: text }
+        : {
+            ok: false,
+            error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
+          },
+  },
+  {
+    key: 'nodeTtlMs',
+    metavar: 'MS',
+    flag: 'node-ttl-ms',
+    env: 'MOAT_NODE_TTL_MS',
+    default: '10000',
+    help: 'a node whose heartbeat is older than this is gone: other nodes answer 404 for its sandboxes and remove their records',
+    parse: positiveInteger(3_600_000),
+  },
+  {
+    key: 'hostsSandboxes',
+    metavar: 'true|false',
+    flag: 'hosts-sandboxes',
+    env: 'MOAT_HOSTS_SANDBOXES',
+    default: 'true',
+    help: 'false makes this node an API replica: it answers every platform request and places new sandboxes on nodes that host them',
+    parse: booleanValue,
+  },
+  {
+    key: 'advertiseApi',
+    metavar: 'IP:PORT',
+    flag: 'advertise-api',
+    env: 'MOAT_ADVERTISE_API',
+    default: 'listener',
+    help: 'where other nodes reach this node\'s platform API; "listener" means the API listener\'s own address',
+    show: (value) => (value === undefined ? 'listener' : formatHostPort(value)),
+    parse: (text) => (text === 'listener' ? { ok: true, value: undefined } : hostPort(text)),
   },
 ];
 

@@ -241,6 +241,15 @@ describe('moat serve --print-config', () => {
     },
   );
 
+  it('masks the password of a Redis store URL, and only the password', async () => {
+    const { shown, stdout } = await printConfig([
+      '--store',
+      'redis://moat:redis-password-1234@127.0.0.1:6379/2',
+    ]);
+    expect(shown.store).toBe('redis://moat:***@127.0.0.1:6379/2');
+    expect(stdout).not.toContain('redis-password-1234');
+  });
+
   it('reads back as the same configuration when fed in as a --config file', async () => {
     const first = await printConfig(['--config', configFile()], env);
     const file = path.join(scratch, 'printed.json');

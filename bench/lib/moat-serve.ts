@@ -27,6 +27,10 @@ export async function startMoatServe(options: {
   readonly apiKey: string;
   readonly lifetimeSeconds: number;
   readonly profileDir?: string;
+  /** The upstream resolver (default: a loopback port where nothing listens). */
+  readonly dnsUpstream?: string;
+  /** More `moat serve` flags (a Redis store, a node ID...). */
+  readonly extraArgs?: readonly string[];
 }): Promise<MoatServe> {
   const host = '127.0.0.1';
   const args = [
@@ -39,11 +43,12 @@ export async function startMoatServe(options: {
       '--proxy-listen',
       `${host}:0`,
     ],
-    // No DNS query is made here; a loopback port where nothing listens keeps it that way.
-    ...['--transparent-listen', 'off', '--dns-upstream', `${host}:9`],
+    // Without an upstream given, a loopback port where nothing listens: no query leaves.
+    ...['--transparent-listen', 'off', '--dns-upstream', options.dnsUpstream ?? `${host}:9`],
     ...['--api-keys', options.apiKey, '--log-level', 'warn'],
     // Shared host network: namespaced creates are measured by bench:netns.
     ...['--enforcement', 'proxy'],
+    ...(options.extraArgs ?? []),
   ];
   const profiling = options.profileDir ? ['--cpu-prof', '--cpu-prof-dir', options.profileDir] : [];
   const log = openSync(join(options.dir, 'moat.log'), 'a');

@@ -55,6 +55,13 @@ export interface RouteSpec {
     readonly response: Record<number, object>;
   };
   readonly handler: Handler;
+  /**
+   * Where it runs when many nodes share a store: `owner`, on the node that hosts the sandbox
+   * (the request is forwarded there); `placement`, on the node the new sandbox goes to.
+   * Unmarked routes run on any node (reads, and network changes, which the store and the
+   * cluster channel carry to the owner).
+   */
+  readonly runsOn?: 'owner' | 'placement';
 }
 
 const timeoutSeconds = {
@@ -179,6 +186,7 @@ export const ROUTES: readonly RouteSpec[] = [
   ).map(([url, secureByDefault]): RouteSpec => ({
     method: 'POST',
     url,
+    runsOn: 'placement',
     summary: secureByDefault
       ? 'Create a sandbox (secure unless `secure: false`)'
       : 'Create a sandbox (not secure unless `secure: true`)',
@@ -241,6 +249,8 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'GET',
     url: '/sandboxes/:sandboxID',
+    // The owner answers: the egress block describes its proxy, DNS and enforcement.
+    runsOn: 'owner',
     summary: 'Get a running or paused sandbox',
     auth: true,
     schema: { params: sandboxParams, response: { 200: detailSchema, ...errors(400, 401, 404) } },
@@ -250,6 +260,7 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'DELETE',
     url: '/sandboxes/:sandboxID',
+    runsOn: 'owner',
     summary: 'Kill a running sandbox or remove a paused one',
     auth: true,
     schema: { params: sandboxParams, response: { ...noContent, ...errors(400, 401, 404, 503) } },
@@ -261,6 +272,7 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'POST',
     url: '/sandboxes/:sandboxID/timeout',
+    runsOn: 'owner',
     summary: 'Expire the sandbox `timeout` seconds from now (may shorten)',
     auth: true,
     schema: {
@@ -276,6 +288,7 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'POST',
     url: '/sandboxes/:sandboxID/refreshes',
+    runsOn: 'owner',
     summary: 'Keep the sandbox alive at least `duration` seconds more (never shortens)',
     auth: true,
     optionalBody: true,
@@ -293,6 +306,7 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'POST',
     url: '/sandboxes/:sandboxID/pause',
+    runsOn: 'owner',
     summary: 'Pause a running sandbox (409 when already paused)',
     auth: true,
     optionalBody: true,
@@ -309,6 +323,7 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'POST',
     url: '/sandboxes/:sandboxID/resume',
+    runsOn: 'owner',
     summary: 'Resume a paused sandbox (deprecated; use connect)',
     auth: true,
     optionalBody: true,
@@ -328,6 +343,7 @@ export const ROUTES: readonly RouteSpec[] = [
     (url): RouteSpec => ({
       method: 'POST',
       url,
+      runsOn: 'owner',
       summary:
         'Connect: resume a paused sandbox (201) or extend a running one, never shortening (200)',
       auth: true,
@@ -367,6 +383,7 @@ export const ROUTES: readonly RouteSpec[] = [
   {
     method: 'POST',
     url: '/sandboxes/:sandboxID/snapshots',
+    runsOn: 'owner',
     summary: 'Snapshot the sandbox’s files as a template; the sandbox keeps running',
     auth: true,
     optionalBody: true,

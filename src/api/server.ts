@@ -5,6 +5,8 @@ import Fastify, {
   type FastifyBaseLogger,
   type FastifyError,
   type FastifyInstance,
+  type FastifyReply,
+  type FastifyRequest,
   LogController,
 } from 'fastify';
 import type { Logger } from 'pino';
@@ -13,11 +15,25 @@ import type { MoatMetrics } from '../metrics/index.js';
 import { InvalidTokenError, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
-import { ROUTES, type RouteContext } from './routes.js';
+import { ROUTES, type RouteContext, type RouteSpec } from './routes.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
+
+/** How requests find the node that must carry them out, when many nodes share a store. */
+export interface ApiRouting {
+  readonly self: string;
+  /** host:port of the API of the node hosting the sandbox; undefined when it is this one. */
+  ownerOf(sandboxID: string): Promise<string | undefined>;
+  /** host:port of the API of the node a new sandbox goes to; undefined for this one. */
+  placement(): string | undefined;
+}
+
+/** Marks a forwarded request: the receiving node carries it out itself, whatever it thinks. */
+const FORWARDED = 'x-moat-forwarded-by';
+const FORWARD_TIMEOUT_MS = 60_000;
 
 export interface PlatformApiOptions extends RouteContext {
   readonly keys: readonly string[];
+  readonly routing?: ApiRouting;
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
   /** GET /metrics needs the API key too. */
@@ -114,8 +130,56 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
           throw new SandboxError(400, 'Invalid sandbox ID');
         if (route.optionalBody && request.body === undefined) request.body = {};
       },
-      handler: (request, reply) => route.handler(request, reply, options),
+      handler: async (request, reply) => {
+        const node = await nodeFor(route, request);
+        if (node !== undefined) return forward(request, reply, node);
+        return route.handler(request, reply, options);
+      },
     });
+  }
+
+  /** The API of the node that must carry out this request, when it is another one. */
+  async function nodeFor(route: RouteSpec, request: FastifyRequest): Promise<string | undefined> {
+    const routing = options.routing;
+    if (routing === undefined || route.runsOn === undefined) return undefined;
+    if (request.headers[FORWARDED] !== undefined) return undefined;
+    if (route.runsOn === 'placement') {
+      const node = routing.placement();
+      return node;
+    }
+    return routing.ownerOf(sandboxIDOf(request)!);
+  }
+
+  /** Carries the request out on `node` and answers with what it answered. */
+  async function forward(
+    request: FastifyRequest,
+    reply: FastifyReply,
+    node: string,
+  ): Promise<FastifyReply> {
+    const hasBody = request.method !== 'GET' && request.method !== 'DELETE';
+    let response: Response;
+    try {
+      response = await fetch(`http://${node}${request.url}`, {
+        method: request.method,
+        headers: {
+          'x-api-key': String(request.headers['x-api-key'] ?? ''),
+          [FORWARDED]: options.routing!.self,
+          ...(hasBody ? { 'content-type': 'application/json' } : {}),
+        },
+        body: hasBody ? JSON.stringify(request.body ?? {}) : undefined,
+        signal: AbortSignal.timeout(FORWARD_TIMEOUT_MS),
+      });
+    } catch (error) {
+      throw new SandboxError(
+        503,
+        `the node at ${node} that must carry out this request did not answer: ${(error as Error).message}`,
+      );
+    }
+    const text = await response.text();
+    reply.code(response.status);
+    const type = response.headers.get('content-type');
+    if (type) reply.header('content-type', type);
+    return reply.send(text === '' ? undefined : text);
   }
 
   app.get('/health', async () => ({ status: 'ok' }));

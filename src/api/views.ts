@@ -72,6 +72,7 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
     proxyUrl: `http://${formatHostPort(egress.proxy)}`,
     dns: formatHostPort(egress.dns),
     enforcement: egress.enforcement,
+    node: r.node ?? null,
   },
 });
 
@@ -172,6 +173,10 @@ export const detailSchema = object({
       proxyUrl: { ...string, description: 'Egress proxy (credential not included)' },
       dns: { ...string, description: 'DNS interceptor the sandbox resolves through' },
       enforcement: { type: 'string', enum: ['namespace', 'proxy'] },
+      node: {
+        ...nullableString,
+        description: 'The node that hosts it when many nodes share a Redis store, else null',
+      },
     },
     'Moat extension: how this sandbox’s egress is identified and enforced',
   ),

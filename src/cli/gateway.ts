@@ -19,6 +19,8 @@ export interface GatewayParts {
   readonly logger: Logger;
   readonly connectTimeoutMs: number;
   readonly idleTimeoutMs: number;
+  /** The sandbox listener of the node hosting a sandbox that is not here (many nodes). */
+  readonly elsewhere?: (sandboxID: string) => Promise<{ host: string; port: number } | undefined>;
 }
 
 export function createSandboxGateway(parts: GatewayParts): {
@@ -57,6 +59,7 @@ export function createSandboxGateway(parts: GatewayParts): {
   const gateway = new SandboxGateway<HostedSandbox>({
     logger,
     lookup: hosted,
+    elsewhere: parts.elsewhere,
     // A signed URL names no sandbox: the secure sandbox whose token signed it is the one.
     async bySignature(url) {
       const page = await sandboxes.list({

@@ -1,9 +1,17 @@
 import { createHash } from 'node:crypto';
-import { mkdir } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
+import {
+  type ApiKeys,
+  type ApiRouting,
+  createPlatformApi,
+  listenApi,
+  loadApiKeys,
+} from '../api/index.js';
+import { Cluster } from '../cluster/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import {
@@ -28,8 +36,8 @@ import {
   ProcessRuntime,
   type SandboxRuntime,
 } from '../runtime/index.js';
-import { type SandboxRecord, SandboxService } from '../sandbox/index.js';
-import { FileStore, type Store } from '../store/index.js';
+import { SANDBOX_ID, type SandboxRecord, SandboxError, SandboxService } from '../sandbox/index.js';
+import { FileStore, RedisStore, type Store } from '../store/index.js';
 import { createSandboxGateway } from './gateway.js';
 import { VERSION } from './version.js';
 
@@ -48,6 +56,8 @@ export interface RunningMoat {
   readonly network: NamespaceNetwork | undefined;
   readonly sandboxes: SandboxService;
   readonly apiKeys: ApiKeys;
+  /** The other nodes sharing the store; undefined for a Moat on its own. */
+  readonly cluster: Cluster | undefined;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
   readonly listening: Listening;
   stop(drainMs?: number): Promise<void>;
@@ -240,11 +250,11 @@ export async function startMoat(
   const undo: Array<() => Promise<unknown>> = [];
   try {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
-    const store = await FileStore.open(path.join(config.dataDir, 'store'), {
-      onWarning: (message) => logger.warn({ store: config.dataDir }, message),
-      onSync: (seconds) => metrics.storeSyncDuration.observe(seconds),
-    });
+    const store = await openStore(config, logger, metrics);
     undo.push(() => store.close());
+    const nodeID = store instanceof RedisStore ? await nodeIdentity(config) : undefined;
+    // Set once the API listens (other nodes need its address); until then only this node is known.
+    let cluster: Cluster | undefined;
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
     listening.dns = { ...config.dnsListen, port: await dns.start() };
     undo.push(() => dns.stop());
@@ -286,6 +296,14 @@ export async function startMoat(
       table,
       sources,
       kernel,
+      cluster:
+        nodeID === undefined
+          ? undefined
+          : {
+              self: nodeID,
+              alive: (node) => node === nodeID || (cluster?.alive(node) ?? false),
+              announce: (change) => cluster!.announce(change),
+            },
       internal,
       metrics,
       logger,
@@ -316,6 +334,7 @@ export async function startMoat(
       logger,
       metricsRequireKey: config.metricsRequireKey,
       version: VERSION,
+      routing: nodeID === undefined ? undefined : routingFor(nodeID, () => cluster!, sandboxes),
     });
     listening.api = await listenApi(api, config.apiListen);
     undo.push(() => api.close());
@@ -325,6 +344,12 @@ export async function startMoat(
       logger,
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
+      elsewhere: async (sandboxID) => {
+        if (cluster === undefined || !SANDBOX_ID.test(sandboxID)) return undefined;
+        const node = await sandboxes.nodeOf(sandboxID).catch(() => undefined);
+        if (node === undefined || node === nodeID) return undefined;
+        return (await cluster.locate(node).catch(() => undefined))?.sandbox;
+      },
     });
     listening.sandbox = {
       ...config.sandboxListen,
@@ -334,6 +359,13 @@ export async function startMoat(
       await gateway.close();
       ingress.close();
     });
+    if (store instanceof RedisStore && nodeID !== undefined) {
+      cluster = await joinCluster(store, nodeID, { config, logger, metrics, listening, sandboxes });
+      const joined = cluster;
+      undo.push(() => joined.stop());
+      // Records of nodes that died before this one started (only now is the view complete).
+      await sandboxes.forgetGoneNodes();
+    }
     const metricsListener = config.metricsListen
       ? await listenMetrics(metrics.registry, config.metricsListen)
       : undefined;
@@ -353,9 +385,11 @@ export async function startMoat(
       network,
       sandboxes,
       apiKeys,
+      cluster,
       listening,
       async stop(drainMs = 0) {
         await metricsListener?.close();
+        await cluster?.stop();
         await api.close();
         await gateway.close();
         ingress.close();
@@ -447,4 +481,122 @@ async function startGateway(
   );
   await kernel.installHost();
   return kernel;
+}
+
+async function openStore(config: MoatConfig, logger: Logger, metrics: MoatMetrics): Promise<Store> {
+  if (config.store === 'file') {
+    return FileStore.open(path.join(config.dataDir, 'store'), {
+      onWarning: (message) => logger.warn({ store: config.dataDir }, message),
+      onSync: (seconds) => metrics.storeSyncDuration.observe(seconds),
+    });
+  }
+  return RedisStore.open(config.store, {
+    prefix: config.storePrefix,
+    onError: (error) => {
+      metrics.storeErrors.inc();
+      logger.error({ err: error.message }, 'store connection lost; enforcing the last policies');
+    },
+  });
+}
+
+/** --node-id, or the name this data folder has kept since its first start. */
+async function nodeIdentity(config: MoatConfig): Promise<string> {
+  if (config.nodeID !== 'auto') return config.nodeID;
+  const file = path.join(config.dataDir, 'node-id');
+  const kept = (await readFile(file, 'utf8').catch(() => '')).trim();
+  if (/^[a-z0-9][a-z0-9-]{0,62}$/.test(kept)) return kept;
+  const made = `${os
+    .hostname()
+    .toLowerCase()
+    .replace(/[^a-z0-9-]/g, '-')
+    .slice(0, 40)}-${randomBytes(4).toString('hex')}`.replace(/^-+/, 'n');
+  await writeFile(file, `${made}\n`, { mode: 0o600 });
+  return made;
+}
+
+/** Requests for sandboxes hosted elsewhere go to their node; new sandboxes to the emptiest. */
+function routingFor(self: string, cluster: () => Cluster, sandboxes: SandboxService): ApiRouting {
+  return {
+    self,
+    async ownerOf(sandboxID) {
+      const node = await sandboxes.nodeOf(sandboxID);
+      if (node === self) return undefined;
+      const info = await cluster()
+        .locate(node)
+        .catch((error: Error) => {
+          throw new SandboxError(503, `cannot find the node ${node}: ${error.message}`);
+        });
+      // Its heartbeat lapsed a moment ago: the sandbox is gone with it.
+      if (info === undefined)
+        throw new SandboxError(
+          404,
+          `Sandbox "${sandboxID}" doesn't exist or you don't have access to it`,
+        );
+      return info.api;
+    },
+    placement() {
+      const target = cluster().place();
+      if (target === undefined) throw new SandboxError(503, 'no live node hosts sandboxes');
+      return target.id === self ? undefined : target.api;
+    },
+  };
+}
+
+interface ClusterParts {
+  readonly config: MoatConfig;
+  readonly logger: Logger;
+  readonly metrics: MoatMetrics;
+  readonly listening: Listening;
+  readonly sandboxes: SandboxService;
+}
+
+/** Announces this node and acts on what the others announce. */
+async function joinCluster(store: RedisStore, self: string, parts: ClusterParts): Promise<Cluster> {
+  const { config, logger, metrics, listening, sandboxes } = parts;
+  const cluster = new Cluster({
+    client: store.client,
+    prefix: config.storePrefix,
+    self: {
+      id: self,
+      api: formatHostPort(config.advertiseApi ?? listening.api),
+      // Relayed sandbox API and ingress requests come here.
+      sandbox: listening.sandbox,
+      hostsSandboxes: config.hostsSandboxes,
+    },
+    ttlMs: config.nodeTtlMs,
+    sandboxCount: () => sandboxes.hostedCount,
+    onPolicyChange: (change) => {
+      void sandboxes.reload(change.sandboxID).then(
+        (applied) => {
+          if (applied)
+            metrics.policyPropagation.observe(Math.max(0, Date.now() - change.sentAt) / 1000);
+        },
+        (error: Error) =>
+          logger.error(
+            { sandboxID: change.sandboxID, err: error.message },
+            'network change not applied',
+          ),
+      );
+    },
+    onReconnect: () => {
+      logger.info('store connection back; enforcing what it holds again');
+      void sandboxes
+        .reloadAll()
+        .catch((error: Error) =>
+          logger.error({ err: error.message }, 'reloading after the store came back failed'),
+        );
+    },
+    onNodesGone: (ids) => {
+      logger.warn({ nodes: ids }, 'nodes stopped sending heartbeats; their sandboxes are gone');
+      void sandboxes
+        .forgetGoneNodes()
+        .catch((error: Error) =>
+          logger.error({ err: error.message }, 'removing the sandboxes of gone nodes failed'),
+        );
+    },
+    onError: (error) => logger.warn({ err: error.message }, 'cluster channel'),
+  });
+  await cluster.start();
+  metrics.countNodesWith(() => cluster.nodes().length);
+  return cluster;
 }

@@ -68,7 +68,8 @@ export class KernelEnforcer {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
     } catch (error) {
       const locked = await this.options.apply(sandboxID, lockdownSets()).then(
-        () => 'every direct destination is denied until a later change succeeds',
+        () =>
+          'its firewall now denies every direct destination (except addresses DNS hands out for names the stored policy allows) until a later change succeeds',
         (lockError: Error) =>
           `denying everything failed too (${lockError.message}); the previous firewall stays`,
       );

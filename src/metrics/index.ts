@@ -151,6 +151,27 @@ export class MoatMetrics {
     registers: [this.registry],
   });
 
+  readonly policyPropagation = new Histogram({
+    name: 'moat_policy_propagation_seconds',
+    help: 'From a network change stored on another node to its enforcement on the node hosting the sandbox (clocks of both nodes)',
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5],
+    registers: [this.registry],
+  });
+
+  readonly clusterNodes: Gauge = new Gauge({
+    name: 'moat_cluster_nodes',
+    help: 'Nodes with a live heartbeat in the shared store, this one included (1 for a Moat on its own)',
+    registers: [this.registry],
+    collect: (): void => this.clusterNodes.set(this.nodeCount()),
+  });
+
+  private nodeCount: () => number = () => 1;
+
+  /** Where the node gauge reads its value at scrape time. */
+  countNodesWith(count: () => number): void {
+    this.nodeCount = count;
+  }
+
   /** Where the sandboxes gauge reads its values at scrape time. */
   countSandboxesWith(count: () => Record<string, number>): void {
     this.sandboxCount = count;
@@ -162,6 +183,14 @@ export class MoatMetrics {
   }
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
+    // Failure series exist from the start at 0: an alert on increase() then sees the first one.
+    for (const change of ['install', 'policy', 'learned'] as const) {
+      for (const result of ['applied', 'failed'] as const)
+        this.kernelApplies.inc({ change, result }, 0);
+      this.kernelApplyDuration.zero({ change });
+    }
+    for (const result of ['applied', 'invalid', 'failed'] as const)
+      this.policyPublishes.inc({ result }, 0);
     if (options.defaultMetrics !== false) {
       collectDefaultMetrics({ register: this.registry, prefix: 'moat_' });
       // prom-client names these gauges `_total`, which Prometheus reserves for counters

@@ -25,6 +25,11 @@ export interface SandboxGatewayOptions<S extends GatewaySandbox> {
   readonly logger: Logger;
   /** The sandbox if it is running here (a paused one with autoResume is resumed first). */
   lookup(sandboxID: string): Promise<S | undefined>;
+  /**
+   * The sandbox listener (host:port) of the node that hosts a sandbox not running here, when
+   * many nodes share a store: requests for it are relayed there as they came.
+   */
+  elsewhere?(sandboxID: string): Promise<{ host: string; port: number } | undefined>;
   /** A secure sandbox whose signed /files URL this is (URLs that name no sandbox). */
   bySignature(url: URL): Promise<S | undefined>;
   /** Serves the sandbox API (port 49983). */
@@ -70,6 +75,15 @@ function routeOf(request: IncomingMessage, url: URL): Route {
 
 export const NOT_RUNNING = 'The sandbox was not found';
 
+const relayTo = (node: { host: string; port: number }, sandboxID: string): IngressTarget => ({
+  sandboxID,
+  host: node.host,
+  port: node.port,
+  trafficToken: null,
+  maskRequestHost: null,
+  relay: true,
+});
+
 export class SandboxGateway<S extends GatewaySandbox> {
   readonly server: http.Server;
 
@@ -96,7 +110,11 @@ export class SandboxGateway<S extends GatewaySandbox> {
           ? await this.options.bySignature(url)
           : await this.options.lookup(route.sandboxID);
       if (sandbox === undefined) {
-        if (route.kind === 'signed')
+        const node =
+          route.kind === 'sandbox' ? await this.options.elsewhere?.(route.sandboxID) : undefined;
+        if (node !== undefined && route.kind === 'sandbox') {
+          this.options.ingress.request(request, response, relayTo(node, route.sandboxID));
+        } else if (route.kind === 'signed')
           sendSandboxError(response, 401, 'the signature matches no sandbox', '');
         else sendSandboxError(response, 502, NOT_RUNNING, route.sandboxID);
         return;
@@ -136,7 +154,10 @@ export class SandboxGateway<S extends GatewaySandbox> {
     }
     const sandbox = await this.options.lookup(route.sandboxID).catch(() => undefined);
     if (sandbox === undefined) {
-      this.options.ingress.refuse(socket, 502, NOT_RUNNING, route.sandboxID);
+      const node = await this.options.elsewhere?.(route.sandboxID).catch(() => undefined);
+      if (node !== undefined)
+        this.options.ingress.upgrade(request, socket, head, relayTo(node, route.sandboxID));
+      else this.options.ingress.refuse(socket, 502, NOT_RUNNING, route.sandboxID);
       return;
     }
     if (route.port === SANDBOX_API_PORT) {

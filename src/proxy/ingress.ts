@@ -27,6 +27,11 @@ export interface IngressTarget {
   readonly trafficToken: string | null;
   /** e.g. "localhost:${PORT}": ${PORT} replaced by the target port; becomes the upstream Host. */
   readonly maskRequestHost: string | null;
+  /**
+   * The target is the sandbox listener of the Moat node that hosts the sandbox: the request
+   * goes on as it came (Host, traffic token), for that node to route and check.
+   */
+  readonly relay?: boolean;
 }
 
 export interface IngressOptions {
@@ -98,14 +103,16 @@ function upstreamHeaders(
   upgrade: boolean,
 ): OutgoingHttpHeaders {
   const headers = endToEnd(request.headers, upgrade);
-  delete headers[TRAFFIC_TOKEN_HEADER];
-  delete headers['x-forwarded-host'];
   const original = request.headers.host;
-  headers.host =
-    target.maskRequestHost?.replaceAll(PORT_PLACEHOLDER, String(target.port)) ??
-    original ??
-    `${target.host}:${target.port}`;
-  if (original !== undefined) headers['x-forwarded-host'] = original;
+  if (!target.relay) {
+    delete headers[TRAFFIC_TOKEN_HEADER];
+    delete headers['x-forwarded-host'];
+    headers.host =
+      target.maskRequestHost?.replaceAll(PORT_PLACEHOLDER, String(target.port)) ??
+      original ??
+      `${target.host}:${target.port}`;
+    if (original !== undefined) headers['x-forwarded-host'] = original;
+  }
   headers['x-forwarded-proto'] = (request.socket as TLSSocket).encrypted ? 'https' : 'http';
   const client = clientAddress(request.socket.remoteAddress);
   const prior = request.headers['x-forwarded-for'];

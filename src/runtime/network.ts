@@ -10,7 +10,7 @@
  * that.
  */
 import { execFile, execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { accessSync, constants, existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
 
@@ -38,6 +38,14 @@ export function namespacesWork(): { ok: boolean; reason: string } {
   ] as const) {
     if (!existsSync(tool))
       return { ok: false, reason: `${tool} is missing (Debian package ${pkg})` };
+  }
+  try {
+    accessSync('/proc/sys/net/ipv4/ip_forward', constants.W_OK);
+  } catch {
+    return {
+      ok: false,
+      reason: '/proc/sys/net/ipv4/ip_forward is not writable (sandboxes could not be routed)',
+    };
   }
   const probe = `moat-probe-${process.pid}`;
   try {
@@ -194,7 +202,8 @@ export class NamespaceNetwork {
         '/bin/sh',
         '-ec',
         [
-          'echo 1 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6',
+          // (Hosts booted without IPv6 have no such file, and nothing to switch off.)
+          'f=/proc/sys/net/ipv6/conf/eth0/disable_ipv6; if [ -e $f ]; then echo 1 > $f; fi',
           `${IP} link set lo up`,
           `${IP} addr add ${address}/30 dev eth0`,
           `${IP} link set eth0 up`,

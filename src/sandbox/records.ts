@@ -40,6 +40,8 @@ export interface SandboxRecord {
   readonly metadata: Readonly<Record<string, string>>;
   readonly envVars: Readonly<Record<string, string>>;
   readonly network: NetworkSettings;
+  /** The node that hosts it, when many nodes share a store (absent: this node). */
+  readonly node?: string;
 }
 
 /** A snapshot: a copy of a sandbox's writable root, usable as a template. */
@@ -95,6 +97,7 @@ const SANDBOX: Shape = {
   metadata: isStringMap,
   envVars: isStringMap,
   network: (v) => fits(v, NETWORK),
+  node: (v) => v === undefined || isString(v),
 };
 
 const SNAPSHOT: Shape = {

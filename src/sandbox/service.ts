@@ -85,6 +85,15 @@ export interface SnapshotQuery {
   readonly nextToken?: string;
 }
 
+/** What the lifecycle needs to know of the other nodes of a platform. */
+export interface ClusterMembership {
+  readonly self: string;
+  /** The node has a live heartbeat. */
+  alive(node: string): boolean;
+  /** Tells the node hosting `sandboxID` that its network config changed in the store. */
+  announce(change: { sandboxID: string; node: string; sentAt: number }): Promise<void>;
+}
+
 export interface SandboxServiceOptions {
   readonly store: Store;
   readonly runtime: SandboxRuntime;
@@ -92,6 +101,8 @@ export interface SandboxServiceOptions {
   readonly sources: AddressPool;
   /** Writes each sandbox's firewall in its network namespace (namespace enforcement only). */
   readonly kernel?: KernelEnforcer;
+  /** Other nodes sharing the store; absent for a Moat on its own. */
+  readonly cluster?: ClusterMembership;
   readonly internal: InternalDenyList;
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
@@ -121,7 +132,18 @@ export class SandboxService {
   /** State of every sandbox this Moat holds, for the sandboxes gauge. */
   private readonly states = new Map<string, SandboxState>();
 
+  /** The store, with "unreachable" answered as 503 on reads as on writes. */
+  private readonly store: Pick<Store, 'get' | 'list'>;
+
   constructor(private readonly options: SandboxServiceOptions) {
+    const unavailable = (error: unknown): never => {
+      if (error instanceof StoreUnavailableError) throw new SandboxError(503, error.message);
+      throw error;
+    };
+    this.store = {
+      get: (collection, key) => options.store.get(collection, key).catch(unavailable),
+      list: (collection) => options.store.list(collection).catch(unavailable),
+    };
     this.now = options.now ?? Date.now;
     this.log = options.logger;
     this.expiry = new ExpiryTimer(this.now, () => void this.expireDue());
@@ -139,19 +161,32 @@ export class SandboxService {
    */
   async start(): Promise<void> {
     const { sources, runtime, table } = this.options;
-    const records = (await this.options.store.list(SANDBOXES)).map(([key, value]) =>
-      readSandbox(value, key),
-    );
+    const records = (await this.store.list(SANDBOXES))
+      .map(([key, value]) => readSandbox(value, key))
+      .filter((record) => this.isLocal(record));
     // First clear what a previous run left (roots never recorded, processes that outlived it).
     for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)))) {
       this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
     }
-    for (const record of records) {
+    // Every address still valid is taken back first, so a new one never collides with it.
+    const kept = records.map((record) => {
       const address = parseIP(record.sourceAddress);
-      if (!address.ok || !sources.reserve(address.value)) {
-        throw new Error(
-          `sandbox ${record.sandboxID} has source address ${record.sourceAddress}, outside the source pool ${sources.range.text}; restore the --source-pool it was created with`,
+      return address.ok && sources.reserve(address.value) ? address : undefined;
+    });
+    for (const [index, stored] of records.entries()) {
+      let record = stored;
+      let address = kept[index];
+      if (address === undefined) {
+        // Made under another pool or enforcement mode: its processes are gone anyway, so it
+        // gets an address of this one (nothing outside Moat knows the old one).
+        const fresh = sources.allocate();
+        record = { ...record, sourceAddress: fresh.text };
+        await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(record) }]);
+        this.log.warn(
+          { sandboxID: record.sandboxID, from: stored.sourceAddress, to: fresh.text },
+          `source address outside the pool ${sources.range.text}; given a new one`,
         );
+        address = { ok: true, value: fresh };
       }
       this.states.set(record.sandboxID, record.state);
       await runtime.restore(record.sandboxID, this.options.environment(record), address.value.text);
@@ -236,6 +271,7 @@ export class SandboxService {
       metadata: request.metadata ?? {},
       envVars: request.envVars ?? {},
       network,
+      ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
     };
     const id = record.sandboxID;
     try {
@@ -263,15 +299,24 @@ export class SandboxService {
   }
 
   async get(sandboxID: string): Promise<SandboxRecord> {
-    const stored = await this.options.store.get(SANDBOXES, sandboxID);
+    const stored = await this.store.get(SANDBOXES, sandboxID);
     if (stored === undefined) throw notFound(sandboxID);
-    return readSandbox(stored, sandboxID);
+    const record = readSandbox(stored, sandboxID);
+    // A sandbox whose node stopped sending heartbeats is gone with it.
+    if (!this.onLiveNode(record)) throw notFound(sandboxID);
+    return record;
+  }
+
+  /** The node that hosts the sandbox (this one for a Moat on its own). */
+  async nodeOf(sandboxID: string): Promise<string> {
+    const record = await this.get(sandboxID);
+    return record.node ?? this.options.cluster?.self ?? '';
   }
 
   async list(query: SandboxQuery): Promise<Page<SandboxRecord>> {
-    const records = (await this.options.store.list(SANDBOXES)).map(([key, value]) =>
-      readSandbox(value, key),
-    );
+    const records = (await this.store.list(SANDBOXES))
+      .map(([key, value]) => readSandbox(value, key))
+      .filter((record) => this.onLiveNode(record));
     const matching = records.filter(
       (r) =>
         query.states.includes(r.state) &&
@@ -381,6 +426,25 @@ export class SandboxService {
         metrics.policyPublishes.inc({ result: 'failed' });
         throw error;
       }
+      if (!this.isLocal(next)) {
+        // Stored; the node that hosts it hears of it on the cluster channel and enforces it.
+        await this.options
+          .cluster!.announce({
+            sandboxID,
+            node: next.node!,
+            sentAt: Date.now(),
+          })
+          .catch((error: Error) => {
+            metrics.policyPublishes.inc({ result: 'failed' });
+            throw new SandboxError(
+              503,
+              `the new network config is stored, but the node ${next.node} that hosts the sandbox could not be told (${error.message}); it applies it when its connection to the store returns`,
+            );
+          });
+        metrics.policyPublishes.inc({ result: 'applied' });
+        this.transition(next, 'network', { node: next.node });
+        return next;
+      }
       this.options.table.publish(sandboxID, policy);
       try {
         await this.options.kernel?.enforce(sandboxID, policy);
@@ -399,6 +463,78 @@ export class SandboxService {
       });
       return next;
     });
+  }
+
+  /**
+   * Enforces the stored network config of a sandbox this node hosts (another node stored it and
+   * said so on the cluster channel). Returns false when there was nothing to do.
+   */
+  reload(sandboxID: string): Promise<boolean> {
+    return this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID).catch(() => undefined);
+      if (record === undefined || record.state !== 'running' || !this.isLocal(record)) {
+        return false;
+      }
+      const policy = this.restoredPolicy(record);
+      if (!this.options.table.publish(sandboxID, policy)) return false;
+      await this.options.kernel?.enforce(sandboxID, policy).catch((error: Error) => {
+        this.log.error({ sandboxID, err: error.message }, 'firewall update failed');
+      });
+      this.transition(record, 'network', { from: 'cluster' });
+      return true;
+    });
+  }
+
+  /**
+   * After the store was out of reach: enforces again what it holds for every running sandbox
+   * here (changes announced meanwhile were missed); sandboxes whose record is gone are ended.
+   */
+  async reloadAll(): Promise<void> {
+    for (const [sandboxID, state] of [...this.states]) {
+      if (state !== 'running') continue;
+      const stored = await this.store.get(SANDBOXES, sandboxID);
+      if (stored === undefined) {
+        this.log.warn({ sandboxID }, 'the store no longer holds this sandbox; ending it');
+        this.options.table.remove(sandboxID);
+        this.expiry.delete(sandboxID);
+        this.states.delete(sandboxID);
+        await this.options.runtime.destroy(sandboxID);
+        continue;
+      }
+      await this.reload(sandboxID);
+    }
+  }
+
+  /** Removes the records of sandboxes whose node is gone (its heartbeat lapsed). */
+  async forgetGoneNodes(): Promise<string[]> {
+    const cluster = this.options.cluster;
+    if (cluster === undefined) return [];
+    const gone = (await this.store.list(SANDBOXES))
+      .map(([key, value]) => readSandbox(value, key))
+      .filter((record) => !this.onLiveNode(record));
+    if (gone.length === 0) return [];
+    await this.write(gone.map((r) => ({ collection: SANDBOXES, key: r.sandboxID, value: null })));
+    for (const record of gone) {
+      this.log.warn(
+        { sandboxID: record.sandboxID, node: record.node },
+        'removed a sandbox whose node is gone',
+      );
+    }
+    return gone.map((r) => r.sandboxID);
+  }
+
+  /** Sandboxes this node hosts now. */
+  get hostedCount(): number {
+    return this.states.size;
+  }
+
+  private isLocal(record: SandboxRecord): boolean {
+    const cluster = this.options.cluster;
+    return cluster === undefined || record.node === undefined || record.node === cluster.self;
+  }
+
+  private onLiveNode(record: SandboxRecord): boolean {
+    return this.isLocal(record) || this.options.cluster!.alive(record.node!);
   }
 
   /** Copies the sandbox's root into a new template; the sandbox keeps running. */
@@ -459,7 +595,7 @@ export class SandboxService {
     }
     for (const snapshot of matching) {
       await this.queue.run(templateKey(snapshot.snapshotID), async () => {
-        const users = (await this.options.store.list(SANDBOXES))
+        const users = (await this.store.list(SANDBOXES))
           .map(([k, value]) => readSandbox(value, k))
           .filter((r) => r.templateID === snapshot.snapshotID)
           .map((r) => r.sandboxID);
@@ -485,7 +621,7 @@ export class SandboxService {
     const sweep = Promise.all(
       this.expiry.takeDue().map((id) =>
         this.queue.run(id, async () => {
-          const stored = await this.options.store.get(SANDBOXES, id);
+          const stored = await this.store.get(SANDBOXES, id);
           if (stored === undefined) return;
           const record = readSandbox(stored, id);
           if (record.state !== 'running') return;
@@ -653,7 +789,7 @@ export class SandboxService {
   private async resolveTemplate(id: string): Promise<{ id: string; alias: string | null }> {
     if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
     for (const key of this.templateCandidates(id)) {
-      const stored = await this.options.store.get(TEMPLATES, key);
+      const stored = await this.store.get(TEMPLATES, key);
       if (stored === undefined) continue;
       const snapshot = readSnapshot(stored, key);
       return { id: snapshot.snapshotID, alias: snapshot.alias };

@@ -222,6 +222,7 @@ describe('create and detail', () => {
           proxyUrl: `http://127.0.0.1:${listening.proxy.port}`,
           dns: `127.0.0.1:${listening.dns.port}`,
           enforcement: 'proxy',
+          node: null,
         },
       });
     }

@@ -35,11 +35,13 @@ const started: TestMoat[] = [];
 const removals: Array<() => void> = [];
 
 /** Starts Moat on `dataDir` (fresh when absent); a clock given means time moves only by hand. */
-async function launch(options: { clock?: Clock; dataDir?: string } = {}): Promise<TestMoat> {
-  const { config, scratch } = testMoatConfig(
-    upstream.port,
-    options.dataDir ? { 'data-dir': options.dataDir } : {},
-  );
+async function launch(
+  options: { clock?: Clock; dataDir?: string; flags?: Record<string, string> } = {},
+): Promise<TestMoat> {
+  const { config, scratch } = testMoatConfig(upstream.port, {
+    ...(options.dataDir ? { 'data-dir': options.dataDir } : {}),
+    ...options.flags,
+  });
   removals.push(scratch.remove);
   const dataDir = config.dataDir;
   const clock = options.clock;
@@ -403,6 +405,25 @@ describe('concurrency', () => {
       model.state === 'paused' ? 'unregistered' : model.rules === RULES ? 'deny' : 'allow';
     expect(verdict(id, 'other.test')).toBe(expected);
     await shared.moat.sandboxes.kill(id);
+  });
+
+  it('gives sandboxes made under another source pool addresses of the new one', async () => {
+    const first = await launch({
+      clock: { now: START },
+      flags: { 'source-pool': '127.88.0.0/24' },
+    });
+    const made = [await create({}, first), await create({}, first)];
+    await shutdown(first);
+    const second = await launch({
+      clock: { now: START },
+      dataDir: first.dataDir,
+      flags: { 'source-pool': '127.89.0.0/24' },
+    });
+    const moved = await Promise.all(made.map((r) => second.moat.sandboxes.get(r.sandboxID)));
+    expect(moved.map((r) => r.sourceAddress)).toEqual(['127.89.0.1', '127.89.0.2']);
+    for (const record of moved) {
+      expect(second.moat.table.fromSource(record.sourceAddress)?.sandboxID).toBe(record.sandboxID);
+    }
   });
 
   it('gives 50 concurrent creates distinct IDs and source addresses', async () => {

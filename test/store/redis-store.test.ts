@@ -8,7 +8,7 @@
  * parallel against the one Redis.
  */
 import { randomUUID } from 'node:crypto';
-import { type AddressInfo, connect, createServer, type Server, type Socket } from 'node:net';
+import { type AddressInfo, createServer } from 'node:net';
 import { Redis } from 'ioredis';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import {
@@ -16,7 +16,7 @@ import {
   type RedisStoreOptions,
   StoreUnavailableError,
 } from '../../src/store/index.js';
-import { REDIS_PORT, redisProblem } from '../support/redis.js';
+import { REDIS_PORT, RedisRelay, redisProblem } from '../support/redis.js';
 import { del, describeStoreContract, put } from './store-contract.js';
 
 const REDIS_URL = `redis://127.0.0.1:${REDIS_PORT}`;
@@ -31,7 +31,6 @@ let admin: Redis;
 /** Key prefixes in use, deleted after each test. */
 const prefixes: string[] = [];
 const opened: RedisStore[] = [];
-const relays: Relay[] = [];
 
 function freshPrefix(): string {
   const prefix = `moat-test:${randomUUID()}:`;
@@ -66,81 +65,6 @@ async function keysUnder(prefix: string): Promise<string[]> {
   return keys.sort();
 }
 
-/**
- * A loopback TCP relay to the local Redis. `cut` drops its connections and resets new ones (as
- * a Redis that went away); `stall` keeps connections open but forwards nothing (as a silent
- * network partition); `restore` passes traffic again.
- */
-class Relay {
-  /** Connections accepted so far. */
-  accepted = 0;
-  private mode: 'pass' | 'cut' | 'stall' = 'pass';
-  private readonly sockets = new Set<Socket>();
-  private readonly server: Server = createServer((socket) => this.accept(socket));
-
-  static async start(): Promise<Relay> {
-    const relay = new Relay();
-    relays.push(relay);
-    await new Promise<void>((resolve) => relay.server.listen(0, '127.0.0.1', resolve));
-    return relay;
-  }
-
-  get url(): string {
-    return `redis://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
-  }
-
-  cut(): void {
-    this.mode = 'cut';
-    this.dropAll();
-  }
-
-  stall(): void {
-    this.mode = 'stall';
-  }
-
-  restore(): void {
-    // Stalled connections have lost bytes mid-reply: they cannot carry on.
-    this.dropAll();
-    this.mode = 'pass';
-  }
-
-  async close(): Promise<void> {
-    this.dropAll();
-    await new Promise((resolve) => this.server.close(resolve));
-  }
-
-  private accept(socket: Socket): void {
-    this.accepted += 1;
-    if (this.mode === 'cut') {
-      socket.resetAndDestroy();
-      return;
-    }
-    this.track(socket);
-    if (this.mode === 'stall') return;
-    const upstream = this.track(connect(REDIS_PORT, '127.0.0.1'));
-    socket.on('data', (data) => {
-      if (this.mode === 'pass') upstream.write(data);
-    });
-    upstream.on('data', (data) => {
-      if (this.mode === 'pass') socket.write(data);
-    });
-    socket.on('close', () => upstream.destroy());
-    upstream.on('close', () => socket.destroy());
-  }
-
-  private track(socket: Socket): Socket {
-    this.sockets.add(socket);
-    // Resets are what these tests provoke.
-    socket.on('error', () => {});
-    socket.on('close', () => this.sockets.delete(socket));
-    return socket;
-  }
-
-  private dropAll(): void {
-    for (const socket of this.sockets) socket.resetAndDestroy();
-  }
-}
-
 /** How long `promise` takes to settle (milliseconds). */
 async function timeToSettle(promise: Promise<unknown>): Promise<number> {
   const started = performance.now();
@@ -154,7 +78,7 @@ describe.skipIf(problem !== undefined)('RedisStore', () => {
   });
   afterEach(async () => {
     await Promise.all(opened.splice(0).map((store) => store.close()));
-    await Promise.all(relays.splice(0).map((relay) => relay.close()));
+    await RedisRelay.closeAll();
     await Promise.all(prefixes.splice(0).map(removeKeys));
   });
   afterAll(async () => {
@@ -289,7 +213,7 @@ describe.skipIf(problem !== undefined)('RedisStore', () => {
     );
 
     // Through a relay that counts attempts: none after open gave up.
-    const relay = await Relay.start();
+    const relay = await RedisRelay.start();
     relay.cut();
     await expect(RedisStore.open(relay.url, { connectTimeoutMs: 300 })).rejects.toThrow(
       StoreUnavailableError,
@@ -301,7 +225,7 @@ describe.skipIf(problem !== undefined)('RedisStore', () => {
   });
 
   it('fails fast while the connection is cut and recovers by itself when it returns', async () => {
-    const relay = await Relay.start();
+    const relay = await RedisRelay.start();
     const errors: Error[] = [];
     const store = await openStore({ onError: (error) => errors.push(error) }, relay.url);
     await store.commit([put('c', 'before', 1)]);
@@ -333,7 +257,7 @@ describe.skipIf(problem !== undefined)('RedisStore', () => {
   });
 
   it('drops a connection that stops answering instead of waiting on it, then recovers', async () => {
-    const relay = await Relay.start();
+    const relay = await RedisRelay.start();
     const store = await openStore({ connectTimeoutMs: 400 }, relay.url);
     await store.commit([put('c', 'before', 1)]);
 
@@ -350,7 +274,7 @@ describe.skipIf(problem !== undefined)('RedisStore', () => {
   });
 
   it('closes at once while the connection is cut, and closing twice is harmless', async () => {
-    const relay = await Relay.start();
+    const relay = await RedisRelay.start();
     const store = await openStore({}, relay.url);
     relay.cut();
     expect(await timeToSettle(store.close())).toBeLessThan(500);

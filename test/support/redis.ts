@@ -4,7 +4,7 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
-import { connect } from 'node:net';
+import { type AddressInfo, connect, createServer, type Server, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 export const REDIS_PORT = 6379;
@@ -59,4 +59,85 @@ export async function startLocalRedis(): Promise<void> {
   skipped(
     `redis-server started but 127.0.0.1:${REDIS_PORT} did not answer within 5 s; see /var/log/redis/ci.log`,
   );
+}
+
+/**
+ * A loopback TCP relay to the local Redis. `cut` drops its connections and resets new ones (as
+ * a Redis that went away); `stall` keeps connections open but forwards nothing (as a silent
+ * network partition); `restore` passes traffic again.
+ */
+export class RedisRelay {
+  private static readonly all: RedisRelay[] = [];
+
+  static async closeAll(): Promise<void> {
+    await Promise.all(RedisRelay.all.splice(0).map((relay) => relay.close()));
+  }
+
+  /** Connections accepted so far. */
+  accepted = 0;
+  private mode: 'pass' | 'cut' | 'stall' = 'pass';
+  private readonly sockets = new Set<Socket>();
+  private readonly server: Server = createServer((socket) => this.accept(socket));
+
+  static async start(): Promise<RedisRelay> {
+    const relay = new RedisRelay();
+    RedisRelay.all.push(relay);
+    await new Promise<void>((resolve) => relay.server.listen(0, '127.0.0.1', resolve));
+    return relay;
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  cut(): void {
+    this.mode = 'cut';
+    this.dropAll();
+  }
+
+  stall(): void {
+    this.mode = 'stall';
+  }
+
+  restore(): void {
+    // Stalled connections have lost bytes mid-reply: they cannot carry on.
+    this.dropAll();
+    this.mode = 'pass';
+  }
+
+  async close(): Promise<void> {
+    this.dropAll();
+    await new Promise((resolve) => this.server.close(resolve));
+  }
+
+  private accept(socket: Socket): void {
+    this.accepted += 1;
+    if (this.mode === 'cut') {
+      socket.resetAndDestroy();
+      return;
+    }
+    this.track(socket);
+    if (this.mode === 'stall') return;
+    const upstream = this.track(connect(REDIS_PORT, '127.0.0.1'));
+    socket.on('data', (data) => {
+      if (this.mode === 'pass') upstream.write(data);
+    });
+    upstream.on('data', (data) => {
+      if (this.mode === 'pass') socket.write(data);
+    });
+    socket.on('close', () => upstream.destroy());
+    upstream.on('close', () => socket.destroy());
+  }
+
+  private track(socket: Socket): Socket {
+    this.sockets.add(socket);
+    // Resets are what these tests provoke.
+    socket.on('error', () => {});
+    socket.on('close', () => this.sockets.delete(socket));
+    return socket;
+  }
+
+  private dropAll(): void {
+    for (const socket of this.sockets) socket.resetAndDestroy();
+  }
 }

@@ -403,6 +403,8 @@ describe('moat serve start-up and stop', () => {
         transparent: 'off',
         metrics: 'off',
         dataDir: at.dataDir,
+        store: path.join(at.dataDir, 'store'),
+        node: null,
         enforcement: expect.any(String),
         enforcementReason: expect.any(String),
         confinement: expect.any(String),

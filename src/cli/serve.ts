@@ -70,6 +70,9 @@ function startupFacts(config: MoatConfig, moat: RunningMoat) {
     },
     metrics: optional(metrics),
     dataDir: path.resolve(config.dataDir),
+    /** The store (a Redis URL with its password masked), and this node's name in a platform. */
+    store: moat.store.location,
+    node: moat.cluster?.self ?? null,
     enforcement: moat.runtime.enforcement,
     enforcementReason: moat.runtime.enforcementReason,
     confined: moat.runtime.confined,
@@ -96,6 +99,7 @@ function startupLines(facts: ReturnType<typeof startupFacts>, generatedKey: stri
     keyLine,
     `moat: sandbox API      http://${facts.sandbox} (E2B_SANDBOX_URL; {port}-{sandboxID}.<domain> or E2b-Sandbox-Id/-Port)`,
     `moat: data folder      ${facts.dataDir}`,
+    `moat: store            ${facts.store}${facts.node ? ` (node ${facts.node})` : ''}`,
     `moat: enforcement      ${facts.enforcement} (${facts.enforcementReason})`,
     `moat: processes        ${facts.confinement}`,
     `moat: DNS interceptor  ${facts.dns}${forSandboxes('dns')} (udp, tcp), upstream ${facts.upstreams.join(', ')}`,

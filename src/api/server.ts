@@ -23,8 +23,8 @@ export interface ApiRouting {
   readonly self: string;
   /** host:port of the API of the node hosting the sandbox; undefined when it is this one. */
   ownerOf(sandboxID: string): Promise<string | undefined>;
-  /** host:port of the API of the node a new sandbox goes to; undefined for this one. */
-  placement(): string | undefined;
+  /** host:port of the API of the node a sandbox from `templateID` goes to; undefined: this one. */
+  placement(templateID: string): Promise<string | undefined>;
 }
 
 /** Marks a forwarded request: the receiving node carries it out itself, whatever it thinks. */
@@ -144,8 +144,8 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
     if (routing === undefined || route.runsOn === undefined) return undefined;
     if (request.headers[FORWARDED] !== undefined) return undefined;
     if (route.runsOn === 'placement') {
-      const node = routing.placement();
-      return node;
+      const { templateID } = (request.body ?? {}) as { templateID?: unknown };
+      return routing.placement(typeof templateID === 'string' ? templateID : 'base');
     }
     return routing.ownerOf(sandboxIDOf(request)!);
   }

@@ -39,7 +39,9 @@ export function createSandboxGateway(parts: GatewayParts): {
     if (!SANDBOX_ID.test(sandboxID)) return undefined;
     let record = await sandboxes.get(sandboxID).catch(() => undefined);
     // Traffic for a paused sandbox with autoResume resumes it; otherwise it is not running.
-    if (record?.state === 'paused' && record.autoResume) record = await sandboxes.wake(sandboxID);
+    // (Only here: a sandbox hosted by another node is woken by that node, see `elsewhere`.)
+    if (record?.state === 'paused' && record.autoResume && runtime.sandbox(sandboxID))
+      record = await sandboxes.wake(sandboxID);
     const live = runtime.sandbox(sandboxID);
     if (record === undefined || record.state !== 'running' || live === undefined) return undefined;
     return {

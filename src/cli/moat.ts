@@ -534,7 +534,19 @@ function routingFor(self: string, cluster: () => Cluster, sandboxes: SandboxServ
         );
       return info.api;
     },
-    placement() {
+    async placement(templateID) {
+      // A snapshot's files are on the node that took it; anything else goes to the emptiest.
+      const holder = await sandboxes.templateNode(templateID);
+      if (holder !== undefined) {
+        if (holder === self) return undefined;
+        const info = await cluster().locate(holder);
+        if (info === undefined)
+          throw new SandboxError(
+            503,
+            `template "${templateID}" is on node ${holder}, which is not running`,
+          );
+        return info.api;
+      }
       const target = cluster().place();
       if (target === undefined) throw new SandboxError(503, 'no live node hosts sandboxes');
       return target.id === self ? undefined : target.api;

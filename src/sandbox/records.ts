@@ -56,6 +56,8 @@ export interface SnapshotRecord {
   /** The sandbox it was taken from. */
   readonly sandboxID: string;
   readonly createdAt: number;
+  /** The node whose data folder holds its files, when many nodes share a store. */
+  readonly node?: string;
 }
 
 type Shape = Record<string, (value: unknown) => boolean>;
@@ -108,6 +110,7 @@ const SNAPSHOT: Shape = {
   names: isStringList,
   sandboxID: isString,
   createdAt: isTime,
+  node: (v) => v === undefined || isString(v),
 };
 
 function check<T>(value: JsonValue, key: string, shape: Shape, what: string): T {

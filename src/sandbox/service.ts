@@ -546,6 +546,7 @@ export class SandboxService {
         ...naming,
         sandboxID,
         createdAt: this.now(),
+        ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
       };
       await this.queue.run(templateKey(snapshot.snapshotID), async () => {
         await this.options.runtime.snapshot(sandboxID, snapshot.snapshotID);
@@ -786,13 +787,23 @@ export class SandboxService {
     return tagged.includes('/') ? [tagged] : [tagged, `${this.options.namespace}/${tagged}`];
   }
 
-  private async resolveTemplate(id: string): Promise<{ id: string; alias: string | null }> {
+  /**
+   * The node whose data folder holds a template's files: a sandbox made from a snapshot must be
+   * made there. Undefined for the built-in template (every node has it) and a Moat on its own.
+   */
+  async templateNode(templateID: string): Promise<string | undefined> {
+    return (await this.resolveTemplate(templateID)).node;
+  }
+
+  private async resolveTemplate(
+    id: string,
+  ): Promise<{ id: string; alias: string | null; node?: string }> {
     if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
     for (const key of this.templateCandidates(id)) {
       const stored = await this.store.get(TEMPLATES, key);
       if (stored === undefined) continue;
       const snapshot = readSnapshot(stored, key);
-      return { id: snapshot.snapshotID, alias: snapshot.alias };
+      return { id: snapshot.snapshotID, alias: snapshot.alias, node: snapshot.node };
     }
     throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
   }

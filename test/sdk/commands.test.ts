@@ -112,16 +112,18 @@ describe('background processes', () => {
 
   it('killing the sandbox during a running command ends it, forked children included', async () => {
     const sbx = await sandbox();
-    const handle = await sbx.commands.run('(sleep 300 &) ; sleep 300', { background: true });
+    // A duration no other test on this host uses: the host's process list is shared.
+    const sleep = `sleep 300.${process.pid}${Date.now() % 1000}`;
+    const handle = await sbx.commands.run(`(${sleep} &) ; ${sleep}`, { background: true });
     await expect
-      .poll(() => hostProcesses().filter((l) => l === 'sleep 300').length, { timeout: 5000 })
+      .poll(() => hostProcesses().filter((l) => l === sleep).length, { timeout: 5000 })
       .toBe(2);
     await sbx.kill();
     const error = await handle.wait().catch((e: unknown) => e);
     expect(error).toBeDefined();
     // Nothing of that sandbox survives on the host.
     await expect
-      .poll(() => hostProcesses().filter((l) => l === 'sleep 300'), { timeout: 5000 })
+      .poll(() => hostProcesses().filter((l) => l === sleep), { timeout: 5000 })
       .toEqual([]);
   });
 });

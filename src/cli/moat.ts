@@ -565,6 +565,13 @@ interface ClusterParts {
 /** Announces this node and acts on what the others announce. */
 async function joinCluster(store: RedisStore, self: string, parts: ClusterParts): Promise<Cluster> {
   const { config, logger, metrics, listening, sandboxes } = parts;
+  const reload = new RetryingTask(
+    async () => {
+      await sandboxes.reloadAll();
+      logger.info('store connection back; enforcing what it holds again');
+    },
+    (error) => logger.warn({ err: error.message }, 'reloading from the store failed; trying again'),
+  );
   const cluster = new Cluster({
     client: store.client,
     prefix: config.storePrefix,
@@ -590,14 +597,7 @@ async function joinCluster(store: RedisStore, self: string, parts: ClusterParts)
           ),
       );
     },
-    onReconnect: () => {
-      logger.info('store connection back; enforcing what it holds again');
-      void sandboxes
-        .reloadAll()
-        .catch((error: Error) =>
-          logger.error({ err: error.message }, 'reloading after the store came back failed'),
-        );
-    },
+    onReconnect: () => reload.request(),
     onNodesGone: (ids) => {
       logger.warn({ nodes: ids }, 'nodes stopped sending heartbeats; their sandboxes are gone');
       void sandboxes
@@ -611,4 +611,44 @@ async function joinCluster(store: RedisStore, self: string, parts: ClusterParts)
   await cluster.start();
   metrics.countNodesWith(() => cluster.nodes().length);
   return cluster;
+}
+
+/**
+ * Runs `work` on request, one run at a time; a request during a run makes one more run after it,
+ * and a failed run is tried again every 500 ms until one succeeds (reported once per streak).
+ */
+class RetryingTask {
+  private running = false;
+  private again = false;
+
+  constructor(
+    private readonly work: () => Promise<void>,
+    private readonly onFailure: (error: Error) => void,
+  ) {}
+
+  request(): void {
+    if (this.running) {
+      this.again = true;
+      return;
+    }
+    this.running = true;
+    void this.run();
+  }
+
+  private async run(): Promise<void> {
+    let failures = 0;
+    for (;;) {
+      this.again = false;
+      try {
+        await this.work();
+        failures = 0;
+        if (!this.again) break;
+      } catch (error) {
+        // Said once per streak: the store may take a while to come back.
+        if (failures++ === 0) this.onFailure(error as Error);
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+    }
+    this.running = false;
+  }
 }

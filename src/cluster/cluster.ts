@@ -89,11 +89,13 @@ export class Cluster {
       if (change.node === this.self && typeof change.sandboxID === 'string')
         this.options.onPolicyChange(change);
     });
+    // Either connection coming back may be the later one: each ready after an outage asks for a
+    // reload (the caller retries until the store answers, and runs one at a time).
     this.subscriber.on('ready', () => {
-      // The first ready is start-up; later ones follow an outage.
       if (this.subscribedOnce) this.options.onReconnect();
       this.subscribedOnce = true;
     });
+    this.options.client.on('ready', () => this.options.onReconnect());
     await this.subscriber.subscribe(this.channel);
     this.subscribedOnce = true;
     await this.beat();

@@ -580,6 +580,7 @@ async function joinCluster(store: RedisStore, self: string, parts: ClusterParts)
       api: formatHostPort(config.advertiseApi ?? listening.api),
       // Relayed sandbox API and ingress requests come here.
       sandbox: listening.sandbox,
+      proxy: formatHostPort(listening.proxy),
       hostsSandboxes: config.hostsSandboxes,
     },
     ttlMs: config.nodeTtlMs,

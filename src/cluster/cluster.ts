@@ -19,6 +19,8 @@ export interface NodeInfo {
   readonly api: string;
   /** Its sandbox listener (sandbox API and ingress), for relayed requests. */
   readonly sandbox: { readonly host: string; readonly port: number };
+  /** host:port of its egress proxy, where its sandboxes' explicit proxy traffic goes. */
+  readonly proxy: string;
   readonly hostsSandboxes: boolean;
   /** Sandboxes it holds (placement prefers the emptiest). */
   readonly sandboxes: number;

@@ -281,6 +281,37 @@ export class NamespaceNetwork {
     }
     heldHere.add(file);
     this.locked = true;
+    // Another Moat's pool that overlaps this one would route the same addresses two ways.
+    const overlapping = await this.overlappingHolder().catch(() => undefined);
+    if (overlapping !== undefined) {
+      heldHere.delete(file);
+      this.locked = false;
+      await rm(file, { force: true });
+      throw new Error(
+        `the namespace pool ${this.pool} overlaps ${overlapping}; give each Moat on a host its own, disjoint --namespace-pool`,
+      );
+    }
+  }
+
+  /** A live Moat's pool (other than this one's) that shares addresses with this pool. */
+  private async overlappingHolder(): Promise<string | undefined> {
+    const { network, prefixLength } = this.options.pool;
+    const range = (base: number, length: number) => {
+      const size = 2 ** (32 - length);
+      return [base, base + size - 1] as const;
+    };
+    const [start, end] = range(toWord(network), prefixLength);
+    for (const name of await readdir(POOL_LOCKS)) {
+      const match = /^pool-(\d+\.\d+\.\d+\.\d+)-(\d+)\.pid$/.exec(name);
+      const file = `${POOL_LOCKS}/${name}`;
+      if (match === null || file === this.lockFile) continue;
+      const [otherStart, otherEnd] = range(toWord(match[1]!), Number(match[2]));
+      if (otherEnd < start || otherStart > end) continue;
+      const holder = Number.parseInt(await readFile(file, 'utf8').catch(() => ''), 10);
+      if (heldHere.has(file) || (holder !== process.pid && processRuns(holder)))
+        return `${match[1]}/${match[2]}, held by ${heldHere.has(file) ? 'this process' : `process ${holder}`}`;
+    }
+    return undefined;
   }
 
   private async removeNamespace(namespace: string, hostLink: string): Promise<void> {

@@ -44,6 +44,24 @@ describe.skipIf(skip !== undefined)('a namespaced Moat crashing, restarting and 
     expect(scope, 'the host table of this Moat').toBeDefined();
     const held = () => hostNetworkLines(scope!, GATEWAY);
 
+    // A second Moat on the same pool, or on one that overlaps it, refuses to start.
+    for (const [pool, refusal] of [
+      [POOL, /namespace pool 10\.217\.0\.0\/24 is in use by another Moat \(process \d+\)/],
+      [
+        '10.217.0.128/25',
+        /namespace pool 10\.217\.0\.128\/25 overlaps 10\.217\.0\.0\/24, held by process \d+/,
+      ],
+    ] as const) {
+      const other = new ServeChild([
+        ...args.map((a) =>
+          a === POOL ? pool : a === path.join(scratch, 'data') ? path.join(scratch, 'other') : a,
+        ),
+      ]);
+      expect(await other.exited).toMatchObject({ code: 1 });
+      expect(other.stderr).toMatch(refusal);
+    }
+    expect(held().gateway).toHaveLength(1);
+
     const api = new ApiClient(`http://${at.api}`);
     const created = await api.call('POST', '/sandboxes', {
       body: { templateID: 'base', timeout: 600 },

@@ -31,7 +31,7 @@ export interface LearnedElement {
   readonly expiresAt: number;
 }
 
-/** TCP destination ports that go to the transparent listener when no address rule opens them. */
+/** TCP destination ports that go to the transparent listener when the address rules deny them. */
 export const REDIRECTED_PORTS = [80, 443] as const;
 /** DNS over TLS: a resolver Moat cannot see into. */
 const DOT_PORT = 853;
@@ -71,8 +71,9 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `meta l4proto { tcp, udp } th dport 53 dnat ip to ${gw}:${dns}`,
     'ip daddr @internal4 accept',
     'ip daddr @allow4 accept',
-    // Learned addresses and denied destinations on web ports are decided by name (SNI or Host).
-    `tcp dport ${redirected} ip daddr @learned4 dnat ip to ${gw}:${transparent}`,
+    // Web ports to a destination the address rules deny are decided by name (SNI or Host):
+    // that is how allowed names work, learned addresses included (under a deny-all policy they
+    // are in deny4). A learned address no rule denies is allowed by its address, name or not.
     `tcp dport ${redirected} ip daddr @deny4 dnat ip to ${gw}:${transparent}`,
   ];
   const egress = [

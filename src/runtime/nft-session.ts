@@ -13,8 +13,8 @@ import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
 export const NFT = '/usr/sbin/nft';
 export const NSENTER = '/usr/bin/nsenter';
 
+/** A command that changes nothing and prints one fixed line (read once per session). */
 const ACK_COMMAND = 'describe meta mark';
-const ACK_LINE = 'meta expression, datatype mark (packet mark) (basetype integer), 32 bits';
 const TIMEOUT_MS = 5000;
 
 interface Waiting {
@@ -25,6 +25,8 @@ interface Waiting {
 export class NftSession {
   private child: ChildProcessWithoutNullStreams | undefined;
   private output = '';
+  /** The line ACK_COMMAND prints, learned from the session's first answer. */
+  private ackLine: string | undefined;
   private readonly waiting: Waiting[] = [];
   private tail: Promise<void> = Promise.resolve();
 
@@ -65,6 +67,9 @@ export class NftSession {
     child.on('error', (error) => gone(error.message));
     child.on('close', (code, signal) => gone(signal ?? `exit ${code}`));
     this.child = child;
+    this.ackLine = undefined;
+    this.output = '';
+    child.stdin.write(`${ACK_COMMAND}\n`);
     return child;
   }
 
@@ -89,11 +94,18 @@ export class NftSession {
 
   private onOutput(chunk: string): void {
     this.output += chunk;
+    if (this.ackLine === undefined) {
+      const end = this.output.indexOf('\n');
+      if (end < 0) return;
+      this.ackLine = this.output.slice(0, end);
+      this.output = this.output.slice(end + 1);
+    }
+    const ack = `${this.ackLine}\n`;
     for (;;) {
-      const at = this.output.indexOf(`${ACK_LINE}\n`);
+      const at = this.output.indexOf(ack);
       if (at < 0) return;
       const before = this.output.slice(0, at).trim();
-      this.output = this.output.slice(at + ACK_LINE.length + 1);
+      this.output = this.output.slice(at + ack.length);
       const waiter = this.waiting.shift();
       if (!waiter) continue;
       if (before === '') waiter.resolve();

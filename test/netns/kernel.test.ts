@@ -6,6 +6,7 @@
  * through the sandbox API and ignores proxy variables (curl --noproxy '*', bash /dev/tcp,
  * python sockets): only the kernel can hold it.
  */
+import { execFileSync, spawnSync } from 'node:child_process';
 import net from 'node:net';
 import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -19,6 +20,8 @@ const skip = namespaceSkipReason('test/netns/kernel');
 const PREFIX = '10.251.1';
 const [ALLOWED_IP, DENIED_IP, CIDR_IP, DENY_LISTED_IP] = [2, 3, 4, 5].map((n) => `${PREFIX}.${n}`);
 const POOL = '10.216.0.0/24';
+/** A further address of the world that Moat's internal deny list holds. */
+const INTERNAL_IP = `${PREFIX}.9`;
 
 interface Ran {
   readonly exitCode: number;
@@ -59,6 +62,28 @@ const udpEcho = (host: string) =>
   python(
     `import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.connect(('${host}', ${WORLD_PORTS.udpEcho})); s.send(b'pong'); print(s.recv(16).decode())`,
   );
+/** A UDP question to the world's echo, a failed send ignored: prints the answer or the errno. */
+const udpAnswer = (host: string) =>
+  python(
+    `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.connect(("${host}", ${WORLD_PORTS.udpEcho}))\ntry:\n s.send(b"pong")\nexcept OSError: pass\ntry:\n print(s.recv(16).decode())\nexcept OSError as e: print(e.errno)`,
+  );
+/** Sends one UDP datagram; prints `sent` or the errno of the send (1, EPERM: the firewall dropped it). */
+const udpSend = (host: string, port: number) =>
+  python(
+    `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ntry:\n s.sendto(b"q", ("${host}", ${port})); print("sent")\nexcept OSError as e: print(e.errno)`,
+  );
+/** Runs a program as root in a namespace this test (or its Moat) made, from outside any sandbox. */
+const inNamespace = (netns: string, script: string) =>
+  spawnSync('/usr/bin/nsenter', [`--net=${netns}`, '--', '/bin/bash', '-c', script], {
+    encoding: 'utf8',
+    timeout: 15_000,
+  });
+/** A TCP listener inside a sandbox that prints `accepted` for each connection it gets. */
+const LISTENER_PORT = 8000;
+const listener = python(
+  `import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(("0.0.0.0", ${LISTENER_PORT})); s.listen(8); print("listening", flush=True)\nwhile True:\n c, a = s.accept(); print("accepted", a[0], flush=True); c.close()`,
+);
+
 /** A raw DNS question for `name` (type A) to `server`:53; prints the rcode and answer count. */
 const dnsQuery = (server: string, name: string) =>
   python(
@@ -71,6 +96,26 @@ const dnsQuery = (server: string, name: string) =>
     ].join('\n'),
   );
 
+async function until(done: () => boolean, timeoutMs = 5000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!done()) {
+    if (Date.now() > deadline) throw new Error(`not within ${timeoutMs} ms: ${done.toString()}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/** Opens and closes a TCP connection from this process (the host namespace). */
+function connectFromHost(host: string, port: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect({ host, port, timeout: 3000 }, () => {
+      socket.end();
+      resolve();
+    });
+    socket.on('timeout', () => socket.destroy(new Error(`${host}:${port}: no connection`)));
+    socket.on('error', reject);
+  });
+}
+
 describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own namespace', () => {
   let world: World;
   let harness: SdkMoat;
@@ -82,13 +127,25 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
 
   beforeAll(async () => {
     world = await World.create('e2e', PREFIX);
+    execFileSync('/usr/sbin/ip', [
+      '-n',
+      world.namespace,
+      'addr',
+      'add',
+      `${INTERNAL_IP}/24`,
+      'dev',
+      'eth0',
+    ]);
     harness = await startSdkMoat({
       zone,
       flags: {
         enforcement: 'namespace',
         'namespace-pool': POOL,
-        // The world's addresses are private; only link-local stays internal here.
-        'internal-deny': '169.254.0.0/16',
+        // The world's addresses are private; only link-local and one world address stay
+        // internal here.
+        'internal-deny': `169.254.0.0/16,${INTERNAL_IP}/32`,
+        // A name with a 1 s TTL is learned for 1 s (names of 300 s keep theirs).
+        'dns-min-ttl': '1',
       },
     });
   }, 60_000);
@@ -105,6 +162,23 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     expect(created.status, created.text).toBe(201);
     const id = (created.body as { sandboxID: string }).sandboxID;
     return Sandbox.connect(id);
+  }
+
+  /** The sandbox's own address (its end of the link). */
+  const addressOf = (sandbox: Sandbox) =>
+    harness.moat.table.get(sandbox.sandboxId)!.sourceAddress!.text;
+
+  /** Starts `listener` in the sandbox; counts the connections it accepts. */
+  async function listen(sandbox: Sandbox): Promise<{ accepted: () => number }> {
+    let printed = '';
+    await sandbox.commands.run(listener, {
+      background: true,
+      onStdout: (data: string) => {
+        printed += data;
+      },
+    });
+    await until(() => printed.includes('listening'));
+    return { accepted: () => printed.split('\n').filter((l) => l.startsWith('accepted')).length };
   }
 
   describe('a deny-by-default sandbox with a domain and a CIDR allowed', () => {
@@ -152,9 +226,11 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       expect(tcp.exitCode).not.toBe(0);
       expect(tcp.stderr).toMatch(/Connection refused/);
       expect(tcp.ms).toBeLessThan(1500);
-      const udp = await run(sandbox, udpEcho(DENIED_IP!));
-      expect(udp.exitCode).not.toBe(0);
-      expect(udp.stderr).not.toMatch(/timed out/);
+      // The send fails at once (EPERM) either way; a reject's ICMP answer then fails the next
+      // receive at once too (EHOSTUNREACH), where a silent drop would leave it waiting.
+      const udp = await run(sandbox, udpAnswer(DENIED_IP!));
+      expect(udp.stdout, udp.stderr).toBe('113\n');
+      expect(udp.ms).toBeLessThan(1500);
     });
 
     it('answers DNS sent to any other resolver itself; that resolver never sees it', async () => {
@@ -170,6 +246,39 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       const dot = await run(sandbox, `timeout 2 bash -c 'exec 3<>/dev/tcp/${CIDR_IP}/853'`);
       expect(dot.exitCode).not.toBe(0);
       expect(world.seen('dot')).toEqual([]);
+    });
+
+    it('drops DNS over QUIC (UDP 853) before it leaves the sandbox, even to an allowed CIDR', async () => {
+      // A send the firewall drops fails at once with EPERM; the next port's datagram leaves.
+      expect((await run(sandbox, udpSend(CIDR_IP!, 853))).stdout).toBe('1\n');
+      expect((await run(sandbox, udpSend(CIDR_IP!, 854))).stdout).toBe('sent\n');
+    });
+
+    it('decides web traffic to an address its DNS never gave by the name (SNI or Host)', async () => {
+      // An address from elsewhere (a hosts file, a stale cache): Moat connects to the name.
+      const tls = await run(
+        sandbox,
+        curl(`-k --resolve allowed.test:443:${DENIED_IP} https://allowed.test/`),
+      );
+      expect(tls.stdout, tls.stderr).toBe('world https host=allowed.test sni=allowed.test\n');
+      const plain = await run(
+        sandbox,
+        curl(`--resolve allowed.test:80:${DENIED_IP} http://allowed.test/`),
+      );
+      expect(plain.stdout, plain.stderr).toBe('world http host=allowed.test\n');
+      // No allowed name: refused.
+      const bare = await run(sandbox, curl(`http://${DENIED_IP}/`));
+      expect(bare.exitCode).not.toBe(0);
+      expect(world.seen('http').filter((e) => e.host === DENIED_IP)).toEqual([]);
+    });
+
+    it('drops web traffic to an internal address in the kernel, even with an allowed name', async () => {
+      const web = await run(
+        sandbox,
+        curl(`--max-time 2 -H 'Host: allowed.test' http://${INTERNAL_IP}/`),
+      );
+      expect(web.stdout).toBe('');
+      expect(web.exitCode, web.stderr).toBe(28); // no answer at all, not even Moat's listener
     });
 
     it('refuses TLS to a learned address whose SNI names a host no rule allows', async () => {
@@ -213,6 +322,15 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       expect(denied.ms).toBeLessThan(1500);
     });
 
+    it('keeps reaching an address by HTTPS without a name once DNS gave it for a name', async () => {
+      // No rule denies the address: it is allowed by itself, SNI or not, learned or not.
+      const bare = curl(`-k https://${ALLOWED_IP}/`);
+      expect((await run(sandbox, bare)).stdout).toBe(`world https host=${ALLOWED_IP}\n`);
+      expect((await run(sandbox, 'getent hosts allowed.test')).exitCode).toBe(0);
+      const again = await run(sandbox, bare);
+      expect(again.stdout, again.stderr).toBe(`world https host=${ALLOWED_IP}\n`);
+    });
+
     it('cannot reach the host, its gateway ports or the other sandboxes', async () => {
       const gateway = harness.moat.network!.gateway;
       for (const address of [world.hostAddress, gateway]) {
@@ -224,6 +342,248 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         expect(reached.exitCode).not.toBe(0);
       }
     });
+
+    it('sends nothing to another sandbox (its own firewall drops it) and takes nothing from the world', async () => {
+      const other = await sandboxWith({});
+      try {
+        const otherAddress = addressOf(other);
+        const heard = await listen(other);
+        // Moat's side of the link (the ingress path) reaches the listener...
+        await connectFromHost(otherAddress, LISTENER_PORT);
+        await until(() => heard.accepted() === 1);
+        // ...the sandbox next door does not, and its datagrams never leave its namespace...
+        const tcp = await run(
+          sandbox,
+          `timeout 2 bash -c 'exec 3<>/dev/tcp/${otherAddress}/${LISTENER_PORT}'`,
+        );
+        expect(tcp.exitCode).not.toBe(0);
+        expect((await run(sandbox, udpSend(otherAddress, LISTENER_PORT))).stdout).toBe('1\n');
+        // ...nor does anything routed to it from elsewhere (the world).
+        const fromWorld = inNamespace(
+          `/run/netns/${world.namespace}`,
+          `timeout 2 bash -c 'exec 3<>/dev/tcp/${otherAddress}/${LISTENER_PORT}'`,
+        );
+        expect(fromWorld.status).not.toBe(0);
+        expect(heard.accepted()).toBe(1);
+      } finally {
+        await other.kill();
+      }
+    });
+
+    it('reaches the world under the host address (masqueraded)', async () => {
+      const reached = await run(sandbox, curl(`-H 'Host: masquerade.test' http://${ALLOWED_IP}/`));
+      expect(reached.stdout, reached.stderr).toBe('world http host=masquerade.test\n');
+      const seen = world.seen('http').filter((e) => e.host === 'masquerade.test');
+      expect(seen.map((e) => e.from?.replace(/^::ffff:/, ''))).toEqual([world.hostAddress]);
+    });
+
+    it('is held apart by the host even when sandboxes remove their own firewalls', async () => {
+      const [a, b] = await Promise.all([sandboxWith({}), sandboxWith({})]);
+      try {
+        for (const s of [a, b]) {
+          const netns = harness.moat.network!.namespaceOf(s.sandboxId)!;
+          const removed = inNamespace(netns, '/usr/sbin/nft delete table inet moat');
+          expect(removed.status, removed.stderr).toBe(0);
+        }
+        const bAddress = addressOf(b);
+        const heard = await listen(b);
+        // Without its own firewall B takes a connection from the world, and A reaches it too...
+        const fromWorld = inNamespace(
+          `/run/netns/${world.namespace}`,
+          `timeout 2 bash -c 'exec 3<>/dev/tcp/${bAddress}/${LISTENER_PORT}'`,
+        );
+        expect(fromWorld.status, fromWorld.stderr).toBe(0);
+        await until(() => heard.accepted() === 1);
+        expect((await run(a, tcpEcho(ALLOWED_IP!))).stdout).toBe('ping');
+        // ...but the host still keeps A from B, from the host and from the gateway's other ports.
+        const toB = await run(
+          a,
+          `timeout 2 bash -c 'exec 3<>/dev/tcp/${bAddress}/${LISTENER_PORT}'`,
+        );
+        expect(toB.exitCode).not.toBe(0);
+        for (const address of [world.hostAddress, harness.moat.network!.gateway]) {
+          const reached = await run(
+            a,
+            `timeout 2 bash -c 'exec 3<>/dev/tcp/${address}/${hostPort} && cat <&3'`,
+          );
+          expect(reached.stdout, `${address}:${hostPort}`).toBe('');
+          expect(reached.exitCode).not.toBe(0);
+        }
+        expect(heard.accepted()).toBe(1);
+      } finally {
+        await Promise.all([a.kill(), b.kill()]);
+      }
+    });
+  });
+
+  it('drops an internal address even when allowOut names it', async () => {
+    const sandbox = await sandboxWith({
+      network: { allowOut: [`${INTERNAL_IP}/32`], denyOut: ['0.0.0.0/0'] },
+    });
+    try {
+      const echo = await run(sandbox, `timeout 2 bash -c '${tcpEcho(INTERNAL_IP)}'`);
+      expect(echo.stdout).toBe('');
+      expect(echo.exitCode, echo.stderr).toBe(124); // dropped: no answer at all
+      expect((await run(sandbox, udpSend(INTERNAL_IP, WORLD_PORTS.udpEcho))).stdout).toBe('1\n');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('keeps learned addresses of names a new policy still allows, and closes the others', async () => {
+    const sandbox = await sandboxWith({
+      network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
+    });
+    const put = (allowOut: string[]) =>
+      harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { allowOut, denyOut: ['0.0.0.0/0'] },
+      });
+    try {
+      expect((await run(sandbox, tcpEcho('allowed.test'))).stdout).toBe('ping'); // learns it
+      expect((await put(['allowed.test', `${CIDR_IP}/32`])).status).toBe(204);
+      // By address, without asking DNS again: still open.
+      const kept = await run(sandbox, tcpEcho(ALLOWED_IP!));
+      expect(kept.stdout, kept.stderr).toBe('ping');
+      expect((await put([`${CIDR_IP}/32`])).status).toBe(204);
+      const closed = await run(sandbox, tcpEcho(ALLOWED_IP!));
+      expect(closed.stderr).toMatch(/Connection refused/);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('closes a learned address when its TTL runs out', async () => {
+    const address = `${PREFIX}.10`;
+    execFileSync('/usr/sbin/ip', [
+      '-n',
+      world.namespace,
+      'addr',
+      'add',
+      `${address}/24`,
+      'dev',
+      'eth0',
+    ]);
+    zone.set('brief.test', { A: [address], ttl: 1 });
+    const sandbox = await sandboxWith({
+      network: { allowOut: ['brief.test'], denyOut: ['0.0.0.0/0'] },
+    });
+    try {
+      const learned = await run(sandbox, tcpEcho('brief.test'));
+      expect(learned.stdout, learned.stderr).toBe('ping');
+      await new Promise((resolve) => setTimeout(resolve, 2500));
+      // By address, without asking DNS again: the firewall let it expire.
+      const expired = await run(sandbox, tcpEcho(address));
+      expect(expired.stdout).toBe('');
+      expect(expired.stderr).toMatch(/Connection refused/);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('rejects IPv6 even when it comes back on the link', async () => {
+    const sandbox = await sandboxWith({});
+    try {
+      const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+      const back = inNamespace(
+        netns,
+        'echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && /usr/sbin/ip -6 addr add fd00:77::2/64 dev eth0 nodad',
+      );
+      expect(back.status, back.stderr).toBe(0);
+      const v6 = await run(
+        sandbox,
+        python(
+          "import socket, time\nt = time.time()\ntry:\n socket.create_connection(('fd00:77::1', 7000), 3)\nexcept OSError as e: print(e.errno, round(time.time() - t))",
+        ),
+      );
+      // EACCES (admin-prohibited) by the first SYN's retry; unanswered, it would time out at 3 s.
+      expect(v6.stdout, v6.stderr).toMatch(/^13 [01]\n$/);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('opens a learned address before its answer is released, even while a large publish is applied', async () => {
+    // Fresh addresses, each learned once and connected to the moment its answer is read, while
+    // publishes of a large policy keep the sandbox's firewall busy (a learned address waits
+    // behind them; its answer must wait with it).
+    const count = 20;
+    const names = Array.from({ length: count }, (_, i) => `n${i}.race.test`);
+    names.forEach((name, i) => {
+      const address = `${PREFIX}.${100 + i}`;
+      execFileSync('/usr/sbin/ip', [
+        '-n',
+        world.namespace,
+        'addr',
+        'add',
+        `${address}/24`,
+        'dev',
+        'eth0',
+      ]);
+      zone.set(name, { A: [address], ttl: 300 });
+    });
+    const network = { allowOut: ['*.race.test'], denyOut: ['0.0.0.0/0'] };
+    const sandbox = await sandboxWith({ network });
+    const large = {
+      ...network,
+      allowOut: [
+        ...network.allowOut,
+        ...Array.from({ length: 5000 }, (_, i) => `11.${i >> 8}.${i & 255}.${(i * 7) & 255}`),
+      ],
+    };
+    let publishing = true;
+    let published = 0;
+    const publisher = (async () => {
+      while (publishing) {
+        const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+          body: large,
+        });
+        expect(put.status, put.text).toBe(204);
+        published++;
+      }
+    })();
+    try {
+      const raced = await run(
+        sandbox,
+        python(
+          [
+            'import socket',
+            'failed = []',
+            `for i in range(${count}):`,
+            '  name = f"n{i}.race.test"',
+            `  address = socket.getaddrinfo(name, ${WORLD_PORTS.echo}, socket.AF_INET, socket.SOCK_STREAM)[0][4]`,
+            '  try:',
+            '    socket.create_connection(address, 2).close()',
+            '  except OSError as e:',
+            '    failed.append(f"{name}: {e}")',
+            'print(len(failed), failed[:3])',
+          ].join('\n'),
+        ),
+        60_000,
+      );
+      expect(raced.stdout, raced.stderr).toBe('0 []\n');
+    } finally {
+      publishing = false;
+      await publisher;
+      await sandbox.kill();
+    }
+    expect(published).toBeGreaterThan(1);
+  });
+
+  it('answers 503 to a network change its firewall refused, saying what holds', async () => {
+    const sandbox = await sandboxWith({});
+    try {
+      // The firewall's table gone (as only root outside the sandbox can do): nft refuses the change.
+      const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+      const removed = inNamespace(netns, '/usr/sbin/nft delete table inet moat');
+      expect(removed.status, removed.stderr).toBe(0);
+      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { denyOut: [`${DENY_LISTED_IP}/32`] },
+      });
+      expect(put.status).toBe(503);
+      expect(put.text).toMatch(/could not be updated .*denying everything failed too/);
+    } finally {
+      await sandbox.kill();
+    }
   });
 
   it('blocks everything direct when allow_internet_access is false', async () => {
@@ -257,18 +617,20 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
             `print('${label} closed', int(time.time() * 1000), flush=True)`,
           ].join('\n'),
         );
-      let printed = '';
-      const onStdout = (data: string) => {
-        printed += data;
+      // Each program's output apart: python -u writes a print's parts separately, so two
+      // programs' lines interleave in one buffer.
+      const printed = { tcp: '', tls: '' };
+      const onStdout = (label: keyof typeof printed) => (data: string) => {
+        printed[label] += data;
       };
-      const output = { lines: () => printed.split('\n') };
+      const lines = () => Object.values(printed).flatMap((text) => text.split('\n'));
       const tcp = await sandbox.commands.run(
         watch(
           'tcp',
           "s = socket.create_connection(('allowed.test', 7000))",
           "while True:\n    s.sendall(b'x'); s.recv(1) or exit(); time.sleep(0.005)",
         ),
-        { background: true, onStdout },
+        { background: true, onStdout: onStdout('tcp') },
       );
       const tls = await sandbox.commands.run(
         watch(
@@ -276,12 +638,12 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
           "c = ssl.create_default_context(); c.check_hostname = False; c.verify_mode = ssl.CERT_NONE\ns = c.wrap_socket(socket.create_connection(('allowed.test', 443)), server_hostname='allowed.test')",
           's.recv(1)',
         ),
-        { background: true, onStdout },
+        { background: true, onStdout: onStdout('tls') },
       );
       const deadline = Date.now() + 10_000;
-      while (output.lines().filter((l) => l.endsWith('open')).length < 2 && Date.now() < deadline)
+      while (lines().filter((l) => l.endsWith('open')).length < 2 && Date.now() < deadline)
         await new Promise((r) => setTimeout(r, 20));
-      expect(output.lines()).toEqual(expect.arrayContaining(['tcp open', 'tls open']));
+      expect(lines()).toEqual(expect.arrayContaining(['tcp open', 'tls open']));
 
       const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
         body: { allowOut: [`${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
@@ -290,8 +652,8 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       expect(put.status, put.text).toBe(204);
       await Promise.all([tcp.wait().catch(() => undefined), tls.wait().catch(() => undefined)]);
       for (const label of ['tcp', 'tls']) {
-        const line = output.lines().find((l) => l.startsWith(`${label} closed `));
-        expect(line, printed).toBeDefined();
+        const line = lines().find((l) => l.startsWith(`${label} closed `));
+        expect(line, JSON.stringify(printed)).toBeDefined();
         expect(Number(line!.split(' ')[2]) - appliedAt, label).toBeLessThan(100);
       }
       // The next connection is decided by the new policy.

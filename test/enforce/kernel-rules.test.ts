@@ -1,0 +1,608 @@
+/**
+ * The kernel enforcer's nftables text (src/enforce/kernel-rules.ts), generated from Policies the
+ * real policy parser and compiler make. Table tests pin what lands in which set and in which
+ * order the chains decide; a property test compares allow4/deny4 with a simple reference.
+ *
+ * Where this runs as root with nft, every generated line is also applied in a scratch network
+ * namespace this test makes (`moat-kr-<pid>`, nothing else is touched), and the sets the kernel
+ * then holds are read back and compared as address intervals.
+ */
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import fc from 'fast-check';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  hostRuleset,
+  type KernelLayout,
+  type LearnedElement,
+  learnedElements,
+  lockdownSets,
+  policySets,
+  removeHostRuleset,
+  sandboxRuleset,
+} from '../../src/enforce/kernel-rules.js';
+import {
+  compileInternalDenyList,
+  compilePolicy,
+  type IPAddress,
+  parseCIDR,
+  parseInternalDenyList,
+  parseIP,
+  parseNetworkConfig,
+  type Policy,
+} from '../../src/policy/index.js';
+
+const unwrap = <T>(result: { ok: true; value: T } | { ok: false; error: string }): T => {
+  if (!result.ok) throw new Error(result.error);
+  return result.value;
+};
+const ip = (text: string): IPAddress => unwrap(parseIP(text));
+
+const INTERNAL = compileInternalDenyList(
+  unwrap(parseInternalDenyList('169.254.0.0/16, 100.64.0.0/10, fd00::/8')),
+);
+
+const LAYOUT: KernelLayout = {
+  gateway: ip('10.216.0.1'),
+  ports: { dns: 53, proxy: 3128, transparent: 3129 },
+  pool: unwrap(parseCIDR('10.216.0.0/24')),
+  internal: INTERNAL,
+  linkPrefix: 'mtabc123-',
+  hostTable: 'moat_abc123',
+};
+const LINK_HOST = ip('10.216.0.5');
+
+/** A Policy as the sandbox service compiles one (src/sandbox/service.ts compile()). */
+function policyOf(rules: Record<string, unknown>): Policy {
+  const parsed = parseNetworkConfig(rules);
+  if (!parsed.ok) throw new Error(parsed.errors.map((problem) => problem.message).join('; '));
+  return compilePolicy(parsed.value, INTERNAL);
+}
+
+/** Splits at `;` outside braces. */
+function splitTop(text: string): string[] {
+  const parts: string[] = [];
+  let depth = 0;
+  let start = 0;
+  for (let i = 0; i < text.length; i++) {
+    if (text[i] === '{') depth++;
+    else if (text[i] === '}') depth--;
+    else if (text[i] === ';' && depth === 0) {
+      parts.push(text.slice(start, i));
+      start = i + 1;
+    }
+  }
+  parts.push(text.slice(start));
+  return parts.map((part) => part.trim()).filter((part) => part !== '');
+}
+
+/** What `{ ... }` holds, from the first brace to its partner at the end. */
+const inside = (text: string) => text.slice(text.indexOf('{') + 1, text.lastIndexOf('}'));
+
+/** The elements each `add element inet moat <set> { ... }` command of a line adds, per set. */
+function added(line: string): Record<string, string[]> {
+  const sets: Record<string, string[]> = {};
+  for (const command of splitTop(line)) {
+    const match = /^add element inet moat (\w+) \{ (.*) \}$/.exec(command);
+    if (match) (sets[match[1]!] ??= []).push(...match[2]!.split(', '));
+  }
+  return sets;
+}
+
+/** The sets and chains of a generated table line (`table; delete table; table { ... }`). */
+function tableOf(line: string): {
+  commands: string[];
+  sets: Record<string, string>;
+  chains: Record<string, string[]>;
+} {
+  const commands = splitTop(line);
+  const sets: Record<string, string> = {};
+  const chains: Record<string, string[]> = {};
+  for (const item of splitTop(inside(commands.at(-1)!))) {
+    const [kind, name] = item.split(' ', 2);
+    if (kind === 'set') sets[name!] = inside(item).trim();
+    else if (kind === 'chain') chains[name!] = splitTop(inside(item));
+    else throw new Error(`unexpected table item ${item}`);
+  }
+  return { commands, sets, chains };
+}
+
+const NOW = 1_700_000_000_000;
+const learned = (address: string, inMs: number): LearnedElement => ({
+  address: ip(address),
+  expiresAt: NOW + inMs,
+});
+
+describe('kernel rules: the sandbox table', () => {
+  const line = sandboxRuleset(LAYOUT, { host: LINK_HOST });
+  const table = tableOf(line);
+
+  it('is one line that replaces any earlier table', () => {
+    expect(line).not.toContain('\n');
+    expect(table.commands.slice(0, 2)).toEqual(['table inet moat', 'delete table inet moat']);
+    expect(table.commands).toHaveLength(3);
+  });
+
+  it('starts with every destination denied and only the IPv4 internal ranges', () => {
+    expect(table.sets).toEqual({
+      internal4:
+        'type ipv4_addr; flags interval; auto-merge; elements = { 169.254.0.0/16, 100.64.0.0/10 }',
+      allow4: 'type ipv4_addr; flags interval; auto-merge;',
+      deny4: 'type ipv4_addr; flags interval; auto-merge; elements = { 0.0.0.0/0 }',
+      learned4: 'type ipv4_addr; flags timeout;',
+    });
+  });
+
+  it('sends DNS to the gateway first, and web ports of learned and denied addresses to the transparent listener', () => {
+    expect(table.chains.to_moat).toEqual([
+      'type nat hook output priority -100',
+      'policy accept',
+      'oifname "lo" accept',
+      'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:53',
+      'ip daddr @internal4 accept',
+      'ip daddr @allow4 accept',
+      'tcp dport { 80, 443 } ip daddr @deny4 dnat ip to 10.216.0.1:3129',
+    ]);
+  });
+
+  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, learned, deny', () => {
+    expect(table.chains.outbound).toEqual([
+      'type filter hook output priority filter',
+      'policy drop',
+      'oifname "lo" accept',
+      'meta nfproto ipv6 reject with icmpx admin-prohibited',
+      'ip daddr 10.216.0.1 udp dport 53 accept',
+      'ip daddr 10.216.0.1 tcp dport { 53, 3128, 3129 } accept',
+      'ip daddr 10.216.0.5 ct direction reply accept',
+      'tcp dport 853 drop',
+      'udp dport 853 drop',
+      'ip daddr @internal4 drop',
+      'ip daddr 10.216.0.0/24 drop',
+      'ip daddr @allow4 accept',
+      'ip daddr @learned4 accept',
+      'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
+      'ip daddr @deny4 reject with icmpx admin-prohibited',
+      'accept',
+    ]);
+  });
+
+  it('lets in only answers and new TCP connections from the host end of the link', () => {
+    expect(table.chains.inbound).toEqual([
+      'type filter hook input priority filter',
+      'policy drop',
+      'iifname "lo" accept',
+      'ct state established,related accept',
+      'ip saddr 10.216.0.5 meta l4proto tcp ct state new accept',
+    ]);
+  });
+
+  it('names each gateway port once when listeners share a port', () => {
+    const shared = { ...LAYOUT, ports: { dns: 5353, proxy: 3128, transparent: 3128 } };
+    const { chains } = tableOf(sandboxRuleset(shared, { host: LINK_HOST }));
+    expect(chains.outbound).toContain('ip daddr 10.216.0.1 tcp dport { 5353, 3128 } accept');
+    expect(chains.to_moat).toContain(
+      'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:5353',
+    );
+  });
+});
+
+describe('kernel rules: policy sets', () => {
+  const cases: Array<{
+    name: string;
+    rules: Record<string, unknown>;
+    allow4?: string[];
+    deny4?: string[];
+  }> = [
+    {
+      name: 'allowOut addresses go to allow4; names, wildcards and IPv6 do not',
+      rules: {
+        allowOut: [
+          '1.2.3.4',
+          '10.1.2.3/8',
+          'example.com',
+          '*.example.org',
+          '2001:db8::/32',
+          '::ffff:5.6.7.8',
+          '::ffff:9.9.0.0/112',
+        ],
+        denyOut: ['0.0.0.0/0'],
+      },
+      allow4: ['1.2.3.4/32', '10.0.0.0/8', '5.6.7.8/32', '9.9.0.0/16'],
+      deny4: ['0.0.0.0/0'],
+    },
+    {
+      name: 'denyOut 0.0.0.0/0 denies all of IPv4, whatever else denyOut holds',
+      rules: { allowOut: ['8.8.8.8'], denyOut: ['9.9.9.9', '0.0.0.0/0', '::/0'] },
+      allow4: ['8.8.8.8/32'],
+      deny4: ['0.0.0.0/0'],
+    },
+    {
+      name: 'allow_internet_access false denies all of IPv4',
+      rules: { allow_internet_access: false, allowOut: ['8.8.8.8'], denyOut: ['9.9.9.9'] },
+      allow4: ['8.8.8.8/32'],
+      deny4: ['0.0.0.0/0'],
+    },
+    {
+      name: 'allow_internet_access false alone',
+      rules: { allow_internet_access: false },
+      deny4: ['0.0.0.0/0'],
+    },
+    {
+      name: 'default allow: denyOut IPv4 ranges go to deny4, IPv6 ones do not',
+      rules: { denyOut: ['9.9.9.9', '203.0.113.0/24', '2001:db8::/32', '::/0'] },
+      deny4: ['9.9.9.9/32', '203.0.113.0/24'],
+    },
+    {
+      name: 'allow_internet_access true with no lists: every set empty',
+      rules: { allow_internet_access: true },
+    },
+    { name: 'no rules: every set empty', rules: {} },
+  ];
+
+  it.each(cases)('$name', ({ rules, allow4, deny4 }) => {
+    const line = policySets(policyOf(rules), [], NOW);
+    expect(line).not.toContain('\n');
+    const commands = splitTop(line);
+    expect(commands.slice(0, 3)).toEqual([
+      'flush set inet moat allow4',
+      'flush set inet moat deny4',
+      'flush set inet moat learned4',
+    ]);
+    const expected: Record<string, string[]> = {};
+    if (allow4) expected.allow4 = allow4;
+    if (deny4) expected.deny4 = deny4;
+    expect(added(line)).toEqual(expected);
+    expect(commands).toHaveLength(3 + Object.keys(expected).length);
+  });
+
+  it('writes learned addresses with whole seconds left, rounded up, at least 1 s; expired and IPv6 ones are left out', () => {
+    const line = policySets(
+      policyOf({ allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] }),
+      [
+        learned('1.1.1.1', 300_000),
+        learned('1.1.1.2', 299_001),
+        learned('1.1.1.3', 1_500),
+        learned('1.1.1.4', 1),
+        learned('1.1.1.5', 0),
+        learned('1.1.1.6', -5_000),
+        learned('2001:db8::1', 60_000),
+      ],
+      NOW,
+    );
+    expect(line).not.toContain('\n');
+    expect(added(line).learned4).toEqual([
+      '1.1.1.1 timeout 300s',
+      '1.1.1.2 timeout 300s',
+      '1.1.1.3 timeout 2s',
+      '1.1.1.4 timeout 1s',
+    ]);
+  });
+
+  it('lockdown empties allow4 and learned4 and denies all of IPv4', () => {
+    expect(lockdownSets()).toBe(
+      'flush set inet moat allow4; flush set inet moat deny4; flush set inet moat learned4; add element inet moat deny4 { 0.0.0.0/0 }',
+    );
+  });
+});
+
+describe('kernel rules: learned addresses', () => {
+  it('adds, deletes and adds again with the new timeout, leaving expired ones out of the last add', () => {
+    const line = learnedElements(
+      [learned('1.1.1.1', 60_000), learned('1.1.1.2', 0), learned('1.1.1.3', 10)],
+      NOW,
+    );
+    expect(line).toBe(
+      'add element inet moat learned4 { 1.1.1.1, 1.1.1.2, 1.1.1.3 }; ' +
+        'delete element inet moat learned4 { 1.1.1.1, 1.1.1.2, 1.1.1.3 }; ' +
+        'add element inet moat learned4 { 1.1.1.1 timeout 60s, 1.1.1.3 timeout 1s }',
+    );
+  });
+
+  it('is empty when nothing is IPv4', () => {
+    expect(learnedElements([], NOW)).toBe('');
+    expect(learnedElements([learned('2001:db8::1', 60_000)], NOW)).toBe('');
+  });
+});
+
+describe('kernel rules: the host table', () => {
+  it('opens only the gateway ports to sandbox links, separates links and masquerades the pool', () => {
+    const line = hostRuleset(LAYOUT);
+    expect(line).not.toContain('\n');
+    const table = tableOf(line);
+    expect(table.commands.slice(0, 2)).toEqual([
+      'table inet moat_abc123',
+      'delete table inet moat_abc123',
+    ]);
+    expect(table.sets).toEqual({});
+    expect(table.chains).toEqual({
+      from_sandboxes: [
+        'type filter hook input priority filter',
+        'policy accept',
+        'iifname "mtabc123-*" ct state established,related accept',
+        'iifname "mtabc123-*" ip daddr 10.216.0.1 udp dport 53 accept',
+        'iifname "mtabc123-*" ip daddr 10.216.0.1 tcp dport { 53, 3128, 3129 } accept',
+        'iifname "mtabc123-*" drop',
+      ],
+      between_sandboxes: [
+        'type filter hook forward priority filter',
+        'policy accept',
+        'iifname "mtabc123-*" oifname "mtabc123-*" drop',
+      ],
+      leaving_host: [
+        'type nat hook postrouting priority srcnat',
+        'policy accept',
+        'ip saddr 10.216.0.0/24 oifname != "mtabc123-*" masquerade',
+      ],
+    });
+    expect(removeHostRuleset('moat_abc123')).toBe(
+      'table inet moat_abc123; delete table inet moat_abc123',
+    );
+  });
+});
+
+// --- property: allow4/deny4 against a reference -------------------------------------------------
+
+const octets = (word: number) =>
+  [word >>> 24, (word >>> 16) & 255, (word >>> 8) & 255, word & 255].join('.');
+const maskOf = (length: number) => (length === 0 ? 0 : (~0 << (32 - length)) >>> 0);
+
+/** An IPv4 rule as nft gets it: network address and prefix length; undefined for anything else. */
+function refIPv4(entry: string): string | undefined {
+  const match = /^(::ffff:)?(\d+)\.(\d+)\.(\d+)\.(\d+)(?:\/(\d+))?$/.exec(entry);
+  if (!match) return undefined;
+  const mapped = match[1] !== undefined;
+  const length = match[6] === undefined ? 32 : Number(match[6]) - (mapped ? 96 : 0);
+  const word = match.slice(2, 6).reduce((w, part) => ((w << 8) | Number(part)) >>> 0, 0);
+  return `${octets((word & maskOf(length)) >>> 0)}/${length}`;
+}
+
+const v4Word = fc.oneof(
+  fc.integer({ min: 1, max: 0xffffffff }),
+  // A few /16s so that rules overlap and repeat.
+  fc
+    .tuple(fc.constantFrom(0x08080000, 0x5db80000, 0xc0a80000), fc.integer({ min: 0, max: 0xffff }))
+    .map(([base, low]) => base + low),
+);
+/** IPv4 rules as a user writes them (plain, CIDR with or without host bits, IPv4-mapped). */
+const v4Entry = fc
+  .tuple(v4Word, fc.integer({ min: 0, max: 33 }), fc.boolean())
+  .map(([word, length, mapped]) => {
+    const text = octets(word);
+    const suffix = length === 33 ? '' : `/${mapped ? length + 96 : length}`;
+    return `${mapped ? '::ffff:' : ''}${text}${suffix}`;
+  })
+  // The unspecified network is not a rule (only 0.0.0.0/0 in denyOut, added apart).
+  .filter((entry) => !refIPv4(entry)!.startsWith('0.0.0.0/'));
+const v6Entry = fc.constantFrom('2001:db8::/32', '2606:4700::1111', 'fd00::/8', '::1');
+const nameEntry = fc.constantFrom('example.com', '*.example.org', 'api.example.net');
+
+const policyInput = fc
+  .record({
+    allowAddresses: fc.array(fc.oneof(v4Entry, v4Entry, v6Entry), { maxLength: 12 }),
+    names: fc.array(nameEntry, { maxLength: 3 }),
+    deny: fc.array(fc.oneof(v4Entry, v4Entry, v6Entry, fc.constant('::/0')), { maxLength: 12 }),
+    allTraffic: fc.boolean(),
+    access: fc.constantFrom(true, false, undefined),
+  })
+  .map(({ allowAddresses, names, deny, allTraffic, access }) => {
+    const denyAll = allTraffic || access === false;
+    const denyOut = allTraffic ? [...deny, '0.0.0.0/0'] : deny;
+    // Names need a deny-all policy (ALL_TRAFFIC_MESSAGE otherwise).
+    const allowOut = denyAll ? [...allowAddresses, ...names] : allowAddresses;
+    const rules: Record<string, unknown> = { allowOut, denyOut };
+    if (access !== undefined) rules.allow_internet_access = access;
+    return { rules, allowOut, denyOut, denyAll };
+  });
+
+function referenceSets(input: { allowOut: string[]; denyOut: string[]; denyAll: boolean }) {
+  const v4 = (entries: string[]) =>
+    entries.map(refIPv4).filter((cidr): cidr is string => cidr !== undefined);
+  return {
+    allow4: v4(input.allowOut),
+    deny4: input.denyAll ? ['0.0.0.0/0'] : v4(input.denyOut),
+  };
+}
+
+describe('kernel rules: property', () => {
+  it('allow4 and deny4 hold exactly the IPv4 address rules of the input', () => {
+    fc.assert(
+      fc.property(policyInput, (input) => {
+        const line = policySets(policyOf(input.rules), [], NOW);
+        expect(line).not.toContain('\n');
+        const sets = added(line);
+        const expected = referenceSets(input);
+        expect(sets.allow4 ?? []).toEqual(expected.allow4);
+        expect(sets.deny4 ?? []).toEqual(expected.deny4);
+        expect(sets.learned4).toBeUndefined();
+      }),
+      { numRuns: 2000 },
+    );
+  });
+});
+
+// --- the kernel: every line applied in a scratch namespace --------------------------------------
+
+const IP_TOOL = '/usr/sbin/ip';
+const NFT = '/usr/sbin/nft';
+const NSENTER = '/usr/bin/nsenter';
+const kernelSkip =
+  process.getuid?.() !== 0
+    ? 'not running as root'
+    : [IP_TOOL, NFT, NSENTER].find((tool) => !existsSync(tool)) !== undefined
+      ? `${[IP_TOOL, NFT, NSENTER].find((tool) => !existsSync(tool))} is missing`
+      : undefined;
+if (kernelSkip !== undefined) {
+  console.warn(`test/enforce/kernel-rules: kernel checks skipped: ${kernelSkip}`);
+}
+
+/** An address interval, inclusive, as 32-bit numbers. */
+type Interval = readonly [number, number];
+
+const toWord = (text: string) =>
+  text.split('.').reduce((word, part) => ((word << 8) | Number(part)) >>> 0, 0);
+
+/** Sorted, with overlapping and adjacent intervals joined: one spelling per address set. */
+function merged(intervals: Interval[]): Interval[] {
+  const sorted = [...intervals].sort((a, b) => a[0] - b[0]);
+  const out: Array<[number, number]> = [];
+  for (const [from, to] of sorted) {
+    const last = out.at(-1);
+    if (last && from <= last[1] + 1) last[1] = Math.max(last[1], to);
+    else out.push([from, to]);
+  }
+  return out;
+}
+
+const cidrInterval = (cidr: string): Interval => {
+  const [address, length] = cidr.split('/');
+  const from = toWord(address!);
+  return [from, (from + 2 ** (32 - Number(length)) - 1) >>> 0];
+};
+
+type NftElement =
+  | string
+  | { prefix: { addr: string; len: number } }
+  | { range: [string, string] }
+  | { elem: { val: string; timeout?: number; expires?: number } };
+
+describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel', () => {
+  const namespace = `moat-kr-${process.pid}`;
+
+  const nft = (line: string) => {
+    const ran = spawnSync(NSENTER, [`--net=/run/netns/${namespace}`, NFT, '-f', '-'], {
+      input: `${line}\n`,
+      encoding: 'utf8',
+    });
+    expect(ran.status, `${line}\n${ran.stderr}`).toBe(0);
+  };
+  const elementsOf = (set: string, table = 'inet moat'): NftElement[] => {
+    const listed = execFileSync(
+      NSENTER,
+      [`--net=/run/netns/${namespace}`, NFT, '-j', 'list', 'set', ...table.split(' '), set],
+      { encoding: 'utf8' },
+    );
+    const items = (JSON.parse(listed) as { nftables: Array<{ set?: { elem?: NftElement[] } }> })
+      .nftables;
+    return items.find((item) => item.set)!.set!.elem ?? [];
+  };
+  /** An interval set's contents, as merged intervals. */
+  const intervalsOf = (set: string): Interval[] =>
+    merged(
+      elementsOf(set).map((element): Interval => {
+        if (typeof element === 'string') return [toWord(element), toWord(element)];
+        if ('prefix' in element)
+          return cidrInterval(`${element.prefix.addr}/${element.prefix.len}`);
+        if ('range' in element) return [toWord(element.range[0]), toWord(element.range[1])];
+        throw new Error(`unexpected element ${JSON.stringify(element)}`);
+      }),
+    );
+  /** The learned set: address -> timeout in seconds (undefined: none). */
+  const timeoutsOf = (): Record<string, number | undefined> =>
+    Object.fromEntries(
+      elementsOf('learned4').map((element) =>
+        typeof element === 'string'
+          ? [element, undefined]
+          : 'elem' in element
+            ? [element.elem.val, element.elem.timeout]
+            : [JSON.stringify(element), undefined],
+      ),
+    );
+  const expectIntervals = (set: string, cidrs: string[]) =>
+    expect(intervalsOf(set), set).toEqual(merged(cidrs.map(cidrInterval)));
+
+  beforeAll(() => {
+    execFileSync(IP_TOOL, ['netns', 'add', namespace], { stdio: 'pipe' });
+  });
+  afterAll(() => {
+    execFileSync(IP_TOOL, ['netns', 'delete', namespace], { stdio: 'pipe' });
+  });
+
+  it('takes the sandbox table, also over an earlier one, with every destination denied', () => {
+    const line = sandboxRuleset(LAYOUT, { host: LINK_HOST });
+    nft(line);
+    nft(line);
+    expectIntervals('internal4', ['169.254.0.0/16', '100.64.0.0/10']);
+    expectIntervals('deny4', ['0.0.0.0/0']);
+    expectIntervals('allow4', []);
+    expect(timeoutsOf()).toEqual({});
+  });
+
+  it('takes policy sets and holds what they name', () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(
+      policySets(
+        policyOf({
+          allowOut: ['1.2.3.4', '10.1.2.3/8', '10.9.0.0/16', 'example.com', '2001:db8::/32'],
+          denyOut: ['0.0.0.0/0'],
+        }),
+        [learned('1.1.1.1', 300_000), learned('1.1.1.3', 1_500), learned('1.1.1.6', -1)],
+        NOW,
+      ),
+    );
+    expectIntervals('allow4', ['1.2.3.4/32', '10.0.0.0/8']);
+    expectIntervals('deny4', ['0.0.0.0/0']);
+    expect(timeoutsOf()).toEqual({ '1.1.1.1': 300, '1.1.1.3': 2 });
+
+    // The next publish replaces all three sets.
+    nft(
+      policySets(
+        policyOf({ denyOut: ['9.9.9.9', '203.0.113.0/24', '::/0'] }),
+        [learned('1.1.1.2', 60_000)],
+        NOW,
+      ),
+    );
+    expectIntervals('allow4', []);
+    expectIntervals('deny4', ['9.9.9.9/32', '203.0.113.0/24']);
+    expect(timeoutsOf()).toEqual({ '1.1.1.2': 60 });
+  });
+
+  it('moves a learned address out to its new timeout, and drops one that has expired', () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(learnedElements([learned('1.1.1.1', 5_000), learned('1.1.1.2', 5_000)], NOW));
+    expect(timeoutsOf()).toEqual({ '1.1.1.1': 5, '1.1.1.2': 5 });
+    nft(learnedElements([learned('1.1.1.1', 120_000), learned('1.1.1.2', 0)], NOW));
+    expect(timeoutsOf()).toEqual({ '1.1.1.1': 120 });
+  });
+
+  it('takes the lockdown after any policy', () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(policySets(policyOf({ allowOut: ['8.8.8.8'] }), [learned('1.1.1.1', 60_000)], NOW));
+    nft(lockdownSets());
+    expectIntervals('allow4', []);
+    expectIntervals('deny4', ['0.0.0.0/0']);
+    expect(timeoutsOf()).toEqual({});
+  });
+
+  it('takes a layout whose listeners share a port', () => {
+    const shared = { ...LAYOUT, ports: { dns: 5353, proxy: 3128, transparent: 3128 } };
+    nft(sandboxRuleset(shared, { host: LINK_HOST }));
+    nft(hostRuleset(shared));
+    nft(removeHostRuleset(shared.hostTable));
+  });
+
+  it('takes the host table, and its removal twice', () => {
+    nft(hostRuleset(LAYOUT));
+    nft(hostRuleset(LAYOUT));
+    const tables = () =>
+      execFileSync(NSENTER, [`--net=/run/netns/${namespace}`, NFT, 'list', 'tables'], {
+        encoding: 'utf8',
+      });
+    expect(tables()).toContain('table inet moat_abc123');
+    nft(removeHostRuleset(LAYOUT.hostTable));
+    nft(removeHostRuleset(LAYOUT.hostTable));
+    expect(tables()).not.toContain('moat_abc123');
+  });
+
+  it('holds exactly the IPv4 address rules of generated policies', () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    fc.assert(
+      fc.property(policyInput, (input) => {
+        nft(policySets(policyOf(input.rules), [], NOW));
+        const expected = referenceSets(input);
+        expectIntervals('allow4', expected.allow4);
+        expectIntervals('deny4', expected.deny4);
+      }),
+      { numRuns: 40 },
+    );
+  });
+});

@@ -23,7 +23,7 @@ import { parseArgs } from 'node:util';
 import { Redis } from 'ioredis';
 import { startMoatServe, type MoatServe } from './lib/moat-serve.js';
 import { forkReady, printHeading, runInScratchFolder } from './lib/procs.js';
-import { formatMs, formatRatio, markdownTable } from './lib/table.js';
+import { formatMs, markdownTable, percentileRow } from './lib/table.js';
 import { percentile } from './lib/timing.js';
 
 const CHANGES = 200;
@@ -194,20 +194,14 @@ async function run(dir: string, strict: boolean): Promise<void> {
       }
     }
     console.log(`${CHANGES} changes through C and ${CHANGES} through B done\n`);
-    const row = (label: string, values: number[], peer: number[], q: number) => [
-      label,
-      `${formatMs(percentile(values, q))} ms`,
-      `${formatMs(percentile(peer, q))} ms`,
-      formatRatio(percentile(values, q) / percentile(peer, q)),
-    ];
     console.log(
       markdownTable(
         ['measure', 'through C (replica)', 'peer: through B (owner)', 'ratio'],
         [
-          row('204 to enforced on B, p50', delays.cluster, delays.owner, 0.5),
-          row('204 to enforced on B, p99', delays.cluster, delays.owner, 0.99),
-          row('PUT round trip, p50', putMs.cluster, putMs.owner, 0.5),
-          row('PUT round trip, p99', putMs.cluster, putMs.owner, 0.99),
+          percentileRow('204 to enforced on B, p50', delays.cluster, delays.owner, 0.5),
+          percentileRow('204 to enforced on B, p99', delays.cluster, delays.owner, 0.99),
+          percentileRow('PUT round trip, p50', putMs.cluster, putMs.owner, 0.5),
+          percentileRow('PUT round trip, p99', putMs.cluster, putMs.owner, 0.99),
         ],
       ),
     );

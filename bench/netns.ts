@@ -29,7 +29,7 @@ import { loadConfig } from '../src/config.js';
 import { bubblewrapWorks, namespacesWork } from '../src/runtime/index.js';
 import { printHeading, runInScratchFolder } from './lib/procs.js';
 import { scratchMoatFlags } from './lib/scratch.js';
-import { formatMs, formatRatio, markdownTable } from './lib/table.js';
+import { formatMs, markdownTable, percentileRow } from './lib/table.js';
 import { percentile } from './lib/timing.js';
 import { World, WORLD_PORTS } from './lib/world.js';
 
@@ -238,35 +238,29 @@ async function run(dir: string, strict: boolean): Promise<void> {
     }
     process.stdout.write(`${CHANGES} policy changes done\n\n`);
 
-    const row = (label: string, values: number[], peer: number[], q: number) => [
-      label,
-      `${formatMs(percentile(values, q))} ms`,
-      `${formatMs(percentile(peer, q))} ms`,
-      formatRatio(percentile(values, q) / percentile(peer, q)),
-    ];
     console.log(
       markdownTable(
         ['measure', 'Moat', 'peer', 'Moat / peer'],
         [
-          row(
+          percentileRow(
             `create p50 (${CREATES}; peer: shared network)`,
             createMs.namespace,
             createMs.shared,
             0.5,
           ),
-          row(
+          percentileRow(
             `create p99 (${CREATES}; peer: shared network)`,
             createMs.namespace,
             createMs.shared,
             0.99,
           ),
-          row(
+          percentileRow(
             `PUT network to live p50 (${CHANGES}; peer: nft -f per change)`,
             live.moat,
             live.naive,
             0.5,
           ),
-          row(
+          percentileRow(
             `PUT network to live p99 (${CHANGES}; peer: nft -f per change)`,
             live.moat,
             live.naive,

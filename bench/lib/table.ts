@@ -1,4 +1,5 @@
 /** Markdown tables and number formatting for benchmark reports. */
+import { percentile } from './timing.js';
 
 export type Align = 'left' | 'right';
 
@@ -61,4 +62,18 @@ export function formatBytes(bytes: number): string {
   if (Math.abs(bytes) < 1e5) return `${(bytes / 1e3).toFixed(1)} kB`;
   const mb = bytes / 1e6;
   return `${mb >= 100 ? mb.toFixed(0) : mb >= 10 ? mb.toFixed(1) : mb.toFixed(2)} MB`;
+}
+
+/**
+ * One row of a Moat-vs-peer latency table: the `q` percentile of each and their ratio,
+ * milliseconds in, milliseconds out.
+ */
+export function percentileRow(
+  label: string,
+  moat: readonly number[],
+  peer: readonly number[],
+  q: number,
+): string[] {
+  const [mine, theirs] = [percentile(moat, q), percentile(peer, q)];
+  return [label, `${formatMs(mine)} ms`, `${formatMs(theirs)} ms`, formatRatio(mine / theirs)];
 }

@@ -13,6 +13,7 @@ import { execFile, execFileSync } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
+import { processRuns } from '../process-alive.js';
 
 const IP = '/usr/sbin/ip';
 const NETNS_DIR = '/run/netns';
@@ -70,16 +71,6 @@ export function namespacesWork(): { ok: boolean; reason: string } {
     } catch {
       // It was never made.
     }
-  }
-}
-
-function processRuns(pid: number): boolean {
-  if (!Number.isSafeInteger(pid) || pid <= 0) return false;
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 

@@ -20,6 +20,7 @@ import { type FileHandle, mkdir, open, readFile, rename, rm, writeFile } from 'n
 import path from 'node:path';
 import { crc32 } from 'node:zlib';
 import { type JsonValue, type Store, type StoreChange, StoreUnavailableError } from './store.js';
+import { processRuns } from '../process-alive.js';
 
 const LOG_HEADER = 'moat-store-log v1';
 const STATE_HEADER = 'moat-store-state v1';
@@ -341,7 +342,7 @@ async function takeLock(dir: string): Promise<void> {
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
     const holder = Number.parseInt(readFileSync(lockPath, 'utf8'), 10);
-    if (isRunning(holder) && (holder !== process.pid || openHere.has(dir))) {
+    if (processRuns(holder) && (holder !== process.pid || openHere.has(dir))) {
       throw new StoreOpenError(
         `the data folder ${dir} is in use by process ${holder}; stop that Moat or choose another --data-dir`,
       );
@@ -354,14 +355,4 @@ async function takeLock(dir: string): Promise<void> {
 async function releaseLock(dir: string): Promise<void> {
   openHere.delete(dir);
   await rm(path.join(dir, 'lock'), { force: true });
-}
-
-function isRunning(pid: number): boolean {
-  if (!Number.isSafeInteger(pid) || pid <= 0) return false;
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === 'EPERM';
-  }
 }

@@ -118,6 +118,17 @@ function connectFromHost(host: string, port: number): Promise<void> {
 
 describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own namespace', () => {
   let world: World;
+  /** One more origin address in the world (its servers listen on every address). */
+  const addWorldAddress = (address: string) =>
+    execFileSync('/usr/sbin/ip', [
+      '-n',
+      world.namespace,
+      'addr',
+      'add',
+      `${address}/24`,
+      'dev',
+      'eth0',
+    ]);
   let harness: SdkMoat;
   const zone = new Map<string, ZoneEntry>([
     ['allowed.test', { A: [ALLOWED_IP!], ttl: 300 }],
@@ -127,15 +138,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
 
   beforeAll(async () => {
     world = await World.create('e2e', PREFIX);
-    execFileSync('/usr/sbin/ip', [
-      '-n',
-      world.namespace,
-      'addr',
-      'add',
-      `${INTERNAL_IP}/24`,
-      'dev',
-      'eth0',
-    ]);
+    addWorldAddress(INTERNAL_IP);
     harness = await startSdkMoat({
       zone,
       flags: {
@@ -454,15 +457,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
 
   it('closes a learned address when its TTL runs out', async () => {
     const address = `${PREFIX}.10`;
-    execFileSync('/usr/sbin/ip', [
-      '-n',
-      world.namespace,
-      'addr',
-      'add',
-      `${address}/24`,
-      'dev',
-      'eth0',
-    ]);
+    addWorldAddress(address);
     zone.set('brief.test', { A: [address], ttl: 1 });
     const sandbox = await sandboxWith({
       network: { allowOut: ['brief.test'], denyOut: ['0.0.0.0/0'] },
@@ -510,15 +505,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     const names = Array.from({ length: count }, (_, i) => `n${i}.race.test`);
     names.forEach((name, i) => {
       const address = `${PREFIX}.${100 + i}`;
-      execFileSync('/usr/sbin/ip', [
-        '-n',
-        world.namespace,
-        'addr',
-        'add',
-        `${address}/24`,
-        'dev',
-        'eth0',
-      ]);
+      addWorldAddress(address);
       zone.set(name, { A: [address], ttl: 300 });
     });
     const network = { allowOut: ['*.race.test'], denyOut: ['0.0.0.0/0'] };

@@ -17,7 +17,16 @@ import {
   type StoreChange,
   StoreOpenError,
 } from '../../src/store/index.js';
-import { contents, del, describeStoreContract, put } from './store-contract.js';
+import {
+  applyToModel,
+  changeOf,
+  contents,
+  del,
+  describeStoreContract,
+  expectMatches,
+  put,
+  type StoreModel,
+} from './store-contract.js';
 
 const folders: string[] = [];
 const opened: FileStore[] = [];
@@ -304,7 +313,6 @@ describe('FileStore names', () => {
   });
 });
 
-type Model = Map<string, Map<string, JsonValue>>;
 type Step =
   | { readonly kind: 'commit'; readonly changes: StoreChange[] }
   | { readonly kind: 'reopen'; readonly compactAfterBytes: number }
@@ -312,12 +320,7 @@ type Step =
 
 // '__proto__' as a collection name has its own test below.
 const COLLECTIONS = ['sandboxes', 'templates', 'constructor'];
-const KEYS = ['a', 'b', 'c d', 'é\n', '__proto__', 'constructor'];
-const change = fc.record({
-  collection: fc.constantFrom(...COLLECTIONS),
-  key: fc.constantFrom(...KEYS),
-  value: fc.oneof(fc.constant(null), fc.jsonValue({ maxDepth: 2 })) as fc.Arbitrary<JsonValue>,
-});
+const change = changeOf(COLLECTIONS);
 const step: fc.Arbitrary<Step> = fc.oneof(
   { weight: 6, arbitrary: fc.record({ kind: fc.constant('commit'), changes: fc.array(change) }) },
   {
@@ -336,29 +339,12 @@ const step: fc.Arbitrary<Step> = fc.oneof(
   },
 ) as fc.Arbitrary<Step>;
 
-function applyToModel(model: Model, changes: readonly StoreChange[]): void {
-  for (const { collection, key, value } of changes) {
-    // The store holds what JSON carries (-0 becomes 0, and so on).
-    const stored = JSON.parse(JSON.stringify(value)) as JsonValue;
-    if (!model.has(collection)) model.set(collection, new Map());
-    if (stored === null) model.get(collection)!.delete(key);
-    else model.get(collection)!.set(key, stored);
-  }
-}
-
-async function expectMatches(store: FileStore, model: Model): Promise<void> {
-  for (const name of COLLECTIONS) {
-    expect(new Map(await store.list(name))).toEqual(model.get(name) ?? new Map());
-    for (const key of KEYS) expect(await store.get(name, key)).toEqual(model.get(name)?.get(key));
-  }
-}
-
 describe('FileStore against a Map model', () => {
   // Commits and plain reopens alone are in the contract; this adds what files go through.
   it('agrees after random commits, reopens, compactions and torn tails', async () => {
     await fc.assert(
       fc.asyncProperty(fc.array(step, { maxLength: 25 }), async (steps) => {
-        const model: Model = new Map();
+        const model: StoreModel = new Map();
         let store = await openStore(freshDir(), { compactAfterBytes: 256 });
         for (const s of steps) {
           if (s.kind === 'commit') {
@@ -375,11 +361,11 @@ describe('FileStore against a Map model', () => {
             });
             expect(warnings).toHaveLength(s.kind === 'tear' ? 1 : 0);
           }
-          await expectMatches(store, model);
+          await expectMatches(store, model, COLLECTIONS);
         }
         await close(store);
         store = await openStore(store.location);
-        await expectMatches(store, model);
+        await expectMatches(store, model, COLLECTIONS);
         await close(store);
       }),
       { numRuns: 60 },

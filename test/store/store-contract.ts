@@ -36,23 +36,29 @@ export async function contents(store: Store, collections: readonly string[]) {
   return out;
 }
 
-type Model = Map<string, Map<string, JsonValue>>;
+/** What a store should hold, for model tests: collection -> key -> value. */
+export type StoreModel = Map<string, Map<string, JsonValue>>;
 type Step =
   { readonly kind: 'commit'; readonly changes: StoreChange[] } | { readonly kind: 'reopen' };
 
+/** Keys that trip naive object-backed maps, and a few ordinary ones. */
+export const MODEL_KEYS = ['a', 'b', 'c d', 'é\n', '__proto__', 'constructor'];
 const COLLECTIONS = ['sandboxes', 'templates', 'constructor', '__proto__'];
-const KEYS = ['a', 'b', 'c d', 'é\n', '__proto__', 'constructor'];
-const change = fc.record({
-  collection: fc.constantFrom(...COLLECTIONS),
-  key: fc.constantFrom(...KEYS),
-  value: fc.oneof(fc.constant(null), fc.jsonValue({ maxDepth: 2 })) as fc.Arbitrary<JsonValue>,
-});
+
+/** A random change of one of `collections` (a put, or a delete when the value is null). */
+export const changeOf = (collections: readonly string[]): fc.Arbitrary<StoreChange> =>
+  fc.record({
+    collection: fc.constantFrom(...collections),
+    key: fc.constantFrom(...MODEL_KEYS),
+    value: fc.oneof(fc.constant(null), fc.jsonValue({ maxDepth: 2 })) as fc.Arbitrary<JsonValue>,
+  });
+const change = changeOf(COLLECTIONS);
 const step: fc.Arbitrary<Step> = fc.oneof(
   { weight: 6, arbitrary: fc.record({ kind: fc.constant('commit'), changes: fc.array(change) }) },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant('reopen') }) },
 ) as fc.Arbitrary<Step>;
 
-function applyToModel(model: Model, changes: readonly StoreChange[]): void {
+export function applyToModel(model: StoreModel, changes: readonly StoreChange[]): void {
   for (const { collection, key, value } of changes) {
     // The store holds what JSON carries (-0 becomes 0, and so on).
     const stored = JSON.parse(JSON.stringify(value)) as JsonValue;
@@ -62,10 +68,16 @@ function applyToModel(model: Model, changes: readonly StoreChange[]): void {
   }
 }
 
-async function expectMatches(store: Store, model: Model): Promise<void> {
-  for (const name of COLLECTIONS) {
+/** The store holds exactly what the model says, read with both list and get. */
+export async function expectMatches(
+  store: Store,
+  model: StoreModel,
+  collections: readonly string[] = COLLECTIONS,
+): Promise<void> {
+  for (const name of collections) {
     expect(new Map(await store.list(name))).toEqual(model.get(name) ?? new Map());
-    for (const key of KEYS) expect(await store.get(name, key)).toEqual(model.get(name)?.get(key));
+    for (const key of MODEL_KEYS)
+      expect(await store.get(name, key)).toEqual(model.get(name)?.get(key));
   }
 }
 
@@ -176,7 +188,7 @@ export function describeStoreContract(name: string, open: () => Promise<StoreSub
         fc.asyncProperty(fc.array(step, { maxLength: 25 }), async (steps) => {
           const subject = await open();
           try {
-            const model: Model = new Map();
+            const model: StoreModel = new Map();
             let store = subject.store;
             for (const s of steps) {
               if (s.kind === 'commit') {

@@ -23,6 +23,7 @@ import { pino } from 'pino';
 import { startMoat } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
 import { compilePolicy, parseNetworkConfig } from '../src/policy/index.js';
+import { readBufferBytes } from '../src/proxy/splice.js';
 import { BENCH_SANDBOX_ID, BENCH_SECRET, ORIGIN_NAME } from './proxy-common.js';
 import { scratchMoatFlags } from './lib/scratch.js';
 
@@ -175,7 +176,7 @@ async function main(): Promise<void> {
         }
       }
       const memory = process.memoryUsage();
-      process.send?.({ metrics: counts, memory });
+      process.send?.({ metrics: counts, memory, readBuffers: readBufferBytes() });
     });
   });
   process.send?.({ ready: moat.listening.proxy.port });

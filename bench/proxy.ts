@@ -19,9 +19,9 @@
  * - squid (Debian package; apt-get installs it when missing) with a minimal loopback config;
  * - load client: bench/proxy-client.ts, raw sockets, the same code for all three modes.
  *
- * Besides the three, "Moat+x" runs the bulk and GET workloads through a second Moat process
- * with bench/proxy-experiment.ts loaded: an EXPERIMENT (large-read splice; an http.Agent that
- * keeps its idle upstream connections) reported in a table of its own, never as Moat's number.
+ * Besides the three, "Moat+x" runs the GET workload through a second Moat process with
+ * bench/proxy-experiment.ts loaded: an EXPERIMENT (an http.Agent that keeps its idle upstream
+ * connections) reported in a table of its own, never as Moat's number.
  * Each run also records CPU time of every process (from /proc), the rest of the machine's CPU
  * (noise), Moat's event-loop delay and how many connections the origin saw.
  *
@@ -31,9 +31,8 @@
  * target fails), --keep (keep the scratch folder with logs). Diagnostics: --profile (Moat under
  * `node --cpu-prof`, with a summary of where its CPU time went), --node-flags="..." (extra node
  * flags for Moat, e.g. --max-semi-space-size=64), --moat-import=FILE (an extra `--import`
- * module for Moat's process). MOAT_EXPERIMENT_READ_KIB sets the experiment's read buffer
- * (default 1024). Every child process is bounded in time and stopped on exit, error, SIGINT and
- * SIGTERM, and when this process dies.
+ * module for Moat's process). Every child process is bounded in time and stopped on exit,
+ * error, SIGINT and SIGTERM, and when this process dies.
  */
 import type { ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
@@ -80,7 +79,7 @@ type Workload = 'tunnels' | 'rate' | 'bulk' | 'get';
 const WORKLOADS: readonly Workload[] = ['tunnels', 'rate', 'bulk', 'get'];
 const MODES: readonly Mode[] = ['moat', 'squid', 'direct'];
 /** Workloads the experiment (bench/proxy-experiment.ts) changes, and so is measured in. */
-const EXPERIMENT_WORKLOADS: readonly Workload[] = ['bulk', 'get'];
+const EXPERIMENT_WORKLOADS: readonly Workload[] = ['get'];
 /** How long a forked script may take to say it is ready. */
 const START_TIMEOUT_MS = 60_000;
 const LABEL: Record<Mode, string> = {
@@ -111,7 +110,7 @@ interface Options {
   readonly profile: boolean;
   readonly nodeFlags: readonly string[];
   readonly moatImport: string | undefined;
-  /** Also measure bulk and GET through Moat with bench/proxy-experiment.ts loaded. */
+  /** Also measure GET through Moat with bench/proxy-experiment.ts loaded. */
   readonly experiment: boolean;
   readonly keep: boolean;
   readonly strict: boolean;
@@ -465,7 +464,7 @@ async function run(options: Options, dir: string): Promise<void> {
     direct: { mode: 'direct' },
     experiment: { mode: 'experiment', proxy: { host: '127.0.0.1', port: experiment?.ready ?? 0 } },
   };
-  /** The runs of a workload in a round: Moat, squid, direct, and the experiment (bulk, GET). */
+  /** The runs of a workload in a round: Moat, squid, direct, and the experiment (GET). */
   const runners = (workload: Workload): Mode[] =>
     experiment && EXPERIMENT_WORKLOADS.includes(workload) ? [...modes, 'experiment'] : [...modes];
 
@@ -490,14 +489,11 @@ async function run(options: Options, dir: string): Promise<void> {
         : '',
       `- direct: the same client straight to the origin (origin-form requests, no CONNECT).`,
       experiment
-        ? `- Moat+x (127.0.0.1:${experiment.ready}), bulk and GET only, an EXPERIMENT and not ` +
+        ? `- Moat+x (127.0.0.1:${experiment.ready}), GET only, an EXPERIMENT and not ` +
           "Moat's code: a second Moat process, the same harness, with bench/proxy-experiment.ts " +
-          'loaded (node --import): splice.ts swapped for bench/proxy-experiment-splice.ts, ' +
-          'upstream sockets reading into recycled ' +
-          `${Number(process.env.MOAT_EXPERIMENT_READ_KIB ?? '1024')} KiB buffers ('onread') ` +
-          'instead of a fresh 64 KiB buffer per read piped to the client; the http.Agent for ' +
-          'absolute-form requests keeping up to 1,024 idle upstream connections instead of 16 (and ' +
-          "dropping the 'timeout' listener Moat leaves on a pooled socket per request)."
+          'loaded (node --import): the http.Agent for absolute-form requests keeping up to ' +
+          "1,024 idle upstream connections instead of 16 (and dropping the 'timeout' listener " +
+          'Moat leaves on a pooled socket per request).'
         : '',
       `- load client (bench/proxy-client.ts): raw sockets; the same code and requests for every mode ` +
         '(the proxies get the same Proxy-Authorization header).',
@@ -567,12 +563,11 @@ async function run(options: Options, dir: string): Promise<void> {
         results.push(await measure(round, workload, mode, false));
 
   const moatCounts = moat
-    ? await ask<{ metrics: Record<string, number>; memory: NodeJS.MemoryUsage }>(
-        moat.child,
-        'metrics',
-        'metrics',
-        3000,
-      )
+    ? await ask<{
+        metrics: Record<string, number>;
+        memory: NodeJS.MemoryUsage;
+        readBuffers: { inUse: number; pooled: number };
+      }>(moat.child, 'metrics', 'metrics', 3000)
     : undefined;
 
   report(options, results);
@@ -583,9 +578,11 @@ async function run(options: Options, dir: string): Promise<void> {
       .join(', ');
     const mib = (n: number) => `${(n / 2 ** 20).toFixed(0)} MiB`;
     const { rss, heapUsed, external } = moatCounts.memory;
+    const { inUse, pooled } = moatCounts.readBuffers;
     console.log(
       `\nMoat's proxy counters over the whole run: ${counts}. Moat's memory at the end: ` +
-        `RSS ${mib(rss)}, heap used ${mib(heapUsed)}, external ${mib(external)}.`,
+        `RSS ${mib(rss)}, heap used ${mib(heapUsed)}, external ${mib(external)}; tunnel read ` +
+        `buffers ${mib(inUse)} in use, ${mib(pooled)} pooled.`,
     );
   }
   const warnings = moat ? readFileSync(moatLog, 'utf8').split('\n').filter(Boolean) : [];
@@ -863,23 +860,16 @@ function report(options: Options, results: Measured[]): void {
         ]);
       }
   };
-  if (workloads.includes('bulk'))
-    experimentRows('bulk', '(b) bulk MB/s', bulkMb, mb, {
-      label: 's per GB',
-      format: (v) => v.toFixed(2),
-    });
   if (workloads.includes('get'))
     experimentRows('get', '(c) GET/s', perSecond, num, { label: 'per GET', format: us });
   if (xRows.length > 0) {
-    console.log('\n## Experiment, not Moat (bench/proxy-experiment*.ts)\n');
+    console.log('\n## Experiment, not Moat (bench/proxy-experiment.ts)\n');
     console.log(
-      'Moat+x is a second Moat process with bench/proxy-experiment.ts loaded: (b) upstream ' +
-        'sockets read into recycled large buffers (onread) and the splice writes them on, instead ' +
-        "of Node's fresh 64 KiB buffer per read and pipe(); (c) the per-sandbox http.Agent keeps " +
-        'as many idle upstream connections as it may open (maxFreeSockets 16 -> 1,024), reuses ' +
-        "the most recent first, and drops the 'timeout' listener Moat leaves on a pooled socket " +
-        'per request. It shows what those changes to src/ would be worth; it is not ' +
-        "Moat's number and no verdict uses it.\n",
+      'Moat+x is a second Moat process with bench/proxy-experiment.ts loaded: (c) the ' +
+        'per-sandbox http.Agent keeps as many idle upstream connections as it may open ' +
+        '(maxFreeSockets 16 -> 1,024), reuses the most recent first, and drops the ' +
+        "'timeout' listener Moat leaves on a pooled socket per request. It shows what that " +
+        "change to src/ would be worth; it is not Moat's number and no verdict uses it.\n",
     );
     console.log(
       markdownTable(

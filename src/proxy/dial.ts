@@ -1,4 +1,4 @@
-import net from 'node:net';
+import type net from 'node:net';
 import type { HostResolver } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import {
@@ -8,6 +8,7 @@ import {
   formatDestination,
   type IPAddress,
 } from '../policy/index.js';
+import { connectUpstream } from './splice.js';
 
 /** A destination with its port known (the proxy always knows it). */
 export type Target = Destination & { readonly port: number };
@@ -136,7 +137,7 @@ export class Dialer {
 
   private tcpConnect(ip: IPAddress, port: number): Promise<net.Socket> {
     return new Promise((resolve, reject) => {
-      const socket = net.connect({ host: ip.text, port, noDelay: true });
+      const socket = connectUpstream({ host: ip.text, port, noDelay: true });
       const timer = setTimeout(() => {
         socket.destroy();
         reject(new Error('timeout'));

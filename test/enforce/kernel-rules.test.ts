@@ -259,9 +259,9 @@ describe('kernel rules: policy sets', () => {
     const line = policySets(
       policyOf({ allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] }),
       [
-        learned('1.1.1.1', 300_000),
-        learned('1.1.1.2', 299_001),
-        learned('1.1.1.3', 1_500),
+        learned('203.0.113.1', 300_000),
+        learned('203.0.113.2', 299_001),
+        learned('203.0.113.3', 1_500),
         learned('1.1.1.4', 1),
         learned('1.1.1.5', 0),
         learned('1.1.1.6', -5_000),
@@ -271,9 +271,9 @@ describe('kernel rules: policy sets', () => {
     );
     expect(line).not.toContain('\n');
     expect(added(line).learned4).toEqual([
-      '1.1.1.1 timeout 300s',
-      '1.1.1.2 timeout 300s',
-      '1.1.1.3 timeout 2s',
+      '203.0.113.1 timeout 300s',
+      '203.0.113.2 timeout 300s',
+      '203.0.113.3 timeout 2s',
       '1.1.1.4 timeout 1s',
     ]);
   });
@@ -288,13 +288,13 @@ describe('kernel rules: policy sets', () => {
 describe('kernel rules: learned addresses', () => {
   it('adds, deletes and adds again with the new timeout, leaving expired ones out of the last add', () => {
     const line = learnedElements(
-      [learned('1.1.1.1', 60_000), learned('1.1.1.2', 0), learned('1.1.1.3', 10)],
+      [learned('203.0.113.1', 60_000), learned('203.0.113.2', 0), learned('203.0.113.3', 10)],
       NOW,
     );
     expect(line).toBe(
-      'add element inet moat learned4 { 1.1.1.1, 1.1.1.2, 1.1.1.3 }; ' +
-        'delete element inet moat learned4 { 1.1.1.1, 1.1.1.2, 1.1.1.3 }; ' +
-        'add element inet moat learned4 { 1.1.1.1 timeout 60s, 1.1.1.3 timeout 1s }',
+      'add element inet moat learned4 { 203.0.113.1, 203.0.113.2, 203.0.113.3 }; ' +
+        'delete element inet moat learned4 { 203.0.113.1, 203.0.113.2, 203.0.113.3 }; ' +
+        'add element inet moat learned4 { 203.0.113.1 timeout 60s, 203.0.113.3 timeout 1s }',
     );
   });
 
@@ -535,38 +535,38 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
           allowOut: ['1.2.3.4', '10.1.2.3/8', '10.9.0.0/16', 'example.com', '2001:db8::/32'],
           denyOut: ['0.0.0.0/0'],
         }),
-        [learned('1.1.1.1', 300_000), learned('1.1.1.3', 1_500), learned('1.1.1.6', -1)],
+        [learned('203.0.113.1', 300_000), learned('203.0.113.3', 1_500), learned('1.1.1.6', -1)],
         NOW,
       ),
     );
     expectIntervals('allow4', ['1.2.3.4/32', '10.0.0.0/8']);
     expectIntervals('deny4', ['0.0.0.0/0']);
-    expect(timeoutsOf()).toEqual({ '1.1.1.1': 300, '1.1.1.3': 2 });
+    expect(timeoutsOf()).toEqual({ '203.0.113.1': 300, '203.0.113.3': 2 });
 
     // The next publish replaces all three sets.
     nft(
       policySets(
         policyOf({ denyOut: ['9.9.9.9', '203.0.113.0/24', '::/0'] }),
-        [learned('1.1.1.2', 60_000)],
+        [learned('203.0.113.2', 60_000)],
         NOW,
       ),
     );
     expectIntervals('allow4', []);
     expectIntervals('deny4', ['9.9.9.9/32', '203.0.113.0/24']);
-    expect(timeoutsOf()).toEqual({ '1.1.1.2': 60 });
+    expect(timeoutsOf()).toEqual({ '203.0.113.2': 60 });
   });
 
   it('moves a learned address out to its new timeout, and drops one that has expired', () => {
     nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
-    nft(learnedElements([learned('1.1.1.1', 5_000), learned('1.1.1.2', 5_000)], NOW));
-    expect(timeoutsOf()).toEqual({ '1.1.1.1': 5, '1.1.1.2': 5 });
-    nft(learnedElements([learned('1.1.1.1', 120_000), learned('1.1.1.2', 0)], NOW));
-    expect(timeoutsOf()).toEqual({ '1.1.1.1': 120 });
+    nft(learnedElements([learned('203.0.113.1', 5_000), learned('203.0.113.2', 5_000)], NOW));
+    expect(timeoutsOf()).toEqual({ '203.0.113.1': 5, '203.0.113.2': 5 });
+    nft(learnedElements([learned('203.0.113.1', 120_000), learned('203.0.113.2', 0)], NOW));
+    expect(timeoutsOf()).toEqual({ '203.0.113.1': 120 });
   });
 
   it('takes the lockdown after any policy', () => {
     nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
-    nft(policySets(policyOf({ allowOut: ['8.8.8.8'] }), [learned('1.1.1.1', 60_000)], NOW));
+    nft(policySets(policyOf({ allowOut: ['8.8.8.8'] }), [learned('203.0.113.1', 60_000)], NOW));
     nft(lockdownSets());
     expectIntervals('allow4', []);
     expectIntervals('deny4', ['0.0.0.0/0']);

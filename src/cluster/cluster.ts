@@ -122,10 +122,6 @@ export class Cluster {
     return id === this.self || this.view.has(id);
   }
 
-  node(id: string): NodeInfo | undefined {
-    return this.view.get(id);
-  }
-
   /**
    * The node as it announces itself now (read from the store, not the view: a node that
    * restarted may listen elsewhere); undefined when its heartbeat has lapsed.

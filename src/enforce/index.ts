@@ -16,9 +16,4 @@ export {
   KernelEnforcer,
   type KernelEnforcerOptions,
 } from './kernel.js';
-export {
-  type KernelLayout,
-  type LearnedElement,
-  REDIRECTED_PORTS,
-  removeHostRuleset,
-} from './kernel-rules.js';
+export { type KernelLayout, type LearnedElement, removeHostRuleset } from './kernel-rules.js';

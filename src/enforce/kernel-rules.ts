@@ -32,7 +32,7 @@ export interface LearnedElement {
 }
 
 /** TCP destination ports that go to the transparent listener when the address rules deny them. */
-export const REDIRECTED_PORTS = [80, 443] as const;
+const REDIRECTED_PORTS = [80, 443] as const;
 /** DNS over TLS: a resolver Moat cannot see into. */
 const DOT_PORT = 853;
 

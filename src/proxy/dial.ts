@@ -1,4 +1,4 @@
-import type net from 'node:net';
+import net from 'node:net';
 import type { HostResolver } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import {
@@ -102,17 +102,22 @@ export class Dialer {
     return decide(sandbox.policy, { host: target.host, ip, port: target.port }, learned);
   }
 
-  /** Connects to the first planned address that answers, or refuses with 502/504. */
+  /**
+   * Connects to the first planned address that answers, or refuses with 502/504. A socket for
+   * a 'tunnel' reads into splice()'s recycled buffers once spliced; one for 'http' is an
+   * ordinary socket, read by whoever parses its messages.
+   */
   async connect(
     target: Target,
     addresses: readonly IPAddress[],
+    use: 'tunnel' | 'http' = 'tunnel',
   ): Promise<{ ok: true; socket: net.Socket; ip: IPAddress } | ({ ok: false } & Refusal)> {
     let timedOut = false;
     const failures: string[] = [];
     for (const ip of addresses) {
       const started = performance.now();
       try {
-        const socket = await this.tcpConnect(ip, target.port);
+        const socket = await this.tcpConnect(ip, target.port, use);
         this.options.onDial?.((performance.now() - started) / 1000);
         return { ok: true, socket, ip };
       } catch (error) {
@@ -135,9 +140,10 @@ export class Dialer {
         };
   }
 
-  private tcpConnect(ip: IPAddress, port: number): Promise<net.Socket> {
+  private tcpConnect(ip: IPAddress, port: number, use: 'tunnel' | 'http'): Promise<net.Socket> {
     return new Promise((resolve, reject) => {
-      const socket = connectUpstream({ host: ip.text, port, noDelay: true });
+      const options = { host: ip.text, port, noDelay: true };
+      const socket = use === 'tunnel' ? connectUpstream(options) : net.connect(options);
       const timer = setTimeout(() => {
         socket.destroy();
         reject(new Error('timeout'));

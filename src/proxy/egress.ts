@@ -1,13 +1,28 @@
-import http, { type IncomingMessage, type ServerResponse } from 'node:http';
-import type net from 'node:net';
+import net from 'node:net';
 import type { Logger } from 'pino';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
-import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
+import {
+  canonicalName,
+  type Decision,
+  formatDestination,
+  parseAuthority,
+} from '../policy/index.js';
 import { type Dialer, denial, type Refusal, type Target } from './dial.js';
-import { sendError, writeRawError } from './http-errors.js';
+import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
+import { errorResponseText, writeRawError } from './http-errors.js';
+import {
+  fieldTokens,
+  fieldValues,
+  headEnd,
+  MAX_REQUEST_HEAD_BYTES,
+  parseRequestHead,
+  type RequestHead,
+  requestFraming,
+} from './http1.js';
 import { identify } from './identity.js';
+import { Inbox } from './inbox.js';
 import { looksLikeTls, peekHttpHost, peekTlsServerName } from './peek.js';
 import type { Splice } from './splice.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
@@ -33,37 +48,8 @@ export interface ProxyOptions {
   readonly transparentPorts?: { readonly tls: number; readonly http: number };
 }
 
-/** Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus proxy credentials. */
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-authorization',
-  'proxy-authenticate',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-]);
-
-function endToEndHeaders(headers: http.IncomingHttpHeaders): http.OutgoingHttpHeaders {
-  const named = new Set(
-    String(headers.connection ?? '')
-      .split(',')
-      .map((token) => token.trim().toLowerCase()),
-  );
-  const out: http.OutgoingHttpHeaders = {};
-  for (const [name, value] of Object.entries(headers)) {
-    if (value !== undefined && !HOP_BY_HOP.has(name) && !named.has(name)) out[name] = value;
-  }
-  return out;
-}
-
-/** The Host header for a target, as the absolute URI gave it (RFC 9112 3.2.2). */
-function hostHeader(target: Target): string {
-  const host = target.host ?? (target.ip!.version === 6 ? `[${target.ip!.text}]` : target.ip!.text);
-  return target.port === 80 ? host : `${host}:${target.port}`;
-}
+/** How long a client connection may wait between two requests. */
+const KEEP_ALIVE_MS = 30_000;
 
 /** Reads the first bytes of a tunnel and says whether they name the host CONNECT named. */
 function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | string {
@@ -99,37 +85,39 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | string {
 
 /**
  * The explicit egress proxy: `CONNECT host:port` and absolute-form HTTP (`GET http://host/`),
- * each request on a keep-alive connection decided on its own.
+ * each request on a keep-alive connection decided on its own. Request heads are read by Moat's
+ * own strict HTTP/1.1 code (src/proxy/http1.ts), which is also what lets a forwarded request
+ * reach its origin as one write and its answer come back as one.
  */
 export class EgressProxy {
-  private readonly server: http.Server;
+  private readonly server: net.Server;
   private readonly listeners: ListenerGroup;
-  private readonly agents = new Map<string, http.Agent>();
+  private readonly pool: UpstreamPool;
+  private readonly sockets = new Set<net.Socket>();
+  private readonly connections = new Set<ClientConnection>();
+  private readonly exchangeContext: ExchangeContext;
+  /** close() was called: connections finish what they carry and take no new request. */
+  draining = false;
 
-  constructor(private readonly options: ProxyOptions) {
-    this.server = http.createServer({
-      maxHeaderSize: 16 * 1024,
-      headersTimeout: options.handshakeTimeoutMs,
-      requestTimeout: 0,
-      keepAliveTimeout: 30_000,
+  constructor(readonly options: ProxyOptions) {
+    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) => {
+      this.sockets.add(socket);
+      socket.once('close', () => this.sockets.delete(socket));
+      this.connections.add(new ClientConnection(this, socket));
     });
-    this.server.maxHeadersCount = 100;
     this.listeners = new ListenerGroup(this.server);
-    this.server.on('connect', (req: IncomingMessage, socket: net.Socket, head: Buffer) => {
-      void this.onConnect(req, socket, head);
-    });
-    this.server.on('request', (req, res) => {
-      void this.onRequest(req, res);
-    });
-    this.server.on('clientError', (_error, socket) =>
-      writeRawError(socket as net.Socket, 400, 'malformed HTTP request'),
-    );
-    // Pooled upstream connections of a sandbox whose policy changed are dropped: every new
-    // request is decided again anyway, and nothing idles towards a now-denied address.
-    options.table.subscribe((event) => {
-      this.agents.get(event.sandboxID)?.destroy();
-      this.agents.delete(event.sandboxID);
-    });
+    // Upstream connections of a sandbox whose policy changed are dropped: every new request is
+    // decided again anyway, and nothing idles towards a now-denied address.
+    this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
+    options.table.subscribe((event) => this.pool.drop(event.sandboxID));
+    this.exchangeContext = {
+      dialer: options.dialer,
+      pool: this.pool,
+      tunnels: options.tunnels,
+      idleTimeoutMs: options.idleTimeoutMs,
+      onRefusal: () => {},
+      onPolicyClose: (list) => options.metrics.proxyDenials.inc({ kind: 'forward', list }),
+    };
   }
 
   /** Listens on one more address; resolves to the bound port. */
@@ -137,18 +125,23 @@ export class EgressProxy {
     return this.listeners.listen(address);
   }
 
-  /** Stops accepting, lets open tunnels finish for up to `drainMs`, then closes what is left. */
+  /** Stops accepting, lets open tunnels and requests finish for up to `drainMs`, then closes. */
   async close(drainMs = 0): Promise<void> {
+    this.draining = true;
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     const extraClosed = this.listeners.closeExtra();
-    this.server.closeIdleConnections();
+    for (const connection of this.connections) connection.closeIfIdle();
     const deadline = Date.now() + drainMs;
-    while (this.options.tunnels.size > 0 && Date.now() < deadline)
-      await new Promise((r) => setTimeout(r, 20));
+    const busy = () => this.options.tunnels.size > 0 || [...this.connections].some((c) => c.busy);
+    while (busy() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
     for (const tunnel of this.options.tunnels.all()) tunnel.close();
-    this.server.closeAllConnections();
-    for (const agent of this.agents.values()) agent.destroy();
+    for (const socket of this.sockets) socket.destroy();
+    this.pool.closeAll();
     await Promise.all([closed, extraClosed]);
+  }
+
+  forget(connection: ClientConnection): void {
+    this.connections.delete(connection);
   }
 
   private count(kind: ProxyKind, verdict: ProxyVerdict): void {
@@ -203,36 +196,47 @@ export class EgressProxy {
   }
 
   /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
-  private unidentified(kind: 'connect' | 'forward', req: IncomingMessage, reason: string): void {
+  private unidentified(
+    kind: 'connect' | 'forward',
+    client: net.Socket,
+    destination: string,
+    reason: string,
+  ): void {
     this.count(kind, 'unauthenticated');
     this.options.logger.info(
-      { kind, client: req.socket.remoteAddress, destination: req.url, reason },
+      { kind, client: client.remoteAddress, destination, reason },
       'egress refused: no sandbox identified',
     );
   }
 
-  private async onConnect(req: IncomingMessage, client: net.Socket, head: Buffer): Promise<void> {
-    client.on('error', () => client.destroy());
-    const who = identify(
+  private identify(head: RequestHead, client: net.Socket) {
+    const credentials = fieldValues(head.fields, 'proxy-authorization');
+    // Two credentials are one too many: neither is picked.
+    return identify(
       this.options.table,
-      req.headers['proxy-authorization'],
-      req.socket.remoteAddress,
+      credentials.length > 1 ? '' : credentials[0],
+      client.remoteAddress,
     );
+  }
+
+  async onConnect(head: RequestHead, client: net.Socket, early: Buffer): Promise<void> {
+    client.on('error', () => client.destroy());
+    const who = this.identify(head, client);
     if (!who.ok) {
-      this.unidentified('connect', req, who.reason);
+      this.unidentified('connect', client, head.target, who.reason);
       return writeRawError(client, 407, who.reason, undefined, {
         'Proxy-Authenticate': 'Basic realm="moat"',
       });
     }
     const sandbox = who.sandbox;
-    const parsed = parseAuthority(req.url ?? '');
+    const parsed = parseAuthority(head.target);
     if (!parsed.ok || parsed.value.port === undefined) {
       this.count('connect', 'invalid');
       const why = parsed.ok ? 'it has no port' : parsed.error;
       return writeRawError(
         client,
         400,
-        `CONNECT target ${JSON.stringify(req.url)} must be host:port or [ipv6]:port: ${why}`,
+        `CONNECT target ${JSON.stringify(head.target)} must be host:port or [ipv6]:port: ${why}`,
       );
     }
     const target = parsed.value as Target;
@@ -261,8 +265,8 @@ export class EgressProxy {
     );
     client.write('HTTP/1.1 200 Connection Established\r\n\r\n');
     const tunnel = spliceTunnel(this.options, 'connect', sandbox, dialled, client, upstream);
-    if (!this.options.checkServerName) return tunnel.release(head);
-    this.holdUntilChecked(sandbox, dialled, client, head, tunnel);
+    if (!this.options.checkServerName) return tunnel.release(early);
+    this.holdUntilChecked(sandbox, dialled, client, early, tunnel);
   }
 
   /** Holds client bytes until the first ones show the tunnel talks to the host CONNECT named. */
@@ -320,41 +324,37 @@ export class EgressProxy {
     examine();
   }
 
-  private agentFor(sandboxID: string): http.Agent {
-    let agent = this.agents.get(sandboxID);
-    if (agent === undefined) {
-      agent = new http.Agent({
-        keepAlive: true,
-        maxSockets: this.options.maxTunnelsPerSandbox,
-        // As many idle connections as may be busy: fewer means reconnecting under steady load.
-        maxFreeSockets: this.options.maxTunnelsPerSandbox,
-      });
-      this.agents.set(sandboxID, agent);
+  /**
+   * Absolute-form HTTP: `GET http://host[:port]/path`, forwarded to a decided address.
+   * `answer` writes a response of Moat's own; `exchange` starts a forwarded one.
+   */
+  async onRequest(head: RequestHead, connection: ClientConnection): Promise<void> {
+    const client = connection.socket;
+    const url = head.target;
+    const framing = requestFraming(head);
+    const hasBody = !framing.ok || framing.value.kind !== 'none';
+    // Moat's own answers to a request with a body close the connection: the body is not read.
+    const answer = (status: number, message: string, decision?: Decision, extra = {}) =>
+      connection.answer(errorResponseText(status, message, decision, extra, hasBody), !hasBody);
+    if (!framing.ok) {
+      this.count('forward', 'invalid');
+      return answer(
+        framing.status,
+        `request ${JSON.stringify(url.slice(0, 200))}: ${framing.message}`,
+      );
     }
-    return agent;
-  }
-
-  /** Absolute-form HTTP: `GET http://host[:port]/path`, forwarded to a decided address. */
-  private async onRequest(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const url = req.url ?? '';
     const scheme = /^http:\/\//i.exec(url);
     if (!scheme) {
       this.count('forward', 'invalid');
       const hint = /^https:\/\//i.test(url)
         ? 'use CONNECT for https'
         : 'send absolute-form requests (GET http://host/path) or CONNECT host:port';
-      return sendError(res, 400, `Moat is an egress proxy: ${hint}`);
+      return answer(400, `Moat is an egress proxy: ${hint}`);
     }
-    const who = identify(
-      this.options.table,
-      req.headers['proxy-authorization'],
-      req.socket.remoteAddress,
-    );
+    const who = this.identify(head, client);
     if (!who.ok) {
-      this.unidentified('forward', req, who.reason);
-      return sendError(res, 407, who.reason, undefined, {
-        'Proxy-Authenticate': 'Basic realm="moat"',
-      });
+      this.unidentified('forward', client, url, who.reason);
+      return answer(407, who.reason, undefined, { 'Proxy-Authenticate': 'Basic realm="moat"' });
     }
     const sandbox = who.sandbox;
     const rest = url.slice(scheme[0].length);
@@ -369,127 +369,171 @@ export class EgressProxy {
     const parsed = parseAuthority(authority);
     if (!parsed.ok) {
       this.count('forward', 'invalid');
-      return sendError(res, 400, `request target ${JSON.stringify(url)}: ${parsed.error}`);
+      return answer(400, `request target ${JSON.stringify(url)}: ${parsed.error}`);
     }
     const target: Target = { ...parsed.value, port: parsed.value.port ?? 80 };
     const refuse = (refusal: Refusal) => {
       const { status, message, decision } = this.refused('forward', sandbox, target, refusal);
-      sendError(res, status, message, decision);
+      answer(status, message, decision);
     };
     const limited = this.tunnelLimit(sandbox, target);
     if (limited) return refuse(limited);
     const plan = await this.options.dialer.plan(sandbox, target);
+    if (client.destroyed) return;
     if (!plan.ok) return refuse(plan);
-    // Retrying another address is only safe while no body has been sent.
-    const bodiless =
-      req.headers['content-length'] === undefined && req.headers['transfer-encoding'] === undefined;
-    const addresses = bodiless ? plan.addresses : plan.addresses.slice(0, 1);
-    const headers = { ...endToEndHeaders(req.headers), host: hostHeader(target) };
     this.count('forward', 'allowed');
-    for (const [index, ip] of addresses.entries()) {
-      const last = index === addresses.length - 1;
-      const outcome = await this.forwardOnce(
-        sandbox,
-        { ...target, ip },
-        path,
-        headers,
-        req,
-        res,
-        last,
-        bodiless,
-      );
-      if (outcome !== 'retry') return;
-    }
+    const lastRequest =
+      head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
+    const context: ExchangeContext = {
+      ...this.exchangeContext,
+      onRefusal: (refusal) => this.refused('forward', sandbox, target, refusal),
+    };
+    // Retrying another address is only safe while no body has been sent.
+    const addresses = hasBody ? plan.addresses.slice(0, 1) : plan.addresses;
+    connection.exchange(
+      new Exchange(
+        context,
+        { sandbox, target, head, path, framing: framing.value, lastRequest },
+        connection.inbox,
+        addresses,
+        (result) => connection.exchangeDone(result.keepAlive),
+      ),
+    );
+  }
+}
+
+/**
+ * One client connection to the explicit proxy: reads request heads one at a time and hands
+ * each to the proxy; a CONNECT takes the connection over, anything else is answered (by Moat
+ * or by an origin through an Exchange) before the next head is read.
+ */
+class ClientConnection {
+  readonly inbox: Inbox;
+  private state: 'head' | 'busy' | 'gone' = 'head';
+  /** Bytes of the next head have arrived (a pause from here on is no longer keep-alive idling). */
+  private started = false;
+  private served = 0;
+  private current: Exchange | undefined;
+
+  constructor(
+    private readonly proxy: EgressProxy,
+    readonly socket: net.Socket,
+  ) {
+    this.inbox = new Inbox(socket);
+    socket.on('error', this.onError);
+    socket.on('end', this.onEnd);
+    socket.on('timeout', this.onTimeout);
+    socket.on('close', this.onClose);
+    this.readHead();
   }
 
-  /** One attempt to forward to one address; 'retry' when it could not connect and may try another. */
-  private forwardOnce(
-    sandbox: EnforcedSandbox,
-    target: Target,
-    path: string,
-    headers: http.OutgoingHttpHeaders,
-    req: IncomingMessage,
-    res: ServerResponse,
-    last: boolean,
-    bodiless: boolean,
-  ): Promise<'done' | 'retry'> {
-    return new Promise((resolve) => {
-      const started = performance.now();
-      const upstream = http.request({
-        agent: this.agentFor(sandbox.sandboxID),
-        host: target.ip!.text,
-        port: target.port,
-        method: req.method,
-        path,
-        headers,
-        setHost: false,
-      });
-      let connected = false;
-      const remove = this.options.tunnels.add({
-        sandboxID: sandbox.sandboxID,
-        target,
-        close: (decision) => {
-          if (decision !== undefined)
-            this.options.metrics.proxyDenials.inc({ kind: 'forward', list: decision.list });
-          upstream.destroy();
-          res.destroy();
-        },
-      });
-      const timer = setTimeout(
-        () => upstream.destroy(new Error('connect timeout')),
-        this.options.dialer.connectTimeoutMs,
+  get busy(): boolean {
+    return this.state === 'busy';
+  }
+
+  /** Closes the connection if it is waiting for a request that has not begun. */
+  closeIfIdle(): void {
+    if (this.state === 'head' && !this.started) this.socket.destroy();
+  }
+
+  private readonly onError = () => this.socket.destroy();
+
+  // The client sent its last byte: a request it has not finished will never come.
+  private readonly onEnd = () => {
+    if (this.state === 'head') this.socket.end();
+  };
+
+  private readonly onTimeout = () => {
+    if (this.state !== 'head') return;
+    // A client idling between requests just loses the connection; one stuck in a head is told.
+    if (this.started || this.served === 0)
+      this.socket.end(
+        errorResponseText(
+          408,
+          'no complete request head within the handshake timeout',
+          undefined,
+          {},
+          true,
+        ),
       );
-      upstream.on('socket', (socket: net.Socket) => {
-        const ready = () => {
-          connected = true;
-          clearTimeout(timer);
-          this.options.metrics.proxyDialDuration.observe((performance.now() - started) / 1000);
-        };
-        if (socket.connecting) socket.once('connect', ready);
-        else ready();
-      });
-      // On the request, not the pooled socket: the request removes its own listener when it
-      // ends, a listener added to the socket would stay for every later request.
-      upstream.setTimeout(this.options.idleTimeoutMs, () =>
-        upstream.destroy(new Error('idle timeout')),
-      );
-      upstream.on('response', (answer) => {
-        res.writeHead(
-          answer.statusCode ?? 502,
-          answer.statusMessage,
-          endToEndHeaders(answer.headers),
+    else this.socket.end();
+  };
+
+  private readonly onClose = () => {
+    this.state = 'gone';
+    this.current?.close();
+    this.proxy.forget(this);
+  };
+
+  private readHead(): void {
+    this.state = 'head';
+    this.started = false;
+    if (this.proxy.draining) return void this.socket.end();
+    const { handshakeTimeoutMs } = this.proxy.options;
+    this.socket.setTimeout(this.served === 0 ? handshakeTimeoutMs : KEEP_ALIVE_MS);
+    let seen: Buffer | undefined;
+    this.inbox.read((chunk) => {
+      if (!this.started) {
+        this.started = true;
+        if (this.served > 0) this.socket.setTimeout(handshakeTimeoutMs);
+      }
+      seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
+      const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES);
+      if (end === 'incomplete') return chunk.length;
+      this.inbox.stop();
+      this.state = 'busy';
+      this.socket.setTimeout(0);
+      if (typeof end !== 'number') {
+        this.answer(
+          errorResponseText(end.status, `request head: ${end.message}`, undefined, {}, true),
+          false,
         );
-        answer.pipe(res);
-        answer.on('end', () => {
-          remove();
-          resolve('done');
-        });
-        answer.on('error', () => res.destroy());
-      });
-      upstream.on('error', (error: NodeJS.ErrnoException) => {
-        clearTimeout(timer);
-        remove();
-        if (!connected && !last) return resolve('retry');
-        const timedOut = error.message === 'connect timeout';
-        const status = connected ? 502 : timedOut ? 504 : 502;
-        const what = formatDestination(target);
-        this.count('forward', 'failed');
-        sendError(
-          res,
-          status,
-          connected
-            ? `${what} failed: ${error.code ?? error.message}`
-            : timedOut
-              ? `${what} did not answer in time`
-              : `${what} refused the connection (${error.code ?? error.message})`,
-        );
-        resolve('done');
-      });
-      res.on('close', () => {
-        if (!res.writableFinished) upstream.destroy();
-      });
-      if (bodiless) upstream.end();
-      else req.pipe(upstream);
+        return chunk.length;
+      }
+      const head = seen.subarray(0, end);
+      // Handled once the inbox holds the bytes after the head (a CONNECT's first tunnel bytes).
+      queueMicrotask(() => this.dispatch(head));
+      return chunk.length - (seen.length - end);
     });
+  }
+
+  private dispatch(bytes: Buffer): void {
+    if (this.state === 'gone') return;
+    this.served++;
+    const parsed = parseRequestHead(bytes);
+    if (!parsed.ok)
+      return this.answer(
+        errorResponseText(parsed.status, `request head: ${parsed.message}`, undefined, {}, true),
+        false,
+      );
+    if (parsed.value.method !== 'CONNECT') return void this.proxy.onRequest(parsed.value, this);
+    // The tunnel takes the socket over.
+    this.state = 'gone';
+    this.proxy.forget(this);
+    this.socket.off('error', this.onError).off('end', this.onEnd).off('timeout', this.onTimeout);
+    this.socket.off('close', this.onClose);
+    const early = this.inbox.detach();
+    this.socket.resume();
+    void this.proxy.onConnect(parsed.value, this.socket, early);
+  }
+
+  /** Sends Moat's own answer to the current request; the next is read only if `keepAlive`. */
+  answer(text: string, keepAlive: boolean): void {
+    if (this.state === 'gone') return;
+    this.socket.write(text, 'latin1');
+    this.exchangeDone(keepAlive);
+  }
+
+  exchange(exchange: Exchange): void {
+    if (this.state === 'gone') return exchange.close();
+    this.current = exchange;
+    exchange.start();
+  }
+
+  exchangeDone(keepAlive: boolean): void {
+    this.current = undefined;
+    if (this.state === 'gone') return;
+    if (keepAlive) this.readHead();
+    else this.socket.end();
   }
 }

@@ -1,4 +1,3 @@
-import type { ServerResponse } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import type net from 'node:net';
 import type { Decision } from '../policy/index.js';
@@ -23,36 +22,33 @@ export function errorResponse(
   return { headers, body };
 }
 
-/** Writes an error on a raw socket (CONNECT, before any tunnel) and closes it. */
+/** A whole error response as text; `close` adds `Connection: close`. */
+export function errorResponseText(
+  status: number,
+  message: string,
+  decision: Decision | undefined,
+  extra: Record<string, string>,
+  close: boolean,
+): string {
+  const { headers, body } = errorResponse(
+    status,
+    message,
+    decision,
+    close ? { Connection: 'close', ...extra } : extra,
+  );
+  let head = '';
+  for (const [name, value] of Object.entries(headers)) head += `${name}: ${value}\r\n`;
+  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n${head}\r\n${body}`;
+}
+
+/** Writes an error on a raw socket and closes it. */
 export function writeRawError(
   socket: net.Socket,
   status: number,
   message: string,
   decision?: Decision,
-  extra?: Record<string, string>,
+  extra: Record<string, string> = {},
 ): void {
   if (socket.destroyed) return;
-  const { headers, body } = errorResponse(status, message, decision, {
-    Connection: 'close',
-    ...extra,
-  });
-  const head = Object.entries(headers)
-    .map(([name, value]) => `${name}: ${value}\r\n`)
-    .join('');
-  socket.end(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n${head}\r\n${body}`);
-}
-
-export function sendError(
-  res: ServerResponse,
-  status: number,
-  message: string,
-  decision?: Decision,
-  extra?: Record<string, string>,
-): void {
-  if (res.headersSent) {
-    res.destroy();
-    return;
-  }
-  const { headers, body } = errorResponse(status, message, decision, extra);
-  res.writeHead(status, headers).end(body);
+  socket.end(errorResponseText(status, message, decision, extra, true));
 }

@@ -1,0 +1,403 @@
+import type net from 'node:net';
+import type { EnforcedSandbox } from '../enforce/index.js';
+import { formatDestination, type IPAddress } from '../policy/index.js';
+import { type Dialer, denial, type Refusal, type Target } from './dial.js';
+import { errorResponseText } from './http-errors.js';
+import {
+  bodyScanner,
+  endToEndFields,
+  type Framing,
+  headEnd,
+  MAX_RESPONSE_HEAD_BYTES,
+  parseResponseHead,
+  type RequestHead,
+  responseFraming,
+} from './http1.js';
+import { Inbox } from './inbox.js';
+import type { TunnelRegistry } from './tunnels.js';
+
+/** How long an upstream connection may wait in the pool for its next request. */
+const POOL_IDLE_MS = 30_000;
+
+interface Upstream {
+  readonly socket: net.Socket;
+  readonly inbox: Inbox;
+  readonly ip: IPAddress;
+}
+
+/**
+ * Idle keep-alive connections to origins, by sandbox and address: a connection only ever
+ * carries requests of the sandbox that opened it, to the address it was dialled for (each
+ * request is decided again before it is given one). Most recent first; an idle connection
+ * that speaks, closes or idles out is dropped.
+ */
+export class UpstreamPool {
+  private readonly bySandbox = new Map<string, Map<string, IdleUpstream[]>>();
+
+  constructor(private readonly maxIdlePerAddress: number) {}
+
+  take(sandboxID: string, ip: IPAddress, port: number): Upstream | undefined {
+    const idle = this.bySandbox.get(sandboxID)?.get(`${ip.text} ${port}`)?.pop();
+    if (idle === undefined) return undefined;
+    idle.upstream.inbox.stop();
+    idle.upstream.socket.off('end', idle.drop).off('timeout', idle.drop);
+    return idle.upstream;
+  }
+
+  put(sandboxID: string, port: number, upstream: Upstream): void {
+    let byAddress = this.bySandbox.get(sandboxID);
+    if (byAddress === undefined) this.bySandbox.set(sandboxID, (byAddress = new Map()));
+    const key = `${upstream.ip.text} ${port}`;
+    let list = byAddress.get(key);
+    if (list === undefined) byAddress.set(key, (list = []));
+    const { socket } = upstream;
+    if (list.length >= this.maxIdlePerAddress) return void socket.destroy();
+    const idle: IdleUpstream = {
+      upstream,
+      drop: () => {
+        socket.destroy();
+        const at = list.indexOf(idle);
+        if (at >= 0) list.splice(at, 1);
+      },
+    };
+    list.push(idle);
+    socket.setTimeout(POOL_IDLE_MS);
+    socket.on('end', idle.drop).on('timeout', idle.drop);
+    // An origin has nothing to say between requests: bytes now mean a broken connection.
+    upstream.inbox.read(() => {
+      idle.drop();
+      return 0;
+    });
+  }
+
+  /** Closes every idle connection of a sandbox (its policy changed, or it is gone). */
+  drop(sandboxID: string): void {
+    for (const list of this.bySandbox.get(sandboxID)?.values() ?? [])
+      for (const idle of list.splice(0)) idle.upstream.socket.destroy();
+    this.bySandbox.delete(sandboxID);
+  }
+
+  closeAll(): void {
+    for (const sandboxID of [...this.bySandbox.keys()]) this.drop(sandboxID);
+  }
+}
+
+interface IdleUpstream {
+  readonly upstream: Upstream;
+  readonly drop: () => void;
+}
+
+/** What the client connection learns when an exchange ends. */
+export interface ExchangeResult {
+  /** The client connection may carry another request. */
+  readonly keepAlive: boolean;
+}
+
+export interface ExchangeContext {
+  readonly dialer: Dialer;
+  readonly pool: UpstreamPool;
+  readonly tunnels: TunnelRegistry;
+  readonly idleTimeoutMs: number;
+  /** Counts and logs a refusal the exchange answers (502/504, or a deny found after dialling). */
+  readonly onRefusal: (refusal: Refusal) => void;
+  /** Counts a request closed because the policy now denies it. */
+  readonly onPolicyClose: (list: string) => void;
+}
+
+export interface ForwardRequest {
+  readonly sandbox: EnforcedSandbox;
+  readonly target: Target;
+  readonly head: RequestHead;
+  /** Origin-form path and query for the origin's request line. */
+  readonly path: string;
+  readonly framing: Framing;
+  /** The client asked to close after this exchange (HTTP/1.0, Connection: close). */
+  readonly lastRequest: boolean;
+}
+
+const REQUEST_DROP = new Set(['host']);
+
+/** The Host header for a target, as the absolute URI gave it (RFC 9112 3.2.2). */
+function hostHeader(target: Target): string {
+  const host = target.host ?? (target.ip!.version === 6 ? `[${target.ip!.text}]` : target.ip!.text);
+  return target.port === 80 ? host : `${host}:${target.port}`;
+}
+
+/**
+ * One request forwarded to an allowed address and its response relayed back, both bodies
+ * streamed with their framing checked as they pass (so both connections stay in step), both
+ * directions respecting backpressure. An origin's keep-alive connection goes back to the pool
+ * only when both messages ended exactly where their framing said.
+ */
+export class Exchange {
+  private upstream: Upstream | undefined;
+  private reused = false;
+  private requestDone: boolean;
+  private responseStarted = false;
+  /** The response said `Connection: close` to the client: the connection ends after it. */
+  private closeAfter = false;
+  private finished = false;
+  private removeTunnel = () => {};
+  private readonly requestText: string;
+
+  constructor(
+    private readonly context: ExchangeContext,
+    private readonly request: ForwardRequest,
+    private readonly client: Inbox,
+    private readonly addresses: readonly IPAddress[],
+    private readonly done: (result: ExchangeResult) => void,
+  ) {
+    const { head, target, path } = request;
+    this.requestDone = request.framing.kind === 'none';
+    this.requestText =
+      `${head.method} ${path} HTTP/1.${head.minor}\r\nHost: ${hostHeader(target)}\r\n` +
+      endToEndFields(head.fields, REQUEST_DROP) +
+      (head.minor === 0 ? 'Connection: close\r\n\r\n' : '\r\n');
+  }
+
+  private get what(): string {
+    const ip = this.upstream?.ip;
+    return formatDestination(ip ? { ...this.request.target, ip } : this.request.target);
+  }
+
+  /** Sends the request over a pooled connection to one of `addresses`, or a new one. */
+  start(): void {
+    const { sandbox, target } = this.request;
+    for (const ip of this.addresses) {
+      const idle = this.context.pool.take(sandbox.sandboxID, ip, target.port);
+      if (idle !== undefined) {
+        this.reused = true;
+        return this.send(idle);
+      }
+    }
+    void this.dial();
+  }
+
+  /** Closes both sides: a policy change denied the destination, the sandbox or client left. */
+  close(): void {
+    this.abort();
+  }
+
+  private async dial(): Promise<void> {
+    this.reused = false;
+    const { dialer } = this.context;
+    const { sandbox, target } = this.request;
+    const connected = await dialer.connect(target, this.addresses, 'http');
+    if (this.finished) {
+      if (connected.ok) connected.socket.destroy();
+      return;
+    }
+    if (!connected.ok) return this.answer(connected);
+    // The policy may have changed while we dialled: decide once more.
+    const dialled = { ...target, ip: connected.ip };
+    const now = dialer.check(sandbox, dialled, connected.ip);
+    if (now.verdict === 'deny') {
+      connected.socket.destroy();
+      return this.answer(denial(dialled, now));
+    }
+    this.send({ socket: connected.socket, inbox: new Inbox(connected.socket), ip: connected.ip });
+  }
+
+  private send(upstream: Upstream): void {
+    this.upstream = upstream;
+    const { socket } = upstream;
+    const { sandbox, target } = this.request;
+    this.removeTunnel();
+    this.removeTunnel = this.context.tunnels.add({
+      sandboxID: sandbox.sandboxID,
+      target: { ...target, ip: upstream.ip },
+      close: (decision) => {
+        if (decision !== undefined) this.context.onPolicyClose(decision.list);
+        this.abort();
+      },
+    });
+    socket.setTimeout(this.context.idleTimeoutMs);
+    socket.on('timeout', this.onUpstreamTimeout);
+    socket.on('close', this.onUpstreamClose);
+    socket.on('end', this.onUpstreamClose);
+    socket.write(this.requestText, 'latin1');
+    this.readResponseHead(upstream);
+    if (!this.requestDone) this.relayRequestBody(socket);
+  }
+
+  private readonly onUpstreamTimeout = () => {
+    if (this.responseStarted) return this.abort();
+    this.answer({
+      status: 504,
+      message: `${this.what} did not answer within ${this.context.idleTimeoutMs} ms`,
+    });
+  };
+
+  private readonly onUpstreamClose = () => {
+    if (this.finished) return;
+    if (this.responseStarted) return this.abort();
+    if (this.reused && this.request.framing.kind === 'none') {
+      // A pooled connection the origin closed as we took it: it processed nothing, so the
+      // request goes once more, on a new connection.
+      const stale = this.upstream;
+      this.detach();
+      stale?.socket.destroy();
+      void this.dial();
+      return;
+    }
+    this.answer({ status: 502, message: `${this.what} closed the connection without answering` });
+  };
+
+  /** Stops listening to the upstream socket (it goes back to the pool or is gone). */
+  private detach(): Upstream | undefined {
+    const upstream = this.upstream;
+    if (upstream === undefined) return undefined;
+    upstream.inbox.stop();
+    upstream.socket
+      .off('timeout', this.onUpstreamTimeout)
+      .off('close', this.onUpstreamClose)
+      .off('end', this.onUpstreamClose);
+    this.upstream = undefined;
+    return upstream;
+  }
+
+  private relayRequestBody(upstream: net.Socket): void {
+    const scanner = bodyScanner(this.request.framing);
+    const client = this.client.socket;
+    this.client.read((chunk) => {
+      const used = scanner.scan(chunk);
+      if (typeof used === 'string') {
+        this.abort();
+        return chunk.length;
+      }
+      if (used > 0 && !upstream.write(used === chunk.length ? chunk : chunk.subarray(0, used))) {
+        client.pause();
+        upstream.once('drain', () => {
+          if (!this.requestDone && !this.finished) client.resume();
+        });
+      }
+      if (scanner.done) {
+        this.client.stop();
+        this.requestDone = true;
+      }
+      return used;
+    });
+  }
+
+  private readResponseHead(upstream: Upstream): void {
+    let seen: Buffer | undefined;
+    upstream.inbox.read((chunk) => {
+      seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
+      const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES);
+      if (end === 'incomplete') return chunk.length;
+      upstream.inbox.stop();
+      const unused = typeof end === 'number' ? seen.length - end : 0;
+      const parsed = typeof end === 'number' ? parseResponseHead(seen.subarray(0, end)) : end;
+      if ('status' in parsed) {
+        this.answer({
+          status: 502,
+          message: `${this.what} sent a malformed response: ${parsed.message}`,
+        });
+        return chunk.length;
+      }
+      const head = parsed.value;
+      if (head.status === 101) {
+        this.answer({
+          status: 502,
+          message: `${this.what} switched protocols, which Moat never asks for`,
+        });
+        return chunk.length;
+      }
+      if (head.status < 200) {
+        // Interim (100 Continue, 103): passed on to HTTP/1.1 clients; the final one follows.
+        if (this.request.head.minor === 1)
+          this.client.socket.write(
+            `HTTP/1.1 ${head.status} ${head.reason}\r\n${endToEndFields(head.fields)}\r\n`,
+            'latin1',
+          );
+        this.readResponseHead(upstream);
+        return chunk.length - unused;
+      }
+      const framing = responseFraming(this.request.head.method, head);
+      if (!framing.ok) {
+        this.answer({
+          status: 502,
+          message: `${this.what} sent a malformed response: ${framing.message}`,
+        });
+        return chunk.length;
+      }
+      const { framing: body, reusable } = framing.value;
+      // An origin answering before the whole request body arrived never read to its end: the
+      // client connection cannot be trusted to be in step after this response.
+      this.closeAfter = this.request.lastRequest || body.kind === 'close' || !this.requestDone;
+      this.responseStarted = true;
+      const client = this.client.socket;
+      client.cork();
+      client.write(
+        `HTTP/1.1 ${head.status} ${head.reason}\r\n${endToEndFields(head.fields)}` +
+          `${this.closeAfter ? 'Connection: close\r\n' : ''}\r\n`,
+        'latin1',
+      );
+      this.relayResponseBody(upstream, body, reusable);
+      client.uncork();
+      return chunk.length - unused;
+    });
+  }
+
+  private relayResponseBody(upstream: Upstream, framing: Framing, reusable: boolean): void {
+    const scanner = bodyScanner(framing);
+    const client = this.client.socket;
+    if (scanner.done) return this.responseDone(reusable);
+    if (framing.kind === 'close') {
+      upstream.socket.off('end', this.onUpstreamClose);
+      upstream.socket.once('end', () => this.responseDone(false));
+    }
+    upstream.inbox.read((chunk) => {
+      const used = scanner.scan(chunk);
+      if (typeof used === 'string') {
+        this.abort();
+        return chunk.length;
+      }
+      if (used > 0 && !client.write(used === chunk.length ? chunk : chunk.subarray(0, used))) {
+        upstream.socket.pause();
+        client.once('drain', () => {
+          if (!this.finished) upstream.socket.resume();
+        });
+      }
+      // Bytes past the end of a response mean a broken origin: that connection is not reused.
+      if (scanner.done) this.responseDone(reusable && used === chunk.length);
+      return chunk.length;
+    });
+  }
+
+  private responseDone(reusable: boolean): void {
+    const upstream = this.detach();
+    if (upstream !== undefined) {
+      if (reusable && this.requestDone)
+        this.context.pool.put(this.request.sandbox.sandboxID, this.request.target.port, upstream);
+      else upstream.socket.destroy();
+    }
+    if (!this.requestDone) this.client.stop();
+    this.finish(!this.closeAfter);
+  }
+
+  /** Answers the client with an error, before any byte of a response was relayed. */
+  private answer(refusal: Refusal): void {
+    if (this.finished) return;
+    this.context.onRefusal(refusal);
+    this.detach()?.socket.destroy();
+    const { status, message, decision } = refusal;
+    if (this.responseStarted) this.client.socket.destroy();
+    else this.client.socket.write(errorResponseText(status, message, decision, {}, true), 'latin1');
+    this.finish(false);
+  }
+
+  /** A message broke in the middle, or the exchange must stop: both connections go. */
+  private abort(): void {
+    this.detach()?.socket.destroy();
+    this.client.socket.destroy();
+    this.finish(false);
+  }
+
+  private finish(keepAlive: boolean): void {
+    if (this.finished) return;
+    this.finished = true;
+    this.removeTunnel();
+    this.done({ keepAlive });
+  }
+}

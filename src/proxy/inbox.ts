@@ -1,0 +1,68 @@
+import type net from 'node:net';
+
+/** Takes bytes; returns how many of them it used (the rest go back to the inbox). */
+export type Reader = (chunk: Buffer) => number;
+
+/**
+ * The bytes a socket receives, handed to one reader at a time: the one reading the current
+ * message's head or body. Bytes that arrive while nobody reads, or that a reader leaves over
+ * (the start of the next message), wait here and the socket is paused, so a client pipelining
+ * requests never gets more than one chunk ahead.
+ */
+export class Inbox {
+  private waiting: Buffer | undefined;
+  private reader: Reader | undefined;
+
+  private readonly onData = (chunk: Buffer) => this.offer(chunk);
+
+  constructor(readonly socket: net.Socket) {
+    socket.on('data', this.onData);
+  }
+
+  /** Bytes are waiting that no reader has taken yet. */
+  get pending(): boolean {
+    return this.waiting !== undefined;
+  }
+
+  /** Hands waiting bytes, then what arrives, to `reader` until it stops (or another reads). */
+  read(reader: Reader): void {
+    this.reader = reader;
+    const waiting = this.waiting;
+    this.waiting = undefined;
+    if (waiting !== undefined) this.offer(waiting);
+    if (this.reader === reader && this.waiting === undefined && !this.socket.destroyed)
+      this.socket.resume();
+  }
+
+  /** Stops handing bytes on; later ones wait, with the socket paused. */
+  stop(): void {
+    this.reader = undefined;
+    this.socket.pause();
+  }
+
+  /** Gives the socket up (to a tunnel, paused): returns the bytes no reader took. */
+  detach(): Buffer {
+    this.stop();
+    this.socket.off('data', this.onData);
+    const waiting = this.waiting ?? Buffer.alloc(0);
+    this.waiting = undefined;
+    return waiting;
+  }
+
+  private offer(chunk: Buffer): void {
+    const reader = this.reader;
+    if (reader === undefined) return this.keep(chunk);
+    const used = reader(chunk);
+    if (used < chunk.length) {
+      // A reader that leaves bytes is done with them; it stops itself or another took over.
+      if (this.reader === reader) this.stop();
+      this.keep(chunk.subarray(used));
+      if (this.reader !== undefined) this.read(this.reader);
+    }
+  }
+
+  private keep(bytes: Buffer): void {
+    this.waiting = this.waiting === undefined ? bytes : Buffer.concat([this.waiting, bytes]);
+    this.socket.pause();
+  }
+}

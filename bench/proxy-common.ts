@@ -13,8 +13,7 @@ export const BENCH_SECRET = 'bench-egress-secret';
 /** Body size of the origin's small answers. */
 export const SMALL_BODY_BYTES = 64;
 
-/** experiment: Moat with bench/proxy-experiment.ts loaded (not Moat's code path). */
-export type Mode = 'moat' | 'squid' | 'direct' | 'experiment';
+export type Mode = 'moat' | 'squid' | 'direct';
 
 /** Where the load client sends its traffic: through a proxy, or straight to the origin. */
 export interface Via {

@@ -19,16 +19,13 @@
  * - squid (Debian package; apt-get installs it when missing) with a minimal loopback config;
  * - load client: bench/proxy-client.ts, raw sockets, the same code for all three modes.
  *
- * Besides the three, "Moat+x" runs the GET workload through a second Moat process with
- * bench/proxy-experiment.ts loaded: an EXPERIMENT (an http.Agent that keeps its idle upstream
- * connections) reported in a table of its own, never as Moat's number.
  * Each run also records CPU time of every process (from /proc), the rest of the machine's CPU
  * (noise), Moat's event-loop delay and how many connections the origin saw.
  *
  * Options: --rounds=5, --seconds=4 (each closed-loop run), --rate=500, --rate-seconds=5,
  * --bulk-mib=1024, --concurrency=32 (tunnels), --connections=32 (GET), --workloads=
- * tunnels,rate,bulk,get, --modes=moat,squid,direct, --no-experiment, --strict (exit 1 when a
- * target fails), --keep (keep the scratch folder with logs). Diagnostics: --profile (Moat under
+ * tunnels,rate,bulk,get, --modes=moat,squid,direct, --strict (exit 1 when a target fails),
+ * --keep (keep the scratch folder with logs). Diagnostics: --profile (Moat under
  * `node --cpu-prof`, with a summary of where its CPU time went), --node-flags="..." (extra node
  * flags for Moat, e.g. --max-semi-space-size=64), --moat-import=FILE (an extra `--import`
  * module for Moat's process). Every child process is bounded in time and stopped on exit,
@@ -38,7 +35,6 @@ import type { ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 import { median } from './lib/timing.js';
@@ -78,15 +74,12 @@ import {
 type Workload = 'tunnels' | 'rate' | 'bulk' | 'get';
 const WORKLOADS: readonly Workload[] = ['tunnels', 'rate', 'bulk', 'get'];
 const MODES: readonly Mode[] = ['moat', 'squid', 'direct'];
-/** Workloads the experiment (bench/proxy-experiment.ts) changes, and so is measured in. */
-const EXPERIMENT_WORKLOADS: readonly Workload[] = ['get'];
 /** How long a forked script may take to say it is ready. */
 const START_TIMEOUT_MS = 60_000;
 const LABEL: Record<Mode, string> = {
   moat: 'Moat',
   squid: 'squid',
   direct: 'direct',
-  experiment: 'Moat+x',
 };
 /** Targets of issue 4. */
 const TARGETS = {
@@ -110,8 +103,6 @@ interface Options {
   readonly profile: boolean;
   readonly nodeFlags: readonly string[];
   readonly moatImport: string | undefined;
-  /** Also measure GET through Moat with bench/proxy-experiment.ts loaded. */
-  readonly experiment: boolean;
   readonly keep: boolean;
   readonly strict: boolean;
 }
@@ -131,7 +122,6 @@ function parseOptions(): Options {
       profile: { type: 'boolean', default: false },
       'node-flags': { type: 'string', default: '' },
       'moat-import': { type: 'string' },
-      'no-experiment': { type: 'boolean', default: false },
       keep: { type: 'boolean', default: false },
       strict: { type: 'boolean', default: false },
     },
@@ -161,7 +151,6 @@ function parseOptions(): Options {
     profile: values.profile,
     nodeFlags: values['node-flags'].split(/\s+/).filter(Boolean),
     moatImport: values['moat-import'],
-    experiment: !values['no-experiment'],
     keep: values.keep || values.profile,
     strict: values.strict,
   };
@@ -193,7 +182,6 @@ interface Procs {
   readonly client: ChildProcess;
   readonly origin: ChildProcess;
   readonly moat: ChildProcess | undefined;
-  readonly experiment: ChildProcess | undefined;
   readonly squid: RunningSquid | undefined;
 }
 
@@ -245,18 +233,11 @@ async function runJob(
   const proxyPid = () =>
     job.via.mode === 'moat'
       ? procs.moat?.pid
-      : job.via.mode === 'experiment'
-        ? procs.experiment?.pid
-        : job.via.mode === 'squid'
-          ? procs.squid?.pid()
-          : undefined;
-  const pids = [proxyPid(), procs.origin.pid, procs.client.pid];
-  const moatProcess =
-    job.via.mode === 'moat'
-      ? procs.moat
-      : job.via.mode === 'experiment'
-        ? procs.experiment
+      : job.via.mode === 'squid'
+        ? procs.squid?.pid()
         : undefined;
+  const pids = [proxyPid(), procs.origin.pid, procs.client.pid];
+  const moatProcess = job.via.mode === 'moat' ? procs.moat : undefined;
   if (moatProcess) await ask(moatProcess, 'loop-reset', 'loopReset', 5000);
   const statsBefore = await originStats(procs.origin);
   const before = pids.map(cpuSeconds);
@@ -379,10 +360,8 @@ async function run(options: Options, dir: string): Promise<void> {
     bulk: options.bulkBytes / 500e6,
     get: options.seconds,
   };
-  const runsOf = (w: Workload) =>
-    modes.length + (options.experiment && EXPERIMENT_WORKLOADS.includes(w) ? 1 : 0);
-  const perRound = workloads.reduce((t, w) => t + runsOf(w) * (runSeconds[w] + 0.6), 0);
-  const warmUp = workloads.reduce((t, w) => t + runsOf(w) * 1.6, 0);
+  const perRound = workloads.reduce((t, w) => t + modes.length * (runSeconds[w] + 0.6), 0);
+  const warmUp = workloads.length * modes.length * 1.6;
   const planned = rounds * perRound + warmUp + 10;
   const lifetime = Math.ceil(2 * planned + 120);
 
@@ -421,21 +400,6 @@ async function run(options: Options, dir: string): Promise<void> {
         START_TIMEOUT_MS,
       )
     : undefined;
-  const withExperiment =
-    options.experiment && workloads.some((w) => EXPERIMENT_WORKLOADS.includes(w));
-  const experiment = withExperiment
-    ? await forkReady<number>(
-        './proxy-moat.js',
-        [ORIGIN_IP, String(lifetime)],
-        [
-          ...options.nodeFlags,
-          '--import',
-          fileURLToPath(new URL('./proxy-experiment.js', import.meta.url)),
-        ],
-        join(dir, 'moat-experiment.log'),
-        START_TIMEOUT_MS,
-      )
-    : undefined;
   const squid = modes.includes('squid')
     ? await startSquid(dir, ORIGIN_IP, ORIGIN_NAME, lifetime)
     : undefined;
@@ -455,18 +419,13 @@ async function run(options: Options, dir: string): Promise<void> {
     client: client.child,
     origin: origin.child,
     moat: moat?.child,
-    experiment: experiment?.child,
     squid,
   };
   const vias: Record<Mode, Via> = {
     moat: { mode: 'moat', proxy: { host: '127.0.0.1', port: moat?.ready ?? 0 } },
     squid: { mode: 'squid', proxy: { host: '127.0.0.1', port: squid?.port ?? 0 } },
     direct: { mode: 'direct' },
-    experiment: { mode: 'experiment', proxy: { host: '127.0.0.1', port: experiment?.ready ?? 0 } },
   };
-  /** The runs of a workload in a round: Moat, squid, direct, and the experiment (GET). */
-  const runners = (workload: Workload): Mode[] =>
-    experiment && EXPERIMENT_WORKLOADS.includes(workload) ? [...modes, 'experiment'] : [...modes];
 
   console.log(
     [
@@ -488,13 +447,6 @@ async function run(options: Options, dir: string): Promise<void> {
         ? `- squid (127.0.0.1:${squid.port}, squid -N, one process): ${squid.config.split('\n').join('; ')}.`
         : '',
       `- direct: the same client straight to the origin (origin-form requests, no CONNECT).`,
-      experiment
-        ? `- Moat+x (127.0.0.1:${experiment.ready}), GET only, an EXPERIMENT and not ` +
-          "Moat's code: a second Moat process, the same harness, with bench/proxy-experiment.ts " +
-          'loaded (node --import): the http.Agent for absolute-form requests keeping up to ' +
-          "1,024 idle upstream connections instead of 16 (and dropping the 'timeout' listener " +
-          'Moat leaves on a pooled socket per request).'
-        : '',
       `- load client (bench/proxy-client.ts): raw sockets; the same code and requests for every mode ` +
         '(the proxies get the same Proxy-Authorization header).',
       `- (a) tunnels: ${options.concurrency} concurrent loops of connect, CONNECT ${ORIGIN_NAME}:port, ` +
@@ -548,7 +500,7 @@ async function run(options: Options, dir: string): Promise<void> {
 
   console.log('Warm-up (not counted):');
   for (const workload of workloads)
-    for (const mode of runners(workload)) {
+    for (const mode of modes) {
       const m = await measure(0, workload, mode, true);
       const errors =
         'errors' in m.result ? m.result.errors : 'error' in m.result && m.result.error ? 1 : 0;
@@ -559,8 +511,7 @@ async function run(options: Options, dir: string): Promise<void> {
   console.log('Measured runs:');
   for (let round = 1; round <= rounds; round++)
     for (const workload of workloads)
-      for (const mode of runners(workload))
-        results.push(await measure(round, workload, mode, false));
+      for (const mode of modes) results.push(await measure(round, workload, mode, false));
 
   const moatCounts = moat
     ? await ask<{
@@ -814,71 +765,6 @@ function report(options: Options, results: Measured[]): void {
       ['left', 'left', ...Array.from({ length: rounds + 1 }, () => 'right' as const)],
     ),
   );
-
-  // The experiment (bench/proxy-experiment.ts): its own table, never mixed into Moat's.
-  const xRows: string[][] = [];
-  const perRoundRatio = (a: number[], b: number[]) => a.map((x, i) => x / b[i]!);
-  const upstreamPerThousand = (m: Measured) =>
-    (1000 * m.originConnections) / Math.max(1, m.originRequests);
-  const experimentRows = (
-    workload: Workload,
-    what: string,
-    value: (m: Measured) => number,
-    format: (n: number) => string,
-    cpu: { label: string; format: (seconds: number) => string },
-  ) => {
-    const x = byRound(workload, 'experiment', value);
-    if (!x.some(Number.isFinite)) return;
-    for (const mode of ['moat', 'experiment', 'squid', 'direct'] as const) {
-      if (mode !== 'experiment' && !modes.includes(mode)) continue;
-      const values = byRound(workload, mode, value);
-      const label = mode === 'experiment' ? 'Moat+x (EXPERIMENT)' : LABEL[mode];
-      xRows.push([`${what}, ${label}`, ...values.map(format), format(med(values))]);
-    }
-    for (const peer of ['moat', 'squid', 'direct'] as const) {
-      if (!modes.includes(peer)) continue;
-      const r = perRoundRatio(x, byRound(workload, peer, value));
-      xRows.push([`${what}, Moat+x / ${LABEL[peer]}`, ...r.map(ratio), ratio(med(r))]);
-    }
-    for (const mode of ['moat', 'experiment'] as const) {
-      if (mode === 'moat' && !modes.includes('moat')) continue;
-      const values = byRound(workload, mode, cpuPerOp);
-      xRows.push([
-        `${what}, ${LABEL[mode]} CPU ${cpu.label}`,
-        ...values.map(cpu.format),
-        cpu.format(med(values)),
-      ]);
-    }
-    if (workload === 'get')
-      for (const mode of ['moat', 'experiment', 'squid'] as const) {
-        if (mode !== 'experiment' && !modes.includes(mode)) continue;
-        const values = byRound(workload, mode, upstreamPerThousand);
-        xRows.push([
-          `${what}, ${LABEL[mode]} upstream connections per 1,000 GETs`,
-          ...values.map((v) => v.toFixed(1)),
-          med(values).toFixed(1),
-        ]);
-      }
-  };
-  if (workloads.includes('get'))
-    experimentRows('get', '(c) GET/s', perSecond, num, { label: 'per GET', format: us });
-  if (xRows.length > 0) {
-    console.log('\n## Experiment, not Moat (bench/proxy-experiment.ts)\n');
-    console.log(
-      'Moat+x is a second Moat process with bench/proxy-experiment.ts loaded: (c) the ' +
-        'per-sandbox http.Agent keeps as many idle upstream connections as it may open ' +
-        '(maxFreeSockets 16 -> 1,024), reuses the most recent first, and drops the ' +
-        "'timeout' listener Moat leaves on a pooled socket per request. It shows what that " +
-        "change to src/ would be worth; it is not Moat's number and no verdict uses it.\n",
-    );
-    console.log(
-      markdownTable(
-        ['run', ...Array.from({ length: rounds }, (_, i) => `round ${i + 1}`), 'median'],
-        xRows,
-        ['left', ...Array.from({ length: rounds + 1 }, () => 'right' as const)],
-      ),
-    );
-  }
 
   // CPU per operation of the proxy process, and the client's and origin's share.
   const cpuRows: string[][] = [];

@@ -1,5 +1,5 @@
 import type { CanonicalName, IPAddress } from '../policy/index.js';
-import type { AnswerCache } from './cache.js';
+import type { AnswerCache, CachedAnswer } from './cache.js';
 import { RCODE, TYPE } from './wire.js';
 
 /**
@@ -11,18 +11,22 @@ export class HostResolver {
 
   /** IPv4 addresses first, then IPv6. Rejects only when both lookups failed outright. */
   async lookup(name: CanonicalName): Promise<IPAddress[]> {
-    const results = await Promise.allSettled([
-      this.cache.resolve(name, TYPE.A),
-      this.cache.resolve(name, TYPE.AAAA),
-    ]);
+    const v4 = this.cache.resolve(name, TYPE.A);
+    const v6 = this.cache.resolve(name, TYPE.AAAA);
+    // Both cached (the usual case for a proxy): no promise to settle.
+    if (!(v4 instanceof Promise) && !(v6 instanceof Promise)) return [...usable(v4), ...usable(v6)];
+    const results = await Promise.allSettled([v4, v6]);
     const addresses: IPAddress[] = [];
     const failures: string[] = [];
     for (const result of results) {
       if (result.status === 'rejected') failures.push((result.reason as Error).message);
-      else if (result.value.rcode === RCODE.NOERROR)
-        addresses.push(...result.value.addresses.map((a) => a.ip));
+      else addresses.push(...usable(result.value));
     }
     if (addresses.length === 0 && failures.length === results.length) throw new Error(failures[0]);
     return addresses;
   }
+}
+
+function usable(answer: CachedAnswer): IPAddress[] {
+  return answer.rcode === RCODE.NOERROR ? answer.addresses.map((a) => a.ip) : [];
 }

@@ -1,0 +1,834 @@
+/**
+ * Absolute-form HTTP forwarding (`GET http://host:port/path HTTP/1.1` to the proxy listener),
+ * black-box and byte-exact: what the proxy accepts and refuses in request heads, how it frames
+ * request and response bodies, keep-alive and pipelining, hop-by-hop headers, upstream failures,
+ * backpressure, and a fuzz run of mutated heads. The regression suite for the proxy's HTTP/1.1
+ * front end.
+ *
+ * Origins listen on 127.0.0.30-127.0.0.35 and are reached by names a FakeDns resolves; the
+ * client side speaks raw bytes over net sockets (test/support/raw-http.ts) unless a test says it
+ * uses node:http. The fuzz run is seeded; set MOAT_FUZZ_SEED to replay another seed.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import http from 'node:http';
+import type net from 'node:net';
+import { setTimeout as delay } from 'node:timers/promises';
+import fc from 'fast-check';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { scratchMoatFlags } from '../../bench/lib/scratch.js';
+import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { loadConfig } from '../../src/config.js';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import { FakeDns } from '../support/fake-dns.js';
+import {
+  type CountingOrigin,
+  countingHttpOrigin,
+  header,
+  headerValues,
+  latin1,
+  RawClient,
+  type RawResponse,
+  type ScriptedOrigin,
+  scriptedOrigin,
+} from '../support/raw-http.js';
+
+const SANDBOX = 'iforwardsandbox000001';
+const SECRET = 'forward-secret-1';
+const SOURCE = '127.77.0.30';
+/** Short, so that stalled heads (test 4 and the fuzz truncations) end quickly. */
+const HANDSHAKE_MS = 500;
+const FUZZ_SEED = Number(process.env.MOAT_FUZZ_SEED ?? 0x5eed_f0a0) >>> 0;
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+
+const REC = 'rec.fwd.test'; // 127.0.0.30: raw origin that records bytes; must see nothing
+const ECHO = 'echo.fwd.test'; // 127.0.0.31: node:http origin, hashes request bodies
+const RAW = 'raw.fwd.test'; // 127.0.0.32: raw origin with scripted responses
+const BAD = 'bad.fwd.test'; // 127.0.0.33: raw origin that misbehaves
+const FLOOD = 'flood.fwd.test'; // 127.0.0.34: per-test origins (backpressure, disconnect)
+const FUZZ = 'fuzz.fwd.test'; // 127.0.0.35: node:http origin for the fuzz run
+const BLOCKED = 'blocked.test'; // resolves to the echo origin, but the policy denies it
+
+const AUTH = `Proxy-Authorization: Basic ${Buffer.from(`${SANDBOX}:${SECRET}`).toString('base64')}`;
+
+let upstream: FakeDns;
+let moat: RunningMoat;
+let proxy: { host: string; port: number };
+let rec: ScriptedOrigin;
+let echo: CountingOrigin & { readonly paths: string[] };
+let raw: ScriptedOrigin;
+let bad: ScriptedOrigin;
+let fuzz: CountingOrigin;
+const scratch = scratchMoatFlags();
+const clients: RawClient[] = [];
+
+/** The chunks the raw origin's /chunked response is made of. */
+const CHUNKS = ['Hello, ', 'chunked ', 'world', 'x'.repeat(10_000), '!'];
+
+/** An origin answering by path, for the response-side tests (bodiless requests only). */
+function rawResponses(socket: net.Socket, method: string, target: string): void {
+  socket.setNoDelay(true);
+  const path = target.split('?')[0];
+  switch (path) {
+    case '/ok':
+      socket.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok');
+      return;
+    case '/chunked':
+      socket.write(
+        'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n' +
+          'Trailer: X-Checksum\r\n\r\n',
+      );
+      CHUNKS.forEach((chunk, i) =>
+        socket.write(
+          latin1(`${chunk.length.toString(16)}${i === 1 ? ';ext=1' : ''}\r\n${chunk}\r\n`),
+        ),
+      );
+      socket.write('0\r\nX-Checksum: abc\r\n\r\n');
+      return;
+    case '/head':
+      socket.write(
+        `HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n${
+          method === 'HEAD' ? '' : 'h'.repeat(1000)
+        }`,
+      );
+      return;
+    case '/204':
+      socket.write('HTTP/1.1 204 No Content\r\nX-Kind: 204\r\n\r\n');
+      return;
+    case '/304':
+      // A 304 may carry the Content-Length of the representation; it still has no body.
+      socket.write('HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\nContent-Length: 1000\r\n\r\n');
+      return;
+    case '/close-delimited':
+      socket.end('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello');
+      return;
+    case '/hop':
+      socket.write(
+        'HTTP/1.1 200 OK\r\nConnection: x-secret-hop\r\nX-Secret-Hop: 1\r\n' +
+          'Keep-Alive: timeout=5\r\nProxy-Authenticate: Basic\r\nX-Kept: yes\r\n' +
+          'Content-Length: 2\r\n\r\nok',
+      );
+      return;
+    default:
+      socket.write('HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n');
+  }
+}
+
+function badResponses(socket: net.Socket, target: string): void {
+  switch (target) {
+    case '/garbage':
+      socket.write('NOT HTTP\r\n\r\n');
+      return;
+    case '/hangup':
+      socket.end();
+      return;
+    case '/huge-head': {
+      const filler = Array.from(
+        { length: 700 },
+        (_, i) => `X-Filler-${i}: ${'f'.repeat(90)}\r\n`,
+      ).join('');
+      socket.write(`HTTP/1.1 200 OK\r\n${filler}Content-Length: 0\r\n\r\n`);
+      return;
+    }
+    default:
+      socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+  }
+}
+
+beforeAll(async () => {
+  rec = await scriptedOrigin('127.0.0.30', (socket) =>
+    socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'),
+  );
+  const paths: string[] = [];
+  echo = Object.assign(
+    await countingHttpOrigin('127.0.0.31', (req, res) => {
+      paths.push(req.url ?? '');
+      const hash = createHash('sha256');
+      let length = 0;
+      req.on('data', (chunk: Buffer) => {
+        hash.update(chunk);
+        length += chunk.length;
+      });
+      req.on('end', () => {
+        const body = JSON.stringify({
+          method: req.method,
+          path: req.url,
+          host: req.headers.host,
+          length,
+          sha256: hash.digest('hex'),
+        });
+        res.writeHead(200, {
+          'Content-Type': 'application/json',
+          'Content-Length': Buffer.byteLength(body),
+        });
+        res.end(body);
+      });
+    }),
+    { paths },
+  );
+  raw = await scriptedOrigin('127.0.0.32', (socket, request) =>
+    rawResponses(socket, request.method, request.target),
+  );
+  bad = await scriptedOrigin('127.0.0.33', (socket, request) =>
+    badResponses(socket, request.target),
+  );
+  fuzz = await countingHttpOrigin('127.0.0.35', (req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'Content-Length': 2 }).end('ok'));
+  });
+  upstream = await new FakeDns(
+    new Map([
+      [REC, { A: ['127.0.0.30'] }],
+      [ECHO, { A: ['127.0.0.31'] }],
+      [RAW, { A: ['127.0.0.32'] }],
+      [BAD, { A: ['127.0.0.33'] }],
+      [FLOOD, { A: ['127.0.0.34'] }],
+      [FUZZ, { A: ['127.0.0.35'] }],
+      [BLOCKED, { A: ['127.0.0.31'] }],
+    ]),
+  ).start();
+  const config = loadConfig({
+    flags: {
+      'internal-deny': '10.0.0.0/8,169.254.0.0/16',
+      'dns-listen': '127.0.0.1:0',
+      'dns-upstream': `127.0.0.1:${upstream.port}`,
+      'proxy-listen': '127.0.0.1:0',
+      'proxy-max-tunnels': '8',
+      'proxy-handshake-timeout-ms': String(HANDSHAKE_MS),
+      'log-level': 'silent',
+      ...scratch.flags,
+    },
+  });
+  if (!config.ok) throw new Error(config.error);
+  moat = await startMoat(config.value, pino({ level: 'silent' }), { defaultMetrics: false });
+  proxy = moat.listening.proxy;
+  const parsed = parseNetworkConfig({ allowOut: ['*.fwd.test'], denyOut: ['0.0.0.0/0'] });
+  if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+  const source = parseIP(SOURCE);
+  if (!source.ok) throw new Error(source.error);
+  moat.table.register(
+    SANDBOX,
+    { sourceAddress: source.value, egressSecret: SECRET },
+    compilePolicy(parsed.value, moat.internal),
+  );
+});
+
+afterAll(async () => {
+  for (const client of clients) client.destroy();
+  await moat?.stop();
+  scratch.remove();
+  await Promise.all([...[rec, echo, raw, bad, fuzz].map((o) => o?.close()), upstream?.stop()]);
+});
+
+beforeEach(() => {
+  rec.bytesReceived = 0;
+  rec.requests.length = 0;
+  echo.paths.length = 0;
+  raw.requests.length = 0;
+});
+
+afterEach(() => {
+  for (const client of clients.splice(0)) client.destroy();
+});
+
+/** A new raw connection to the proxy, destroyed after the test. */
+async function connect(): Promise<RawClient> {
+  const client = await RawClient.connect(proxy);
+  clients.push(client);
+  return client;
+}
+
+/** `http://name:port/path` */
+const url = (name: string, port: number, path = '/') => `http://${name}:${port}${path}`;
+
+/**
+ * The bytes of a request: request line, Host (from the URL), Proxy-Authorization, `lines`, then
+ * the blank line and `body`. `line` replaces the request line; `eol` the line ending.
+ */
+function request(
+  target: string,
+  options: {
+    method?: string;
+    version?: string;
+    line?: string;
+    lines?: string[];
+    body?: string | Buffer;
+    eol?: string;
+    auth?: boolean;
+  } = {},
+): Buffer {
+  const { method = 'GET', version = 'HTTP/1.1', lines = [], eol = '\r\n', auth = true } = options;
+  const host = target.startsWith('http://') ? new URL(target).host : 'invalid';
+  const head = [
+    options.line ?? `${method} ${target} ${version}`,
+    `Host: ${host}`,
+    ...(auth ? [AUTH] : []),
+    ...lines,
+    '',
+    '',
+  ].join(eol);
+  const body = options.body ?? '';
+  return Buffer.concat([latin1(head), typeof body === 'string' ? latin1(body) : body]);
+}
+
+function json(response: RawResponse): Record<string, unknown> {
+  const text = response.body.toString('utf8');
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch {
+    throw new Error(`${response.status} response body is not JSON: ${JSON.stringify(text)}`);
+  }
+}
+
+/** Asserts a Moat error response: the status and a `{"code": status, "message": ...}` body. */
+function expectError(response: RawResponse, status: number): { code: number; message: string } {
+  expect(response.status, response.head).toBe(status);
+  const body = json(response);
+  expect(body).toEqual({ code: status, message: expect.any(String) });
+  return body as { code: number; message: string };
+}
+
+/** Sends `bytes` on a new connection and reads one response. */
+async function exchange(bytes: Buffer, method = 'GET') {
+  const client = await connect();
+  client.send(bytes);
+  return { client, response: await client.response({ method }) };
+}
+
+/** Request through the proxy with node:http (absolute URL as path, Proxy-Authorization). */
+function viaNodeClient(
+  target: string,
+  options: { method?: string; body?: Buffer; expectContinue?: boolean } = {},
+): Promise<{
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: Buffer;
+  continued: boolean;
+}> {
+  return new Promise((resolve, reject) => {
+    const headers: Record<string, string | number> = {
+      'proxy-authorization': AUTH.slice('Proxy-Authorization: '.length),
+    };
+    if (options.body) headers['content-length'] = options.body.length;
+    if (options.expectContinue) headers.expect = '100-continue';
+    const req = http.request({
+      host: proxy.host,
+      port: proxy.port,
+      method: options.method ?? 'GET',
+      path: target,
+      headers,
+      agent: false,
+    });
+    let continued = false;
+    const timer = setTimeout(
+      () => req.destroy(new Error(`no complete response to ${target} within 3 s`)),
+      3000,
+    );
+    req.on('continue', () => {
+      continued = true;
+      req.end(options.body);
+    });
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (chunk: Buffer) => chunks.push(chunk));
+      res.on('end', () => {
+        clearTimeout(timer);
+        resolve({
+          status: res.statusCode ?? 0,
+          headers: res.headers,
+          body: Buffer.concat(chunks),
+          continued,
+        });
+      });
+      res.on('error', reject);
+    });
+    req.on('error', (error) => {
+      clearTimeout(timer);
+      reject(error);
+    });
+    if (!options.expectContinue) req.end(options.body);
+  });
+}
+
+const sha256 = (data: Buffer) => createHash('sha256').update(data).digest('hex');
+
+describe('malformed request heads', () => {
+  const target = () => url(REC, rec.port, '/');
+  const line = (l: string) => () => request(target(), { line: l.replace('URL', target()) });
+  const withLines =
+    (lines: string[], extra: { method?: string; body?: string } = {}) =>
+    () =>
+      request(target(), { lines, ...extra });
+
+  it.each<[string, () => Buffer]>([
+    ['bare LF line endings', () => request(target(), { eol: '\n' })],
+    [
+      'a bare LF ending one header line',
+      () => latin1(`GET ${target()} HTTP/1.1\r\nHost: ${REC}\r\n${AUTH}\r\nX-A: 1\nX-B: 2\r\n\r\n`),
+    ],
+    ['obs-fold (a line starting with a space)', withLines(['X-Folded: a', ' b'])],
+    ['obs-fold (a line starting with a tab)', withLines(['X-Folded: a', '\tb'])],
+    ['a space between header name and colon', withLines(['X-Space : v'])],
+    ['a tab between header name and colon', withLines(['X-Tab\t: v'])],
+    ['a NUL in a header value', withLines(['X-Nul: a\0b'])],
+    ['a bare CR in a header value', withLines(['X-Cr: a\rb'])],
+    ['two spaces after the method', line('GET  URL HTTP/1.1')],
+    ['a tab instead of a space', line('GET\tURL HTTP/1.1')],
+    ['no HTTP version', line('GET URL')],
+    ['a protocol name that is not HTTP', line('GET URL HTTQ/1.1')],
+    ['a lower-case protocol name', line('GET URL http/1.1')],
+    ['a trailing space after the version', line('GET URL HTTP/1.1 ')],
+    [
+      'Content-Length together with Transfer-Encoding',
+      withLines(['Content-Length: 5', 'Transfer-Encoding: chunked'], {
+        method: 'POST',
+        body: '0\r\n\r\n',
+      }),
+    ],
+    [
+      'two equal Content-Length headers',
+      withLines(['Content-Length: 5', 'Content-Length: 5'], { method: 'POST', body: 'hello' }),
+    ],
+    [
+      'two different Content-Length headers',
+      withLines(['Content-Length: 5', 'Content-Length: 6'], { method: 'POST', body: 'hello!' }),
+    ],
+    ['Content-Length "+5"', withLines(['Content-Length: +5'], { method: 'POST', body: 'hello' })],
+    ['Content-Length "5 5"', withLines(['Content-Length: 5 5'], { method: 'POST', body: 'hello' })],
+    [
+      'Content-Length "0x10"',
+      withLines(['Content-Length: 0x10'], { method: 'POST', body: '0123456789abcdef' }),
+    ],
+  ])('answers 400 and closes for %s; the origin sees nothing', async (_, bytes) => {
+    const { client, response } = await exchange(bytes());
+    expectError(response, 400);
+    expect(await client.waitClosed(2000), 'connection closed after the 400').toBe(true);
+    await delay(50);
+    expect(rec.bytesReceived).toBe(0);
+  });
+
+  it.each(['gzip', 'chunked, gzip', 'identity'])(
+    'answers 501 and closes for Transfer-Encoding: %s; the origin sees nothing',
+    async (coding) => {
+      const { client, response } = await exchange(
+        request(target(), {
+          method: 'POST',
+          lines: [`Transfer-Encoding: ${coding}`],
+          body: '5\r\nhello\r\n0\r\n\r\n',
+        }),
+      );
+      expectError(response, 501);
+      expect(await client.waitClosed(2000), 'connection closed after the 501').toBe(true);
+      await delay(50);
+      expect(rec.bytesReceived).toBe(0);
+    },
+  );
+
+  it.each<[string, () => string[]]>([
+    ['a head over 16 KiB', () => [`X-Big: ${'a'.repeat(17 * KiB)}`]],
+    [
+      '101 header lines',
+      // Host and Proxy-Authorization are two of them.
+      () => Array.from({ length: 99 }, (_, i) => `X-Many-${i}: v`),
+    ],
+  ])('answers 431 and closes for %s; the origin sees nothing', async (_, lines) => {
+    const { client, response } = await exchange(request(target(), { lines: lines() }));
+    expect(response.status, response.head).toBe(431);
+    expect(await client.waitClosed(2000), 'connection closed after the 431').toBe(true);
+    await delay(50);
+    expect(rec.bytesReceived).toBe(0);
+  });
+
+  it.each<[string, () => string[]]>([
+    ['a head of 15 KiB', () => [`X-Big: ${'a'.repeat(15 * KiB)}`]],
+    ['exactly 100 header lines', () => Array.from({ length: 98 }, (_, i) => `X-Many-${i}: v`)],
+  ])('forwards a request just inside the limits: %s', async (_, lines) => {
+    const { response } = await exchange(request(target(), { lines: lines() }));
+    expect(response.status, response.head).toBe(200);
+    expect(response.body.toString()).toBe('ok');
+    expect(rec.requests).toHaveLength(1);
+  });
+
+  it('disconnects a client that stalls in the middle of its head, within the handshake timeout', async () => {
+    const client = await connect();
+    const sent = performance.now();
+    client.send(`GET ${target()} HTTP/1.1\r\nHost: ${REC}:${rec.port}\r\n${AUTH}\r\nX-Par`);
+    const closed = await client.waitClosed(HANDSHAKE_MS + 1500);
+    const elapsed = performance.now() - sent;
+    expect(closed, `still open ${Math.round(elapsed)} ms after a partial head`).toBe(true);
+    // Not at once: a head may legitimately arrive in pieces.
+    expect(elapsed).toBeGreaterThanOrEqual(HANDSHAKE_MS / 2);
+    if (client.unread().length > 0) expect((await client.response()).status).toBe(408);
+    expect(rec.bytesReceived).toBe(0);
+  });
+
+  it('reads a head that arrives in many small pieces', async () => {
+    const client = await connect();
+    const bytes = request(url(ECHO, echo.port, '/pieces'));
+    for (let at = 0; at < bytes.length; at += 7) {
+      client.send(bytes.subarray(at, at + 7));
+      await delay(2);
+    }
+    const response = await client.response();
+    expect(response.status).toBe(200);
+    expect(json(response).path).toBe('/pieces');
+  });
+});
+
+describe('request bodies, pipelining and keep-alive', () => {
+  it('carries a 1 MiB Content-Length body intact', async () => {
+    const body = randomBytes(MiB);
+    const { response } = await exchange(
+      request(url(ECHO, echo.port, '/upload'), {
+        method: 'POST',
+        lines: [`Content-Length: ${body.length}`, 'Content-Type: application/octet-stream'],
+        body,
+      }),
+    );
+    expect(response.status).toBe(200);
+    expect(json(response)).toMatchObject({ method: 'POST', length: MiB, sha256: sha256(body) });
+  });
+
+  it('carries a chunked body, sent in pieces with chunk extensions, intact', async () => {
+    const pieces = [randomBytes(1000), latin1('hello'), randomBytes(70_000), randomBytes(1)];
+    const client = await connect();
+    client.send(
+      request(url(ECHO, echo.port, '/chunked-upload'), {
+        method: 'POST',
+        lines: ['Transfer-Encoding: chunked'],
+      }),
+    );
+    for (const [i, piece] of pieces.entries()) {
+      const extension = i === 0 ? ';name=value' : i === 2 ? ';a=1;b="quoted value"' : '';
+      client.send(
+        Buffer.concat([
+          latin1(`${piece.length.toString(16)}${extension}\r\n`),
+          piece,
+          latin1('\r\n'),
+        ]),
+      );
+      await delay(5);
+    }
+    client.send('0\r\n\r\n');
+    const response = await client.response();
+    expect(response.status).toBe(200);
+    const all = Buffer.concat(pieces);
+    expect(json(response)).toMatchObject({
+      method: 'POST',
+      length: all.length,
+      sha256: sha256(all),
+    });
+  });
+
+  it('answers two GETs pipelined in one write, in order, on the same connection', async () => {
+    const client = await connect();
+    client.send(
+      Buffer.concat([request(url(ECHO, echo.port, '/one')), request(url(ECHO, echo.port, '/two'))]),
+    );
+    const first = await client.response();
+    const second = await client.response();
+    expect([first.status, second.status]).toEqual([200, 200]);
+    expect([json(first).path, json(second).path]).toEqual(['/one', '/two']);
+    expect(client.ended).toBe(false);
+  });
+
+  it('keeps the client connection alive for 50 GETs and reuses upstream connections', async () => {
+    const client = await connect();
+    const before = echo.connections;
+    for (let i = 0; i < 50; i++) {
+      client.send(request(url(ECHO, echo.port, `/seq/${i}`)));
+      const response = await client.response();
+      expect(response.status, `request ${i}`).toBe(200);
+      expect(json(response).path).toBe(`/seq/${i}`);
+    }
+    expect(echo.connections - before).toBeLessThanOrEqual(5);
+  });
+
+  it('answers an HTTP/1.0 request in full and then closes', async () => {
+    const client = await connect();
+    client.send(request(url(ECHO, echo.port, '/ten'), { version: 'HTTP/1.0' }));
+    const response = await client.response();
+    expect(response.status).toBe(200);
+    expect(json(response).path).toBe('/ten');
+    expect(await client.waitClosed(2000), 'connection closed after the HTTP/1.0 response').toBe(
+      true,
+    );
+  });
+
+  it('decides each request: a denied name after an allowed one gets 403, the origin sees nothing', async () => {
+    const client = await connect();
+    client.send(request(url(ECHO, echo.port, '/allowed')));
+    expect((await client.response()).status).toBe(200);
+    client.send(request(url(BLOCKED, echo.port, '/denied')));
+    const denied = expectError(await client.response(), 403);
+    expect(denied.message).toContain(`${BLOCKED}:${echo.port}`);
+    expect(echo.paths).toEqual(['/allowed']);
+  });
+});
+
+describe('responses', () => {
+  it('relays a chunked response with a trailer to a node:http client', async () => {
+    const response = await viaNodeClient(url(RAW, raw.port, '/chunked'));
+    expect(response.status).toBe(200);
+    expect(response.body.toString('latin1')).toBe(CHUNKS.join(''));
+  });
+
+  it('relays a chunked response and keeps the connection usable', async () => {
+    const client = await connect();
+    client.send(request(url(RAW, raw.port, '/chunked')));
+    const response = await client.response();
+    expect(response.status).toBe(200);
+    expect(response.body.toString('latin1')).toBe(CHUNKS.join(''));
+    client.send(request(url(RAW, raw.port, '/ok')));
+    const next = await client.response();
+    expect(next.status).toBe(200);
+    expect(next.body.toString()).toBe('ok');
+  });
+
+  it('relays a HEAD response without waiting for a body, then serves a GET', async () => {
+    const client = await connect();
+    client.send(request(url(RAW, raw.port, '/head'), { method: 'HEAD' }));
+    const head = await client.response({ method: 'HEAD' });
+    expect(head.status).toBe(200);
+    expect(header(head, 'content-length')).toBe('1000');
+    client.send(request(url(RAW, raw.port, '/head')));
+    const get = await client.response();
+    expect(get.status).toBe(200);
+    expect(get.body.toString()).toBe('h'.repeat(1000));
+  });
+
+  it.each(['204', '304'])(
+    'relays a %s without a body, then serves the next request',
+    async (status) => {
+      const client = await connect();
+      client.send(request(url(RAW, raw.port, `/${status}`)));
+      const response = await client.response();
+      expect(response.status).toBe(Number(status));
+      client.send(request(url(RAW, raw.port, '/ok')));
+      const next = await client.response();
+      expect(next.status, `the request after the ${status}`).toBe(200);
+      expect(next.body.toString()).toBe('ok');
+    },
+  );
+
+  it('relays a close-delimited response and then closes the client connection', async () => {
+    const client = await connect();
+    client.send(request(url(RAW, raw.port, '/close-delimited')));
+    const response = await client.response();
+    expect(response.status).toBe(200);
+    expect(response.body.toString()).toBe('hello');
+    expect(await client.waitClosed(2000), 'connection closed after the response').toBe(true);
+  });
+
+  it('relays the final response after a 100-continue, and the origin gets the body', async () => {
+    const body = randomBytes(20_000);
+    const response = await viaNodeClient(url(ECHO, echo.port, '/continue'), {
+      method: 'POST',
+      body,
+      expectContinue: true,
+    });
+    expect(response.continued).toBe(true);
+    expect(response.status).toBe(200);
+    expect(JSON.parse(response.body.toString())).toMatchObject({
+      path: '/continue',
+      length: body.length,
+      sha256: sha256(body),
+    });
+  });
+
+  it('strips hop-by-hop response headers and keeps the others', async () => {
+    const client = await connect();
+    client.send(request(url(RAW, raw.port, '/hop')));
+    const response = await client.response();
+    expect(response.status).toBe(200);
+    expect(header(response, 'x-kept')).toBe('yes');
+    expect(headerValues(response, 'x-secret-hop')).toEqual([]);
+    expect(headerValues(response, 'proxy-authenticate')).toEqual([]);
+    expect(headerValues(response, 'keep-alive')).not.toContain('timeout=5');
+    for (const value of headerValues(response, 'connection'))
+      expect(value.toLowerCase()).not.toContain('x-secret-hop');
+    expect(response.body.toString()).toBe('ok');
+  });
+
+  it.each([
+    ['answers something that is not HTTP', '/garbage'],
+    ['closes without answering', '/hangup'],
+    ['sends a response head over 64 KiB', '/huge-head'],
+  ])('answers 502 naming the destination when the origin %s', async (_, path) => {
+    const { response } = await exchange(request(url(BAD, bad.port, path)));
+    const { message } = expectError(response, 502);
+    expect(message).toContain(BAD);
+    expect(message).toContain(`:${bad.port}`);
+    const after = await exchange(request(url(BAD, bad.port, '/fine')));
+    expect(after.response.status).toBe(200);
+    expect(after.response.body.toString()).toBe('ok');
+  });
+});
+
+describe('flow control', () => {
+  it('holds a fast origin back while the client does not read, then delivers all 64 MiB', async () => {
+    const total = 64 * MiB;
+    let written = 0;
+    const flood = await scriptedOrigin('127.0.0.34', (socket) => {
+      socket.write(
+        `HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: ${total}\r\n\r\n`,
+      );
+      const chunk = Buffer.alloc(64 * KiB, 0x61);
+      const push = () => {
+        while (written < total) {
+          written += chunk.length;
+          if (!socket.write(chunk)) return void socket.once('drain', push);
+        }
+      };
+      push();
+    });
+    try {
+      const client = await connect();
+      client.pause();
+      client.send(request(url(FLOOD, flood.port, '/flood')));
+      await delay(1000);
+      expect(written, 'bytes the origin could write while the client read nothing').toBeLessThan(
+        16 * MiB,
+      );
+      const response = await client.response({ keepBody: false, timeoutMs: 10_000 });
+      expect(response.status).toBe(200);
+      expect(response.bodyLength).toBe(total);
+      expect(client.unread().length).toBe(0);
+    } finally {
+      await flood.close();
+    }
+  });
+
+  it('closes the upstream connection when the client disconnects mid-response', async () => {
+    let upstreamClosed: Promise<number> | undefined;
+    const slow = await scriptedOrigin('127.0.0.34', (socket) => {
+      upstreamClosed = new Promise((resolve) =>
+        socket.once('close', () => resolve(performance.now())),
+      );
+      socket.write(`HTTP/1.1 200 OK\r\nContent-Length: ${100 * MiB}\r\n\r\n`);
+      socket.write(Buffer.alloc(64 * KiB, 0x62));
+    });
+    try {
+      const client = await connect();
+      client.send(request(url(FLOOD, slow.port, '/slow')));
+      await client.waitReceived(16 * KiB);
+      expect(upstreamClosed).toBeDefined();
+      client.destroy();
+      const gone = performance.now();
+      const closedAt = await Promise.race([upstreamClosed!, delay(2000).then(() => undefined)]);
+      expect(closedAt, 'origin connection still open 2 s after the client left').toBeDefined();
+      expect(closedAt! - gone).toBeLessThan(2000);
+    } finally {
+      await slow.close();
+    }
+  });
+});
+
+describe('fuzz', () => {
+  interface FuzzCase {
+    readonly kind: string;
+    readonly bytes: Buffer;
+  }
+
+  /** 2,000 heads from the seed: mutations of a valid GET, random bytes, huge header counts. */
+  function fuzzCases(count: number): FuzzCase[] {
+    const target = url(FUZZ, fuzz.port, '/fuzz?q=1');
+    const base = request(target, { lines: ['User-Agent: fuzz/1', 'Accept: */*'] });
+    const n = base.length;
+    const flips = fc
+      .array(fc.tuple(fc.nat({ max: n - 1 }), fc.nat({ max: 7 })), { minLength: 1, maxLength: 6 })
+      .map((list) => {
+        const bytes = Buffer.from(base);
+        for (const [at, bit] of list) bytes[at] = bytes[at]! ^ (1 << bit);
+        return { kind: 'bit flips', bytes };
+      });
+    const truncation = fc
+      .integer({ min: 1, max: n - 1 })
+      .map((cut) => ({ kind: 'truncation', bytes: base.subarray(0, cut) }));
+    const random = fc
+      .uint8Array({ minLength: 1, maxLength: 1024 })
+      .map((array) => ({ kind: 'random bytes', bytes: Buffer.from(array) }));
+    // Random bytes rarely end a head, so most of the above wait out the handshake timeout.
+    const randomHead = fc.uint8Array({ minLength: 1, maxLength: 1024 }).map((array) => ({
+      kind: 'random head',
+      bytes: Buffer.concat([Buffer.from(array), latin1('\r\n\r\n')]),
+    }));
+    const many = fc.integer({ min: 101, max: 4000 }).map((headers) => ({
+      kind: 'many headers',
+      bytes: request(target, {
+        lines: Array.from({ length: headers }, (_, i) => `X-Fuzz-${i}: ${i}`),
+      }),
+    }));
+    const fragments = ['\0', '\r', '\n', ' ', '\t', ':', '\x7f', '\xff', '\r\n', '\r\n '];
+    const inserted = fc
+      .tuple(fc.nat({ max: n }), fc.constantFrom(...fragments, '\r\n\r\n', 'HTTP/1.1', '%00'))
+      .map(([at, fragment]) => ({
+        kind: 'insertion',
+        bytes: Buffer.concat([base.subarray(0, at), latin1(fragment), base.subarray(at)]),
+      }));
+    const removed = fc
+      .tuple(fc.nat({ max: n - 1 }), fc.integer({ min: 1, max: 16 }))
+      .map(([at, length]) => ({
+        kind: 'deletion',
+        bytes: Buffer.concat([base.subarray(0, at), base.subarray(at + length)]),
+      }));
+    const arbitrary = fc.oneof(
+      { arbitrary: flips, weight: 35 },
+      { arbitrary: truncation, weight: 6 },
+      { arbitrary: random, weight: 4 },
+      { arbitrary: randomHead, weight: 11 },
+      { arbitrary: many, weight: 8 },
+      { arbitrary: inserted, weight: 26 },
+      { arbitrary: removed, weight: 10 },
+    );
+    return fc.sample(arbitrary, { seed: FUZZ_SEED, numRuns: count });
+  }
+
+  /** Undefined when the connection ended (response head or close) within 2 s, else the problem. */
+  async function runCase(bytes: Buffer): Promise<string | undefined> {
+    let client: RawClient;
+    try {
+      client = await RawClient.connect(proxy, 2000);
+    } catch (error) {
+      return `could not connect: ${(error as Error).message}`;
+    }
+    try {
+      client.send(bytes);
+      const answered = await client.waitUntil((unread) => unread.includes('\r\n\r\n'), 2000);
+      const unread = client.unread();
+      if (unread.length > 0 && !/^HTTP\/1\.[01] \d{3} /.test(unread.toString('latin1', 0, 13)))
+        return `answered with something that is not an HTTP response: ${JSON.stringify(unread.toString('latin1', 0, 60))}`;
+      if (!answered && !client.ended) return 'neither answered nor closed within 2 s';
+      return undefined;
+    } finally {
+      client.destroy();
+    }
+  }
+
+  it('survives 2,000 mutated heads, each ending within 2 s, and still forwards afterwards', async () => {
+    const cases = fuzzCases(2000);
+    const problems: string[] = [];
+    const budgetEnd = performance.now() + 15_000;
+    let next = 0;
+    let done = 0;
+    const worker = async () => {
+      while (next < cases.length && problems.length < 20 && performance.now() < budgetEnd) {
+        const fuzzCase = cases[next++]!;
+        const problem = await runCase(fuzzCase.bytes);
+        done++;
+        if (problem !== undefined) {
+          const preview = fuzzCase.bytes.toString('latin1', 0, 120);
+          problems.push(`${fuzzCase.kind}: ${problem}: ${JSON.stringify(preview)}`);
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: 32 }, worker));
+    expect(problems, `seed ${FUZZ_SEED} (MOAT_FUZZ_SEED to replay)`).toEqual([]);
+    expect(done, 'cases run within the 15 s budget').toBe(cases.length);
+    const { response } = await exchange(request(url(FUZZ, fuzz.port, '/after')));
+    expect(response.status).toBe(200);
+    expect(response.body.toString()).toBe('ok');
+  }, 25_000);
+});

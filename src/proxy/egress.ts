@@ -413,6 +413,7 @@ class ClientConnection {
   /** Bytes of the next head have arrived (a pause from here on is no longer keep-alive idling). */
   private started = false;
   private served = 0;
+  private ended = false;
   private current: Exchange | undefined;
 
   constructor(
@@ -440,7 +441,9 @@ class ClientConnection {
 
   // The client sent its last byte: a request it has not finished will never come.
   private readonly onEnd = () => {
+    this.ended = true;
     if (this.state === 'head') this.socket.end();
+    else this.current?.clientEnded();
   };
 
   private readonly onTimeout = () => {
@@ -468,7 +471,7 @@ class ClientConnection {
   private readHead(): void {
     this.state = 'head';
     this.started = false;
-    if (this.proxy.draining) return void this.socket.end();
+    if (this.proxy.draining || (this.ended && !this.inbox.pending)) return void this.socket.end();
     const { handshakeTimeoutMs } = this.proxy.options;
     this.socket.setTimeout(this.served === 0 ? handshakeTimeoutMs : KEEP_ALIVE_MS);
     let seen: Buffer | undefined;

@@ -116,6 +116,8 @@ export interface ForwardRequest {
 }
 
 const REQUEST_DROP = new Set(['host']);
+/** Methods that may be sent twice (RFC 9110 9.2.2). */
+const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
 
 /** The Host header for a target, as the absolute URI gave it (RFC 9112 3.2.2). */
 function hostHeader(target: Target): string {
@@ -178,6 +180,11 @@ export class Exchange {
     this.abort();
   }
 
+  /** The client half-closed: fine once its request is whole, fatal before. */
+  clientEnded(): void {
+    if (!this.requestDone) this.abort();
+  }
+
   private async dial(): Promise<void> {
     this.reused = false;
     const { dialer } = this.context;
@@ -231,9 +238,13 @@ export class Exchange {
   private readonly onUpstreamClose = () => {
     if (this.finished) return;
     if (this.responseStarted) return this.abort();
-    if (this.reused && this.request.framing.kind === 'none') {
-      // A pooled connection the origin closed as we took it: it processed nothing, so the
-      // request goes once more, on a new connection.
+    if (
+      this.reused &&
+      this.request.framing.kind === 'none' &&
+      IDEMPOTENT.has(this.request.head.method)
+    ) {
+      // A pooled connection the origin closed as we took it (most likely it processed
+      // nothing): an idempotent request goes once more, on a new connection (RFC 9112 9.3.1).
       const stale = this.upstream;
       this.detach();
       stale?.socket.destroy();

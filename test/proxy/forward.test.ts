@@ -290,6 +290,16 @@ function expectError(response: RawResponse, status: number): { code: number; mes
   return body as { code: number; message: string };
 }
 
+/** Polls `condition` every 10 ms; fails after `timeoutMs`. */
+async function until(condition: () => boolean, timeoutMs = 2000): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  while (!condition()) {
+    if (performance.now() > deadline)
+      throw new Error(`not true within ${timeoutMs} ms: ${condition}`);
+    await delay(10);
+  }
+}
+
 /** Sends `bytes` on a new connection and reads one response. */
 async function exchange(bytes: Buffer, method = 'GET') {
   const client = await connect();
@@ -544,6 +554,60 @@ describe('request bodies, pipelining and keep-alive', () => {
       expect(json(response).path).toBe(`/seq/${i}`);
     }
     expect(echo.connections - before).toBeLessThanOrEqual(5);
+  });
+
+  it('sends an idempotent request again when its pooled connection dies unanswered', async () => {
+    // Each origin connection answers one request with keep-alive, then drops the next one
+    // unanswered: the race of an origin closing an idle connection as Moat reuses it.
+    const answered = new Set<number>();
+    const dropping = await scriptedOrigin('127.0.0.34', (socket, { connection }) => {
+      if (answered.has(connection)) return void socket.destroy();
+      answered.add(connection);
+      socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+    });
+    try {
+      const client = await connect();
+      for (const [i, method] of ['GET', 'GET', 'DELETE'].entries()) {
+        client.send(request(url(FLOOD, dropping.port, `/${i}`), { method }));
+        expect((await client.response({ method })).status, `request ${i}`).toBe(200);
+      }
+      // A POST is never sent twice: it fails with 502 naming the destination.
+      client.send(request(url(FLOOD, dropping.port, '/post'), { method: 'POST' }));
+      expect(expectError(await client.response({ method: 'POST' }), 502).message).toContain(FLOOD);
+      expect(dropping.requests.map((r) => `${r.connection} ${r.method} ${r.target}`)).toEqual([
+        '0 GET /0',
+        '0 GET /1',
+        '1 GET /1',
+        '1 DELETE /2',
+        '2 DELETE /2',
+        '2 POST /post',
+      ]);
+    } finally {
+      await dropping.close();
+    }
+  });
+
+  it('gives up a request whose client half-closes before its body is complete', async () => {
+    let upstreamClosed = false;
+    const waiting = await scriptedOrigin('127.0.0.34', (socket) => {
+      socket.once('close', () => (upstreamClosed = true));
+    });
+    try {
+      const client = await connect();
+      client.send(
+        request(url(FLOOD, waiting.port, '/upload'), {
+          method: 'POST',
+          lines: ['Content-Length: 100'],
+          body: 'only ten b',
+        }),
+      );
+      await until(() => waiting.requests.length === 1);
+      client.end();
+      expect(await client.waitClosed(2000), 'client connection still open').toBe(true);
+      await until(() => upstreamClosed);
+    } finally {
+      await waiting.close();
+    }
   });
 
   it('answers an HTTP/1.0 request in full and then closes', async () => {

@@ -97,6 +97,11 @@ export class RawClient {
     this.socket.resume();
   }
 
+  /** Half-closes: sends FIN, keeps reading. */
+  end(): void {
+    this.socket.end();
+  }
+
   destroy(): void {
     this.socket.destroy();
   }

@@ -56,6 +56,8 @@ export interface MoatConfig {
   /** API keys from configuration; empty means the generated key in the data folder. */
   readonly apiKeys: readonly string[];
   readonly metricsRequireKey: boolean;
+  /** Export a per-sandbox active-connections gauge (label cardinality = sandboxes). */
+  readonly metricsPerSandbox: boolean;
   /** A second listener serving only GET /metrics (no API key); undefined when switched off. */
   readonly metricsListen: HostPort | undefined;
   /** Where sandboxes, snapshots, the store and the generated API key live. */
@@ -446,6 +448,15 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_METRICS_REQUIRE_KEY',
     default: 'false',
     help: 'GET /metrics on the API listener needs the API key too',
+    parse: booleanValue,
+  },
+  {
+    key: 'metricsPerSandbox',
+    metavar: 'true|false',
+    flag: 'metrics-per-sandbox',
+    env: 'MOAT_METRICS_PER_SANDBOX',
+    default: 'false',
+    help: 'also export moat_proxy_sandbox_active_tunnels{sandbox_id}, one series per sandbox with open connections (off by default: its cardinality follows the number of sandboxes)',
     parse: booleanValue,
   },
   {

@@ -170,7 +170,10 @@ export async function startMoat(
   options: StartOptions = {},
 ): Promise<RunningMoat> {
   const now = options.now ?? Date.now;
-  const metrics = new MoatMetrics({ defaultMetrics: options.defaultMetrics });
+  const metrics = new MoatMetrics({
+    defaultMetrics: options.defaultMetrics,
+    perSandbox: config.metricsPerSandbox,
+  });
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
   const { network, reason: proxyOnlyReason } = chooseNetwork(config);
@@ -212,7 +215,10 @@ export async function startMoat(
     gateway: undefined,
   };
   const tunnels = new TunnelRegistry(table);
-  metrics.countTunnelsWith(() => tunnels.size);
+  metrics.countTunnelsWith(
+    () => tunnels.size,
+    () => tunnels.countsBySandbox(),
+  );
   const dialer = new Dialer({
     resolver: new HostResolver(cache),
     connectTimeoutMs: config.proxyConnectTimeoutMs,

@@ -87,6 +87,14 @@ export class MoatMetrics {
 
   private tunnelCount: () => number = () => 0;
 
+  /**
+   * Opt-in (`--metrics-per-sandbox`): one series per sandbox with open connections. Off by
+   * default, since its cardinality follows the number of sandboxes.
+   */
+  readonly proxySandboxActiveTunnels: Gauge<'sandbox_id'> | undefined;
+
+  private tunnelsBySandbox: () => Iterable<[string, number]> = () => [];
+
   readonly sandboxes: Gauge<'state'> = new Gauge({
     name: 'moat_sandboxes',
     help: 'Sandboxes this Moat holds, by state (running or paused)',
@@ -177,12 +185,27 @@ export class MoatMetrics {
     this.sandboxCount = count;
   }
 
-  /** Where the active-tunnel gauge reads its value at scrape time. */
-  countTunnelsWith(count: () => number): void {
+  /** Where the active-tunnel gauges read their values at scrape time. */
+  countTunnelsWith(count: () => number, bySandbox: () => Iterable<[string, number]>): void {
     this.tunnelCount = count;
+    this.tunnelsBySandbox = bySandbox;
   }
 
-  constructor(options: { defaultMetrics?: boolean } = {}) {
+  constructor(options: { defaultMetrics?: boolean; perSandbox?: boolean } = {}) {
+    if (options.perSandbox) {
+      const gauge: Gauge<'sandbox_id'> = new Gauge({
+        name: 'moat_proxy_sandbox_active_tunnels',
+        help: 'Open tunnels and in-flight forwarded requests of one sandbox (only sandboxes with any)',
+        labelNames: ['sandbox_id'],
+        registers: [this.registry],
+        collect: (): void => {
+          gauge.reset();
+          for (const [sandboxID, count] of this.tunnelsBySandbox())
+            gauge.set({ sandbox_id: sandboxID }, count);
+        },
+      });
+      this.proxySandboxActiveTunnels = gauge;
+    }
     // Failure series exist from the start at 0: an alert on increase() then sees the first one.
     for (const change of ['install', 'policy', 'learned'] as const) {
       for (const result of ['applied', 'failed'] as const)

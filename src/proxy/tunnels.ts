@@ -33,6 +33,11 @@ export class TunnelRegistry {
     return this.bySandbox.get(sandboxID)?.size ?? 0;
   }
 
+  /** Sandboxes with open connections, and how many each has. */
+  *countsBySandbox(): Iterable<[string, number]> {
+    for (const [sandboxID, set] of this.bySandbox) yield [sandboxID, set.size];
+  }
+
   get size(): number {
     let total = 0;
     for (const set of this.bySandbox.values()) total += set.size;

@@ -66,6 +66,7 @@ beforeAll(async () => {
       'proxy-listen': '127.0.0.1:0',
       'transparent-listen': '127.0.0.1:0',
       'proxy-max-tunnels': '8',
+      'metrics-per-sandbox': 'true',
       'log-level': 'silent',
       ...scratch.flags,
     },
@@ -95,6 +96,15 @@ beforeEach(() => {
 });
 
 const auth = `${SANDBOX}:${SECRET}`;
+
+/** Polls `condition` every 10 ms for up to 2 s. */
+async function waitFor(condition: () => Promise<boolean>): Promise<void> {
+  const deadline = Date.now() + 2000;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`not true within 2 s: ${condition}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
 
 /** Absolute-form GET through the proxy; resolves status, headers and parsed JSON body. */
 function proxyGet(
@@ -405,7 +415,11 @@ describe('limits', () => {
     expect(open.every((t) => t.status === 200)).toBe(true);
     const extra = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, { auth });
     expect(extra.status).toBe(429);
+    // --metrics-per-sandbox: the open connections show under the sandbox's own label.
+    const series = `moat_proxy_sandbox_active_tunnels{sandbox_id="${SANDBOX}"}`;
+    expect(await moat.metrics.registry.metrics()).toContain(`${series} 8`);
     for (const t of open) t.socket.destroy();
+    await waitFor(async () => !(await moat.metrics.registry.metrics()).includes(series));
   });
 
   it('respects a slow reader: the origin cannot push far ahead of what the client reads', async () => {

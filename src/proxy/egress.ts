@@ -212,11 +212,7 @@ export class EgressProxy {
   private identify(head: RequestHead, client: net.Socket) {
     const credentials = fieldValues(head.fields, 'proxy-authorization');
     // Two credentials are one too many: neither is picked.
-    return identify(
-      this.options.table,
-      credentials.length > 1 ? '' : credentials[0],
-      client.remoteAddress,
-    );
+    return identify(this.options.table, credentials.length > 1 ? '' : credentials[0], client);
   }
 
   async onConnect(head: RequestHead, client: net.Socket, early: Buffer): Promise<void> {

@@ -13,7 +13,7 @@ export type Identity =
 export function identify(
   table: EnforcementTable,
   authorization: string | undefined,
-  remoteAddress: string | undefined,
+  client: { readonly remoteAddress?: string | undefined },
 ): Identity {
   if (authorization !== undefined) {
     const match = /^basic\s+([A-Za-z0-9+/]+=*)\s*$/i.exec(authorization);
@@ -34,6 +34,8 @@ export function identify(
       ? { ok: true, sandbox }
       : { ok: false, reason: 'unknown sandbox or wrong egress secret' };
   }
+  // Read only when needed: a socket's address is a system call.
+  const remoteAddress = client.remoteAddress;
   const source = remoteAddress === undefined ? undefined : parseIP(remoteAddress);
   const sandbox = source?.ok ? table.fromSource(source.value.text) : undefined;
   return sandbox

@@ -139,7 +139,7 @@ export function connectUpstream(options: net.TcpNetConnectOpts): net.Socket {
  * writer and nothing buffers without bound. Either side ending, failing or idling out closes
  * both (after an end, once the other side has written what it was given). An upstream from
  * connectUpstream is read into recycled buffers; any other socket, and the client (accepted by
- * a server, which offers no `onread`), is piped.
+ * a server, which offers no `onread`), is relayed chunk by chunk as Node reads it.
  */
 export function splice(client: net.Socket, upstream: net.Socket, options: SpliceOptions): Splice {
   let closed = false;
@@ -166,16 +166,38 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
     });
   }
   const reader = readers.get(upstream);
-  if (reader === undefined) upstream.pipe(client);
+  if (reader === undefined) relay(upstream, client);
   else writeReads(reader, upstream, client);
   return {
     release(initial) {
       if (closed) return;
       if (initial !== undefined && initial.length > 0) upstream.write(initial);
-      client.pipe(upstream);
+      relay(client, upstream);
     },
     close,
   };
+}
+
+/**
+ * What pipe() does for two sockets, without its generality (one listener instead of seven; a
+ * tunnel's life is short and most carry a request or two).
+ */
+function relay(from: net.Socket, to: net.Socket): void {
+  let waiting = false;
+  const resume = () => {
+    waiting = false;
+    from.resume();
+  };
+  from.on('data', (chunk: Buffer) => {
+    if (to.write(chunk) || waiting) return;
+    waiting = true;
+    from.pause();
+    to.once('drain', resume);
+  });
+  // The end may have come and gone before the relay began (a client that wrote and half-closed).
+  if (from.readableEnded) to.end();
+  else from.once('end', () => to.end());
+  from.resume();
 }
 
 /** What pipe() does, for the reads of a connectUpstream socket. */

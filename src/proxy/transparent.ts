@@ -42,7 +42,7 @@ export class TransparentProxy {
   private accept(client: net.Socket): void {
     const { logger, metrics } = this.options;
     client.on('error', () => client.destroy());
-    const who = identify(this.options.table, undefined, client.remoteAddress);
+    const who = identify(this.options.table, undefined, client);
     if (!who.ok) {
       metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'unauthenticated' });
       client.destroy();

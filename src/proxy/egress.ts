@@ -117,6 +117,7 @@ export class EgressProxy {
       idleTimeoutMs: options.idleTimeoutMs,
       onRefusal: () => {},
       onPolicyClose: (list) => options.metrics.proxyDenials.inc({ kind: 'forward', list }),
+      draining: () => this.draining,
     };
   }
 
@@ -315,6 +316,8 @@ export class EgressProxy {
       examine();
     };
     client.on('data', onData);
+    // Paused since its head was read: bytes sent before the tunnel existed waited there.
+    client.resume();
     client.once('end', abandoned);
     client.once('close', stopWatching);
     examine();
@@ -329,9 +332,13 @@ export class EgressProxy {
     const url = head.target;
     const framing = requestFraming(head);
     const hasBody = !framing.ok || framing.value.kind !== 'none';
+    const lastRequest =
+      head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
+    // Moat's own answers to a request with a body close the connection: the body is not read.
+    const keepAlive = !hasBody && !lastRequest && !this.draining;
     // Moat's own answers to a request with a body close the connection: the body is not read.
     const answer = (status: number, message: string, decision?: Decision, extra = {}) =>
-      connection.answer(errorResponseText(status, message, decision, extra, hasBody), !hasBody);
+      connection.answer(errorResponseText(status, message, decision, extra, !keepAlive), keepAlive);
     if (!framing.ok) {
       this.count('forward', 'invalid');
       return answer(
@@ -378,8 +385,6 @@ export class EgressProxy {
     if (client.destroyed) return;
     if (!plan.ok) return refuse(plan);
     this.count('forward', 'allowed');
-    const lastRequest =
-      head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
     const context: ExchangeContext = {
       ...this.exchangeContext,
       onRefusal: (refusal) => this.refused('forward', sandbox, target, refusal),
@@ -405,7 +410,8 @@ export class EgressProxy {
  */
 class ClientConnection {
   readonly inbox: Inbox;
-  private state: 'head' | 'busy' | 'gone' = 'head';
+  /** Reading a head, answering a request, closing after the last answer, or no longer ours. */
+  private state: 'head' | 'busy' | 'closing' | 'gone' = 'head';
   /** Bytes of the next head have arrived (a pause from here on is no longer keep-alive idling). */
   private started = false;
   private served = 0;
@@ -444,6 +450,7 @@ class ClientConnection {
 
   private readonly onTimeout = () => {
     if (this.state !== 'head') return;
+    if (this.socket.writableNeedDrain) return void this.socket.destroy();
     // A client idling between requests just loses the connection; one stuck in a head is told.
     if (this.started || this.served === 0)
       this.socket.end(
@@ -470,14 +477,23 @@ class ClientConnection {
     if (this.proxy.draining || (this.ended && !this.inbox.pending)) return void this.socket.end();
     const { handshakeTimeoutMs } = this.proxy.options;
     this.socket.setTimeout(this.served === 0 ? handshakeTimeoutMs : KEEP_ALIVE_MS);
+    // A client that does not read its answers gets no more of them (pipelined requests would
+    // otherwise queue answers without bound); one that never reads again times out.
+    if (this.socket.writableNeedDrain) {
+      this.socket.once('drain', () => {
+        if (this.state === 'head') this.readHead();
+      });
+      return;
+    }
     let seen: Buffer | undefined;
     this.inbox.read((chunk) => {
+      const scanned = seen?.length ?? 0;
       if (!this.started) {
         this.started = true;
         if (this.served > 0) this.socket.setTimeout(handshakeTimeoutMs);
       }
       seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
-      const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES);
+      const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
       if (end === 'incomplete') return chunk.length;
       this.inbox.stop();
       this.state = 'busy';
@@ -511,8 +527,8 @@ class ClientConnection {
     this.proxy.forget(this);
     this.socket.off('error', this.onError).off('end', this.onEnd).off('timeout', this.onTimeout);
     this.socket.off('close', this.onClose);
+    // Stays paused until the tunnel reads it: bytes sent meanwhile wait in the socket.
     const early = this.inbox.detach();
-    this.socket.resume();
     void this.proxy.onConnect(parsed.value, this.socket, early);
   }
 
@@ -527,12 +543,14 @@ class ClientConnection {
     if (this.state === 'gone') return exchange.close();
     this.current = exchange;
     exchange.start();
+    if (this.ended) exchange.clientEnded();
   }
 
   exchangeDone(keepAlive: boolean): void {
     this.current = undefined;
     if (this.state === 'gone') return;
-    if (keepAlive) this.readHead();
-    else this.socket.end();
+    if (keepAlive) return this.readHead();
+    this.state = 'closing';
+    this.socket.end();
   }
 }

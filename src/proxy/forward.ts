@@ -7,6 +7,7 @@ import {
   bodyScanner,
   endToEndFields,
   type Framing,
+  framingFields,
   headEnd,
   MAX_RESPONSE_HEAD_BYTES,
   parseResponseHead,
@@ -37,10 +38,15 @@ export class UpstreamPool {
   constructor(private readonly maxIdlePerAddress: number) {}
 
   take(sandboxID: string, ip: IPAddress, port: number): Upstream | undefined {
-    const idle = this.bySandbox.get(sandboxID)?.get(`${ip.text} ${port}`)?.pop();
+    const byAddress = this.bySandbox.get(sandboxID);
+    const key = `${ip.text} ${port}`;
+    const list = byAddress?.get(key);
+    const idle = list?.pop();
+    if (list?.length === 0) byAddress!.delete(key);
     if (idle === undefined) return undefined;
-    idle.upstream.inbox.stop();
-    idle.upstream.socket.off('end', idle.drop).off('timeout', idle.drop);
+    const { socket, inbox } = idle.upstream;
+    inbox.stop();
+    socket.off('end', idle.drop).off('timeout', idle.drop).off('close', idle.drop);
     return idle.upstream;
   }
 
@@ -52,17 +58,20 @@ export class UpstreamPool {
     if (list === undefined) byAddress.set(key, (list = []));
     const { socket } = upstream;
     if (list.length >= this.maxIdlePerAddress) return void socket.destroy();
+    if (socket.destroyed) return;
     const idle: IdleUpstream = {
       upstream,
       drop: () => {
         socket.destroy();
         const at = list.indexOf(idle);
         if (at >= 0) list.splice(at, 1);
+        if (list.length === 0 && byAddress.get(key) === list) byAddress.delete(key);
       },
     };
     list.push(idle);
     socket.setTimeout(POOL_IDLE_MS);
-    socket.on('end', idle.drop).on('timeout', idle.drop);
+    // 'close' too: a reset destroys the socket without an 'end'.
+    socket.on('end', idle.drop).on('timeout', idle.drop).on('close', idle.drop);
     // An origin has nothing to say between requests: bytes now mean a broken connection.
     upstream.inbox.read(() => {
       idle.drop();
@@ -102,6 +111,8 @@ export interface ExchangeContext {
   readonly onRefusal: (refusal: Refusal) => void;
   /** Counts a request closed because the policy now denies it. */
   readonly onPolicyClose: (list: string) => void;
+  /** Moat is shutting down: responses tell clients the connection closes after them. */
+  readonly draining: () => boolean;
 }
 
 export interface ForwardRequest {
@@ -116,6 +127,8 @@ export interface ForwardRequest {
 }
 
 const REQUEST_DROP = new Set(['host']);
+/** Interim responses (100, 103) passed on before the final one; an origin sending more is broken. */
+const MAX_INTERIM_RESPONSES = 16;
 /** Methods that may be sent twice (RFC 9110 9.2.2). */
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
 
@@ -154,6 +167,7 @@ export class Exchange {
     this.requestText =
       `${head.method} ${path} HTTP/1.${head.minor}\r\nHost: ${hostHeader(target)}\r\n` +
       endToEndFields(head.fields, REQUEST_DROP) +
+      framingFields(head.fields, request.framing) +
       (head.minor === 0 ? 'Connection: close\r\n\r\n' : '\r\n');
   }
 
@@ -222,6 +236,8 @@ export class Exchange {
     socket.on('timeout', this.onUpstreamTimeout);
     socket.on('close', this.onUpstreamClose);
     socket.on('end', this.onUpstreamClose);
+    // Closed between the pool and here: handled as a connection that died unanswered.
+    if (socket.destroyed) return this.onUpstreamClose();
     socket.write(this.requestText, 'latin1');
     this.readResponseHead(upstream);
     if (!this.requestDone) this.relayRequestBody(socket);
@@ -269,19 +285,14 @@ export class Exchange {
 
   private relayRequestBody(upstream: net.Socket): void {
     const scanner = bodyScanner(this.request.framing);
-    const client = this.client.socket;
     this.client.read((chunk) => {
       const used = scanner.scan(chunk);
       if (typeof used === 'string') {
         this.abort();
         return chunk.length;
       }
-      if (used > 0 && !upstream.write(used === chunk.length ? chunk : chunk.subarray(0, used))) {
-        client.pause();
-        upstream.once('drain', () => {
-          if (!this.requestDone && !this.finished) client.resume();
-        });
-      }
+      if (used > 0 && !upstream.write(used === chunk.length ? chunk : chunk.subarray(0, used)))
+        upstream.once('drain', this.client.throttle());
       if (scanner.done) {
         this.client.stop();
         this.requestDone = true;
@@ -290,11 +301,12 @@ export class Exchange {
     });
   }
 
-  private readResponseHead(upstream: Upstream): void {
+  private readResponseHead(upstream: Upstream, interim = 0): void {
     let seen: Buffer | undefined;
     upstream.inbox.read((chunk) => {
+      const scanned = seen?.length ?? 0;
       seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
-      const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES);
+      const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES, scanned);
       if (end === 'incomplete') return chunk.length;
       upstream.inbox.stop();
       const unused = typeof end === 'number' ? seen.length - end : 0;
@@ -316,12 +328,20 @@ export class Exchange {
       }
       if (head.status < 200) {
         // Interim (100 Continue, 103): passed on to HTTP/1.1 clients; the final one follows.
+        // Bounded, since they are written without waiting for the client to read them.
+        if (interim === MAX_INTERIM_RESPONSES) {
+          this.answer({
+            status: 502,
+            message: `${this.what} sent more than ${MAX_INTERIM_RESPONSES} interim responses`,
+          });
+          return chunk.length;
+        }
         if (this.request.head.minor === 1)
           this.client.socket.write(
             `HTTP/1.1 ${head.status} ${head.reason}\r\n${endToEndFields(head.fields)}\r\n`,
             'latin1',
           );
-        this.readResponseHead(upstream);
+        this.readResponseHead(upstream, interim + 1);
         return chunk.length - unused;
       }
       const framing = responseFraming(this.request.head.method, head);
@@ -332,15 +352,22 @@ export class Exchange {
         });
         return chunk.length;
       }
-      const { framing: body, reusable } = framing.value;
+      const { framing: body } = framing.value;
+      // Moat asked an HTTP/1.0 request to close: the origin may do so any moment.
+      const reusable = framing.value.reusable && this.request.head.minor === 1;
       // An origin answering before the whole request body arrived never read to its end: the
       // client connection cannot be trusted to be in step after this response.
-      this.closeAfter = this.request.lastRequest || body.kind === 'close' || !this.requestDone;
+      this.closeAfter =
+        this.request.lastRequest ||
+        body.kind === 'close' ||
+        !this.requestDone ||
+        this.context.draining();
       this.responseStarted = true;
       const client = this.client.socket;
       client.cork();
       client.write(
         `HTTP/1.1 ${head.status} ${head.reason}\r\n${endToEndFields(head.fields)}` +
+          framingFields(head.fields, body) +
           `${this.closeAfter ? 'Connection: close\r\n' : ''}\r\n`,
         'latin1',
       );
@@ -364,12 +391,8 @@ export class Exchange {
         this.abort();
         return chunk.length;
       }
-      if (used > 0 && !client.write(used === chunk.length ? chunk : chunk.subarray(0, used))) {
-        upstream.socket.pause();
-        client.once('drain', () => {
-          if (!this.finished) upstream.socket.resume();
-        });
-      }
+      if (used > 0 && !client.write(used === chunk.length ? chunk : chunk.subarray(0, used)))
+        client.once('drain', upstream.inbox.throttle());
       // Bytes past the end of a response mean a broken origin: that connection is not reused.
       if (scanner.done) this.responseDone(reusable && used === chunk.length);
       return chunk.length;

@@ -74,11 +74,16 @@ const LF = 0x0a;
  * Where the head in `data` ends (the index just past its blank line), 'incomplete', or a
  * problem: a bare LF anywhere (400), or more than `limit` bytes without an end (431).
  */
-export function headEnd(data: Buffer, limit: number): number | 'incomplete' | MessageError {
-  const end = data.indexOf('\r\n\r\n', 0, 'latin1');
+export function headEnd(
+  data: Buffer,
+  limit: number,
+  /** Bytes at the start of `data` already looked at by an earlier call (the head grows). */
+  from = 0,
+): number | 'incomplete' | MessageError {
+  const end = data.indexOf('\r\n\r\n', Math.max(0, from - 3), 'latin1');
   const scanned = end < 0 ? data.length : end + 4;
   // A bare LF would end a line for some parsers and not for others.
-  for (let i = data.indexOf(LF); i >= 0 && i < scanned; i = data.indexOf(LF, i + 1)) {
+  for (let i = data.indexOf(LF, from); i >= 0 && i < scanned; i = data.indexOf(LF, i + 1)) {
     if (i === 0 || data[i - 1] !== CR)
       return { status: 400, message: 'a line ends in a bare LF (lines must end in CRLF)' };
   }
@@ -173,6 +178,8 @@ export function requestFraming(head: RequestHead): Parsed<Framing> {
   const codings = fieldTokens(head.fields, 'transfer-encoding');
   const hasCodings = head.fields.some((field) => field.lower === 'transfer-encoding');
   if (hasCodings) {
+    // HTTP/1.0 has no transfer codings: such a message is faulty (RFC 9112 6.1).
+    if (head.minor === 0) return fail(400, 'an HTTP/1.0 request has Transfer-Encoding');
     if (lengths.length > 0)
       return fail(400, 'the request has both Transfer-Encoding and Content-Length');
     if (codings.length !== 1 || codings[0] !== 'chunked')
@@ -238,10 +245,13 @@ const HOP_BY_HOP = new Set([
   'upgrade',
 ]);
 
+/** Fields that say where a body ends: written by Moat from the framing it checked. */
+const FRAMING_FIELDS = new Set(['content-length', 'transfer-encoding']);
+
 /**
- * The fields to forward: without hop-by-hop fields and those the Connection field names, and
- * without `drop` (fields the caller writes itself). Transfer-Encoding stays: Moat relays a
- * chunked body as it came, so its framing holds on the next hop too.
+ * The fields to forward: without hop-by-hop fields and those the Connection field names,
+ * without the framing fields (see `framingFields`), and without `drop` (fields the caller
+ * writes itself).
  */
 export function endToEndFields(
   fields: readonly HeaderField[],
@@ -250,11 +260,38 @@ export function endToEndFields(
   const named = fieldTokens(fields, 'connection');
   let out = '';
   for (const field of fields) {
-    if (HOP_BY_HOP.has(field.lower) || drop.has(field.lower) || named.includes(field.lower))
-      continue;
-    out += `${field.name}: ${field.value}\r\n`;
+    const skip =
+      HOP_BY_HOP.has(field.lower) ||
+      FRAMING_FIELDS.has(field.lower) ||
+      drop.has(field.lower) ||
+      named.includes(field.lower);
+    if (!skip) out += `${field.name}: ${field.value}\r\n`;
   }
   return out;
+}
+
+/**
+ * The framing fields for the next hop, from the framing Moat checked and relays: so what the
+ * next hop reads as the body's end is exactly where Moat found it (a Connection option naming
+ * Content-Length, or a length beside a transfer coding, cannot make them disagree). Without a
+ * body (HEAD, 204, 304, a zero length) the fields received are passed on as information.
+ */
+export function framingFields(fields: readonly HeaderField[], framing: Framing): string {
+  switch (framing.kind) {
+    case 'length':
+      return `Content-Length: ${framing.bytes}\r\n`;
+    case 'chunked':
+    case 'close': {
+      const codings = fieldTokens(fields, 'transfer-encoding');
+      return codings.length === 0 ? '' : `Transfer-Encoding: ${codings.join(', ')}\r\n`;
+    }
+    case 'none': {
+      let out = '';
+      for (const field of fields)
+        if (FRAMING_FIELDS.has(field.lower)) out += `${field.name}: ${field.value}\r\n`;
+      return out;
+    }
+  }
 }
 
 /**

@@ -13,6 +13,10 @@ export class Inbox {
   private waiting: Buffer | undefined;
   private reader: Reader | undefined;
 
+  /** A reader paused the socket for backpressure; `read` must not resume it. */
+  private throttled = false;
+  /** Changes with every new reader, so a stale throttle's release does nothing. */
+  private generation = 0;
   private readonly onData = (chunk: Buffer) => this.offer(chunk);
 
   constructor(readonly socket: net.Socket) {
@@ -27,17 +31,41 @@ export class Inbox {
   /** Hands waiting bytes, then what arrives, to `reader` until it stops (or another reads). */
   read(reader: Reader): void {
     this.reader = reader;
+    this.generation++;
+    this.throttled = false;
     const waiting = this.waiting;
     this.waiting = undefined;
     if (waiting !== undefined) this.offer(waiting);
-    if (this.reader === reader && this.waiting === undefined && !this.socket.destroyed)
+    if (
+      this.reader === reader &&
+      this.waiting === undefined &&
+      !this.throttled &&
+      !this.socket.destroyed
+    )
       this.socket.resume();
   }
 
   /** Stops handing bytes on; later ones wait, with the socket paused. */
   stop(): void {
     this.reader = undefined;
+    this.generation++;
+    this.throttled = false;
     this.socket.pause();
+  }
+
+  /**
+   * Pauses the socket because what the reader writes is not being taken (backpressure);
+   * returns the function that resumes it, which does nothing once another reader took over.
+   */
+  throttle(): () => void {
+    this.throttled = true;
+    this.socket.pause();
+    const generation = this.generation;
+    return () => {
+      if (generation !== this.generation || !this.throttled) return;
+      this.throttled = false;
+      if (this.waiting === undefined && !this.socket.destroyed) this.socket.resume();
+    };
   }
 
   /** Gives the socket up (to a tunnel, paused): returns the bytes no reader took. */

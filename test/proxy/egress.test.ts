@@ -52,12 +52,14 @@ beforeAll(async () => {
       ['www.allowed.test', { A: ['127.0.0.10'] }],
       ['tls.allowed.test', { A: ['127.0.0.11'] }],
       ['ssh.allowed.test', { A: ['127.0.0.12'] }],
+      ['slow.allowed.test', { A: ['127.0.0.12'] }],
       ['denied.test', { A: ['127.0.0.10'] }],
       ['meta.allowed.test', { A: ['127.0.0.99'] }],
       ['closed.allowed.test', { A: ['127.0.0.13'] }],
       ['port80.allowed.test', { A: ['127.0.0.14'] }],
     ]),
   ).start();
+  upstream.slow.set('slow.allowed.test', 150);
   const config = loadConfig({
     flags: {
       'internal-deny': '10.0.0.0/8,169.254.0.0/16,127.0.0.99/32',
@@ -153,6 +155,22 @@ describe('CONNECT', () => {
     expect(await readUntil(socket, (t) => t.includes('\r\n'))).toBe('SSH-2.0-origin\r\n');
     socket.write('ping');
     expect(await readUntil(socket, (t) => t.includes('ping'))).toBe('ping');
+    socket.destroy();
+  });
+
+  it('keeps the bytes a client sends while its tunnel is still being set up', async () => {
+    // The name resolves only after 150 ms: "LATE" arrives while Moat is resolving it.
+    const socket = net.connect({ host: proxy.host, port: proxy.port });
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const authority = `slow.allowed.test:${ssh.port}`;
+    const credentials = Buffer.from(auth).toString('base64');
+    socket.write(
+      `CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n` +
+        `Proxy-Authorization: Basic ${credentials}\r\n\r\nEARLY-`,
+    );
+    setTimeout(() => socket.write('LATE'), 30);
+    const seen = await readUntil(socket, (text) => text.includes('EARLY-LATE'));
+    expect(seen).toMatch(/^HTTP\/1\.1 200 [^]*SSH-2\.0-origin\r\nEARLY-LATE$/);
     socket.destroy();
   });
 

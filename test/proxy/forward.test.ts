@@ -11,7 +11,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import http from 'node:http';
-import type net from 'node:net';
+import net from 'node:net';
 import { setTimeout as delay } from 'node:timers/promises';
 import fc from 'fast-check';
 import { pino } from 'pino';
@@ -728,6 +728,120 @@ describe('responses', () => {
     const after = await exchange(request(url(BAD, bad.port, '/fine')));
     expect(after.response.status).toBe(200);
     expect(after.response.body.toString()).toBe('ok');
+  });
+});
+
+describe('what a hostile client or origin cannot do', () => {
+  it('frames what it forwards itself: a Connection option naming Content-Length smuggles nothing', async () => {
+    const smuggled = `GET /smuggled HTTP/1.1\r\nHost: ${BLOCKED}\r\n\r\n`;
+    const { client, response } = await exchange(
+      request(url(ECHO, echo.port, '/first'), {
+        method: 'POST',
+        lines: [`Content-Length: ${smuggled.length}`, 'Connection: content-length'],
+        body: smuggled,
+      }),
+      'POST',
+    );
+    expect(response.status).toBe(200);
+    expect(json(response)).toMatchObject({ path: '/first', length: smuggled.length });
+    client.send(request(url(ECHO, echo.port, '/second')));
+    expect(json(await client.response()).path).toBe('/second');
+    expect(echo.paths.slice(-2)).toEqual(['/first', '/second']);
+  });
+
+  it('gives the client the framing it relays, whatever the origin named in Connection', async () => {
+    const origin = await scriptedOrigin('127.0.0.34', (socket) =>
+      socket.write(
+        'HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 5\r\n\r\nhello',
+      ),
+    );
+    try {
+      const client = await connect();
+      for (const i of [1, 2]) {
+        client.send(request(url(FLOOD, origin.port, `/${i}`)));
+        const response = await client.response();
+        expect(header(response, 'content-length'), `response ${i}`).toBe('5');
+        expect(response.body.toString()).toBe('hello');
+      }
+    } finally {
+      await origin.close();
+    }
+  });
+
+  it('does not hand out a pooled connection the origin reset', async () => {
+    const origin = await scriptedOrigin('127.0.0.34', (socket) => {
+      socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+      setTimeout(() => socket.resetAndDestroy(), 20);
+    });
+    try {
+      const client = await connect();
+      for (const method of ['GET', 'POST']) {
+        client.send(request(url(FLOOD, origin.port, `/${method}`), { method }));
+        expect((await client.response({ method, timeoutMs: 2000 })).status, method).toBe(200);
+        await delay(100);
+      }
+    } finally {
+      await origin.close();
+    }
+  });
+
+  it('stops reading pipelined requests from a client that does not read its answers', async () => {
+    const socket = net.connect({ host: proxy.host, port: proxy.port });
+    await new Promise((resolve) => socket.once('connect', resolve));
+    socket.pause();
+    // Origin-form requests: each gets Moat's own 400, and the connection stays open.
+    const one = latin1(`GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ${'p'.repeat(200)}\r\n\r\n`);
+    const many = Buffer.concat(Array.from({ length: 40_000 }, () => one));
+    socket.write(many);
+    await delay(1000);
+    // Moat took what its answers' buffer allowed and left the rest with the client.
+    expect(socket.writableLength).toBeGreaterThan(2 * MiB);
+    socket.destroy();
+  });
+
+  it('answers 502 to an origin that sends interim responses without end', async () => {
+    const origin = await scriptedOrigin('127.0.0.34', (socket, { target }) => {
+      const count = target === '/few' ? 3 : 100;
+      for (let i = 0; i < count; i++)
+        socket.write('HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n');
+      socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+    });
+    try {
+      const client = await connect();
+      client.send(request(url(FLOOD, origin.port, '/few')));
+      for (let i = 0; i < 3; i++) expect((await client.response()).status).toBe(103);
+      expect((await client.response()).status).toBe(200);
+      const flood = await connect();
+      flood.send(request(url(FLOOD, origin.port, '/many')));
+      let response = await flood.response();
+      while (response.status === 103) response = await flood.response();
+      expect(expectError(response, 502).message).toMatch(/interim responses/);
+    } finally {
+      await origin.close();
+    }
+  });
+
+  it.each([
+    ['an HTTP/1.0 request', { version: 'HTTP/1.0' }],
+    ['Connection: close', { lines: ['Connection: close'] }],
+  ])('closes after its own answer to %s', async (_, options) => {
+    const { client, response } = await exchange(request(url(BLOCKED, echo.port, '/'), options));
+    expectError(response, 403);
+    expect(header(response, 'connection')).toBe('close');
+    expect(await client.waitClosed(1000)).toBe(true);
+  });
+
+  it('refuses Transfer-Encoding in an HTTP/1.0 request', async () => {
+    const { response } = await exchange(
+      request(url(REC, rec.port, '/'), {
+        method: 'POST',
+        version: 'HTTP/1.0',
+        lines: ['Transfer-Encoding: chunked'],
+        body: '0\r\n\r\n',
+      }),
+      'POST',
+    );
+    expectError(response, 400);
   });
 });
 

@@ -8,6 +8,7 @@ import {
   bodyScanner,
   endToEndFields,
   type Framing,
+  framingFields,
   headEnd,
   parseRequestHead,
   parseResponseHead,
@@ -82,6 +83,21 @@ describe('parseRequestHead', () => {
     ],
   ])('refuses %s', (_, text, status) => {
     expect(parseRequestHead(bytes(text))).toMatchObject({ ok: false, status });
+  });
+
+  it('refuses Transfer-Encoding in HTTP/1.0 (it has no transfer codings)', () => {
+    const head = request('POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n');
+    expect(requestFraming(head)).toMatchObject({ ok: false, status: 400 });
+  });
+
+  it('finds a head that grows, looking only at the new bytes', () => {
+    const data = bytes('GET / HTTP/1.1\r\nHost: a\r\n\r\n');
+    for (let cut = 0; cut < data.length; cut++) {
+      const first = headEnd(data.subarray(0, cut), 100);
+      expect(first === 'incomplete' || first === data.length).toBe(true);
+      expect(headEnd(data, 100, cut)).toBe(data.length);
+    }
+    expect(headEnd(bytes('GET / HTTP/1.1\r\nA: b\n\r\n'), 100, 20)).toMatchObject({ status: 400 });
   });
 
   it('accepts 100 fields and obs-text in values', () => {
@@ -180,15 +196,28 @@ describe('responseFraming', () => {
   });
 });
 
-describe('endToEndFields', () => {
-  it('drops hop-by-hop fields, those Connection names, and the ones asked for', () => {
+describe('endToEndFields and framingFields', () => {
+  it('drops hop-by-hop fields, those Connection names, framing fields and the ones asked for', () => {
     const head = request(
       'GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: 5\r\n' +
         'Proxy-Authorization: Basic x\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\n' +
         'Upgrade: h2c\r\nTransfer-Encoding: chunked\r\nX-Kept: yes\r\n\r\n',
     );
-    expect(endToEndFields(head.fields, new Set(['host']))).toBe(
-      'Transfer-Encoding: chunked\r\nX-Kept: yes\r\n',
+    expect(endToEndFields(head.fields, new Set(['host']))).toBe('X-Kept: yes\r\n');
+  });
+
+  it('writes framing from what was checked, which no Connection option can hide', () => {
+    const fields = request(
+      'POST / HTTP/1.1\r\nConnection: content-length, transfer-encoding\r\n' +
+        'Content-Length: 007\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n',
+    ).fields;
+    expect(framingFields(fields, { kind: 'length', bytes: 7 })).toBe('Content-Length: 7\r\n');
+    expect(framingFields(fields, { kind: 'chunked' })).toBe('Transfer-Encoding: gzip, chunked\r\n');
+    expect(framingFields(fields, { kind: 'close' })).toBe('Transfer-Encoding: gzip, chunked\r\n');
+    expect(framingFields([], { kind: 'close' })).toBe('');
+    // No body (HEAD, 304): what the origin said is information, passed on as it was.
+    expect(framingFields(fields, { kind: 'none' })).toBe(
+      'Content-Length: 007\r\nTransfer-Encoding: gzip, Chunked\r\n',
     );
   });
 });

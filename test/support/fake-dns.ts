@@ -25,6 +25,8 @@ export class FakeDns {
   readonly log: LoggedQuestion[] = [];
   /** Names (lower case) the server never answers. */
   readonly silent = new Set<string>();
+  /** Names (lower case) answered over UDP only after this many ms. */
+  readonly slow = new Map<string, number>();
   port = 0;
   private udp: dgram.Socket | undefined;
   private tcp: net.Server | undefined;
@@ -40,7 +42,10 @@ export class FakeDns {
       const udp = dgram.createSocket('udp4');
       udp.on('message', (message, from) => {
         const reply = this.answer(message, 'udp');
-        if (reply) udp.send(reply, from.port, from.address);
+        const wait = this.slow.get(this.log.at(-1)?.name.toLowerCase() ?? '');
+        const send = () => reply && udp.send(reply, from.port, from.address);
+        if (wait === undefined) send();
+        else setTimeout(send, wait);
       });
       await new Promise<void>((resolve) => udp.bind(0, this.host, resolve));
       const tcp = net.createServer((socket) => this.serveTcp(socket));

@@ -248,6 +248,7 @@ export async function startMoat(
     transparentPorts: options.transparentPorts,
   };
   const proxy = new EgressProxy(proxyOptions);
+  metrics.countClientConnectionsWith(() => proxy.openConnections);
   // Namespaced sandboxes' web traffic always has a transparent listener on the gateway.
   const transparent =
     config.transparentListen || network ? new TransparentProxy(proxyOptions) : undefined;

@@ -87,6 +87,15 @@ export class MoatMetrics {
 
   private tunnelCount: () => number = () => 0;
 
+  readonly proxyClientConnections: Gauge = new Gauge({
+    name: 'moat_proxy_client_connections',
+    help: 'Client connections open on the explicit proxy listener (tunnels, keep-alive, closing)',
+    registers: [this.registry],
+    collect: (): void => this.proxyClientConnections.set(this.clientConnectionCount()),
+  });
+
+  private clientConnectionCount: () => number = () => 0;
+
   /**
    * Opt-in (`--metrics-per-sandbox`): one series per sandbox with open connections. Off by
    * default, since its cardinality follows the number of sandboxes.
@@ -183,6 +192,11 @@ export class MoatMetrics {
   /** Where the sandboxes gauge reads its values at scrape time. */
   countSandboxesWith(count: () => Record<string, number>): void {
     this.sandboxCount = count;
+  }
+
+  /** Where the client-connection gauge reads its value at scrape time. */
+  countClientConnectionsWith(count: () => number): void {
+    this.clientConnectionCount = count;
   }
 
   /** Where the active-tunnel gauges read their values at scrape time. */

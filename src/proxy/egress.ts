@@ -11,7 +11,7 @@ import {
 } from '../policy/index.js';
 import { type Dialer, denial, type Refusal, type Target } from './dial.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
-import { errorResponseText, writeRawError } from './http-errors.js';
+import { endAndLinger, errorResponseText, writeRawError } from './http-errors.js';
 import {
   fieldTokens,
   fieldValues,
@@ -139,6 +139,11 @@ export class EgressProxy {
     for (const socket of this.sockets) socket.destroy();
     this.pool.closeAll();
     await Promise.all([closed, extraClosed]);
+  }
+
+  /** Client sockets accepted and not yet closed (whatever they carry now). */
+  get openConnections(): number {
+    return this.sockets.size;
   }
 
   forget(connection: ClientConnection): void {
@@ -430,8 +435,9 @@ class ClientConnection {
     this.readHead();
   }
 
+  /** Carrying a request, or still writing its last answer (shutdown waits for both). */
   get busy(): boolean {
-    return this.state === 'busy';
+    return this.state === 'busy' || (this.state === 'closing' && !this.socket.writableFinished);
   }
 
   /** Closes the connection if it is waiting for a request that has not begun. */
@@ -444,7 +450,7 @@ class ClientConnection {
   // The client sent its last byte: a request it has not finished will never come.
   private readonly onEnd = () => {
     this.ended = true;
-    if (this.state === 'head') this.socket.end();
+    if (this.state === 'head') this.close();
     else this.current?.clientEnded();
   };
 
@@ -453,7 +459,7 @@ class ClientConnection {
     if (this.socket.writableNeedDrain) return void this.socket.destroy();
     // A client idling between requests just loses the connection; one stuck in a head is told.
     if (this.started || this.served === 0)
-      this.socket.end(
+      this.close(
         errorResponseText(
           408,
           'no complete request head within the handshake timeout',
@@ -462,7 +468,7 @@ class ClientConnection {
           true,
         ),
       );
-    else this.socket.end();
+    else this.close();
   };
 
   private readonly onClose = () => {
@@ -474,7 +480,7 @@ class ClientConnection {
   private readHead(): void {
     this.state = 'head';
     this.started = false;
-    if (this.proxy.draining || (this.ended && !this.inbox.pending)) return void this.socket.end();
+    if (this.proxy.draining || (this.ended && !this.inbox.pending)) return this.close();
     const { handshakeTimeoutMs } = this.proxy.options;
     this.socket.setTimeout(this.served === 0 ? handshakeTimeoutMs : KEEP_ALIVE_MS);
     // A client that does not read its answers gets no more of them (pipelined requests would
@@ -534,9 +540,10 @@ class ClientConnection {
 
   /** Sends Moat's own answer to the current request; the next is read only if `keepAlive`. */
   answer(text: string, keepAlive: boolean): void {
-    if (this.state === 'gone') return;
-    this.socket.write(text, 'latin1');
-    this.exchangeDone(keepAlive);
+    if (this.state === 'gone' || this.state === 'closing') return;
+    if (!keepAlive) return this.close(text);
+    this.socket.write(text);
+    this.exchangeDone(true);
   }
 
   exchange(exchange: Exchange): void {
@@ -548,9 +555,16 @@ class ClientConnection {
 
   exchangeDone(keepAlive: boolean): void {
     this.current = undefined;
-    if (this.state === 'gone') return;
-    if (keepAlive) return this.readHead();
+    if (this.state === 'gone' || this.state === 'closing') return;
+    if (keepAlive) this.readHead();
+    else this.close();
+  }
+
+  /** Ends the connection after `text`; what the client sends from here on is dropped. */
+  private close(text?: string): void {
+    if (this.state === 'gone' || this.state === 'closing') return;
     this.state = 'closing';
-    this.socket.end();
+    this.inbox.detach();
+    endAndLinger(this.socket, text, this.proxy.options.handshakeTimeoutMs);
   }
 }

@@ -152,6 +152,9 @@ export class Exchange {
   /** The response said `Connection: close` to the client: the connection ends after it. */
   private closeAfter = false;
   private finished = false;
+  /** The client sent its FIN; `relaying`: the request body relay has begun. */
+  private clientGone = false;
+  private relaying = false;
   private removeTunnel = () => {};
   private readonly requestText: string;
 
@@ -194,9 +197,14 @@ export class Exchange {
     this.abort();
   }
 
-  /** The client half-closed: fine once its request is whole, fatal before. */
+  /**
+   * The client half-closed: fine once its request is whole, fatal before. Before the body relay
+   * starts, the rest of the body may already be waiting in the inbox: the relay decides then.
+   */
   clientEnded(): void {
-    if (!this.requestDone) this.abort();
+    this.clientGone = true;
+    if (this.finished || this.requestDone || !this.relaying) return;
+    this.abort();
   }
 
   private async dial(): Promise<void> {
@@ -299,6 +307,9 @@ export class Exchange {
       }
       return used;
     });
+    this.relaying = true;
+    // What was waiting did not complete the body, and no more will come.
+    if (this.clientGone && !this.requestDone) this.abort();
   }
 
   private readResponseHead(upstream: Upstream, interim = 0): void {
@@ -417,7 +428,7 @@ export class Exchange {
     this.detach()?.socket.destroy();
     const { status, message, decision } = refusal;
     if (this.responseStarted) this.client.socket.destroy();
-    else this.client.socket.write(errorResponseText(status, message, decision, {}, true), 'latin1');
+    else this.client.socket.write(errorResponseText(status, message, decision, {}, true));
     this.finish(false);
   }
 

@@ -16,6 +16,7 @@ import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
+import { endAndLinger } from './http-errors.js';
 import { type Splice, splice } from './splice.js';
 
 export interface IngressTarget {
@@ -415,11 +416,10 @@ export class IngressProxy {
     if (socket.destroyed) return;
     const { body, headers } = errorBody(status, message, sandboxID);
     const pairs: [string, string][] = [...Object.entries(headers), ['Connection', 'close']];
-    // Reading on lets the client's FIN arrive; the timer bounds a client that never sends one.
-    socket.resume();
-    socket.end(rawHead(status, STATUS_CODES[status] ?? '', pairs) + body);
-    const timer = setTimeout(() => socket.destroy(), this.options.idleTimeoutMs);
-    timer.unref();
-    socket.once('close', () => clearTimeout(timer));
+    endAndLinger(
+      socket,
+      rawHead(status, STATUS_CODES[status] ?? '', pairs) + body,
+      this.options.idleTimeoutMs,
+    );
   }
 }

@@ -49,6 +49,7 @@ const RAW = 'raw.fwd.test'; // 127.0.0.32: raw origin with scripted responses
 const BAD = 'bad.fwd.test'; // 127.0.0.33: raw origin that misbehaves
 const FLOOD = 'flood.fwd.test'; // 127.0.0.34: per-test origins (backpressure, disconnect)
 const FUZZ = 'fuzz.fwd.test'; // 127.0.0.35: node:http origin for the fuzz run
+const SECOND = 'second.fwd.test'; // 127.0.0.36: a per-test origin next to FLOOD's
 const BLOCKED = 'blocked.test'; // resolves to the echo origin, but the policy denies it
 
 const AUTH = `Proxy-Authorization: Basic ${Buffer.from(`${SANDBOX}:${SECRET}`).toString('base64')}`;
@@ -186,6 +187,7 @@ beforeAll(async () => {
       [BAD, { A: ['127.0.0.33'] }],
       [FLOOD, { A: ['127.0.0.34'] }],
       [FUZZ, { A: ['127.0.0.35'] }],
+      [SECOND, { A: ['127.0.0.36'] }],
       [BLOCKED, { A: ['127.0.0.31'] }],
     ]),
   ).start();
@@ -842,6 +844,81 @@ describe('what a hostile client or origin cannot do', () => {
       'POST',
     );
     expectError(response, 400);
+  });
+});
+
+describe('connections Moat decided to close', () => {
+  /** `moat_proxy_client_connections`: client sockets the proxy holds. */
+  async function held(): Promise<number> {
+    const text = await moat.metrics.registry.metrics();
+    return Number(/^moat_proxy_client_connections (\d+)$/m.exec(text)?.[1]);
+  }
+
+  it('are freed even when the client sends more after Moat answered', async () => {
+    // Earlier tests' connections are gone first: then every socket counted is one of these.
+    for (const client of clients.splice(0)) client.destroy();
+    const settle = performance.now() + 2000;
+    while ((await held()) > 0 && performance.now() < settle) await delay(20);
+    expect(await held()).toBe(0);
+    const cases = [
+      // A forwarded request asking to close, then more bytes.
+      request(url(ECHO, echo.port, '/'), { lines: ['Connection: close'] }),
+      // Moat's own 403 to a request with a body, the body arriving after it.
+      request(url(BLOCKED, echo.port, '/'), { method: 'POST', lines: ['Content-Length: 4'] }),
+      // A refused CONNECT, then bytes that would have been the tunnel's.
+      latin1(`CONNECT ${BLOCKED}:${echo.port} HTTP/1.1\r\n${AUTH}\r\n\r\n`),
+    ];
+    const sockets = await Promise.all(
+      cases.map(async (bytes) => {
+        const socket = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
+        socket.on('error', () => {});
+        socket.resume();
+        await new Promise((resolve) => socket.once('connect', resolve));
+        socket.write(bytes);
+        await delay(100);
+        socket.end('junk');
+        return socket;
+      }),
+    );
+    await until(() => sockets.every((socket) => socket.readableEnded), 2000);
+    for (const socket of sockets) socket.destroy();
+    const deadline = performance.now() + 2000;
+    while ((await held()) > 0 && performance.now() < deadline) await delay(20);
+    expect(await held(), 'client sockets Moat still holds').toBe(0);
+  });
+
+  it('still answers a whole pipelined request with a body when the client half-closes after it', async () => {
+    const answer: http.RequestListener = (req, res) => {
+      let body = '';
+      req.on('data', (chunk: Buffer) => (body += chunk.toString()));
+      req.on('end', () =>
+        setTimeout(() => res.end(`${req.url} ${body}`), req.url === '/slow' ? 300 : 0),
+      );
+    };
+    const slow = await countingHttpOrigin('127.0.0.34', answer);
+    const second = await countingHttpOrigin('127.0.0.36', answer);
+    try {
+      const socket = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
+      let received = '';
+      socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+      await new Promise((resolve) => socket.once('connect', resolve));
+      socket.write(request(url(FLOOD, slow.port, '/slow')));
+      // While the first is answered: a whole POST to an origin Moat must dial, head and body in
+      // one segment, then FIN (which Moat sees before the new connection is up).
+      await delay(50);
+      socket.end(
+        request(url(SECOND, second.port, '/post'), {
+          method: 'POST',
+          lines: ['Content-Length: 5'],
+          body: 'hello',
+        }),
+      );
+      await until(() => socket.readableEnded, 3000);
+      expect(received).toContain('/slow ');
+      expect(received).toContain('/post hello');
+    } finally {
+      await Promise.all([slow.close(), second.close()]);
+    }
   });
 });
 

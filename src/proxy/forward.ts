@@ -292,24 +292,39 @@ export class Exchange {
   }
 
   private relayRequestBody(upstream: net.Socket): void {
-    const scanner = bodyScanner(this.request.framing);
-    this.client.read((chunk) => {
+    this.relayBody(this.client, upstream, this.request.framing, () => {
+      this.requestDone = true;
+    });
+    this.relaying = true;
+    // What was waiting did not complete the body, and no more will come.
+    if (this.clientGone && !this.requestDone) this.abort();
+  }
+
+  /**
+   * Streams one body from `from` to `to` as far as its framing says, pausing `from` while `to`
+   * is not taking bytes; `done` learns whether more bytes followed the body in the same read.
+   */
+  private relayBody(
+    from: Inbox,
+    to: net.Socket,
+    framing: Framing,
+    done: (trailing: boolean) => void,
+  ): void {
+    const scanner = bodyScanner(framing);
+    from.read((chunk) => {
       const used = scanner.scan(chunk);
       if (typeof used === 'string') {
         this.abort();
         return chunk.length;
       }
-      if (used > 0 && !upstream.write(used === chunk.length ? chunk : chunk.subarray(0, used)))
-        upstream.once('drain', this.client.throttle());
+      if (used > 0 && !to.write(used === chunk.length ? chunk : chunk.subarray(0, used)))
+        to.once('drain', from.throttle());
       if (scanner.done) {
-        this.client.stop();
-        this.requestDone = true;
+        from.stop();
+        done(used < chunk.length);
       }
       return used;
     });
-    this.relaying = true;
-    // What was waiting did not complete the body, and no more will come.
-    if (this.clientGone && !this.requestDone) this.abort();
   }
 
   private readResponseHead(upstream: Upstream, interim = 0): void {
@@ -389,25 +404,15 @@ export class Exchange {
   }
 
   private relayResponseBody(upstream: Upstream, framing: Framing, reusable: boolean): void {
-    const scanner = bodyScanner(framing);
-    const client = this.client.socket;
-    if (scanner.done) return this.responseDone(reusable);
+    if (framing.kind === 'none') return this.responseDone(reusable);
     if (framing.kind === 'close') {
       upstream.socket.off('end', this.onUpstreamClose);
       upstream.socket.once('end', () => this.responseDone(false));
     }
-    upstream.inbox.read((chunk) => {
-      const used = scanner.scan(chunk);
-      if (typeof used === 'string') {
-        this.abort();
-        return chunk.length;
-      }
-      if (used > 0 && !client.write(used === chunk.length ? chunk : chunk.subarray(0, used)))
-        client.once('drain', upstream.inbox.throttle());
-      // Bytes past the end of a response mean a broken origin: that connection is not reused.
-      if (scanner.done) this.responseDone(reusable && used === chunk.length);
-      return chunk.length;
-    });
+    // Bytes past the end of a response mean a broken origin: that connection is not reused.
+    this.relayBody(upstream.inbox, this.client.socket, framing, (trailing) =>
+      this.responseDone(reusable && !trailing),
+    );
   }
 
   private responseDone(reusable: boolean): void {

@@ -398,8 +398,9 @@ export async function startMoat(
         await metricsListener?.close();
         await cluster?.stop();
         await api.close();
-        await gateway.close();
+        // Upgraded and refused sockets are the ingress's: the gateway's close waits for them.
         ingress.close();
+        await gateway.close();
         await sandboxes.stop();
         await runtime.stop();
         if (network) await network.stop(removeHostRuleset(network.hostTable));

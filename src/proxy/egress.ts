@@ -450,7 +450,9 @@ class ClientConnection {
   // The client sent its last byte: a request it has not finished will never come.
   private readonly onEnd = () => {
     this.ended = true;
-    if (this.state === 'head') this.close();
+    // Whole requests still waiting (a client pipelining, then reading slowly) are answered
+    // first: readHead closes once none is left.
+    if (this.state === 'head' && !this.inbox.pending) this.close();
     else this.current?.clientEnded();
   };
 

@@ -1,5 +1,5 @@
 import { STATUS_CODES } from 'node:http';
-import type { Duplex } from 'node:stream';
+import type net from 'node:net';
 import type { Decision } from '../policy/index.js';
 
 /** The headers and JSON body of every proxy error: `{"code": <status>, "message": ...}`. */
@@ -43,17 +43,16 @@ export function errorResponseText(
 
 /**
  * Ends a raw socket after `text`, reading on (and dropping what comes) so the client's FIN can
- * arrive and the socket be freed; destroyed after `lingerMs` if the client never closes.
+ * arrive and the socket be freed; destroyed once nothing moved either way for `lingerMs` (a
+ * client still reading a long answer keeps it, one that never closes does not).
  */
-export function endAndLinger(socket: Duplex, text: string | undefined, lingerMs: number): void {
+export function endAndLinger(socket: net.Socket, text: string | undefined, lingerMs: number): void {
   if (socket.destroyed) return;
   socket.removeAllListeners('data');
   socket.resume();
   if (text === undefined) socket.end();
   else socket.end(text);
-  const timer = setTimeout(() => socket.destroy(), lingerMs);
-  timer.unref();
-  socket.once('close', () => clearTimeout(timer));
+  socket.setTimeout(lingerMs, () => socket.destroy());
 }
 
 /** How long a refused client may take to read its answer and close. */
@@ -61,7 +60,7 @@ const REFUSED_LINGER_MS = 10_000;
 
 /** Writes an error on a raw socket and closes it. */
 export function writeRawError(
-  socket: Duplex,
+  socket: net.Socket,
   status: number,
   message: string,
   decision?: Decision,

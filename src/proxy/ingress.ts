@@ -52,6 +52,8 @@ export const TRAFFIC_TOKEN_HEADER = 'e2b-traffic-access-token';
 /** Upstream connections per sandbox port (the Agent keys its pools by host:port). */
 const MAX_SOCKETS_PER_PORT = 256;
 const MAX_FREE_SOCKETS_PER_PORT = 64;
+/** How long a refused or declined client may stay quiet before its socket is freed. */
+const ENDING_LINGER_MS = 10_000;
 
 /** The placeholder E2B defines in maskRequestHost (a plain string, not a template). */
 const PORT_PLACEHOLDER = '${PORT}';
@@ -217,6 +219,8 @@ export class IngressProxy {
   private readonly agent: http.Agent;
   /** Open upgraded connections: detached from every server, so `close` ends them. */
   private readonly splices = new Set<Splice>();
+  /** Raw sockets answered and ending (refusals, declined upgrades): destroyed on close. */
+  private readonly ending = new Set<net.Socket>();
 
   constructor(private readonly options: IngressOptions) {
     this.agent = new http.Agent({
@@ -317,7 +321,8 @@ export class IngressProxy {
       const headers = rawEndToEnd(answer, false);
       headers.push(['Connection', 'close']);
       socket.write(rawHead(answer.statusCode ?? 502, answer.statusMessage ?? '', headers));
-      answer.pipe(socket);
+      answer.pipe(socket, { end: false });
+      answer.on('end', () => this.end(socket as net.Socket));
     });
     upstream.end();
   }
@@ -326,6 +331,18 @@ export class IngressProxy {
   close(): void {
     this.agent.destroy();
     for (const spliced of [...this.splices]) spliced.close();
+    for (const socket of this.ending) socket.destroy();
+  }
+
+  /**
+   * Ends a raw socket after `text` and frees it once the client closes (or goes quiet): an
+   * upgrade socket is not read by anyone, so its FIN would otherwise never be seen.
+   */
+  private end(socket: net.Socket, text?: string): void {
+    if (socket.destroyed) return;
+    this.ending.add(socket);
+    socket.once('close', () => this.ending.delete(socket));
+    endAndLinger(socket, text, ENDING_LINGER_MS);
   }
 
   private logger(target: IngressTarget): Logger {
@@ -416,10 +433,6 @@ export class IngressProxy {
     if (socket.destroyed) return;
     const { body, headers } = errorBody(status, message, sandboxID);
     const pairs: [string, string][] = [...Object.entries(headers), ['Connection', 'close']];
-    endAndLinger(
-      socket,
-      rawHead(status, STATUS_CODES[status] ?? '', pairs) + body,
-      this.options.idleTimeoutMs,
-    );
+    this.end(socket as net.Socket, rawHead(status, STATUS_CODES[status] ?? '', pairs) + body);
   }
 }

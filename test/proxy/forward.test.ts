@@ -920,6 +920,37 @@ describe('connections Moat decided to close', () => {
       await Promise.all([slow.close(), second.close()]);
     }
   });
+
+  it('answers every pipelined request of a client that half-closes before reading', async () => {
+    const body = 'b'.repeat(100 * KiB);
+    const large = await scriptedOrigin('127.0.0.34', (socket) =>
+      socket.write(`HTTP/1.1 200 OK\r\nContent-Length: ${body.length}\r\n\r\n${body}`),
+    );
+    try {
+      const socket = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
+      await new Promise((resolve) => socket.once('connect', resolve));
+      socket.pause();
+      const count = 200;
+      const one = request(url(FLOOD, large.port, '/large'));
+      socket.write(Buffer.concat(Array.from({ length: count }, () => one)));
+      // 20 MB of answers back up: Moat waits for this client to read. Then its FIN arrives.
+      await delay(500);
+      socket.end();
+      await delay(300);
+      let answers = 0;
+      let tail = '';
+      socket.on('data', (chunk: Buffer) => {
+        const text = tail + chunk.toString('latin1');
+        answers += text.split('HTTP/1.1 200 OK').length - 1;
+        tail = text.slice(-20);
+      });
+      socket.resume();
+      await until(() => socket.readableEnded, 10_000);
+      expect(answers).toBe(count);
+    } finally {
+      await large.close();
+    }
+  });
 });
 
 describe('flow control', () => {

@@ -838,6 +838,31 @@ describe('upgrades', () => {
     expect(headers['content-type']).toBe('text/plain');
     expect(rest.toString()).toBe('refused');
   });
+  it('frees a declined upgrade whose client sends more and then closes', async () => {
+    aim({ port: upgrades.port });
+    const connections = () =>
+      new Promise<number>((resolve, reject) =>
+        front.server.getConnections((error, count) => (error ? reject(error) : resolve(count))),
+      );
+    const settled = Date.now() + 2000;
+    while ((await connections()) > 0 && Date.now() < settled)
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    const before = await connections();
+    const socket = net.connect({ host: LOOPBACK, port: front.port, allowHalfOpen: true });
+    const reader = received(socket);
+    await new Promise((resolve) => socket.once('connect', resolve));
+    socket.write(
+      `GET /ws HTTP/1.1\r\nHost: ${originalHost(target.port)}\r\nConnection: Upgrade\r\n` +
+        'Upgrade: refuse\r\n\r\n',
+    );
+    await reader.until((data) => data.includes('refused'));
+    // Nobody reads an upgrade socket: these bytes must not keep its FIN from being seen.
+    socket.end('more bytes');
+    const deadline = Date.now() + 2000;
+    while ((await connections()) > before && Date.now() < deadline)
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(await connections()).toBe(before);
+  });
 });
 
 describe('close', () => {

@@ -115,7 +115,8 @@ export class EgressProxy {
       pool: this.pool,
       tunnels: options.tunnels,
       idleTimeoutMs: options.idleTimeoutMs,
-      onRefusal: () => {},
+      onRefusal: ({ sandbox, target }, refusal) =>
+        this.refused('forward', sandbox, target, refusal),
       onPolicyClose: (list) => options.metrics.proxyDenials.inc({ kind: 'forward', list }),
       draining: () => this.draining,
     };
@@ -390,15 +391,11 @@ export class EgressProxy {
     if (client.destroyed) return;
     if (!plan.ok) return refuse(plan);
     this.count('forward', 'allowed');
-    const context: ExchangeContext = {
-      ...this.exchangeContext,
-      onRefusal: (refusal) => this.refused('forward', sandbox, target, refusal),
-    };
     // Retrying another address is only safe while no body has been sent.
     const addresses = hasBody ? plan.addresses.slice(0, 1) : plan.addresses;
     connection.exchange(
       new Exchange(
-        context,
+        this.exchangeContext,
         { sandbox, target, head, path, framing: framing.value, lastRequest },
         connection.inbox,
         addresses,

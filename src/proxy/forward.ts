@@ -108,7 +108,7 @@ export interface ExchangeContext {
   readonly tunnels: TunnelRegistry;
   readonly idleTimeoutMs: number;
   /** Counts and logs a refusal the exchange answers (502/504, or a deny found after dialling). */
-  readonly onRefusal: (refusal: Refusal) => void;
+  readonly onRefusal: (request: ForwardRequest, refusal: Refusal) => void;
   /** Counts a request closed because the policy now denies it. */
   readonly onPolicyClose: (list: string) => void;
   /** Moat is shutting down: responses tell clients the connection closes after them. */
@@ -429,7 +429,7 @@ export class Exchange {
   /** Answers the client with an error, before any byte of a response was relayed. */
   private answer(refusal: Refusal): void {
     if (this.finished) return;
-    this.context.onRefusal(refusal);
+    this.context.onRefusal(this.request, refusal);
     this.detach()?.socket.destroy();
     const { status, message, decision } = refusal;
     if (this.responseStarted) this.client.socket.destroy();

@@ -21,6 +21,7 @@ import { type RunningMoat, startMoat } from '../../src/cli/index.js';
 import { loadConfig } from '../../src/config.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { bodyDigest } from '../support/origins.js';
 import {
   type CountingOrigin,
   countingHttpOrigin,
@@ -146,19 +147,13 @@ beforeAll(async () => {
   echo = Object.assign(
     await countingHttpOrigin('127.0.0.31', (req, res) => {
       paths.push(req.url ?? '');
-      const hash = createHash('sha256');
-      let length = 0;
-      req.on('data', (chunk: Buffer) => {
-        hash.update(chunk);
-        length += chunk.length;
-      });
-      req.on('end', () => {
+      void bodyDigest(req).then(({ length, sha256 }) => {
         const body = JSON.stringify({
           method: req.method,
           path: req.url,
           host: req.headers.host,
           length,
-          sha256: hash.digest('hex'),
+          sha256,
         });
         res.writeHead(200, {
           'Content-Type': 'application/json',

@@ -6,6 +6,7 @@ import { Readable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { IngressProxy, type IngressTarget } from '../../src/proxy/ingress.js';
+import { bodyDigest } from '../support/origins.js';
 
 const SANDBOX = 'ingresssandbox0000001';
 const TOKEN = 'tat-0123456789abcdef0123456789abcdef';
@@ -124,13 +125,7 @@ async function startHttpOrigin(): Promise<HttpOrigin> {
     },
   };
   const echo = (req: IncomingMessage, res: ServerResponse) => {
-    const hash = createHash('sha256');
-    let length = 0;
-    req.on('data', (chunk: Buffer) => {
-      hash.update(chunk);
-      length += chunk.length;
-    });
-    req.on('end', () => {
+    void bodyDigest(req).then(({ length, sha256 }) => {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end(
         JSON.stringify({
@@ -139,7 +134,7 @@ async function startHttpOrigin(): Promise<HttpOrigin> {
           headers: req.headers,
           remotePort: req.socket.remotePort,
           bodyLength: length,
-          bodySha256: hash.digest('hex'),
+          bodySha256: sha256,
         }),
       );
     });

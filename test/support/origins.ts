@@ -1,4 +1,5 @@
 /** Origin servers on loopback for proxy tests: HTTP echo, TLS echo, raw TCP echo. */
+import { createHash } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import tls from 'node:tls';
@@ -23,6 +24,22 @@ const closer = (server: net.Server) => () =>
     (server as http.Server).closeAllConnections?.();
     server.close(() => resolve());
   });
+
+/**
+ * Reads a request's whole body; resolves its length and SHA-256 (hex). A request the client
+ * aborts never settles (there is nobody left to answer).
+ */
+export function bodyDigest(req: http.IncomingMessage): Promise<{ length: number; sha256: string }> {
+  return new Promise((resolve) => {
+    const hash = createHash('sha256');
+    let length = 0;
+    req.on('data', (chunk: Buffer) => {
+      hash.update(chunk);
+      length += chunk.length;
+    });
+    req.on('end', () => resolve({ length, sha256: hash.digest('hex') }));
+  });
+}
 
 /** Answers every request with JSON naming the Host header, method, path and headers it saw. */
 export async function httpEchoOrigin(

@@ -206,9 +206,17 @@ export function responseFraming(
   head: ResponseHead,
 ): Parsed<{ framing: Framing; reusable: boolean }> {
   const reusable = head.minor === 1 && !fieldTokens(head.fields, 'connection').includes('close');
-  if (method === 'HEAD' || head.status < 200 || head.status === 204 || head.status === 304)
-    return { ok: true, value: { framing: { kind: 'none' }, reusable } };
   const lengths = fieldValues(head.fields, 'content-length');
+  if (method === 'HEAD' || head.status < 200)
+    return { ok: true, value: { framing: { kind: 'none' }, reusable } };
+  if (head.status === 204 || head.status === 304) {
+    // No body, whatever the head announces. An origin that announces one anyway may send it,
+    // and on a pooled connection those bytes would be read as the next request's answer.
+    const announcesBody =
+      head.fields.some((field) => field.lower === 'transfer-encoding') ||
+      lengths.some((value) => value.trim() !== '0');
+    return { ok: true, value: { framing: { kind: 'none' }, reusable: reusable && !announcesBody } };
+  }
   if (head.fields.some((field) => field.lower === 'transfer-encoding')) {
     const codings = fieldTokens(head.fields, 'transfer-encoding');
     // Chunked last delimits the body; any other coding last runs until close. A length beside

@@ -69,9 +69,15 @@ const clients: RawClient[] = [];
 /** The chunks the raw origin's /chunked response is made of. */
 const CHUNKS = ['Hello, ', 'chunked ', 'world', 'x'.repeat(10_000), '!'];
 
+/** Connections whose origin still owes the body its last 204 announced (sent late, as a stray). */
+const owesStray = new WeakSet<net.Socket>();
+
 /** An origin answering by path, for the response-side tests (bodiless requests only). */
 function rawResponses(socket: net.Socket, method: string, target: string): void {
   socket.setNoDelay(true);
+  // The late bytes arrive first, and look like an answer: read as one, they would be taken
+  // for the answer to whatever request this connection carries next.
+  if (owesStray.delete(socket)) socket.write('HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray');
   const path = target.split('?')[0];
   switch (path) {
     case '/ok':
@@ -98,6 +104,10 @@ function rawResponses(socket: net.Socket, method: string, target: string): void 
       return;
     case '/204':
       socket.write('HTTP/1.1 204 No Content\r\nX-Kind: 204\r\n\r\n');
+      return;
+    case '/204-announcing-body':
+      socket.write('HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n');
+      owesStray.add(socket);
       return;
     case '/304':
       // A 304 may carry the Content-Length of the representation; it still has no body.
@@ -673,6 +683,16 @@ describe('responses', () => {
       expect(next.body.toString()).toBe('ok');
     },
   );
+
+  it('does not pool an origin connection whose 204 announced a body (its late bytes are no answer)', async () => {
+    const client = await connect();
+    client.send(request(url(RAW, raw.port, '/204-announcing-body')));
+    expect((await client.response()).status).toBe(204);
+    client.send(request(url(RAW, raw.port, '/ok')));
+    const next = await client.response();
+    expect(next.status).toBe(200);
+    expect(next.body.toString(), 'the answer to /ok, not the stray bytes').toBe('ok');
+  });
 
   it('relays a close-delimited response and then closes the client connection', async () => {
     const client = await connect();

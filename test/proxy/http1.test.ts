@@ -141,8 +141,14 @@ describe('responseFraming', () => {
   it.each([
     ['GET', 'HTTP/1.1 200 OK\r\nContent-Length: 3\r\n', { kind: 'length', bytes: 3 }, true],
     ['HEAD', 'HTTP/1.1 200 OK\r\nContent-Length: 3\r\n', { kind: 'none' }, true],
-    ['GET', 'HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n', { kind: 'none' }, true],
+    // 204 and 304 never have a body; one that announces a body leaves the connection unpooled.
+    ['GET', 'HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n', { kind: 'none' }, false],
+    ['GET', 'HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n', { kind: 'none' }, true],
+    ['GET', 'HTTP/1.1 204 No Content\r\n', { kind: 'none' }, true],
     ['GET', 'HTTP/1.1 304 Not Modified\r\n', { kind: 'none' }, true],
+    ['GET', 'HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n', { kind: 'none' }, false],
+    ['GET', 'HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n', { kind: 'none' }, false],
+    ['HEAD', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n', { kind: 'none' }, true],
     ['GET', 'HTTP/1.1 100 Continue\r\n', { kind: 'none' }, true],
     ['GET', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n', { kind: 'chunked' }, true],
     ['GET', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n', { kind: 'chunked' }, true],

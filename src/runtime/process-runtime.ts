@@ -151,10 +151,14 @@ export class ProcessRuntime implements SandboxRuntime {
     await this.live.get(sandboxID)?.processes.resume();
   }
 
-  async destroy(sandboxID: string): Promise<void> {
+  async release(sandboxID: string): Promise<void> {
     await this.live.get(sandboxID)?.processes.killAll();
     this.live.delete(sandboxID);
     await this.network?.destroy(sandboxID);
+  }
+
+  async destroy(sandboxID: string): Promise<void> {
+    await this.release(sandboxID);
     await rm(path.join(this.sandboxesDir, sandboxID), { recursive: true, force: true });
   }
 

@@ -32,6 +32,11 @@ export interface SandboxRuntime {
   restore(sandboxID: string, env: SandboxEnvironment, address: string): Promise<void>;
   pause(sandboxID: string): Promise<void>;
   resume(sandboxID: string): Promise<void>;
+  /**
+   * Ends every process of the sandbox and takes down its network namespace; the root stays, so
+   * a later restore takes the sandbox back. Idempotent.
+   */
+  release(sandboxID: string): Promise<void>;
   /** Ends every process of the sandbox and removes its root. Idempotent. */
   destroy(sandboxID: string): Promise<void>;
   /** Copies the sandbox's writable root into the template store under `templateKey`. */

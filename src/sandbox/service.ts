@@ -9,6 +9,7 @@ import type { MoatMetrics } from '../metrics/index.js';
 import {
   compilePolicy,
   type InternalDenyList,
+  type IPAddress,
   parseIP,
   parseNetworkConfig,
   type Policy,
@@ -131,6 +132,8 @@ export class SandboxService {
   private readonly log: Logger;
   /** State of every sandbox this Moat holds, for the sandboxes gauge. */
   private readonly states = new Map<string, SandboxState>();
+  /** Sandboxes left paused because they could not be set up again at start-up, and why. */
+  private readonly unrestored = new Map<string, string>();
 
   /** The store, with "unreachable" answered as 503 on reads as on writes. */
   private readonly store: Pick<Store, 'get' | 'list'>;
@@ -189,9 +192,13 @@ export class SandboxService {
         address = { ok: true, value: fresh };
       }
       this.states.set(record.sandboxID, record.state);
-      await runtime.restore(record.sandboxID, this.options.environment(record), address.value.text);
       const policy = this.restoredPolicy(record);
-      await this.options.kernel?.install(record.sandboxID, address.value, policy);
+      const problem = await this.bringBack(record, address.value, policy);
+      // One sandbox that cannot come back must not keep the others (and Moat) down.
+      if (problem !== undefined) {
+        await this.leavePaused(record, problem);
+        continue;
+      }
       if (record.state === 'paused') continue;
       table.register(
         record.sandboxID,
@@ -201,6 +208,44 @@ export class SandboxService {
       this.expiry.set(record.sandboxID, record.endAt);
     }
     await this.expireDue();
+  }
+
+  /**
+   * Sets up the sandbox's runtime and firewall again after a restart; returns why that failed,
+   * with whatever was half set up taken down again (its files stay).
+   */
+  private async bringBack(
+    record: SandboxRecord,
+    address: IPAddress,
+    policy: Policy,
+  ): Promise<string | undefined> {
+    const { runtime, kernel } = this.options;
+    try {
+      await runtime.restore(record.sandboxID, this.options.environment(record), address.text);
+      await kernel?.install(record.sandboxID, address, policy);
+      this.unrestored.delete(record.sandboxID);
+      return undefined;
+    } catch (error) {
+      await runtime.release(record.sandboxID).catch(() => {});
+      return (error as Error).message;
+    }
+  }
+
+  /**
+   * A sandbox that could not be set up again is paused (nothing of it runs, and it is out of
+   * the enforcement table) with its files kept; resuming it tries again.
+   */
+  private async leavePaused(record: SandboxRecord, problem: string): Promise<void> {
+    this.unrestored.set(record.sandboxID, problem);
+    this.log.error(
+      { sandboxID: record.sandboxID, err: problem },
+      'could not restore this sandbox; it is left paused with its files, and resuming it tries again',
+    );
+    if (record.state === 'paused') return;
+    const next: SandboxRecord = { ...record, state: 'paused', endAt: this.now() };
+    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    this.states.set(record.sandboxID, 'paused');
+    this.transition(next, 'pause', { reason: 'restore failed' });
   }
 
   /** Stops the expiry timer and waits for transitions in flight. */
@@ -695,9 +740,19 @@ export class SandboxService {
     const now = this.now();
     const next: SandboxRecord = { ...record, state: 'running', endAt: now + seconds * 1000 };
     const policy = this.restoredPolicy(record);
-    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
     const address = parseIP(record.sourceAddress);
     if (!address.ok) throw new SandboxError(500, address.error);
+    if (this.unrestored.has(record.sandboxID)) {
+      const problem = await this.bringBack(record, address.value, policy);
+      if (problem !== undefined) {
+        this.unrestored.set(record.sandboxID, problem);
+        throw new SandboxError(
+          503,
+          `sandbox ${record.sandboxID} could not be restored on this host: ${problem}; it stays paused with its files`,
+        );
+      }
+    }
+    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
     this.options.table.register(
       record.sandboxID,
       { sourceAddress: address.value, egressSecret: record.egressSecret },
@@ -716,6 +771,7 @@ export class SandboxService {
 
   private async remove(record: SandboxRecord, why: string): Promise<void> {
     await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: null }]);
+    this.unrestored.delete(record.sandboxID);
     this.options.table.remove(record.sandboxID);
     this.expiry.delete(record.sandboxID);
     this.states.delete(record.sandboxID);

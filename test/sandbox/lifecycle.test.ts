@@ -4,7 +4,7 @@
  * transitions and store failure. Moat runs in-process; HTTP goes over loopback sockets.
  */
 import { existsSync } from 'node:fs';
-import { readFile, writeFile } from 'node:fs/promises';
+import { readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -346,6 +346,48 @@ describe('restart', () => {
       await advance(50, second);
       expect(await stateOf(keptPausing!.sandboxID, second)).toBe('paused');
       expect(await stateOf(kept!.sandboxID, second)).toBe('gone');
+    } finally {
+      await shutdown(second);
+    }
+  });
+});
+
+describe('restore failure', () => {
+  it('leaves a sandbox that cannot come back paused with its files; the rest start; resuming retries', async () => {
+    const first = await launch({ clock: { now: START } });
+    const [broken, healthy] = await Promise.all([create({}, first), create({}, first)]);
+    const brokenRoot = rootOf(broken!.sandboxID, first);
+    await writeFile(path.join(brokenRoot, 'kept.txt'), 'still here');
+    await shutdown(first);
+    // Where the runtime writes the sandbox's own /etc files, a file now stands: restore fails.
+    const blocker = path.join(brokenRoot, '.moat');
+    await rm(blocker, { recursive: true, force: true });
+    await writeFile(blocker, 'not a folder');
+
+    const second = await launch({ clock: { now: START + 1000 }, dataDir: first.dataDir });
+    try {
+      expect(await stateOf(broken!.sandboxID, second)).toBe('paused');
+      expect(second.moat.table.get(broken!.sandboxID)).toBeUndefined();
+      expect(second.moat.runtime.sandbox(broken!.sandboxID)).toBeUndefined();
+      expect(await readFile(path.join(brokenRoot, 'kept.txt'), 'utf8')).toBe('still here');
+      expect(await stateOf(healthy!.sandboxID, second)).toBe('running');
+      await expectEnforcedAsStored(healthy!.sandboxID, second);
+
+      const error: unknown = await second.moat.sandboxes
+        .connect(broken!.sandboxID, 60)
+        .catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(SandboxError);
+      expect((error as SandboxError).status).toBe(503);
+      expect((error as SandboxError).message).toContain(broken!.sandboxID);
+      expect((error as SandboxError).message).toContain('.moat');
+      expect(await stateOf(broken!.sandboxID, second)).toBe('paused');
+
+      await rm(blocker);
+      const resumed = await second.moat.sandboxes.connect(broken!.sandboxID, 60);
+      expect(resumed.resumed).toBe(true);
+      expect(await stateOf(broken!.sandboxID, second)).toBe('running');
+      expect(second.moat.runtime.sandbox(broken!.sandboxID)).toBeDefined();
+      await expectEnforcedAsStored(broken!.sandboxID, second);
     } finally {
       await shutdown(second);
     }

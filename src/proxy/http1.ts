@@ -241,17 +241,17 @@ export function responseFraming(
   };
 }
 
-/** Fields that describe one connection (RFC 9110 7.6.1) or carry proxy credentials. */
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-authorization',
-  'proxy-authenticate',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'upgrade',
-]);
+/** Fields that describe one connection (RFC 9110 7.6.1). */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'te', 'trailer', 'upgrade']);
+
+/**
+ * A field (lower case) that stops at this hop: one describing the connection, or any `Proxy-*`
+ * field (credentials and options meant for a proxy). The framing fields are the caller's
+ * business: Moat's own HTTP code rewrites them, Node's writes its own.
+ */
+export function isHopByHop(lower: string): boolean {
+  return HOP_BY_HOP.has(lower) || lower.startsWith('proxy-');
+}
 
 /** Fields that say where a body ends: written by Moat from the framing it checked. */
 const FRAMING_FIELDS = new Set(['content-length', 'transfer-encoding']);
@@ -269,7 +269,7 @@ export function endToEndFields(
   let out = '';
   for (const field of fields) {
     const skip =
-      HOP_BY_HOP.has(field.lower) ||
+      isHopByHop(field.lower) ||
       FRAMING_FIELDS.has(field.lower) ||
       drop.has(field.lower) ||
       named.includes(field.lower);

@@ -17,6 +17,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { endAndLinger } from './http-errors.js';
+import { isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
 
 export interface IngressTarget {
@@ -58,9 +59,6 @@ const ENDING_LINGER_MS = 10_000;
 /** The placeholder E2B defines in maskRequestHost (a plain string, not a template). */
 const PORT_PLACEHOLDER = '${PORT}';
 
-/** Headers that describe one hop (RFC 9110 7.6.1); Proxy-* are dropped by prefix. */
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'te', 'trailer', 'transfer-encoding']);
-
 /**
  * The end-to-end headers: without hop-by-hop ones, those the Connection header names, and
  * Upgrade unless `keepUpgrade` (an upgrade request or 101 answer needs it).
@@ -75,8 +73,8 @@ function endToEnd(headers: IncomingHttpHeaders, keepUpgrade: boolean): OutgoingH
   // No prototype: a header named like an Object member (`__proto__`) stays a header.
   const out: OutgoingHttpHeaders = Object.create(null);
   for (const [name, value] of Object.entries(headers)) {
-    if (value === undefined || HOP_BY_HOP.has(name) || named.has(name)) continue;
-    if (name.startsWith('proxy-') || (name === 'upgrade' && !keepUpgrade)) continue;
+    if (value === undefined || named.has(name) || name === 'transfer-encoding') continue;
+    if (isHopByHop(name) && !(name === 'upgrade' && keepUpgrade)) continue;
     out[name] = value;
   }
   return out;

@@ -291,7 +291,7 @@ describe('policies/github.json and SSH', () => {
   const githubName = canonicalName('github.com');
   if (!githubName.ok) throw new Error(githubName.error);
   const learned: LearnedAddresses = {
-    lookup: (ip) => (ip.text === github.value.text ? githubName.value : undefined),
+    names: (ip) => (ip.text === github.value.text ? [githubName.value] : []),
   };
 
   it('allows port 22 to an address learned for github.com', () => {

@@ -172,6 +172,8 @@ export class AnswerCache {
         soa === undefined
           ? 0
           : Math.min(sanitiseTtl(soa.ttl, maxNegativeTtl), sanitiseTtl(minimum, maxNegativeTtl));
+      // The client caches the negative answer for the SOA's TTL: the same lifetime (RFC 2308 §3).
+      if (soa !== undefined) ttls[records.answers.length] = lifetime;
     }
     let answer: CachedAnswer;
     try {

@@ -48,6 +48,13 @@ type Transport = 'udp' | 'tcp';
 
 const TCP_LIMIT = 65535;
 const MAX_TCP_CONNECTIONS = 1024;
+/**
+ * TCP connections one sandbox (or all unknown sources together) may hold at once, so that no
+ * sandbox can crowd the others out of DNS over TCP (their fallback for truncated answers).
+ */
+export const MAX_TCP_CONNECTIONS_PER_SOURCE = 32;
+/** A TCP message that has begun must arrive whole within this: a trickle holds no connection. */
+export const TCP_MESSAGE_TIMEOUT_MS = 2_000;
 const MAX_PIPELINED = 64;
 const MAX_UNSENT_BYTES = 256 * 1024;
 
@@ -61,6 +68,8 @@ export class DnsInterceptor {
   private readonly sockets: Array<{ udp: dgram.Socket; tcp: net.Server }> = [];
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
   private readonly connections = new Set<net.Socket>();
+  /** Open TCP connections by sandbox ID ('' for sources that are no sandbox). */
+  private readonly tcpBySource = new Map<string, number>();
 
   constructor(private readonly options: DnsInterceptorOptions) {
     options.metrics.countLearnedWith(() =>
@@ -161,7 +170,7 @@ export class DnsInterceptor {
       return undefined;
     }
     if (parsed.kind === 'error') {
-      this.count(transport, parsed.rcode === RCODE.FORMERR ? 'formerr' : 'refused');
+      this.count(transport, parsed.rcode === RCODE.REFUSED ? 'refused' : 'formerr');
       return emptyAnswer(parsed.id, parsed.question, parsed.rcode);
     }
     const { query } = parsed;
@@ -180,8 +189,10 @@ export class DnsInterceptor {
     const name = canonicalName(query.name);
     if (!name.ok) return refuse(name.error, sandbox);
 
-    const verdict = decide(sandbox.policy, { host: name.value, ip: undefined, port: undefined });
-    if (verdict.verdict === 'deny') {
+    // Undefined when the sandbox's current policy allows the name; else the NXDOMAIN to send.
+    const blocked = () => {
+      const verdict = decide(sandbox.policy, { host: name.value, ip: undefined, port: undefined });
+      if (verdict.verdict === 'allow') return undefined;
       this.count(transport, 'blocked');
       this.options.logger.info(
         {
@@ -195,7 +206,9 @@ export class DnsInterceptor {
         'dns query denied',
       );
       return emptyAnswer(query.id, questionOf(query), RCODE.NXDOMAIN, query);
-    }
+    };
+    const denied = blocked();
+    if (denied !== undefined) return denied;
     const limit = transport === 'udp' ? udpLimit(query) : TCP_LIMIT;
     const servfail = (error: unknown) => {
       this.count(transport, 'servfail');
@@ -214,9 +227,16 @@ export class DnsInterceptor {
         return servfail(error);
       }
     };
+    // An answer that took a while: the sandbox may have gone, or its policy denied the name
+    // meanwhile (a PUT's reply promises the next query sees the new policy; so does this one).
+    const forwardLate = (answer: CachedAnswer) => {
+      if (this.options.table.get(sandbox.sandboxID) !== sandbox)
+        return refuse('the sandbox was removed while its query was answered', sandbox);
+      return blocked() ?? forward(answer);
+    };
     try {
       const resolved = this.options.cache.resolve(name.value, query.type);
-      return resolved instanceof Promise ? resolved.then(forward, servfail) : forward(resolved);
+      return resolved instanceof Promise ? resolved.then(forwardLate, servfail) : forward(resolved);
     } catch (error) {
       return servfail(error);
     }
@@ -321,10 +341,27 @@ export class DnsInterceptor {
    * never reads must not grow our memory), and resumes when both drain.
    */
   private serveTcp(socket: net.Socket): void {
+    socket.on('error', () => socket.destroy());
+    const owner = this.sandboxAt(socket.remoteAddress ?? '')?.sandboxID ?? '';
+    const held = this.tcpBySource.get(owner) ?? 0;
+    if (held >= MAX_TCP_CONNECTIONS_PER_SOURCE) {
+      this.options.logger.warn(
+        { sandboxID: owner || undefined, source: socket.remoteAddress, held },
+        'dns tcp connection refused: too many open from this source',
+      );
+      return void socket.destroy();
+    }
+    this.tcpBySource.set(owner, held + 1);
     this.connections.add(socket);
     socket.setTimeout(this.options.tcpIdleTimeoutMs ?? 10_000, () => socket.destroy());
-    socket.on('close', () => this.connections.delete(socket));
-    socket.on('error', () => socket.destroy());
+    let partial: NodeJS.Timeout | undefined;
+    socket.on('close', () => {
+      clearTimeout(partial);
+      this.connections.delete(socket);
+      const left = (this.tcpBySource.get(owner) ?? 1) - 1;
+      if (left > 0) this.tcpBySource.set(owner, left);
+      else this.tcpBySource.delete(owner);
+    });
     let buffered: Buffer = Buffer.alloc(0);
     let pending = 0;
     const busy = () => pending >= MAX_PIPELINED || socket.writableLength >= MAX_UNSENT_BYTES;
@@ -333,6 +370,8 @@ export class DnsInterceptor {
         const length = buffered.readUInt16BE(0);
         const message = Buffer.from(buffered.subarray(2, 2 + length));
         buffered = buffered.subarray(2 + length);
+        clearTimeout(partial);
+        partial = undefined;
         pending++;
         void Promise.resolve(this.answer(message, socket.remoteAddress ?? '', 'tcp')).then(
           (reply) => {
@@ -347,8 +386,17 @@ export class DnsInterceptor {
           },
         );
       }
-      if (busy()) socket.pause();
-      else socket.resume();
+      if (busy()) {
+        // Not reading: whatever waits is ours to get to, not the client's to finish.
+        socket.pause();
+        clearTimeout(partial);
+        partial = undefined;
+      } else {
+        socket.resume();
+        // Part of a message is here: the rest must follow soon.
+        if (buffered.length > 0)
+          partial ??= setTimeout(() => socket.destroy(), TCP_MESSAGE_TIMEOUT_MS);
+      }
     };
     socket.on('drain', pump);
     socket.on('data', (chunk: Buffer) => {

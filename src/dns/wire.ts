@@ -11,6 +11,8 @@ export const RCODE = {
   NXDOMAIN: 3,
   NOTIMP: 4,
   REFUSED: 5,
+  /** Extended (RFC 6891): the header carries its low 4 bits, the OPT record the rest. */
+  BADVERS: 16,
 } as const;
 export const TYPE = { A: 1, AAAA: 28, OPT: 41, ANY: 255 } as const;
 const CLASS_IN = 1;
@@ -125,6 +127,9 @@ export function parseQuery(buf: Buffer): QueryParse {
     if (rrType === TYPE.OPT) {
       if (ednsPayload !== undefined)
         return error(RCODE.FORMERR, 'more than one OPT record', question);
+      const version = buf[after + 5]!;
+      if (version !== 0)
+        return error(RCODE.BADVERS, `EDNS version ${version} is not supported (only 0)`, question);
       ednsPayload = buf.readUInt16BE(after + 2);
     }
     offset = after + 10 + rdLength;
@@ -187,16 +192,19 @@ export function emptyAnswer(
   query?: Query,
   truncated = false,
 ): Buffer {
-  const opt = query?.ednsPayload !== undefined;
+  // An extended rcode needs an OPT record to carry its upper bits.
+  const opt = query?.ednsPayload !== undefined || rcode > 0xf;
   const out = Buffer.alloc(HEADER_LENGTH + (question?.length ?? 0) + (opt ? OPT_RECORD.length : 0));
-  writeHeader(out, id, query, rcode, truncated);
+  writeHeader(out, id, query, rcode & 0xf, truncated);
   if (question) {
     out.writeUInt16BE(1, 4);
     question.copy(out, HEADER_LENGTH);
   }
   if (opt) {
     out.writeUInt16BE(1, 10);
-    OPT_RECORD.copy(out, out.length - OPT_RECORD.length);
+    const at = out.length - OPT_RECORD.length;
+    OPT_RECORD.copy(out, at);
+    out[at + 5] = rcode >> 4;
   }
   return out;
 }
@@ -239,14 +247,23 @@ export function answersQuestion(response: Buffer, query: Buffer): boolean {
   const questionEnd = skipName(query, HEADER_LENGTH) + 4;
   const length = questionEnd - HEADER_LENGTH;
   if (response.length < HEADER_LENGTH + length) return false;
-  // Upstreams may change the case of the name; compare case-insensitively (names are ASCII here).
-  for (let i = HEADER_LENGTH; i < questionEnd; i++) {
-    const a = response[i]!;
-    const b = query[i]!;
-    if (a !== b && (a | 0x20) !== (b | 0x20)) return false;
+  // Our query's name is uncompressed labels. Upstreams may change the case of its letters (0x20
+  // randomisation), so letters compare case-insensitively; length bytes, every other byte and
+  // the type and class must match exactly.
+  let i = HEADER_LENGTH;
+  for (let label = query[i]!; label !== 0; label = query[i]!) {
+    if (response[i] !== label) return false;
+    const end = i + 1 + label;
+    for (let j = i + 1; j < end; j++) {
+      if (asciiLower(response[j]!) !== asciiLower(query[j]!)) return false;
+    }
+    i = end;
   }
+  for (; i < questionEnd; i++) if (response[i] !== query[i]) return false;
   return true;
 }
+
+const asciiLower = (byte: number): number => (byte >= 0x41 && byte <= 0x5a ? byte | 0x20 : byte);
 
 export const isTruncated = (response: Buffer): boolean =>
   (response.readUInt16BE(2) & FLAG_TC) !== 0;

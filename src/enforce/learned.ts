@@ -2,15 +2,24 @@ import type { CanonicalName, IPAddress, LearnedAddresses } from '../policy/index
 
 interface LearnedEntry {
   readonly ip: IPAddress;
-  readonly name: CanonicalName;
-  readonly expiresAt: number;
+  /** Every name the address was given for, each with its own expiry (ms). */
+  readonly names: Map<CanonicalName, number>;
+  /** The latest of those: how long the address stays open in the firewall. */
+  expiresAt: number;
 }
 
 /**
- * Addresses the DNS interceptor gave one sandbox for allowed names, each until its clamped TTL
- * runs out. Bounded: when full, the entry learned or extended longest ago makes room (the Map
- * keeps that order, so eviction is O(1); answers' expiry is absolute, so this is close to
- * "soonest to expire" without a scan).
+ * Names kept per address. Shared addresses (CDNs) are common, but one sandbox asking for more
+ * than this many names of one address gains nothing from the rest: the soonest to expire goes.
+ */
+const MAX_NAMES_PER_ADDRESS = 16;
+
+/**
+ * Addresses the DNS interceptor gave one sandbox for allowed names, each name until its clamped
+ * TTL runs out. An address given for two names keeps both, so a policy that stops allowing one
+ * still leaves the address open for the other. Bounded: when full, the address learned or
+ * extended longest ago makes room (the Map keeps that order, so eviction is O(1); answers'
+ * expiry is absolute, so this is close to "soonest to expire" without a scan).
  */
 export class LearnedAddressTable implements LearnedAddresses {
   private readonly byAddress = new Map<string, LearnedEntry>();
@@ -20,54 +29,83 @@ export class LearnedAddressTable implements LearnedAddresses {
     private readonly capacity: number,
   ) {}
 
+  /** Addresses held (some may have expired and not been looked at since). */
   get size(): number {
     return this.byAddress.size;
   }
 
-  lookup(ip: IPAddress): CanonicalName | undefined {
+  names(ip: IPAddress): readonly CanonicalName[] {
     const entry = this.byAddress.get(ip.text);
-    if (entry === undefined) return undefined;
-    if (entry.expiresAt <= this.now()) {
+    if (entry === undefined) return [];
+    if (!this.prune(entry, () => true)) {
       this.byAddress.delete(ip.text);
-      return undefined;
+      return [];
     }
-    return entry.name;
+    if (entry.names.size === 1) return [...entry.names.keys()];
+    return [...entry.names].sort((a, b) => b[1] - a[1]).map(([name]) => name);
   }
 
   /**
    * Records that `ip` was given for `name`, for `ttlSeconds` (already clamped). Returns the
-   * entry's expiry when this added it or moved it out, undefined when nothing changed.
+   * address's expiry when this added it or moved it out, undefined when that did not change.
    */
   learn(ip: IPAddress, name: CanonicalName, ttlSeconds: number): number | undefined {
     const expiresAt = this.now() + ttlSeconds * 1000;
-    const current = this.byAddress.get(ip.text);
-    // Never shorten: two names may share an address, and the later answer may carry a lower TTL.
-    if (current !== undefined && current.expiresAt >= expiresAt) return undefined;
-    if (current !== undefined) this.byAddress.delete(ip.text);
-    else if (this.byAddress.size >= this.capacity)
-      this.byAddress.delete(this.byAddress.keys().next().value!);
-    this.byAddress.set(ip.text, { ip, name, expiresAt });
+    const entry = this.byAddress.get(ip.text);
+    if (entry === undefined) {
+      if (this.byAddress.size >= this.capacity)
+        this.byAddress.delete(this.byAddress.keys().next().value!);
+      this.byAddress.set(ip.text, { ip, names: new Map([[name, expiresAt]]), expiresAt });
+      return expiresAt;
+    }
+    // Never shorten: a later answer for the same name may carry a lower TTL.
+    if ((entry.names.get(name) ?? 0) < expiresAt) {
+      entry.names.set(name, expiresAt);
+      if (entry.names.size > MAX_NAMES_PER_ADDRESS) {
+        const [soonest] = [...entry.names].reduce((a, b) => (b[1] < a[1] ? b : a));
+        entry.names.delete(soonest);
+      }
+    }
+    if (expiresAt <= entry.expiresAt) return undefined;
+    entry.expiresAt = expiresAt;
+    // Extended: now the most recent, the last to be evicted.
+    this.byAddress.delete(ip.text);
+    this.byAddress.set(ip.text, entry);
     return expiresAt;
   }
 
-  /** Drops entries whose name `keep` rejects, and expired ones; returns how many went. */
+  /**
+   * Drops names `keep` rejects, and expired ones; an address left with no name goes. Returns
+   * how many addresses went.
+   */
   retain(keep: (name: CanonicalName) => boolean): number {
-    const now = this.now();
     let dropped = 0;
     for (const [key, entry] of this.byAddress) {
-      if (entry.expiresAt <= now || !keep(entry.name)) {
-        this.byAddress.delete(key);
-        dropped++;
-      }
+      if (this.prune(entry, keep)) continue;
+      this.byAddress.delete(key);
+      dropped++;
     }
     return dropped;
   }
 
-  /** Live entries, for the kernel enforcer. */
-  entries(): Array<{ address: IPAddress; name: CanonicalName; expiresAt: number }> {
+  /** Live addresses with how long each stays open, for the kernel enforcer. */
+  entries(): Array<{ address: IPAddress; expiresAt: number }> {
     const now = this.now();
     return [...this.byAddress.values()]
       .filter((entry) => entry.expiresAt > now)
-      .map((entry) => ({ address: entry.ip, name: entry.name, expiresAt: entry.expiresAt }));
+      .map((entry) => ({ address: entry.ip, expiresAt: entry.expiresAt }));
+  }
+
+  /** Removes expired names and those `keep` rejects; false when none is left. */
+  private prune(entry: LearnedEntry, keep: (name: CanonicalName) => boolean): boolean {
+    const now = this.now();
+    if (entry.expiresAt <= now) return false;
+    let latest = 0;
+    for (const [name, expiresAt] of entry.names) {
+      if (expiresAt <= now || !keep(name)) entry.names.delete(name);
+      else latest = Math.max(latest, expiresAt);
+    }
+    entry.expiresAt = latest;
+    return entry.names.size > 0;
   }
 }

@@ -25,8 +25,8 @@ export interface Decision {
 
 /** Addresses the DNS interceptor gave this sandbox for allowed names (still within TTL). */
 export interface LearnedAddresses {
-  /** The name an address was learned for, or undefined. */
-  lookup(ip: IPAddress): CanonicalName | undefined;
+  /** The names an address was learned for and still holds (none when it was not learned). */
+  names(ip: IPAddress): readonly CanonicalName[];
 }
 
 const decision = (
@@ -247,9 +247,9 @@ export function decide(
   // A learned address never rescues a connection that itself names a host no rule allows
   // (a CDN address shared with an allowed name must not open other names).
   if (learned !== undefined && host === undefined) {
-    const name = learned.lookup(ip);
     // Checked again against this policy so that a stale learned entry cannot open anything.
-    if (name !== undefined && policy.allowNames.lookup(name) !== undefined) {
+    for (const name of learned.names(ip)) {
+      if (policy.allowNames.lookup(name) === undefined) continue;
       return decision(
         'allow',
         'learned',

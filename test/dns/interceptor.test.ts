@@ -1,7 +1,8 @@
 import net from 'node:net';
+import { setTimeout as delay } from 'node:timers/promises';
 import dnsPacket from 'dns-packet';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import { compilePolicy, decide, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import {
   type DnsHarness,
   decodeReply,
@@ -12,6 +13,10 @@ import {
   udpExchange,
   udpQuery,
 } from '../support/dns-client.js';
+import {
+  MAX_TCP_CONNECTIONS_PER_SOURCE,
+  TCP_MESSAGE_TIMEOUT_MS,
+} from '../../src/dns/interceptor.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { TEST_ZONE as zone } from '../support/test-zone.js';
 
@@ -45,6 +50,7 @@ afterAll(() => upstream.stop());
 beforeEach(async () => {
   upstream.log.length = 0;
   upstream.silent.clear();
+  upstream.slow.clear();
   dns = await startInterceptor(upstream.port, { timeoutMs: 400 });
   dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's3cret' }, ALLOW_TEST);
 });
@@ -140,8 +146,8 @@ describe('answers and learning', () => {
     const reply = await udpQuery(dns.port, SOURCE, 'rebind.allowed.test');
     expect(addresses(reply)).toEqual(['93.184.216.10']);
     const learned = dns.table.get(SANDBOX)!.learned;
-    expect(learned.lookup(ip('10.0.0.5'))).toBeUndefined();
-    expect(learned.lookup(ip('93.184.216.10'))).toBe('rebind.allowed.test');
+    expect(learned.names(ip('10.0.0.5'))).toEqual([]);
+    expect(learned.names(ip('93.184.216.10'))).toEqual(['rebind.allowed.test']);
   });
 
   it('answers NODATA when every address is refused', async () => {
@@ -161,14 +167,14 @@ describe('answers and learning', () => {
     const reply = await udpExchange(dns.port, encodeQuery('api.allowed.test'), SOURCE);
     // Checked in the same tick the reply arrived; nothing else has run since.
     expect(reply).toBeDefined();
-    expect(learned.lookup(ip('93.184.216.7'))).toBe('api.allowed.test');
+    expect(learned.names(ip('93.184.216.7'))).toEqual(['api.allowed.test']);
   });
 
   it('learns CNAME-chained addresses under the asked name only', async () => {
     const reply = await udpQuery(dns.port, SOURCE, 'www.allowed.test');
     expect(addresses(reply)).toEqual(['93.184.216.9']);
     const learned = dns.table.get(SANDBOX)!.learned;
-    expect(learned.lookup(ip('93.184.216.9'))).toBe('www.allowed.test');
+    expect(learned.names(ip('93.184.216.9'))).toEqual(['www.allowed.test']);
     // The CNAME target does not become an allowed name of its own.
     expect((await udpQuery(dns.port, SOURCE, 'edge.cdn.test')).rcode).toBe('NXDOMAIN');
   });
@@ -177,9 +183,9 @@ describe('answers and learning', () => {
     await udpQuery(dns.port, SOURCE, 'short.allowed.test'); // TTL 5 s, clamped up to 30 s
     const learned = dns.table.get(SANDBOX)!.learned;
     dns.clock.now += 29_000;
-    expect(learned.lookup(ip('93.184.216.11'))).toBe('short.allowed.test');
+    expect(learned.names(ip('93.184.216.11'))).toEqual(['short.allowed.test']);
     dns.clock.now += 1_001;
-    expect(learned.lookup(ip('93.184.216.11'))).toBeUndefined();
+    expect(learned.names(ip('93.184.216.11'))).toEqual([]);
   });
 
   it('drops learned addresses whose name a republished policy no longer allows', async () => {
@@ -187,8 +193,55 @@ describe('answers and learning', () => {
     const learned = dns.table.get(SANDBOX)!.learned;
     expect(learned.size).toBe(2);
     dns.table.publish(SANDBOX, policy({ allowOut: ['www.allowed.test'], denyOut: ['0.0.0.0/0'] }));
-    expect(learned.lookup(ip('93.184.216.7'))).toBeUndefined();
+    expect(learned.names(ip('93.184.216.7'))).toEqual([]);
     expect(learned.size).toBe(0);
+  });
+
+  it('keeps an address shared by two names for the one a republished policy still allows', async () => {
+    await udpQuery(dns.port, SOURCE, 'one.shared.allowed.test');
+    await udpQuery(dns.port, SOURCE, 'two.shared.allowed.test');
+    const learned = dns.table.get(SANDBOX)!.learned;
+    // The longest-lived name first.
+    expect(learned.names(ip('93.184.216.30'))).toEqual([
+      'one.shared.allowed.test',
+      'two.shared.allowed.test',
+    ]);
+    const onlyTwo = policy({ allowOut: ['two.shared.allowed.test'], denyOut: ['0.0.0.0/0'] });
+    dns.table.publish(SANDBOX, onlyTwo);
+    expect(learned.names(ip('93.184.216.30'))).toEqual(['two.shared.allowed.test']);
+    const sandbox = dns.table.get(SANDBOX)!;
+    expect(
+      decide(sandbox.policy, { ip: ip('93.184.216.30'), port: 22 }, sandbox.learned),
+    ).toMatchObject({ verdict: 'allow', list: 'learned', rule: 'two.shared.allowed.test' });
+    // And it closes with that name's own expiry (60 s, clamped at least 30), not the other's.
+    dns.clock.now += 61_000;
+    expect(learned.names(ip('93.184.216.30'))).toEqual([]);
+  });
+
+  it('gives negative answers the SOA TTL it caches them for (RFC 2308 §3)', async () => {
+    dns.table.publish(SANDBOX, policy({}));
+    // The fake's SOA says TTL 300, MINIMUM 60: the answer lives 60 s, and says so.
+    const first = await udpQuery(dns.port, SOURCE, 'nope.test');
+    expect(first.rcode).toBe('NXDOMAIN');
+    expect(first.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 60 });
+    dns.clock.now += 20_000;
+    const cached = await udpQuery(dns.port, SOURCE, 'nope.test');
+    expect(cached.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 40 });
+    expect(upstream.asked('nope.test')).toHaveLength(1);
+  });
+
+  it('answers NXDOMAIN when the policy denies the name while its answer is on the way', async () => {
+    // The upstream holds its answer 100 ms (one try may take 133 here); the PUT lands as soon
+    // as the question reached it.
+    upstream.slow.set('api.allowed.test', 100);
+    const pending = udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    for (let i = 0; i < 3000 && upstream.asked('api.allowed.test').length === 0; i++)
+      await new Promise((resolve) => setTimeout(resolve, 1));
+    dns.table.publish(SANDBOX, policy({ allowOut: ['www.allowed.test'], denyOut: ['0.0.0.0/0'] }));
+    const reply = await pending;
+    expect(reply.rcode).toBe('NXDOMAIN');
+    expect(reply.answers ?? []).toEqual([]);
+    expect(dns.table.get(SANDBOX)!.learned.size).toBe(0);
   });
 
   it('serves repeats from the cache with TTLs counted down, learning again per sandbox', async () => {
@@ -199,7 +252,7 @@ describe('answers and learning', () => {
     const reply = await udpQuery(dns.port, '127.77.0.3', 'api.allowed.test');
     expect(upstream.asked('api.allowed.test')).toHaveLength(1);
     expect(reply.answers?.[0]?.ttl).toBe(100);
-    expect(dns.table.get(other)!.learned.lookup(ip('93.184.216.8'))).toBe('api.allowed.test');
+    expect(dns.table.get(other)!.learned.names(ip('93.184.216.8'))).toEqual(['api.allowed.test']);
   });
 
   it('caches negative answers (RFC 2308) and coalesces identical questions in flight', async () => {
@@ -272,6 +325,67 @@ describe('transports and failures', () => {
     expect(received).toBeGreaterThan(0);
   });
 
+  it('holds a bounded number of TCP connections per sandbox, so others still get answers', async () => {
+    const open = (source: string) =>
+      new Promise<net.Socket>((resolve, reject) => {
+        const socket = net.connect({ host: '127.0.0.1', port: dns.port, localAddress: source });
+        socket.once('connect', () => resolve(socket));
+        socket.once('error', reject);
+      });
+    const closedSoon = (socket: net.Socket) =>
+      new Promise<boolean>((resolve) => {
+        const timer = setTimeout(() => resolve(false), 3000);
+        socket.once('close', () => {
+          clearTimeout(timer);
+          resolve(true);
+        });
+        socket.on('error', () => {});
+        socket.resume();
+      });
+    const held: net.Socket[] = [];
+    try {
+      for (let i = 0; i < MAX_TCP_CONNECTIONS_PER_SOURCE; i++) held.push(await open(SOURCE));
+      const extra = await open(SOURCE);
+      expect(await closedSoon(extra), 'one more from the same sandbox is closed').toBe(true);
+      const other = 'isandbox0000000000002';
+      dns.table.register(other, { sourceAddress: ip('127.77.0.3'), egressSecret: 'x' }, ALLOW_TEST);
+      const [reply] = await tcpExchange(dns.port, [encodeQuery('api.allowed.test')], '127.77.0.3');
+      expect(decodeReply(reply!).rcode).toBe('NOERROR');
+      held.pop()!.destroy();
+      await delay(100);
+      const [again] = await tcpExchange(dns.port, [encodeQuery('api.allowed.test')], SOURCE);
+      expect(decodeReply(again!).rcode, 'a freed slot is usable again').toBe('NOERROR');
+    } finally {
+      for (const socket of held) socket.destroy();
+    }
+  });
+
+  it('closes a TCP connection whose message trickles in, long before the idle timeout', async () => {
+    const socket = net.connect({ host: '127.0.0.1', port: dns.port, localAddress: SOURCE });
+    socket.on('error', () => {});
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const message = Buffer.concat([Buffer.from([0, 40]), encodeQuery('api.allowed.test')]);
+    const started = performance.now();
+    const closed = new Promise<number>((resolve) =>
+      socket.once('close', () => resolve(performance.now() - started)),
+    );
+    // One byte every 300 ms: each would restart an idle timer (10 s), the message never ends.
+    const trickle = setInterval(() => {
+      const at = Math.round((performance.now() - started) / 300);
+      if (at < message.length && !socket.destroyed) socket.write(message.subarray(at, at + 1));
+    }, 300);
+    try {
+      const after = await Promise.race([closed, delay(8000).then(() => Infinity)]);
+      expect(after).toBeGreaterThanOrEqual(TCP_MESSAGE_TIMEOUT_MS - 50);
+      expect(after, 'closed by the message timeout, not the idle one').toBeLessThan(
+        TCP_MESSAGE_TIMEOUT_MS + 2000,
+      );
+    } finally {
+      clearInterval(trickle);
+      socket.destroy();
+    }
+  });
+
   it('sets TC when an answer does not fit the client, and TCP then gives it whole', async () => {
     const udp = await udpQuery(dns.port, SOURCE, 'big.allowed.test');
     expect(udp.flag_tc).toBe(true);
@@ -316,6 +430,17 @@ describe('transports and failures', () => {
   ])('rejects %s without forwarding it', async (_, mangle, expected) => {
     const reply = await udpExchange(dns.port, mangle(encodeQuery('api.allowed.test')), SOURCE);
     expect(rcode(reply!.raw)).toBe(expected);
+    expect(upstream.log).toHaveLength(0);
+  });
+
+  it('answers BADVERS to an EDNS version it does not speak, without forwarding (RFC 6891)', async () => {
+    const query = encodeQuery('api.allowed.test', 'A', { edns: 1232 });
+    // The OPT record is last: name, type, class, then TTL = extended rcode, version, flags.
+    query[query.length - 5] = 1;
+    const reply = (await udpExchange(dns.port, query, SOURCE))!.raw;
+    expect(rcode(reply)).toBe(0);
+    expect(reply[reply.length - 6], 'upper bits of rcode 16 in the OPT record').toBe(1);
+    expect(decodeReply(reply).additionals?.[0]?.type).toBe('OPT');
     expect(upstream.log).toHaveLength(0);
   });
 

@@ -45,9 +45,12 @@ export function destinationOf(parts: { host?: string; ip?: string; port?: number
 
 /** A learned-address table keyed by address text (any spelling ipaddr.js reads the same). */
 export function learnedOf(entries: Iterable<readonly [string, string]>): LearnedAddresses {
-  const table = new Map<string, string>();
-  for (const [address, name] of entries) table.set(refKey(address), name);
-  return { lookup: (ip) => table.get(refKey(ip.text)) as CanonicalName | undefined };
+  const table = new Map<string, CanonicalName[]>();
+  for (const [address, name] of entries) {
+    const key = refKey(address);
+    table.set(key, [...(table.get(key) ?? []), name as CanonicalName]);
+  }
+  return { names: (ip) => table.get(refKey(ip.text)) ?? [] };
 }
 
 /** The parts of a decision that the contract fixes (the reason is prose). */

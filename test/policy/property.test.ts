@@ -362,7 +362,9 @@ describe('decide agrees with the naive reference matcher', () => {
               : compilePolicy(parsed.value, internal.compiled);
           for (const generated of destinations) {
             const { reference, learned } = aimAtRules(config, generated);
-            const refLearned = learned && new Map(learned.map(([ip, name]) => [refKey(ip), name]));
+            const refLearned = learned && new Map<string, string[]>();
+            for (const [ip, name] of learned ?? [])
+              refLearned!.set(refKey(ip), [...(refLearned!.get(refKey(ip)) ?? []), name]);
             const expected = refDecide(config, internal.reference, reference, refLearned);
             const actual = decide(
               policy,

@@ -182,14 +182,14 @@ export const refIsValid = (config: RefConfig): boolean =>
   refDeniesAll(config) || config.allowOut.every((rule) => rule.kind === 'cidr');
 
 /**
- * design.md's decision order, by linear scans. `learned` maps refKey(address) to the name the
- * address was learned for.
+ * design.md's decision order, by linear scans. `learned` maps refKey(address) to the names the
+ * address was learned for, in the order the table gives them.
  */
 export function refDecide(
   config: RefConfig,
   internal: readonly string[],
   destination: RefDestination,
-  learned?: ReadonlyMap<string, string>,
+  learned?: ReadonlyMap<string, readonly string[]>,
 ): RefDecision {
   const { port } = destination;
   if (port !== undefined && !(Number.isInteger(port) && port >= 1 && port <= 65535)) {
@@ -225,10 +225,10 @@ export function refDecide(
   // 4. Learned addresses, only when the connection names no host, and only for names this
   // policy still allows.
   if (learned !== undefined && host === undefined) {
-    const name = learned.get(ip.toNormalizedString());
-    if (name !== undefined && refMatchName(nameRules, name) !== undefined) {
-      return { verdict: 'allow', list: 'learned', rule: name };
-    }
+    const name = learned
+      .get(ip.toNormalizedString())
+      ?.find((learnedName) => refMatchName(nameRules, learnedName) !== undefined);
+    if (name !== undefined) return { verdict: 'allow', list: 'learned', rule: name };
   }
   // 5. denyOut; 0.0.0.0/0 is ALL_TRAFFIC (IPv6 too), allow_internet_access=false likewise.
   const denyEntries: RefAddressEntry[] = config.denyOut.map((text) => ({

@@ -499,8 +499,17 @@ export function questionOf(
   };
 }
 
-/** The UDP payload size of the query's OPT record, when its additional section holds one. */
-export function ednsPayloadOf(packet: Buffer): number | undefined {
+/** A message's OPT record, when its additional section holds one. */
+interface Edns {
+  /** The advertised UDP payload size. */
+  readonly payload: number;
+  /** The upper 8 bits of a 12-bit rcode. */
+  readonly extendedRcode: number;
+  readonly version: number;
+}
+
+/** The OPT record of a message with a question, when its additional section holds one. */
+export function ednsOf(packet: Buffer): Edns | undefined {
   const question = questionOf(packet);
   if (question === undefined) return undefined;
   let offset = question.end;
@@ -522,7 +531,12 @@ export function ednsPayloadOf(packet: Buffer): number | undefined {
     if (offset + 10 > packet.length) return undefined;
     const rdLength = packet.readUInt16BE(offset + 8);
     if (offset + 10 + rdLength > packet.length) return undefined;
-    if (packet.readUInt16BE(offset) === 41) return packet.readUInt16BE(offset + 2);
+    if (packet.readUInt16BE(offset) === 41)
+      return {
+        payload: packet.readUInt16BE(offset + 2),
+        extendedRcode: packet[offset + 4]!,
+        version: packet[offset + 5]!,
+      };
     offset += 10 + rdLength;
   }
   return undefined;
@@ -546,7 +560,7 @@ export function replyProblems(packet: Buffer, reply: Buffer, context: ReplyConte
   if (packet.length >= 2 && reply.readUInt16BE(0) !== packet.readUInt16BE(0))
     problems.push('the reply ID differs from the query ID');
   const flags = reply.readUInt16BE(2);
-  const rcode = flags & 0xf;
+  const rcode = (flags & 0xf) | ((ednsOf(reply)?.extendedRcode ?? 0) << 4);
   if ((flags & 0x8000) === 0) problems.push('QR is clear in the reply');
   try {
     dnsPacket.decode(reply);
@@ -570,9 +584,9 @@ export function replyProblems(packet: Buffer, reply: Buffer, context: ReplyConte
     else if (!reply.subarray(12, 12 + question.bytes.length).equals(question.bytes))
       problems.push('the echoed question differs from the query question');
   }
-  const edns = ednsPayloadOf(packet);
+  const edns = ednsOf(packet);
   if (context.transport === 'udp') {
-    const limit = edns === undefined ? 512 : Math.min(1232, Math.max(512, edns));
+    const limit = edns === undefined ? 512 : Math.min(1232, Math.max(512, edns.payload));
     if (reply.length > limit)
       problems.push(`a ${reply.length}-byte UDP reply exceeds the client's ${limit}`);
   } else if (reply.length > 65535) problems.push('a TCP reply over 65535 bytes');
@@ -581,7 +595,10 @@ export function replyProblems(packet: Buffer, reply: Buffer, context: ReplyConte
   const allowed = question !== undefined && isAllowedName(question.name);
   if (an + ns > 0 && !(context.knownSource && allowed))
     problems.push('records in the reply for a name or source the policy denies');
-  if (!context.knownSource && rcode !== 1 && rcode !== 5)
+  // BADVERS (16) answers an EDNS version other than 0, and only that.
+  if (rcode === 16 && (edns === undefined || edns.version === 0))
+    problems.push('BADVERS for a query without an unknown EDNS version');
+  if (!context.knownSource && rcode !== 1 && rcode !== 5 && rcode !== 16)
     problems.push(`rcode ${rcode} for a source that is no sandbox`);
   if (rcode === 0 && !allowed) problems.push('NOERROR for a name the policy denies');
   return problems;

@@ -18,4 +18,7 @@ export const TEST_ZONE = new Map<string, ZoneEntry>([
   ['short.allowed.test', { A: ['93.184.216.11'], ttl: 5 }],
   ['secret.denied.test', { A: ['93.184.216.66'], ttl: 60 }],
   ['open.test', { A: ['93.184.216.20'], ttl: 60 }],
+  // Two names on one address (a CDN), with different TTLs.
+  ['one.shared.allowed.test', { A: ['93.184.216.30'], ttl: 3600 }],
+  ['two.shared.allowed.test', { A: ['93.184.216.30'], ttl: 60 }],
 ]);

@@ -156,6 +156,9 @@ function sandboxEnvironment(record: SandboxRecord, proxy: HostPort): Record<stri
   };
 }
 
+/** Milliseconds on a clock that only moves forward (it starts at the wall time of start-up). */
+const steadyNow = (): number => performance.timeOrigin + performance.now();
+
 /** Starts every part Moat runs, wired together as `moat serve` runs them. */
 export interface StartOptions {
   readonly now?: () => number;
@@ -169,7 +172,11 @@ export async function startMoat(
   logger: Logger,
   options: StartOptions = {},
 ): Promise<RunningMoat> {
-  const now = options.now ?? Date.now;
+  // Sandbox deadlines are instants (stored, and compared across restarts): wall time. What DNS
+  // and enforcement measure are spans (TTLs, rate buckets, learned lifetimes), on a clock that
+  // a wall-clock step (NTP) cannot move: a step back once refused every query for its length.
+  const wallNow = options.now ?? Date.now;
+  const now = options.now ?? steadyNow;
   const metrics = new MoatMetrics({
     defaultMetrics: options.defaultMetrics,
     perSandbox: config.metricsPerSandbox,
@@ -316,7 +323,7 @@ export async function startMoat(
       logger,
       maxPolicyEntries: config.maxPolicyEntries,
       namespace: config.namespace,
-      now,
+      now: wallNow,
       environment: (record) =>
         sandboxEnvironment(record, listening.gateway?.proxy ?? listening.proxy),
     });

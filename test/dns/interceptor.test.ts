@@ -1,7 +1,7 @@
 import net from 'node:net';
 import { setTimeout as delay } from 'node:timers/promises';
 import dnsPacket from 'dns-packet';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { compilePolicy, decide, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import {
   type DnsHarness,
@@ -442,6 +442,24 @@ describe('transports and failures', () => {
     expect(reply[reply.length - 6], 'upper bits of rcode 16 in the OPT record').toBe(1);
     expect(decodeReply(reply).additionals?.[0]?.type).toBe('OPT');
     expect(upstream.log).toHaveLength(0);
+  });
+
+  it('keeps answering when the wall clock steps back (spans are measured on a steady clock)', async () => {
+    await dns.stop();
+    // Date is faked (and runs on) from before Moat starts, so whatever Moat takes for its
+    // clocks sees the step below.
+    vi.useFakeTimers({ toFake: ['Date'], shouldAdvanceTime: true, advanceTimeDelta: 1 });
+    try {
+      dns = await startInterceptor(upstream.port, { realClocks: true });
+      dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's' }, ALLOW_TEST);
+      expect((await udpQuery(dns.port, SOURCE, 'api.allowed.test')).rcode).toBe('NOERROR');
+      vi.setSystemTime(Date.now() - 10 * 60_000); // an NTP step of ten minutes back
+      const after = await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+      expect(after.rcode).toBe('NOERROR');
+      expect(after.answers?.[0]?.ttl, 'the cached TTL did not grow').toBeLessThanOrEqual(120);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it('rate-limits a sandbox with REFUSED', async () => {

@@ -23,7 +23,7 @@ export interface DnsHarness {
 /** Starts Moat as `moat serve` does (loopback, free ports), with a clock the test controls. */
 export async function startInterceptor(
   upstreamPort: number,
-  options: { timeoutMs?: number; rateLimit?: number } = {},
+  options: { timeoutMs?: number; rateLimit?: number; realClocks?: boolean } = {},
 ): Promise<DnsHarness> {
   const clock = { now: 1_000_000 };
   const scratch = scratchMoatFlags();
@@ -41,7 +41,8 @@ export async function startInterceptor(
   });
   if (!config.ok) throw new Error(config.error);
   const moat = await startMoat(config.value, pino({ level: 'silent' }), {
-    now: () => clock.now,
+    // With real clocks Moat runs on its own (tests then leave `clock` alone).
+    now: options.realClocks ? undefined : () => clock.now,
     defaultMetrics: false,
   });
   return {

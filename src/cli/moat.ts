@@ -96,12 +96,17 @@ function ownAddressCheck(
       ? 0
       : (~0 << (32 - links.prefixLength)) >>> 0
     : 0;
+  // Connecting to an unspecified address (0.0.0.0, ::) reaches this host: Linux takes it for a
+  // local one, whatever the listener is bound to.
+  const unspecified = (ip: IPAddress) =>
+    ip.version === 4 ? ip.words[0]! >>> 24 === 0 : ip.words.every((w) => w === 0);
   return (ip, port) =>
     (linkBase !== undefined && ip.version === 4 && (ip.words[0]! & linkMask) >>> 0 === linkBase) ||
     listeners().some(
       (l) =>
         l.port === port &&
         (l.host === ip.text ||
+          unspecified(ip) ||
           (UNSPECIFIED.has(l.host) && (local.has(ip.text) || ip.text.startsWith('127.')))),
     );
 }

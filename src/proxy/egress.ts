@@ -23,7 +23,8 @@ import {
 } from './http1.js';
 import { identify } from './identity.js';
 import { Inbox } from './inbox.js';
-import { looksLikeTls, peekHttpHost, peekTlsServerName } from './peek.js';
+import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
+import { isTlsRecordType, looksLikeTls, peekTlsServerName } from './peek.js';
 import type { Splice } from './splice.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
 
@@ -52,35 +53,28 @@ export interface ProxyOptions {
 const KEEP_ALIVE_MS = 30_000;
 
 /** Reads the first bytes of a tunnel and says whether they name the host CONNECT named. */
-function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | string {
+function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' | string {
   const tls = looksLikeTls(data[0]!);
-  if (!tls && target.port !== 80) return 'ok';
-  const peek = tls ? peekTlsServerName(data) : peekHttpHost(data);
+  // A TLS record that is not a handshake (an alert, say) first: some TLS stacks skip it and read
+  // the ClientHello after it, unchecked.
+  if (!tls && isTlsRecordType(data[0]!))
+    return `its first bytes are a TLS record of type ${data[0]}, not a ClientHello`;
+  if (!tls) return target.port === 80 ? 'http' : 'ok';
+  const peek = peekTlsServerName(data);
   if (peek.status === 'incomplete') return 'wait';
   if (peek.status === 'invalid')
-    return `its first bytes are not a valid ${tls ? 'TLS ClientHello' : 'HTTP request'}: ${peek.reason}`;
+    return `its first bytes are not a valid TLS ClientHello: ${peek.reason}`;
   const named = peek.name;
-  const what = tls ? 'TLS server name' : 'Host header';
-  if (target.host === undefined) {
-    // A tunnel to an address may not name a host in TLS; HTTP may only name that address.
-    if (named === undefined) return 'ok';
-    const host = tls ? undefined : parseAuthority(named);
-    return host?.ok && host.value.ip?.text === target.ip?.text
+  // A tunnel to an address may not name a host in TLS.
+  if (target.host === undefined)
+    return named === undefined
       ? 'ok'
-      : `the ${what} ${JSON.stringify(named)} names a host, but CONNECT named an address`;
-  }
-  if (named === undefined) return `the tunnel to ${target.host} sends no ${what}`;
-  let name: string | undefined;
-  if (tls) {
-    const canonical = canonicalName(named);
-    name = canonical.ok ? canonical.value : undefined;
-  } else {
-    const authority = parseAuthority(named);
-    name = authority.ok ? authority.value.host : undefined;
-  }
-  return name === target.host
+      : `the TLS server name ${JSON.stringify(named)} names a host, but CONNECT named an address`;
+  if (named === undefined) return `the tunnel to ${target.host} sends no TLS server name`;
+  const canonical = canonicalName(named);
+  return canonical.ok && canonical.value === target.host
     ? 'ok'
-    : `the ${what} ${JSON.stringify(named)} is not ${target.host} (domain fronting)`;
+    : `the TLS server name ${JSON.stringify(named)} is not ${target.host} (domain fronting)`;
 }
 
 /**
@@ -193,13 +187,27 @@ export class EgressProxy {
     return refusal;
   }
 
-  private tunnelLimit(sandbox: EnforcedSandbox, target: Target): Refusal | undefined {
+  /**
+   * One of the sandbox's connection slots for `target`, held from here until the connection is
+   * registered or failed (the returned `release`), or the 429 when none is free.
+   */
+  private slot(
+    sandbox: EnforcedSandbox,
+    target: Target,
+  ): { ok: true; release: () => void } | ({ ok: false } & Refusal) {
     const max = this.options.maxTunnelsPerSandbox;
-    if (this.options.tunnels.count(sandbox.sandboxID) < max) return undefined;
+    const release = this.options.tunnels.reserve(sandbox.sandboxID, max);
+    if (release !== undefined) return { ok: true, release };
     return {
+      ok: false,
       status: 429,
       message: `sandbox ${sandbox.sandboxID} already has ${max} open connections; ${formatDestination(target)} refused`,
     };
+  }
+
+  /** The sandbox was removed (killed, paused) since it was identified. */
+  private gone(sandbox: EnforcedSandbox): boolean {
+    return this.options.table.get(sandbox.sandboxID) !== sandbox;
   }
 
   /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
@@ -247,8 +255,23 @@ export class EgressProxy {
       const { status, message, decision } = this.refused('connect', sandbox, target, refusal);
       writeRawError(client, status, message, decision);
     };
-    const limited = this.tunnelLimit(sandbox, target);
-    if (limited) return refuse(limited);
+    const slot = this.slot(sandbox, target);
+    if (!slot.ok) return refuse(slot);
+    try {
+      await this.openTunnel(sandbox, target, client, early, refuse);
+    } finally {
+      slot.release();
+    }
+  }
+
+  /** Resolves, dials, decides again and splices a CONNECT tunnel (its slot is held). */
+  private async openTunnel(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    client: net.Socket,
+    early: Buffer,
+    refuse: (refusal: Refusal) => void,
+  ): Promise<void> {
     const plan = await this.options.dialer.plan(sandbox, target);
     if (!plan.ok) return refuse(plan);
     const connected = await this.options.dialer.connect(target, plan.addresses);
@@ -257,9 +280,11 @@ export class EgressProxy {
     const dialled: Target = { ...target, ip: connected.ip };
     // The policy may have changed while we dialled: decide once more, then register.
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
-    if (now.verdict === 'deny' || client.destroyed) {
+    if (now.verdict === 'deny' || client.destroyed || this.gone(sandbox)) {
       upstream.destroy();
-      return now.verdict === 'deny' ? refuse(denial(dialled, now)) : undefined;
+      if (now.verdict === 'deny') return refuse(denial(dialled, now));
+      if (!client.destroyed) writeRawError(client, 403, `sandbox ${sandbox.sandboxID} was removed`);
+      return;
     }
     this.count('connect', 'allowed');
     this.options.logger.debug(
@@ -297,9 +322,7 @@ export class EgressProxy {
       stopWatching();
       tunnel.close();
     };
-    const finish = (problem: string | undefined) => {
-      stopWatching();
-      if (problem === undefined) return tunnel.release(seen);
+    const refuse = (problem: string) => {
       this.options.metrics.proxyDenials.inc({ kind: 'connect', list: 'invalid' });
       this.options.logger.info(
         {
@@ -310,12 +333,28 @@ export class EgressProxy {
         },
         'tunnel closed',
       );
+    };
+    const finish = (problem: string | undefined) => {
+      stopWatching();
+      if (problem === undefined) return tunnel.release(seen);
+      refuse(problem);
       tunnel.close();
     };
     const examine = () => {
       if (seen.length === 0) return;
       const verdict = checkFirstBytes(target, seen);
-      if (verdict !== 'wait') finish(verdict === 'ok' ? undefined : verdict);
+      if (verdict === 'wait') return;
+      if (verdict !== 'http') return finish(verdict === 'ok' ? undefined : verdict);
+      // Plain HTTP: every request on the tunnel is checked as it passes, not just this one.
+      stopWatching();
+      const guard = new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+      const pass = (chunk: Buffer) => {
+        const problem = guard.push(chunk);
+        if (problem !== undefined) refuse(problem);
+        return problem === undefined;
+      };
+      if (pass(seen)) tunnel.release(seen, pass);
+      else tunnel.close();
     };
     const onData = (chunk: Buffer) => {
       seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);
@@ -385,11 +424,14 @@ export class EgressProxy {
       const { status, message, decision } = this.refused('forward', sandbox, target, refusal);
       answer(status, message, decision);
     };
-    const limited = this.tunnelLimit(sandbox, target);
-    if (limited) return refuse(limited);
+    const slot = this.slot(sandbox, target);
+    if (!slot.ok) return refuse(slot);
     const plan = await this.options.dialer.plan(sandbox, target);
-    if (client.destroyed) return;
-    if (!plan.ok) return refuse(plan);
+    if (client.destroyed) return slot.release();
+    if (!plan.ok) {
+      slot.release();
+      return refuse(plan);
+    }
     this.count('forward', 'allowed');
     // Retrying another address is only safe while no body has been sent.
     const addresses = hasBody ? plan.addresses.slice(0, 1) : plan.addresses;
@@ -400,6 +442,7 @@ export class EgressProxy {
         connection.inbox,
         addresses,
         (result) => connection.exchangeDone(result.keepAlive),
+        slot.release,
       ),
     );
   }

@@ -164,6 +164,8 @@ export class Exchange {
     private readonly client: Inbox,
     private readonly addresses: readonly IPAddress[],
     private readonly done: (result: ExchangeResult) => void,
+    /** Gives back the sandbox's connection slot held for this request until it is registered. */
+    private readonly releaseSlot: () => void = () => {},
   ) {
     const { head, target, path } = request;
     this.requestDone = request.framing.kind === 'none';
@@ -240,6 +242,9 @@ export class Exchange {
         this.abort();
       },
     });
+    this.releaseSlot();
+    // Closed by the registry already: the sandbox was removed while this request was dialled.
+    if (this.finished) return;
     socket.setTimeout(this.context.idleTimeoutMs);
     socket.on('timeout', this.onUpstreamTimeout);
     socket.on('close', this.onUpstreamClose);
@@ -447,6 +452,7 @@ export class Exchange {
   private finish(keepAlive: boolean): void {
     if (this.finished) return;
     this.finished = true;
+    this.releaseSlot();
     this.removeTunnel();
     this.done({ keepAlive });
   }

@@ -18,6 +18,15 @@ export const MAX_PEEK_BYTES = 64 * 1024;
 
 export const looksLikeTls = (first: number) => first === 0x16;
 
+/** change_cipher_spec, alert, handshake, application_data: a first byte no HTTP method has. */
+export const isTlsRecordType = (first: number) => first >= 0x14 && first <= 0x17;
+
+/**
+ * Records a ClientHello may be split into. Real ones take one or two; a client sending it a
+ * byte per record would have every arrival re-read all of them.
+ */
+const MAX_HELLO_RECORDS = 16;
+
 /** Joins the handshake fragments carried by consecutive TLS handshake records. */
 function handshakeBytes(data: Buffer): Buffer | Peek {
   const parts: Buffer[] = [];
@@ -25,6 +34,8 @@ function handshakeBytes(data: Buffer): Buffer | Peek {
   let offset = 0;
   let needed = Number.POSITIVE_INFINITY;
   while (total < needed) {
+    if (parts.length >= MAX_HELLO_RECORDS)
+      return invalid(`the ClientHello is split over more than ${MAX_HELLO_RECORDS} TLS records`);
     if (offset + 5 > data.length) return INCOMPLETE;
     if (data[offset] !== 0x16)
       return invalid('a TLS record other than handshake arrived before the ClientHello ended');

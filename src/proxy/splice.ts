@@ -7,8 +7,12 @@ export interface SpliceOptions {
 }
 
 export interface Splice {
-  /** Starts client -> upstream, after sending `initial` (bytes already read from the client). */
-  release(initial?: Buffer): void;
+  /**
+   * Starts client -> upstream, after sending `initial` (bytes already read from the client).
+   * `inspect`, when given, sees every later client chunk before it is passed on; false closes
+   * the splice instead (the chunk is not sent).
+   */
+  release(initial?: Buffer, inspect?: (chunk: Buffer) => boolean): void;
   close(): void;
 }
 
@@ -97,6 +101,8 @@ export function connectUpstream(options: net.TcpNetConnectOpts): net.Socket {
   };
   const socket = net.connect({
     ...options,
+    // The origin may finish sending before the client does: its end must not cut the upload.
+    allowHalfOpen: true,
     onread: {
       buffer: () => {
         const size = reader.nextBytes;
@@ -169,10 +175,10 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
   if (reader === undefined) relay(upstream, client);
   else writeReads(reader, upstream, client);
   return {
-    release(initial) {
+    release(initial, inspect) {
       if (closed) return;
       if (initial !== undefined && initial.length > 0) upstream.write(initial);
-      relay(client, upstream);
+      relay(client, upstream, inspect && ((chunk) => inspect(chunk) || (close(), false)));
     },
     close,
   };
@@ -182,13 +188,14 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
  * What pipe() does for two sockets, without its generality (one listener instead of seven; a
  * tunnel's life is short and most carry a request or two).
  */
-function relay(from: net.Socket, to: net.Socket): void {
+function relay(from: net.Socket, to: net.Socket, pass?: (chunk: Buffer) => boolean): void {
   let waiting = false;
   const resume = () => {
     waiting = false;
     from.resume();
   };
   from.on('data', (chunk: Buffer) => {
+    if (pass !== undefined && !pass(chunk)) return;
     if (to.write(chunk) || waiting) return;
     waiting = true;
     from.pause();

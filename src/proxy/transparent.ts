@@ -4,6 +4,7 @@ import type { EnforcedSandbox } from '../enforce/index.js';
 import { formatDestination, parseAuthority } from '../policy/index.js';
 import type { Target } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
+import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
 import { looksLikeTls, peekName } from './peek.js';
 import { spliceTunnel } from './tunnels.js';
@@ -49,6 +50,24 @@ export class TransparentProxy {
       return;
     }
     const sandbox = who.sandbox;
+    // A slot of the sandbox's connection cap, held while the name is read and the origin dialled.
+    const release = this.options.tunnels.reserve(
+      sandbox.sandboxID,
+      this.options.maxTunnelsPerSandbox,
+    );
+    if (release === undefined) {
+      metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'limited' });
+      logger.info(
+        {
+          sandboxID: sandbox.sandboxID,
+          kind: 'transparent',
+          reason: `the sandbox already has ${this.options.maxTunnelsPerSandbox} open connections`,
+        },
+        'transparent connection closed',
+      );
+      client.destroy();
+      return;
+    }
     this.pending.add(client);
     let seen: Buffer = Buffer.alloc(0);
     const fail = (reason: string) => {
@@ -63,12 +82,15 @@ export class TransparentProxy {
       () => fail('no TLS ClientHello or HTTP request head within the handshake timeout'),
       this.options.handshakeTimeoutMs,
     );
+    // A client that ends before naming its host is gone: nothing to wait for.
+    const abandoned = () => client.destroy();
     const onData = (chunk: Buffer) => {
       seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);
       const peek = peekName(seen);
       if (peek.status === 'incomplete') return;
       clearTimeout(timer);
       client.off('data', onData);
+      client.off('end', abandoned);
       client.pause();
       this.pending.delete(client);
       if (peek.status === 'invalid') return fail(peek.reason);
@@ -84,13 +106,15 @@ export class TransparentProxy {
         { host: parsed.value.host, port: tls ? ports.tls : ports.http },
         client,
         seen,
-      );
+      ).finally(release);
     };
     client.on('close', () => {
       clearTimeout(timer);
       this.pending.delete(client);
+      release();
     });
     client.on('data', onData);
+    client.once('end', abandoned);
   }
 
   private async connect(
@@ -124,14 +148,44 @@ export class TransparentProxy {
       return;
     }
     const dialled: Target = { ...target, ip: connected.ip };
-    if (client.destroyed || dialer.check(sandbox, dialled, connected.ip).verdict === 'deny') {
+    // Decided again: the policy may have changed, or the sandbox gone, while we dialled.
+    if (
+      client.destroyed ||
+      this.options.table.get(sandbox.sandboxID) !== sandbox ||
+      dialer.check(sandbox, dialled, connected.ip).verdict === 'deny'
+    ) {
       connected.socket.destroy();
       client.destroy();
       return;
     }
     metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'allowed' });
-    spliceTunnel(this.options, 'transparent', sandbox, dialled, client, connected.socket).release(
-      seen,
+    const tunnel = spliceTunnel(
+      this.options,
+      'transparent',
+      sandbox,
+      dialled,
+      client,
+      connected.socket,
     );
+    if (looksLikeTls(seen[0]!)) return tunnel.release(seen);
+    // Plain HTTP: the first request's Host chose the destination; every later one must agree.
+    const guard = new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+    const pass = (chunk: Buffer) => {
+      const problem = guard.push(chunk);
+      if (problem === undefined) return true;
+      metrics.proxyDenials.inc({ kind: 'transparent', list: 'invalid' });
+      logger.info(
+        {
+          sandboxID: sandbox.sandboxID,
+          kind: 'transparent',
+          destination: formatDestination(target),
+          reason: problem,
+        },
+        'transparent connection closed',
+      );
+      return false;
+    };
+    if (pass(seen)) tunnel.release(seen, pass);
+    else tunnel.close();
   }
 }

@@ -268,6 +268,28 @@ describe('CONNECT', () => {
     expect(status).toBe(403);
     expect(JSON.parse(body).message).toContain("the address is Moat's own (one of its listeners");
   });
+
+  it("never dials Moat's own listeners through an unspecified address (0.0.0.0 is this host)", async () => {
+    // Default allow: 0.0.0.0/8 is not in this test's narrowed internal list.
+    moat.table.publish(SANDBOX, policy({}));
+    for (const authority of [`0.0.0.0:${proxy.port}`, `[::ffff:0.0.0.0]:${proxy.port}`]) {
+      const { status, body } = await connectThrough(proxy, authority, { auth });
+      expect(status, authority).toBe(403);
+      expect(JSON.parse(body).message).toContain("the address is Moat's own");
+    }
+  });
+
+  it('gives no tunnel to a sandbox removed while its destination was being resolved', async () => {
+    // slow.allowed.test is answered after 150 ms; the sandbox goes at 50.
+    const pending = connectThrough(proxy, `slow.allowed.test:${ssh.port}`, { auth });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    moat.table.remove(SANDBOX);
+    const { status, body, socket } = await pending;
+    socket.destroy();
+    expect(status).toBe(403);
+    expect(JSON.parse(body).message).toContain('was removed');
+    expect(moat.tunnels.count(SANDBOX)).toBe(0);
+  });
 });
 
 describe('server name checks inside CONNECT tunnels', () => {
@@ -299,6 +321,17 @@ describe('server name checks inside CONNECT tunnels', () => {
     expect(await tlsThrough(`tls.allowed.test:${secure.port}`, 'denied.test')).toBe('closed:');
   });
 
+  it('closes the tunnel when its first TLS record is not a ClientHello (an alert, say)', async () => {
+    const { socket, status } = await connectThrough(proxy, `tls.allowed.test:${secure.port}`, {
+      auth,
+    });
+    expect(status).toBe(200);
+    // A warning alert (user_canceled): some TLS stacks skip it and read a ClientHello after it.
+    socket.write(Buffer.from([0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a]));
+    expect(await readUntil(socket, () => false, 1000)).toBe('');
+    expect(socket.destroyed).toBe(true);
+  });
+
   it('passes bytes that are not TLS through unchecked on ports other than 80', async () => {
     const { socket, status } = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
     expect(status).toBe(200);
@@ -308,7 +341,7 @@ describe('server name checks inside CONNECT tunnels', () => {
   });
 
   it('checks the Host header of plain HTTP in tunnels to port 80', async (context) => {
-    let port80: Origin;
+    let port80: Awaited<ReturnType<typeof httpEchoOrigin>>;
     try {
       port80 = await httpEchoOrigin('127.0.0.14', 80);
     } catch (error) {
@@ -328,6 +361,33 @@ describe('server name checks inside CONNECT tunnels', () => {
         '"host":"port80.allowed.test"',
       );
       honest.socket.destroy();
+      // Every request on the tunnel is checked, not only the first.
+      const closedAfter = async (...writes: string[]) => {
+        const tunnel = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+        const text = readUntil(tunnel.socket, () => false, 1500);
+        for (const bytes of writes) {
+          tunnel.socket.write(bytes);
+          await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+        await text;
+        return tunnel.socket.destroyed;
+      };
+      const good = 'GET /ok HTTP/1.1\r\nHost: port80.allowed.test\r\n\r\n';
+      const later = 'GET /secret HTTP/1.1\r\nHost: denied.test\r\n\r\n';
+      port80.requests.length = 0;
+      expect(await closedAfter(good, later), 'a later request').toBe(true);
+      expect(await closedAfter(good + later), 'a pipelined one').toBe(true);
+      expect(
+        await closedAfter(
+          'GET http://denied.test/secret HTTP/1.1\r\nHost: port80.allowed.test\r\n\r\n',
+        ),
+        'an absolute-form target',
+      ).toBe(true);
+      expect(
+        await closedAfter('GET / HTTP/1.1\r\nHost: port80.allowed.test\r\nUpgrade: x\r\n\r\n'),
+        'an upgrade',
+      ).toBe(true);
+      expect(port80.requests.map((headers) => headers.host)).toEqual(['port80.allowed.test']);
     } finally {
       await port80.close();
     }
@@ -440,6 +500,34 @@ describe('limits', () => {
     await waitFor(async () => !(await moat.metrics.registry.metrics()).includes(series));
   });
 
+  it('holds the cap for tunnels still being resolved and dialled, not only open ones', async () => {
+    // slow.allowed.test takes 150 ms to resolve: all 20 pass the check before any is open.
+    const tunnels = await Promise.all(
+      Array.from({ length: 20 }, () =>
+        connectThrough(proxy, `slow.allowed.test:${ssh.port}`, { auth }),
+      ),
+    );
+    const statuses = tunnels.map((t) => t.status);
+    for (const t of tunnels) t.socket.destroy();
+    expect(statuses.filter((s) => s === 200)).toHaveLength(8);
+    expect(statuses.filter((s) => s === 429)).toHaveLength(12);
+  });
+
+  it('counts transparent connections (even those still naming their host) against the cap', async () => {
+    const transparent = moat.listening.transparent!;
+    const open = await Promise.all(
+      Array.from({ length: 9 }, () => {
+        const socket = net.connect({ ...transparent, localAddress: SOURCE });
+        socket.on('error', () => {});
+        return new Promise<net.Socket>((resolve) => socket.once('connect', () => resolve(socket)));
+      }),
+    );
+    // Eight wait for their first bytes; the ninth is closed at once.
+    await waitFor(async () => open.filter((s) => s.destroyed || s.readableEnded).length === 1);
+    for (const socket of open) socket.destroy();
+    await waitFor(async () => moat.tunnels.count(SANDBOX) === 0);
+  });
+
   it('respects a slow reader: the origin cannot push far ahead of what the client reads', async () => {
     let written = 0;
     const chunk = Buffer.alloc(64 * 1024, 1);
@@ -499,6 +587,21 @@ describe('transparent listener', () => {
     const text = await readUntil(socket, (t) => t.includes('}'));
     expect(text).toContain('"path":"/through"');
     expect(text).toContain('"host":"www.allowed.test"');
+  });
+
+  it('checks every request on a plain HTTP connection, not only the first', async () => {
+    const socket = net.connect({
+      host: '127.0.0.1',
+      port: transparent().port,
+      localAddress: SOURCE,
+    });
+    socket.write('GET /first HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n');
+    expect(await readUntil(socket, (t) => t.includes('}'))).toContain('"path":"/first"');
+    web.requests.length = 0;
+    socket.write('GET /second HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+    expect(await readUntil(socket, () => false, 1000)).toBe('');
+    expect(socket.destroyed).toBe(true);
+    expect(web.requests).toEqual([]);
   });
 
   it('closes connections that name a denied host, name no host, or come from no sandbox', async () => {

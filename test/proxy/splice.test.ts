@@ -134,11 +134,7 @@ function receive(
   });
 }
 
-/**
- * An origin that sends `down` random bytes and hashes everything it receives. It ends once it
- * has sent everything and the client has ended: Moat's upstream socket is not half-open, so an
- * origin that ended first would cut an upload short.
- */
+/** An origin that sends `down` random bytes and hashes everything it receives, then ends. */
 async function randomOrigin(down: number, seed: number) {
   let connected!: (connection: {
     sent: Promise<string>;
@@ -247,6 +243,37 @@ describe('splice, with an upstream from connectUpstream', () => {
     expect(answer).toBe('answer to question');
     await until(() => proxy.closed.length === 1, 2000);
     expect(proxy.closed).toEqual([{ up: 8, down: 18 }]);
+  });
+
+  it('keeps half-closes the other way: the client uploads after the origin ended', async () => {
+    let uploaded!: (text: string) => void;
+    const received = new Promise<string>((resolve) => (uploaded = resolve));
+    const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+      let text = '';
+      socket.on('data', (chunk) => (text += chunk));
+      socket.on('end', () => {
+        uploaded(text);
+        socket.end();
+      });
+      socket.end('done talking');
+    });
+    const proxy = await splicer(await listen(server));
+    const client = await new Promise<net.Socket>((resolve, reject) => {
+      const socket = net.connect({ host: HOST, port: proxy.port, allowHalfOpen: true }, () =>
+        resolve(socket),
+      );
+      socket.once('error', reject);
+    });
+    const heard = await new Promise<string>((resolve) => {
+      let text = '';
+      client.on('data', (chunk) => (text += chunk));
+      client.on('end', () => resolve(text));
+    });
+    expect(heard).toBe('done talking');
+    client.end('the upload');
+    expect(await received).toBe('the upload');
+    await until(() => proxy.closed.length === 1, 2000);
+    expect(proxy.closed).toEqual([{ up: 10, down: 12 }]);
   });
 
   it('closes both sides when the origin fails mid-stream, and counts what went through', async () => {

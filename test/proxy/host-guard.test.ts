@@ -1,0 +1,182 @@
+/**
+ * The guard on plain-HTTP tunnels: every request's Host and absolute-form target must name the
+ * tunnel's host, whatever the bodies in between carry and however the bytes are cut.
+ */
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { RequestStreamGuard } from '../../src/proxy/host-guard.js';
+
+const HOST = 'site.test';
+/** The check the proxy passes in, reduced to its rule: the same host name, any port. */
+const mismatch = (authority: string | undefined) =>
+  authority !== undefined && authority.toLowerCase().replace(/:\d+$/, '') === HOST
+    ? undefined
+    : `not ${HOST}: ${authority}`;
+
+const bytes = (text: string) => Buffer.from(text, 'latin1');
+const guardOver = (...chunks: string[]) => {
+  const guard = new RequestStreamGuard(mismatch);
+  let problem: string | undefined;
+  for (const chunk of chunks) problem = guard.push(bytes(chunk));
+  return problem;
+};
+
+describe('RequestStreamGuard', () => {
+  it.each([
+    ['one request', ['GET / HTTP/1.1\r\nHost: site.test\r\n\r\n'], undefined],
+    ['a port and another case', ['GET / HTTP/1.1\r\nHost: SITE.test:80\r\n\r\n'], undefined],
+    [
+      'a second request to another host',
+      ['GET / HTTP/1.1\r\nHost: site.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: other.test\r\n\r\n'],
+      /other\.test/,
+    ],
+    [
+      'an absolute-form target to another host',
+      ['GET http://other.test/x HTTP/1.1\r\nHost: site.test\r\n\r\n'],
+      /other\.test/,
+    ],
+    [
+      'an absolute-form target to this host',
+      ['GET http://site.test/x HTTP/1.1\r\nHost: site.test\r\n\r\n'],
+      undefined,
+    ],
+    ['no Host', ['GET / HTTP/1.0\r\n\r\n'], /not site\.test/],
+    ['two Hosts', ['GET / HTTP/1.1\r\nHost: site.test\r\nHost: other.test\r\n\r\n'], /two Host/],
+    [
+      'an upgrade',
+      ['GET / HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket\r\n\r\n'],
+      /switch protocols/,
+    ],
+    [
+      'CONNECT',
+      ['CONNECT site.test:80 HTTP/1.1\r\nHost: site.test\r\n\r\n'],
+      /is not a path|switch/,
+    ],
+    ['a head with a bare LF', ['GET / HTTP/1.1\nHost: site.test\r\n\r\n'], /bare LF/],
+    [
+      'a request head inside a body by length',
+      [
+        'POST / HTTP/1.1\r\nHost: site.test\r\nContent-Length: 38\r\n\r\n',
+        'GET / HTTP/1.1\r\nHost: other.test\r\n\r\n\r\n',
+        'GET /after HTTP/1.1\r\nHost: site.test\r\n\r\n',
+      ],
+      undefined,
+    ],
+    [
+      'a request head inside a chunked body',
+      [
+        'POST / HTTP/1.1\r\nHost: site.test\r\nTransfer-Encoding: chunked\r\n\r\n',
+        '24\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n\r\n0\r\n\r\n',
+        'GET /after HTTP/1.1\r\nHost: site.test\r\n\r\n',
+      ],
+      undefined,
+    ],
+    [
+      'a smuggling attempt (length and chunked)',
+      [
+        'POST / HTTP/1.1\r\nHost: site.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n',
+      ],
+      /request head/,
+    ],
+    [
+      'a head cut anywhere',
+      ['GET / HT', 'TP/1.1\r\nHo', 'st: other.te', 'st\r\n\r', '\n'],
+      /other/,
+    ],
+  ])('%s', (_, chunks, expected) => {
+    const problem = guardOver(...chunks);
+    if (expected === undefined) expect(problem).toBeUndefined();
+    else expect(problem).toMatch(expected);
+  });
+
+  it('keeps refusing once it has refused', () => {
+    const guard = new RequestStreamGuard(mismatch);
+    expect(guard.push(bytes('GET / HTTP/1.1\r\nHost: other.test\r\n\r\n'))).toBeDefined();
+    expect(guard.push(bytes('GET / HTTP/1.1\r\nHost: site.test\r\n\r\n'))).toBeDefined();
+  });
+
+  // A reference: requests generated with known hosts and bodies; the stream is bad from the end
+  // of the first request head whose Host or absolute target names another host.
+  const request = fc.record({
+    host: fc.constantFrom(
+      'site.test',
+      'SITE.TEST',
+      'site.test:8080',
+      'other.test',
+      'site.test.evil',
+    ),
+    target: fc.constantFrom('/', '/a?b=c', '*', 'http://site.test/x', 'http://other.test/x'),
+    body: fc.oneof(
+      fc.constant(undefined),
+      fc.record({
+        chunked: fc.boolean(),
+        text: fc.constantFrom(
+          '',
+          'hello',
+          'GET / HTTP/1.1\r\nHost: other.test\r\n\r\n',
+          '0\r\n\r\n',
+        ),
+      }),
+    ),
+  });
+
+  it('finds exactly the first bad request, however the stream is cut', () => {
+    fc.assert(
+      fc.property(
+        fc.array(request, { minLength: 1, maxLength: 5 }),
+        fc.array(fc.nat(), { maxLength: 8 }),
+        (requests, cuts) => {
+          let stream = '';
+          let badEnd: number | undefined;
+          for (const r of requests) {
+            const method = r.body === undefined ? 'GET' : 'POST';
+            let head = `${method} ${r.target} HTTP/1.1\r\nHost: ${r.host}\r\n`;
+            let body = '';
+            if (r.body !== undefined && r.body.chunked) {
+              head += 'Transfer-Encoding: chunked\r\n';
+              body =
+                (r.body.text.length > 0
+                  ? `${r.body.text.length.toString(16)}\r\n${r.body.text}\r\n`
+                  : '') + '0\r\n\r\n';
+            } else if (r.body !== undefined) {
+              head += `Content-Length: ${r.body.text.length}\r\n`;
+              body = r.body.text;
+            }
+            head += '\r\n';
+            const authority = /^http:\/\/([^/]*)/.exec(r.target)?.[1];
+            const bad =
+              mismatch(r.host) !== undefined ||
+              (authority !== undefined && mismatch(authority) !== undefined);
+            stream += head;
+            if (bad && badEnd === undefined) badEnd = stream.length;
+            stream += body;
+          }
+          const positions = [...new Set(cuts.map((c) => c % (stream.length + 1)))].sort(
+            (a, b) => a - b,
+          );
+          const pieces: string[] = [];
+          let last = 0;
+          for (const at of [...positions, stream.length]) {
+            pieces.push(stream.slice(last, at));
+            last = at;
+          }
+          const guard = new RequestStreamGuard(mismatch);
+          let fed = 0;
+          let problemAt: number | undefined;
+          for (const piece of pieces) {
+            fed += piece.length;
+            if (guard.push(bytes(piece)) !== undefined && problemAt === undefined) problemAt = fed;
+          }
+          if (badEnd === undefined) expect(problemAt).toBeUndefined();
+          else {
+            // Found in the piece that completed the bad head, never before it.
+            expect(problemAt).toBeDefined();
+            expect(problemAt!).toBeGreaterThanOrEqual(badEnd);
+            expect(positions.filter((p) => p >= badEnd! && p < problemAt!)).toEqual([]);
+          }
+        },
+      ),
+      { numRuns: 1000 },
+    );
+  });
+});

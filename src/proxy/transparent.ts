@@ -18,6 +18,7 @@ import { spliceTunnel } from './tunnels.js';
 export class TransparentProxy {
   private readonly server: net.Server;
   private readonly listeners: ListenerGroup;
+  /** Accepted connections not yet spliced (naming their host, or being resolved and dialled). */
   private readonly pending = new Set<net.Socket>();
 
   constructor(private readonly options: ProxyOptions) {
@@ -92,7 +93,6 @@ export class TransparentProxy {
       client.off('data', onData);
       client.off('end', abandoned);
       client.pause();
-      this.pending.delete(client);
       if (peek.status === 'invalid') return fail(peek.reason);
       if (peek.name === undefined) return fail('the client named no host (no SNI, no Host header)');
       const tls = looksLikeTls(seen[0]!);
@@ -106,7 +106,10 @@ export class TransparentProxy {
         { host: parsed.value.host, port: tls ? ports.tls : ports.http },
         client,
         seen,
-      ).finally(release);
+      ).finally(() => {
+        release();
+        this.pending.delete(client);
+      });
     };
     client.on('close', () => {
       clearTimeout(timer);

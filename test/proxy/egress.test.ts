@@ -22,11 +22,12 @@ const SANDBOX = 'iproxysandbox00000001';
 const SECRET = 'egress-secret-1';
 const SOURCE = '127.77.0.2';
 
-const policy = (config: object) => {
+const parseNetworkConfigOrThrow = (config: object) => {
   const parsed = parseNetworkConfig(config);
   if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
-  return compilePolicy(parsed.value, moat.internal);
+  return parsed.value;
 };
+const policy = (config: object) => compilePolicy(parseNetworkConfigOrThrow(config), moat.internal);
 const ip = (text: string) => {
   const parsed = parseIP(text);
   if (!parsed.ok) throw new Error(parsed.error);
@@ -53,6 +54,7 @@ beforeAll(async () => {
       ['tls.allowed.test', { A: ['127.0.0.11'] }],
       ['ssh.allowed.test', { A: ['127.0.0.12'] }],
       ['slow.allowed.test', { A: ['127.0.0.12'] }],
+      ['slowweb.allowed.test', { A: ['127.0.0.10'] }],
       ['denied.test', { A: ['127.0.0.10'] }],
       ['meta.allowed.test', { A: ['127.0.0.99'] }],
       ['closed.allowed.test', { A: ['127.0.0.13'] }],
@@ -60,6 +62,7 @@ beforeAll(async () => {
     ]),
   ).start();
   upstream.slow.set('slow.allowed.test', 150);
+  upstream.slow.set('slowweb.allowed.test', 300);
   const config = loadConfig({
     flags: {
       'internal-deny': '10.0.0.0/8,169.254.0.0/16,127.0.0.99/32',
@@ -616,5 +619,48 @@ describe('transparent listener', () => {
     expect(
       await closedWithout('GET / HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n', '127.77.0.201'),
     ).toBe(true);
+  });
+});
+
+describe('shutdown', () => {
+  it('closes transparent connections still being resolved, and splices none of them after', async () => {
+    const own = scratchMoatFlags();
+    const config = loadConfig({
+      flags: {
+        'internal-deny': '10.0.0.0/8',
+        'dns-listen': '127.0.0.1:0',
+        'dns-upstream': `127.0.0.1:${upstream.port}`,
+        'proxy-listen': '127.0.0.1:0',
+        'transparent-listen': '127.0.0.1:0',
+        'source-pool': '127.78.0.0/16',
+        'log-level': 'silent',
+        ...own.flags,
+      },
+    });
+    if (!config.ok) throw new Error(config.error);
+    const other = await startMoat(config.value, pino({ level: 'silent' }), {
+      defaultMetrics: false,
+      transparentPorts: { tls: secure.port, http: web.port },
+    });
+    try {
+      other.table.register(
+        'ishutdownsandbox00001',
+        { sourceAddress: ip('127.78.0.2'), egressSecret: 's' },
+        compilePolicy(parseNetworkConfigOrThrow({}), other.internal),
+      );
+      const socket = net.connect({ ...other.listening.transparent!, localAddress: '127.78.0.2' });
+      socket.on('error', () => {});
+      // Named at once, resolved after 300 ms: Moat stops while the name is upstream.
+      socket.write('GET /late HTTP/1.1\r\nHost: slowweb.allowed.test\r\n\r\n');
+      const answer = readUntil(socket, () => false, 1500);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      web.requests.length = 0;
+      await other.stop();
+      expect(await answer).toBe('');
+      expect(socket.destroyed).toBe(true);
+      expect(web.requests).toEqual([]);
+    } finally {
+      own.remove();
+    }
   });
 });

@@ -558,14 +558,13 @@ describe('limits', () => {
 
 describe('transparent listener', () => {
   const transparent = () => moat.listening.transparent!;
+  /** A connection to the transparent listener from a sandbox (or another) source address. */
+  const toTransparent = (localAddress = SOURCE) =>
+    net.connect({ host: '127.0.0.1', port: transparent().port, localAddress });
 
   it('decides TLS by its SNI and splices to the named host', async () => {
     const text = await new Promise<string>((resolve, reject) => {
-      const raw = net.connect({
-        host: '127.0.0.1',
-        port: transparent().port,
-        localAddress: SOURCE,
-      });
+      const raw = toTransparent();
       const client = tls.connect({
         socket: raw,
         servername: 'tls.allowed.test',
@@ -581,11 +580,7 @@ describe('transparent listener', () => {
   });
 
   it('decides plain HTTP by its Host header', async () => {
-    const socket = net.connect({
-      host: '127.0.0.1',
-      port: transparent().port,
-      localAddress: SOURCE,
-    });
+    const socket = toTransparent();
     socket.write('GET /through HTTP/1.1\r\nHost: www.allowed.test\r\nConnection: close\r\n\r\n');
     const text = await readUntil(socket, (t) => t.includes('}'));
     expect(text).toContain('"path":"/through"');
@@ -593,11 +588,7 @@ describe('transparent listener', () => {
   });
 
   it('checks every request on a plain HTTP connection, not only the first', async () => {
-    const socket = net.connect({
-      host: '127.0.0.1',
-      port: transparent().port,
-      localAddress: SOURCE,
-    });
+    const socket = toTransparent();
     socket.write('GET /first HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n');
     expect(await readUntil(socket, (t) => t.includes('}'))).toContain('"path":"/first"');
     web.requests.length = 0;
@@ -609,7 +600,7 @@ describe('transparent listener', () => {
 
   it('closes connections that name a denied host, name no host, or come from no sandbox', async () => {
     const closedWithout = async (payload: string, localAddress = SOURCE) => {
-      const socket = net.connect({ host: '127.0.0.1', port: transparent().port, localAddress });
+      const socket = toTransparent(localAddress);
       socket.write(payload);
       const text = await readUntil(socket, () => false, 2000);
       return text === '' && socket.destroyed;

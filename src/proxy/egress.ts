@@ -24,7 +24,7 @@ import {
 import { identify } from './identity.js';
 import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
-import { isTlsRecordType, looksLikeTls, peekTlsServerName } from './peek.js';
+import { looksLikeTls, peekTlsServerName, tlsRecordStart } from './peek.js';
 import type { Splice } from './splice.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
 
@@ -55,11 +55,14 @@ const KEEP_ALIVE_MS = 30_000;
 /** Reads the first bytes of a tunnel and says whether they name the host CONNECT named. */
 function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' | string {
   const tls = looksLikeTls(data[0]!);
-  // A TLS record that is not a handshake (an alert, say) first: some TLS stacks skip it and read
-  // the ClientHello after it, unchecked.
-  if (!tls && isTlsRecordType(data[0]!))
-    return `its first bytes are a TLS record of type ${data[0]}, not a ClientHello`;
-  if (!tls) return target.port === 80 ? 'http' : 'ok';
+  if (!tls) {
+    // A TLS record that is not a handshake (an alert, say) first: some TLS stacks skip it and
+    // read the ClientHello after it, unchecked.
+    const record = tlsRecordStart(data);
+    if (record === 'wait') return 'wait';
+    if (record) return `its first bytes are a TLS record of type ${data[0]}, not a ClientHello`;
+    return target.port === 80 ? 'http' : 'ok';
+  }
   const peek = peekTlsServerName(data);
   if (peek.status === 'incomplete') return 'wait';
   if (peek.status === 'invalid')
@@ -280,11 +283,13 @@ export class EgressProxy {
     const dialled: Target = { ...target, ip: connected.ip };
     // The policy may have changed while we dialled: decide once more, then register.
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
-    if (now.verdict === 'deny' || client.destroyed || this.gone(sandbox)) {
+    // A client that ended without a byte for the tunnel left while we dialled: nothing to carry.
+    const abandoned = client.destroyed || (client.readableEnded && early.length === 0);
+    if (now.verdict === 'deny' || abandoned || this.gone(sandbox)) {
       upstream.destroy();
       if (now.verdict === 'deny') return refuse(denial(dialled, now));
-      if (!client.destroyed) writeRawError(client, 403, `sandbox ${sandbox.sandboxID} was removed`);
-      return;
+      if (abandoned) return void client.destroy();
+      return writeRawError(client, 403, `sandbox ${sandbox.sandboxID} was removed`);
     }
     this.count('connect', 'allowed');
     this.options.logger.debug(
@@ -348,13 +353,15 @@ export class EgressProxy {
       // Plain HTTP: every request on the tunnel is checked as it passes, not just this one.
       stopWatching();
       const guard = new RequestStreamGuard((authority) => authorityMismatch(target, authority));
-      const pass = (chunk: Buffer) => {
-        const problem = guard.push(chunk);
-        if (problem !== undefined) refuse(problem);
-        return problem === undefined;
+      const inspect = (chunk: Buffer) => {
+        const checked = guard.push(chunk);
+        if ('pass' in checked) return checked.pass;
+        refuse(checked.problem);
+        return undefined;
       };
-      if (pass(seen)) tunnel.release(seen, pass);
-      else tunnel.close();
+      const first = inspect(seen);
+      if (first === undefined) tunnel.close();
+      else tunnel.release(first, inspect);
     };
     const onData = (chunk: Buffer) => {
       seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);

@@ -14,11 +14,12 @@ import {
  * Checks every request a client sends through a plain-HTTP tunnel, not only the first: each
  * head must name the authority the tunnel was decided for, in its Host field and in an
  * absolute-form target (an origin routes by the target's authority before Host, RFC 9112
- * 3.2.2). Bodies are skipped by their framing. Protocol upgrades are refused: what follows one
- * could not be read as requests. Pure: the caller feeds the bytes before passing them on, and
- * stops the tunnel on the first problem, so no whole request it refuses reaches the origin.
+ * 3.2.2). A head is held back until it is whole and checked, so no byte of a refused one, and
+ * nothing that is not HTTP, reaches the origin; bodies pass as they come, skipped by their
+ * framing. Protocol upgrades are refused: what follows one could not be read as requests.
  */
 export class RequestStreamGuard {
+  /** The start of a head not yet whole (held back). */
   private head: Buffer | undefined;
   private body: BodyScanner | undefined;
   private problem: string | undefined;
@@ -29,13 +30,21 @@ export class RequestStreamGuard {
    */
   constructor(private readonly mismatch: (authority: string | undefined) => string | undefined) {}
 
-  /** Looks at the next bytes; returns the first problem found, now or earlier. */
-  push(chunk: Buffer): string | undefined {
+  /**
+   * Takes the next bytes from the client; returns those that may go on to the origin now (held
+   * head bytes included once checked), or the problem that ends the tunnel.
+   */
+  push(chunk: Buffer): { pass: Buffer } | { problem: string } {
+    const passed: Buffer[] = [];
     let data = chunk;
     while (this.problem === undefined && data.length > 0) {
       if (this.body !== undefined) {
         const taken = this.body.scan(data);
-        if (typeof taken === 'string') return (this.problem = `request body: ${taken}`);
+        if (typeof taken === 'string') {
+          this.problem = `request body: ${taken}`;
+          break;
+        }
+        passed.push(data.subarray(0, taken));
         data = data.subarray(taken);
         if (this.body.done) this.body = undefined;
         continue;
@@ -44,14 +53,19 @@ export class RequestStreamGuard {
       const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, this.head?.length ?? 0);
       if (end === 'incomplete') {
         this.head = seen;
-        return undefined;
+        break;
       }
       this.head = undefined;
-      if (typeof end !== 'number') return (this.problem = `request head: ${end.message}`);
+      if (typeof end !== 'number') {
+        this.problem = `request head: ${end.message}`;
+        break;
+      }
       this.problem = this.check(seen.subarray(0, end));
+      if (this.problem === undefined) passed.push(seen.subarray(0, end));
       data = seen.subarray(end);
     }
-    return this.problem;
+    if (this.problem !== undefined) return { problem: this.problem };
+    return { pass: passed.length === 1 ? passed[0]! : Buffer.concat(passed) };
   }
 
   private check(bytes: Buffer): string | undefined {

@@ -18,8 +18,17 @@ export const MAX_PEEK_BYTES = 64 * 1024;
 
 export const looksLikeTls = (first: number) => first === 0x16;
 
-/** change_cipher_spec, alert, handshake, application_data: a first byte no HTTP method has. */
-export const isTlsRecordType = (first: number) => first >= 0x14 && first <= 0x17;
+/**
+ * Whether bytes start like a TLS record header: a content type (change_cipher_spec, alert,
+ * handshake, application_data), then version 3.0-3.4. 'wait' while too few bytes tell.
+ * Client-first protocols (databases) may start with one of those bytes, but not with all three.
+ */
+export function tlsRecordStart(data: Buffer): boolean | 'wait' {
+  if (data.length === 0) return 'wait';
+  if (data[0]! < 0x14 || data[0]! > 0x17) return false;
+  if (data.length < 3) return data.length < 2 || data[1] === 0x03 ? 'wait' : false;
+  return data[1] === 0x03 && data[2]! <= 0x04;
+}
 
 /**
  * Records a ClientHello may be split into. Real ones take one or two; a client sending it a

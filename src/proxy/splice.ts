@@ -2,6 +2,12 @@ import net from 'node:net';
 
 export interface SpliceOptions {
   readonly idleTimeoutMs: number;
+  /**
+   * Once the upstream has ended, how long the tunnel may stay silent (default 10 s): the client
+   * may still finish an upload, but a pooled connection whose origin left must not hold its
+   * slot for the whole idle timeout.
+   */
+  readonly finishedIdleMs?: number;
   /** Called once when both sides are closed, with the bytes each way. */
   readonly onClose: (bytesUp: number, bytesDown: number) => void;
 }
@@ -9,10 +15,10 @@ export interface SpliceOptions {
 export interface Splice {
   /**
    * Starts client -> upstream, after sending `initial` (bytes already read from the client).
-   * `inspect`, when given, sees every later client chunk before it is passed on; false closes
-   * the splice instead (the chunk is not sent).
+   * `inspect`, when given, sees every later client chunk first and returns the bytes to send
+   * in its place (fewer, or some held from before), or undefined to close the splice.
    */
-  release(initial?: Buffer, inspect?: (chunk: Buffer) => boolean): void;
+  release(initial?: Buffer, inspect?: (chunk: Buffer) => Buffer | undefined): void;
   close(): void;
 }
 
@@ -171,6 +177,11 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
       other.once('finish', close);
     });
   }
+  upstream.once('end', () => {
+    const finished = Math.min(options.idleTimeoutMs, options.finishedIdleMs ?? 10_000);
+    client.setTimeout(finished);
+    upstream.setTimeout(finished);
+  });
   const reader = readers.get(upstream);
   if (reader === undefined) relay(upstream, client);
   else writeReads(reader, upstream, client);
@@ -178,7 +189,16 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
     release(initial, inspect) {
       if (closed) return;
       if (initial !== undefined && initial.length > 0) upstream.write(initial);
-      relay(client, upstream, inspect && ((chunk) => inspect(chunk) || (close(), false)));
+      relay(
+        client,
+        upstream,
+        inspect &&
+          ((chunk) => {
+            const passed = inspect(chunk);
+            if (passed === undefined) close();
+            return passed;
+          }),
+      );
     },
     close,
   };
@@ -188,14 +208,19 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
  * What pipe() does for two sockets, without its generality (one listener instead of seven; a
  * tunnel's life is short and most carry a request or two).
  */
-function relay(from: net.Socket, to: net.Socket, pass?: (chunk: Buffer) => boolean): void {
+function relay(
+  from: net.Socket,
+  to: net.Socket,
+  inspect?: (chunk: Buffer) => Buffer | undefined,
+): void {
   let waiting = false;
   const resume = () => {
     waiting = false;
     from.resume();
   };
-  from.on('data', (chunk: Buffer) => {
-    if (pass !== undefined && !pass(chunk)) return;
+  from.on('data', (received: Buffer) => {
+    const chunk = inspect === undefined ? received : inspect(received);
+    if (chunk === undefined || chunk.length === 0) return;
     if (to.write(chunk) || waiting) return;
     waiting = true;
     from.pause();

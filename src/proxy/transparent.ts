@@ -173,9 +173,10 @@ export class TransparentProxy {
     if (looksLikeTls(seen[0]!)) return tunnel.release(seen);
     // Plain HTTP: the first request's Host chose the destination; every later one must agree.
     const guard = new RequestStreamGuard((authority) => authorityMismatch(target, authority));
-    const pass = (chunk: Buffer) => {
-      const problem = guard.push(chunk);
-      if (problem === undefined) return true;
+    const inspect = (chunk: Buffer) => {
+      const checked = guard.push(chunk);
+      if ('pass' in checked) return checked.pass;
+      const problem = checked.problem;
       metrics.proxyDenials.inc({ kind: 'transparent', list: 'invalid' });
       logger.info(
         {
@@ -186,9 +187,10 @@ export class TransparentProxy {
         },
         'transparent connection closed',
       );
-      return false;
+      return undefined;
     };
-    if (pass(seen)) tunnel.release(seen, pass);
-    else tunnel.close();
+    const first = inspect(seen);
+    if (first === undefined) tunnel.close();
+    else tunnel.release(first, inspect);
   }
 }

@@ -282,6 +282,20 @@ describe('CONNECT', () => {
     }
   });
 
+  it('opens no tunnel for a client that ended while its destination was being resolved', async () => {
+    const socket = net.connect({ ...proxy });
+    socket.on('error', () => {});
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const basic = Buffer.from(auth).toString('base64');
+    // slow.allowed.test is answered after 150 ms; the client is gone long before.
+    socket.end(
+      `CONNECT slow.allowed.test:${ssh.port} HTTP/1.1\r\nProxy-Authorization: Basic ${basic}\r\n\r\n`,
+    );
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    expect(moat.tunnels.count(SANDBOX)).toBe(0);
+    socket.destroy();
+  });
+
   it('gives no tunnel to a sandbox removed while its destination was being resolved', async () => {
     // slow.allowed.test is answered after 150 ms; the sandbox goes at 50.
     const pending = connectThrough(proxy, `slow.allowed.test:${ssh.port}`, { auth });
@@ -333,6 +347,17 @@ describe('server name checks inside CONNECT tunnels', () => {
     socket.write(Buffer.from([0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a]));
     expect(await readUntil(socket, () => false, 1000)).toBe('');
     expect(socket.destroyed).toBe(true);
+  });
+
+  it('passes a first message that merely starts with a TLS record type byte (a database, say)', async () => {
+    const { socket, status } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, {
+      auth,
+    });
+    expect(status).toBe(200);
+    // A length-prefixed message whose length starts with 0x15: no TLS version follows.
+    socket.write(Buffer.from([0x15, 0x01, 0x00, 0x00, 0x61, 0x62]));
+    expect(await readUntil(socket, (t) => t.includes('ab'))).toContain('ab');
+    socket.destroy();
   });
 
   it('passes bytes that are not TLS through unchecked on ports other than 80', async () => {

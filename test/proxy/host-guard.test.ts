@@ -14,12 +14,17 @@ const mismatch = (authority: string | undefined) =>
     : `not ${HOST}: ${authority}`;
 
 const bytes = (text: string) => Buffer.from(text, 'latin1');
-const guardOver = (...chunks: string[]) => {
-  const guard = new RequestStreamGuard(mismatch);
-  let problem: string | undefined;
-  for (const chunk of chunks) problem = guard.push(bytes(chunk));
-  return problem;
-};
+/** Feeds the chunks; the problem found, or undefined, and every byte let through. */
+function run(guard: RequestStreamGuard, chunks: readonly string[]) {
+  let passed = '';
+  for (const chunk of chunks) {
+    const checked = guard.push(bytes(chunk));
+    if ('problem' in checked) return { problem: checked.problem, passed };
+    passed += checked.pass.toString('latin1');
+  }
+  return { problem: undefined, passed };
+}
+const guardOver = (...chunks: string[]) => run(new RequestStreamGuard(mismatch), chunks).problem;
 
 describe('RequestStreamGuard', () => {
   it.each([
@@ -91,8 +96,26 @@ describe('RequestStreamGuard', () => {
 
   it('keeps refusing once it has refused', () => {
     const guard = new RequestStreamGuard(mismatch);
-    expect(guard.push(bytes('GET / HTTP/1.1\r\nHost: other.test\r\n\r\n'))).toBeDefined();
-    expect(guard.push(bytes('GET / HTTP/1.1\r\nHost: site.test\r\n\r\n'))).toBeDefined();
+    expect(run(guard, ['GET / HTTP/1.1\r\nHost: other.test\r\n\r\n']).problem).toBeDefined();
+    expect(run(guard, ['GET / HTTP/1.1\r\nHost: site.test\r\n\r\n']).problem).toBeDefined();
+  });
+
+  it('holds a head back until it is whole and checked, and lets bodies through as they come', () => {
+    const guard = new RequestStreamGuard(mismatch);
+    expect(run(guard, ['POST / HTTP/1.1\r\nHost: site.test\r\n']).passed).toBe('');
+    expect(run(guard, ['Content-Length: 10\r\n\r\nhello']).passed).toBe(
+      'POST / HTTP/1.1\r\nHost: site.test\r\nContent-Length: 10\r\n\r\nhello',
+    );
+    expect(run(guard, ['world']).passed).toBe('world');
+    // A head ended by bare CRs (read as line ends by some servers) never completes: held.
+    expect(run(guard, ['GET / HTTP/1.1\rHost: other.test\r\r']).passed).toBe('');
+  });
+
+  it('lets nothing through of bytes that are not HTTP, and refuses them past 16 KiB', () => {
+    const guard = new RequestStreamGuard(mismatch);
+    const noise = 'x'.repeat(8 * 1024);
+    expect(run(guard, [noise])).toEqual({ problem: undefined, passed: '' });
+    expect(run(guard, [noise, noise]).problem).toMatch(/longer than/);
   });
 
   // A reference: requests generated with known hosts and bodies; the stream is bad from the end
@@ -128,6 +151,7 @@ describe('RequestStreamGuard', () => {
         (requests, cuts) => {
           let stream = '';
           let badEnd: number | undefined;
+          let badStart: number | undefined;
           for (const r of requests) {
             const method = r.body === undefined ? 'GET' : 'POST';
             let head = `${method} ${r.target} HTTP/1.1\r\nHost: ${r.host}\r\n`;
@@ -147,6 +171,7 @@ describe('RequestStreamGuard', () => {
             const bad =
               mismatch(r.host) !== undefined ||
               (authority !== undefined && mismatch(authority) !== undefined);
+            if (bad && badEnd === undefined) badStart = stream.length;
             stream += head;
             if (bad && badEnd === undefined) badEnd = stream.length;
             stream += body;
@@ -163,16 +188,25 @@ describe('RequestStreamGuard', () => {
           const guard = new RequestStreamGuard(mismatch);
           let fed = 0;
           let problemAt: number | undefined;
+          let passed = '';
           for (const piece of pieces) {
             fed += piece.length;
-            if (guard.push(bytes(piece)) !== undefined && problemAt === undefined) problemAt = fed;
+            const checked = guard.push(bytes(piece));
+            if ('pass' in checked) passed += checked.pass.toString('latin1');
+            else problemAt ??= fed;
+            if (problemAt !== undefined) break;
           }
-          if (badEnd === undefined) expect(problemAt).toBeUndefined();
-          else {
-            // Found in the piece that completed the bad head, never before it.
+          if (badEnd === undefined) {
+            expect(problemAt).toBeUndefined();
+            expect(passed).toBe(stream);
+          } else {
+            // Found in the piece that completed the bad head, never before it...
             expect(problemAt).toBeDefined();
             expect(problemAt!).toBeGreaterThanOrEqual(badEnd);
             expect(positions.filter((p) => p >= badEnd! && p < problemAt!)).toEqual([]);
+            // ...and not one byte of that head went through.
+            expect(stream.startsWith(passed)).toBe(true);
+            expect(passed.length).toBeLessThanOrEqual(badStart!);
           }
         },
       ),

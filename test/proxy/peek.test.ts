@@ -1,6 +1,6 @@
 /** Reading the SNI of a ClientHello that arrives in pieces, and what is too many pieces. */
 import { describe, expect, it } from 'vitest';
-import { isTlsRecordType, peekTlsServerName } from '../../src/proxy/peek.js';
+import { peekTlsServerName, tlsRecordStart } from '../../src/proxy/peek.js';
 
 /** A minimal ClientHello (one cipher suite, no compression) with `name` as its SNI. */
 function clientHello(name: string): Buffer {
@@ -69,8 +69,15 @@ describe('peekTlsServerName', () => {
     });
   });
 
-  it('tells TLS record types from the first byte of an HTTP method', () => {
-    expect([0x14, 0x15, 0x16, 0x17].every(isTlsRecordType)).toBe(true);
-    expect([...'GPOHDCT'].some((c) => isTlsRecordType(c.charCodeAt(0)))).toBe(false);
+  it.each([
+    ['an alert record', [0x15, 0x03, 0x01, 0x00, 0x02], true],
+    ['application data', [0x17, 0x03, 0x03], true],
+    ['one byte that could begin a record', [0x15], 'wait'],
+    ['two', [0x14, 0x03], 'wait'],
+    ['a database message whose length starts with 0x15', [0x15, 0x01, 0x00, 0x00], false],
+    ['a version byte out of range', [0x16, 0x03, 0x09], false],
+    ['an HTTP method', [...Buffer.from('GET ')], false],
+  ] as const)('tells the start of a TLS record: %s', (_, bytes, expected) => {
+    expect(tlsRecordStart(Buffer.from(bytes))).toBe(expected);
   });
 });

@@ -51,7 +51,8 @@ async function splicer(
   {
     dial = connectUpstream,
     release = (spliced) => spliced.release(),
-  }: { dial?: Dial; release?: (spliced: Splice) => void } = {},
+    finishedIdleMs,
+  }: { dial?: Dial; release?: (spliced: Splice) => void; finishedIdleMs?: number } = {},
 ): Promise<{ port: number; closed: Closed[] }> {
   const closed: Closed[] = [];
   const server = net.createServer({ allowHalfOpen: true }, (client) => {
@@ -62,6 +63,7 @@ async function splicer(
       release(
         splice(client, upstream, {
           idleTimeoutMs: 60_000,
+          finishedIdleMs,
           onClose: (up, down) => closed.push({ up, down }),
         }),
       ),
@@ -274,6 +276,25 @@ describe('splice, with an upstream from connectUpstream', () => {
     expect(await received).toBe('the upload');
     await until(() => proxy.closed.length === 1, 2000);
     expect(proxy.closed).toEqual([{ up: 10, down: 12 }]);
+  });
+
+  it('closes a tunnel whose origin ended once it is quiet, not after the whole idle timeout', async () => {
+    // An origin dropping an idle keep-alive connection; the client keeps its end open, as a
+    // connection pool does until it next looks.
+    const server = net.createServer({ allowHalfOpen: true }, (socket) => socket.end('bye'));
+    const proxy = await splicer(await listen(server), { finishedIdleMs: 300 });
+    const client = await new Promise<net.Socket>((resolve, reject) => {
+      const socket = net.connect({ host: HOST, port: proxy.port, allowHalfOpen: true }, () =>
+        resolve(socket),
+      );
+      socket.once('error', reject);
+    });
+    client.resume();
+    const started = performance.now();
+    await until(() => proxy.closed.length === 1, 5000);
+    // Closed by the short timeout (300 ms), not the 60 s idle one.
+    expect(performance.now() - started).toBeLessThan(3000);
+    client.destroy();
   });
 
   it('closes both sides when the origin fails mid-stream, and counts what went through', async () => {

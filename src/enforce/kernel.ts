@@ -68,8 +68,15 @@ export class KernelEnforcer {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
     } catch (error) {
       const locked = await this.options.apply(sandboxID, lockdownSets()).then(
-        () =>
-          'its firewall now denies every direct destination (except addresses DNS hands out for names the stored policy allows) until a later change succeeds',
+        async () => {
+          // The lockdown emptied learned4, but the learned table still holds what DNS handed
+          // out for names the stored policy allows: put those back, or later answers for them
+          // would not open anything until their expiry moves. Best effort: on failure they
+          // stay closed, which is stricter.
+          const learned = learnedElements(this.learnedOf(sandboxID), this.options.now());
+          if (learned !== '') await this.options.apply(sandboxID, learned).catch(() => {});
+          return 'its firewall now denies every direct destination (except addresses DNS hands out for names the stored policy allows) until a later change succeeds';
+        },
         (lockError: Error) =>
           `denying everything failed too (${lockError.message}); the previous firewall stays`,
       );

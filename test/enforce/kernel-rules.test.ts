@@ -21,7 +21,9 @@ import {
   removeHostRuleset,
   sandboxRuleset,
 } from '../../src/enforce/kernel-rules.js';
+import { EnforcementTable, KernelEnforcer } from '../../src/enforce/index.js';
 import {
+  canonicalName,
   compileInternalDenyList,
   compilePolicy,
   type IPAddress,
@@ -571,6 +573,36 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     expectIntervals('allow4', []);
     expectIntervals('deny4', ['0.0.0.0/0']);
     expect(timeoutsOf()).toEqual({});
+  });
+
+  it('puts learned addresses back after a refused policy change locked the sandbox down', async () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    const table = new EnforcementTable({ now: () => NOW });
+    const rules = policyOf({ allowOut: ['example.com', '1.2.3.4'], denyOut: ['0.0.0.0/0'] });
+    table.register('ikernelsandbox000001', { egressSecret: 's' }, rules);
+    table
+      .get('ikernelsandbox000001')!
+      .learned.learn(ip('203.0.113.7'), unwrap(canonicalName('example.com')), 60);
+    // nft refuses the policy transaction (as when the table was tampered with); later ones run.
+    let refuse = true;
+    const enforcer = new KernelEnforcer(LAYOUT, {
+      table,
+      apply: async (_, commands) => {
+        if (refuse) {
+          refuse = false;
+          throw new Error('nft: Could not process rule');
+        }
+        nft(commands);
+      },
+      applyHost: async () => {},
+      now: () => NOW,
+    });
+    await expect(enforcer.enforce('ikernelsandbox000001', rules)).rejects.toThrow(
+      /denies every direct destination/,
+    );
+    expectIntervals('allow4', []);
+    expectIntervals('deny4', ['0.0.0.0/0']);
+    expect(timeoutsOf()).toEqual({ '203.0.113.7': 60 });
   });
 
   it('takes a layout whose listeners share a port', () => {

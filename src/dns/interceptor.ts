@@ -230,7 +230,7 @@ export class DnsInterceptor {
     // An answer that took a while: the sandbox may have gone, or its policy denied the name
     // meanwhile (a PUT's reply promises the next query sees the new policy; so does this one).
     const forwardLate = (answer: CachedAnswer) => {
-      if (this.options.table.get(sandbox.sandboxID) !== sandbox)
+      if (!this.options.table.holds(sandbox))
         return refuse('the sandbox was removed while its query was answered', sandbox);
       return blocked() ?? forward(answer);
     };

@@ -108,6 +108,14 @@ export class EnforcementTable {
     return this.byID.get(sandboxID);
   }
 
+  /**
+   * Whether `sandbox`, identified earlier, is still in the table: work that awaited DNS or a
+   * dial checks this before it hands anything to a sandbox that was removed meanwhile.
+   */
+  holds(sandbox: EnforcedSandbox): boolean {
+    return this.byID.get(sandbox.sandboxID) === sandbox;
+  }
+
   /** The sandbox whose traffic comes from this address (IPv4-mapped forms already folded). */
   fromSource(address: string): EnforcedSandbox | undefined {
     return this.bySource.get(address);

@@ -208,11 +208,6 @@ export class EgressProxy {
     };
   }
 
-  /** The sandbox was removed (killed, paused) since it was identified. */
-  private gone(sandbox: EnforcedSandbox): boolean {
-    return this.options.table.get(sandbox.sandboxID) !== sandbox;
-  }
-
   /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
   private unidentified(
     kind: 'connect' | 'forward',
@@ -285,7 +280,7 @@ export class EgressProxy {
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
     // A client that ended without a byte for the tunnel left while we dialled: nothing to carry.
     const abandoned = client.destroyed || (client.readableEnded && early.length === 0);
-    if (now.verdict === 'deny' || abandoned || this.gone(sandbox)) {
+    if (now.verdict === 'deny' || abandoned || !this.options.table.holds(sandbox)) {
       upstream.destroy();
       if (now.verdict === 'deny') return refuse(denial(dialled, now));
       if (abandoned) return void client.destroy();

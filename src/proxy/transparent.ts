@@ -154,7 +154,7 @@ export class TransparentProxy {
     // Decided again: the policy may have changed, or the sandbox gone, while we dialled.
     if (
       client.destroyed ||
-      this.options.table.get(sandbox.sandboxID) !== sandbox ||
+      !this.options.table.holds(sandbox) ||
       dialer.check(sandbox, dialled, connected.ip).verdict === 'deny'
     ) {
       connected.socket.destroy();

@@ -43,6 +43,25 @@ let moat: RunningMoat;
 let proxy: { host: string; port: number };
 const scratch = scratchMoatFlags();
 
+/** Moat on free loopback ports, resolving through the fake upstream, origins behind its transparent listener. */
+async function startTestMoat(flags: Record<string, string>): Promise<RunningMoat> {
+  const config = loadConfig({
+    flags: {
+      'dns-listen': '127.0.0.1:0',
+      'dns-upstream': `127.0.0.1:${upstream.port}`,
+      'proxy-listen': '127.0.0.1:0',
+      'transparent-listen': '127.0.0.1:0',
+      'log-level': 'silent',
+      ...flags,
+    },
+  });
+  if (!config.ok) throw new Error(config.error);
+  return startMoat(config.value, pino({ level: 'silent' }), {
+    defaultMetrics: false,
+    transparentPorts: { tls: secure.port, http: web.port },
+  });
+}
+
 beforeAll(async () => {
   web = await httpEchoOrigin('127.0.0.10');
   secure = await tlsEchoOrigin('127.0.0.11');
@@ -63,23 +82,11 @@ beforeAll(async () => {
   ).start();
   upstream.slow.set('slow.allowed.test', 150);
   upstream.slow.set('slowweb.allowed.test', 300);
-  const config = loadConfig({
-    flags: {
-      'internal-deny': '10.0.0.0/8,169.254.0.0/16,127.0.0.99/32',
-      'dns-listen': '127.0.0.1:0',
-      'dns-upstream': `127.0.0.1:${upstream.port}`,
-      'proxy-listen': '127.0.0.1:0',
-      'transparent-listen': '127.0.0.1:0',
-      'proxy-max-tunnels': '8',
-      'metrics-per-sandbox': 'true',
-      'log-level': 'silent',
-      ...scratch.flags,
-    },
-  });
-  if (!config.ok) throw new Error(config.error);
-  moat = await startMoat(config.value, pino({ level: 'silent' }), {
-    defaultMetrics: false,
-    transparentPorts: { tls: secure.port, http: web.port },
+  moat = await startTestMoat({
+    'internal-deny': '10.0.0.0/8,169.254.0.0/16,127.0.0.99/32',
+    'proxy-max-tunnels': '8',
+    'metrics-per-sandbox': 'true',
+    ...scratch.flags,
   });
   proxy = moat.listening.proxy;
 });
@@ -641,22 +648,10 @@ describe('transparent listener', () => {
 describe('shutdown', () => {
   it('closes transparent connections still being resolved, and splices none of them after', async () => {
     const own = scratchMoatFlags();
-    const config = loadConfig({
-      flags: {
-        'internal-deny': '10.0.0.0/8',
-        'dns-listen': '127.0.0.1:0',
-        'dns-upstream': `127.0.0.1:${upstream.port}`,
-        'proxy-listen': '127.0.0.1:0',
-        'transparent-listen': '127.0.0.1:0',
-        'source-pool': '127.78.0.0/16',
-        'log-level': 'silent',
-        ...own.flags,
-      },
-    });
-    if (!config.ok) throw new Error(config.error);
-    const other = await startMoat(config.value, pino({ level: 'silent' }), {
-      defaultMetrics: false,
-      transparentPorts: { tls: secure.port, http: web.port },
+    const other = await startTestMoat({
+      'internal-deny': '10.0.0.0/8',
+      'source-pool': '127.78.0.0/16',
+      ...own.flags,
     });
     try {
       other.table.register(

@@ -2,7 +2,7 @@ import dnsPacket from 'dns-packet';
 import dnsPacketTypes from 'dns-packet/types.js';
 import { type IPAddress, parseIP } from '../policy/index.js';
 import { type UpstreamClient, UpstreamError } from './upstream.js';
-import { RCODE, ttlOffsets } from './wire.js';
+import { RCODE, replyFramingProblem, ttlOffsets } from './wire.js';
 
 /** A record as dns-packet decodes it (OPT never appears in the sections we keep). */
 type DecodedRecord = { name: string; type: string; class?: string; ttl?: number; data?: unknown };
@@ -74,25 +74,42 @@ export function buildAnswer(
   storedAt: number,
   lifetimeSeconds: number,
 ): CachedAnswer {
+  const withTtls = records.answers.map((r, i) => ({ ...r, ttl: ttls[i] }));
+  const authorityRecords = records.authorities.map((r, i) => ({
+    ...r,
+    ttl: ttls[records.answers.length + i],
+  }));
   const template = dnsPacket.encode({
     type: 'response',
     id: 0,
     flags: rcode,
     questions: [{ name, type: typeName(type), class: 'IN' }],
-    answers: records.answers.map((r, i) => ({ ...r, ttl: ttls[i] })) as dnsPacket.Answer[],
-    authorities: records.authorities.map((r, i) => ({
-      ...r,
-      ttl: ttls[records.answers.length + i],
-    })) as dnsPacket.Answer[],
+    answers: withTtls as dnsPacket.Answer[],
+    authorities: authorityRecords as dnsPacket.Answer[],
   });
   const offsets = ttlOffsets(template);
   if (offsets === undefined || offsets.length !== ttls.length)
     throw new UpstreamError('re-encoded answer does not walk');
+  // What clients will read must be what was checked. dns-packet reads a label holding "." as
+  // two labels and one holding bytes over 0x7f as UTF-8, so some names do not encode back to
+  // themselves, and a record boundary can move: such an answer is refused, not served.
+  const reread = dnsPacket.decode(template);
+  const same = (sent: readonly unknown[], back: readonly unknown[] | undefined) =>
+    JSON.stringify(sent) === JSON.stringify(back ?? []);
+  if (
+    reread.questions?.[0]?.name !== name ||
+    !same(withTtls, reread.answers) ||
+    !same(authorityRecords, reread.authorities)
+  )
+    throw new UpstreamError('its names do not survive re-encoding');
   const addresses: Array<{ index: number; ip: IPAddress }> = [];
   records.answers.forEach((record, index) => {
     if (record.type !== 'A' && record.type !== 'AAAA') return;
     const ip = parseIP(String(record.data));
-    if (ip.ok) addresses.push({ index, ip: ip.value });
+    // An address record whose data is no address would go out unchecked: the answer is refused.
+    if (!ip.ok)
+      throw new UpstreamError(`the ${record.type} record of ${record.name} holds no address`);
+    addresses.push({ index, ip: ip.value });
   });
   return {
     rcode,
@@ -147,6 +164,9 @@ export class AnswerCache {
 
   private async ask(name: string, type: number): Promise<CachedAnswer> {
     const reply = await this.upstream.query(name, type);
+    const framing = replyFramingProblem(reply);
+    if (framing !== undefined)
+      throw new UpstreamError(`malformed upstream answer for ${name}: ${framing}`);
     let packet: dnsPacket.Packet;
     try {
       packet = dnsPacket.decode(reply);
@@ -172,6 +192,8 @@ export class AnswerCache {
         soa === undefined
           ? 0
           : Math.min(sanitiseTtl(soa.ttl, maxNegativeTtl), sanitiseTtl(minimum, maxNegativeTtl));
+      // A CNAME chain that led here may change sooner (RFC 2308 §5).
+      lifetime = Math.min(lifetime, ...ttls.slice(0, records.answers.length));
       // The client caches the negative answer for the SOA's TTL: the same lifetime (RFC 2308 §3).
       if (soa !== undefined) ttls[records.answers.length] = lifetime;
     }

@@ -169,9 +169,14 @@ export class DnsInterceptor {
       this.count(transport, 'dropped');
       return undefined;
     }
+    // Who asks comes first: a stranger learns nothing from how its bytes were wrong, and a
+    // sandbox's malformed queries cost tokens like any other.
+    const sandbox = this.sandboxAt(source);
+    const limited = sandbox !== undefined && !this.takeToken(sandbox.sandboxID);
     if (parsed.kind === 'error') {
-      this.count(transport, parsed.rcode === RCODE.REFUSED ? 'refused' : 'formerr');
-      return emptyAnswer(parsed.id, parsed.question, parsed.rcode);
+      const rcode = sandbox === undefined || limited ? RCODE.REFUSED : parsed.rcode;
+      this.count(transport, rcode === RCODE.REFUSED ? 'refused' : 'formerr');
+      return emptyAnswer(parsed.id, parsed.question, rcode);
     }
     const { query } = parsed;
     const refuse = (reason: string, sandbox?: EnforcedSandbox) => {
@@ -182,9 +187,8 @@ export class DnsInterceptor {
       );
       return emptyAnswer(query.id, questionOf(query), RCODE.REFUSED, query);
     };
-    const sandbox = this.sandboxAt(source);
     if (sandbox === undefined) return refuse('unknown source address');
-    if (!this.takeToken(sandbox.sandboxID)) return refuse('rate limit', sandbox);
+    if (limited) return refuse('rate limit', sandbox);
     if (query.type === TYPE.ANY) return refuse('ANY queries are not answered (RFC 8482)', sandbox);
     const name = canonicalName(query.name);
     if (!name.ok) return refuse(name.error, sandbox);

@@ -78,8 +78,14 @@ export class UpstreamClient {
         const query = encodeUpstreamQuery(id, name, type);
         const budget = Math.min(remaining, this.options.attemptTimeoutMs);
         let reply = await this.overUdp(server, query, id, budget);
-        if (isTruncated(reply))
+        if (isTruncated(reply)) {
           reply = await this.overTcp(server, query, id, Math.max(1, deadline - performance.now()));
+          // Still cut short over TCP: a part of an answer must not pass (or be cached) as whole.
+          if (isTruncated(reply)) {
+            failures.push(`${server.host}:${server.port} answered truncated over TCP`);
+            continue;
+          }
+        }
         this.options.onLatency?.((performance.now() - started) / 1000, server);
         const rcode = reply.readUInt16BE(2) & 0xf;
         // SERVFAIL and REFUSED say this resolver could not help; another one may.

@@ -268,23 +268,66 @@ const asciiLower = (byte: number): number => (byte >= 0x41 && byte <= 0x5a ? byt
 export const isTruncated = (response: Buffer): boolean =>
   (response.readUInt16BE(2) & FLAG_TC) !== 0;
 
+interface RecordSpan {
+  readonly type: number;
+  readonly class: number;
+  readonly ttlOffset: number;
+  readonly dataLength: number;
+}
+
+/**
+ * The first `count` records after the question section, as their length fields frame them, or
+ * undefined when the message does not walk cleanly.
+ */
+function walkRecords(message: Buffer, count: number): RecordSpan[] | undefined {
+  if (message.length < HEADER_LENGTH) return undefined;
+  let offset = HEADER_LENGTH;
+  for (let n = message.readUInt16BE(4); n > 0; n--) {
+    offset = skipName(message, offset);
+    if (offset < 0) return undefined;
+    offset += 4;
+  }
+  const records: RecordSpan[] = [];
+  for (let n = 0; n < count; n++) {
+    const after = skipName(message, offset);
+    if (after < 0 || after + 10 > message.length) return undefined;
+    const dataLength = message.readUInt16BE(after + 8);
+    records.push({
+      type: message.readUInt16BE(after),
+      class: message.readUInt16BE(after + 2),
+      ttlOffset: after + 4,
+      dataLength,
+    });
+    offset = after + 10 + dataLength;
+  }
+  return offset <= message.length ? records : undefined;
+}
+
 /**
  * Offsets of the TTL field of every answer and authority record of a message (no OPT in these
  * sections), or undefined when the message does not walk cleanly.
  */
 export function ttlOffsets(message: Buffer): number[] | undefined {
-  const records = message.readUInt16BE(6) + message.readUInt16BE(8);
-  let offset = skipName(message, HEADER_LENGTH);
-  if (offset < 0) return undefined;
-  offset += 4;
-  const offsets: number[] = [];
-  for (let n = 0; n < records; n++) {
-    const after = skipName(message, offset);
-    if (after < 0 || after + 10 > message.length) return undefined;
-    offsets.push(after + 4);
-    offset = after + 10 + message.readUInt16BE(after + 8);
+  const count = message.readUInt16BE(6) + message.readUInt16BE(8);
+  return walkRecords(message, count)?.map((record) => record.ttlOffset);
+}
+
+/**
+ * Why an upstream reply's records cannot be read as their length fields frame them, or
+ * undefined. dns-packet reads 4 and 16 bytes for A and AAAA whatever the record says, so a
+ * record of another length would be read across its neighbour.
+ */
+export function replyFramingProblem(message: Buffer): string | undefined {
+  const count = message.readUInt16BE(6) + message.readUInt16BE(8) + message.readUInt16BE(10);
+  const records = walkRecords(message, count);
+  if (records === undefined) return 'its records run past its end';
+  for (const { type, class: rclass, dataLength } of records) {
+    if (rclass !== CLASS_IN) continue;
+    if (type === TYPE.A && dataLength !== 4) return `an A record holds ${dataLength} bytes, not 4`;
+    if (type === TYPE.AAAA && dataLength !== 16)
+      return `an AAAA record holds ${dataLength} bytes, not 16`;
   }
-  return offset <= message.length ? offsets : undefined;
+  return undefined;
 }
 
 /**

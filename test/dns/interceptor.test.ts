@@ -102,6 +102,23 @@ describe('deciding query names', () => {
     expect(upstream.log).toHaveLength(0);
   });
 
+  it('answers a malformed query REFUSED from a stranger, FORMERR to a sandbox, at a token each', async () => {
+    const malformed = () => {
+      const query = encodeQuery('api.allowed.test');
+      query.writeUInt16BE(2, 4); // two questions
+      return query;
+    };
+    expect(rcode((await udpExchange(dns.port, malformed(), '127.77.0.99'))!.raw)).toBe(5);
+    await dns.stop();
+    dns = await startInterceptor(upstream.port, { rateLimit: 2 });
+    dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's' }, ALLOW_TEST);
+    const codes: number[] = [];
+    for (let i = 0; i < 3; i++)
+      codes.push(rcode((await udpExchange(dns.port, malformed(), SOURCE))!.raw));
+    expect(codes).toEqual([1, 1, 5]);
+    expect(upstream.log).toHaveLength(0);
+  });
+
   it('refuses ANY', async () => {
     const reply = await udpQuery(dns.port, SOURCE, 'api.allowed.test', 'ANY');
     expect(reply.rcode).toBe('REFUSED');

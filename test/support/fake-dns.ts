@@ -27,6 +27,8 @@ export class FakeDns {
   readonly silent = new Set<string>();
   /** Names (lower case) answered over UDP only after this many ms. */
   readonly slow = new Map<string, number>();
+  /** Names (lower case) answered with bytes a test makes (a hostile upstream), per transport. */
+  readonly handcrafted = new Map<string, (query: Buffer, transport: 'udp' | 'tcp') => Buffer>();
   port = 0;
   private udp: dgram.Socket | undefined;
   private tcp: net.Server | undefined;
@@ -102,6 +104,8 @@ export class FakeDns {
     this.log.push({ name: question.name, type: question.type, transport, packet: query });
     const name = question.name.toLowerCase();
     if (this.silent.has(name)) return undefined;
+    const handcrafted = this.handcrafted.get(name);
+    if (handcrafted !== undefined) return handcrafted(message, transport);
     const answers: dnsPacket.Answer[] = [];
     let owner = name;
     let entry = this.zone.get(owner);

@@ -24,8 +24,9 @@ import {
 import { identify } from './identity.js';
 import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
-import { looksLikeTls, peekTlsServerName, tlsRecordStart } from './peek.js';
+import { looksLikeTls, readClientHello, tlsRecordStart } from './peek.js';
 import type { Splice } from './splice.js';
+import { TlsHelloGuard } from './tls-guard.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
 
 export interface ProxyListen {
@@ -52,8 +53,29 @@ export interface ProxyOptions {
 /** How long a client connection may wait between two requests. */
 const KEEP_ALIVE_MS = 30_000;
 
-/** Reads the first bytes of a tunnel and says whether they name the host CONNECT named. */
-function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' | string {
+/**
+ * Why a TLS server name (undefined: the ClientHello sent none) is not the one a tunnel was
+ * decided for; undefined when it is.
+ */
+function serverNameProblem(target: Target, named: string | undefined): string | undefined {
+  // A tunnel to an address may not name a host in TLS.
+  if (target.host === undefined)
+    return named === undefined
+      ? undefined
+      : `the TLS server name ${JSON.stringify(named)} names a host, but CONNECT named an address`;
+  if (named === undefined) return `the tunnel to ${target.host} sends no TLS server name`;
+  const canonical = canonicalName(named);
+  return canonical.ok && canonical.value === target.host
+    ? undefined
+    : `the TLS server name ${JSON.stringify(named)} is not ${target.host} (domain fronting)`;
+}
+
+/**
+ * Reads the first bytes of a tunnel: 'tls' for a ClientHello naming the host CONNECT named,
+ * 'http' for plain bytes to port 80 (each request is checked), 'ok' for other plain bytes, or
+ * why the tunnel must close.
+ */
+function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' | 'tls' | string {
   const tls = looksLikeTls(data[0]!);
   if (!tls) {
     // A TLS record that is not a handshake (an alert, say) first: some TLS stacks skip it and
@@ -63,21 +85,11 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' |
     if (record) return `its first bytes are a TLS record of type ${data[0]}, not a ClientHello`;
     return target.port === 80 ? 'http' : 'ok';
   }
-  const peek = peekTlsServerName(data);
-  if (peek.status === 'incomplete') return 'wait';
-  if (peek.status === 'invalid')
-    return `its first bytes are not a valid TLS ClientHello: ${peek.reason}`;
-  const named = peek.name;
-  // A tunnel to an address may not name a host in TLS.
-  if (target.host === undefined)
-    return named === undefined
-      ? 'ok'
-      : `the TLS server name ${JSON.stringify(named)} names a host, but CONNECT named an address`;
-  if (named === undefined) return `the tunnel to ${target.host} sends no TLS server name`;
-  const canonical = canonicalName(named);
-  return canonical.ok && canonical.value === target.host
-    ? 'ok'
-    : `the TLS server name ${JSON.stringify(named)} is not ${target.host} (domain fronting)`;
+  const hello = readClientHello(data);
+  if (hello.status === 'incomplete') return 'wait';
+  if (hello.status === 'invalid')
+    return `its first bytes are not a valid TLS ClientHello: ${hello.reason}`;
+  return serverNameProblem(target, hello.name) ?? 'tls';
 }
 
 /**
@@ -334,9 +346,8 @@ export class EgressProxy {
         'tunnel closed',
       );
     };
-    const finish = (problem: string | undefined) => {
+    const finish = (problem: string) => {
       stopWatching();
-      if (problem === undefined) return tunnel.release(seen);
       refuse(problem);
       tunnel.close();
     };
@@ -344,19 +355,15 @@ export class EgressProxy {
       if (seen.length === 0) return;
       const verdict = checkFirstBytes(target, seen);
       if (verdict === 'wait') return;
-      if (verdict !== 'http') return finish(verdict === 'ok' ? undefined : verdict);
-      // Plain HTTP: every request on the tunnel is checked as it passes, not just this one.
+      if (verdict !== 'ok' && verdict !== 'tls' && verdict !== 'http') return finish(verdict);
       stopWatching();
-      const guard = new RequestStreamGuard((authority) => authorityMismatch(target, authority));
-      const inspect = (chunk: Buffer) => {
-        const checked = guard.push(chunk);
-        if ('pass' in checked) return checked.pass;
-        refuse(checked.problem);
-        return undefined;
-      };
-      const first = inspect(seen);
-      if (first === undefined) tunnel.close();
-      else tunnel.release(first, inspect);
+      if (verdict === 'ok') return tunnel.release(seen);
+      // Every ClientHello the server acts on, or every request, is checked, not only the first.
+      const guard =
+        verdict === 'tls'
+          ? new TlsHelloGuard((name) => serverNameProblem(target, name))
+          : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+      tunnel.release(seen, guard, refuse);
     };
     const onData = (chunk: Buffer) => {
       seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);

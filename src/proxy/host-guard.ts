@@ -9,6 +9,7 @@ import {
   parseRequestHead,
   requestFraming,
 } from './http1.js';
+import type { Checked, TunnelGuard } from './splice.js';
 
 /**
  * Checks every request a client sends through a plain-HTTP tunnel, not only the first: each
@@ -18,7 +19,7 @@ import {
  * nothing that is not HTTP, reaches the origin; bodies pass as they come, skipped by their
  * framing. Protocol upgrades are refused: what follows one could not be read as requests.
  */
-export class RequestStreamGuard {
+export class RequestStreamGuard implements TunnelGuard {
   /** The start of a head not yet whole (held back). */
   private head: Buffer | undefined;
   private body: BodyScanner | undefined;
@@ -34,7 +35,7 @@ export class RequestStreamGuard {
    * Takes the next bytes from the client; returns those that may go on to the origin now (held
    * head bytes included once checked), or the problem that ends the tunnel.
    */
-  push(chunk: Buffer): { pass: Buffer } | { problem: string } {
+  fromClient(chunk: Buffer): Checked {
     const passed: Buffer[] = [];
     let data = chunk;
     while (this.problem === undefined && data.length > 0) {

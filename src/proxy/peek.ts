@@ -10,8 +10,10 @@ export type Peek =
   | { readonly status: 'done'; readonly name: string | undefined }
   | { readonly status: 'invalid'; readonly reason: string };
 
-const INCOMPLETE: Peek = { status: 'incomplete' };
-const invalid = (reason: string): Peek => ({ status: 'invalid', reason });
+type Incomplete = { readonly status: 'incomplete' };
+type Invalid = { readonly status: 'invalid'; readonly reason: string };
+const INCOMPLETE: Incomplete = { status: 'incomplete' };
+const invalid = (reason: string): Invalid => ({ status: 'invalid', reason });
 
 /** How much we buffer before giving up on finding a name. */
 export const MAX_PEEK_BYTES = 64 * 1024;
@@ -36,18 +38,33 @@ export function tlsRecordStart(data: Buffer): boolean | 'wait' {
  */
 const MAX_HELLO_RECORDS = 16;
 
-/** Joins the handshake fragments carried by consecutive TLS handshake records. */
-function handshakeBytes(data: Buffer): Buffer | Peek {
+/** The first handshake message of a TLS stream, and where the record that ends it ends. */
+interface HandshakeMessage {
+  readonly message: Buffer;
+  readonly end: number;
+}
+
+/**
+ * Joins the handshake fragments carried by consecutive TLS handshake records up to the end of
+ * the first message, which must be of `type` (`what` names it in problems). With `alone`, the
+ * record that ends the message may carry nothing after it.
+ */
+function firstHandshakeMessage(
+  data: Buffer,
+  type: number,
+  what: string,
+  alone: boolean,
+): HandshakeMessage | Incomplete | Invalid {
   const parts: Buffer[] = [];
   let total = 0;
   let offset = 0;
   let needed = Number.POSITIVE_INFINITY;
   while (total < needed) {
     if (parts.length >= MAX_HELLO_RECORDS)
-      return invalid(`the ClientHello is split over more than ${MAX_HELLO_RECORDS} TLS records`);
+      return invalid(`the ${what} is split over more than ${MAX_HELLO_RECORDS} TLS records`);
     if (offset + 5 > data.length) return INCOMPLETE;
     if (data[offset] !== 0x16)
-      return invalid('a TLS record other than handshake arrived before the ClientHello ended');
+      return invalid(`a TLS record other than handshake arrived before the ${what} ended`);
     if (data[offset + 1] !== 0x03) return invalid('not a TLS record (bad version byte)');
     const length = data.readUInt16BE(offset + 3);
     if (length === 0 || length > 16384 + 2048) return invalid('TLS record length out of range');
@@ -57,19 +74,35 @@ function handshakeBytes(data: Buffer): Buffer | Peek {
     offset += 5 + length;
     if (needed === Number.POSITIVE_INFINITY && total >= 4) {
       const head = Buffer.concat(parts);
-      if (head[0] !== 0x01) return invalid('the first handshake message is not a ClientHello');
+      if (head[0] !== type) return invalid(`the first handshake message is not a ${what}`);
       needed = 4 + head.readUIntBE(1, 3);
-      if (needed > MAX_PEEK_BYTES) return invalid('ClientHello too large');
+      if (needed > MAX_PEEK_BYTES) return invalid(`${what} too large`);
     }
   }
-  return Buffer.concat(parts).subarray(0, needed);
+  // Bytes after a ClientHello in its own record would be read by the server as the next
+  // handshake message, one no later check sees.
+  if (alone && total > needed)
+    return invalid(`the ${what}'s last TLS record carries more than the ${what}`);
+  return { message: Buffer.concat(parts).subarray(0, needed), end: offset };
 }
 
-/** Reads the SNI host name of a TLS ClientHello (RFC 8446 4.1.2, RFC 6066 3). */
-export function peekTlsServerName(data: Buffer): Peek {
-  const hello = handshakeBytes(data);
-  if (!Buffer.isBuffer(hello)) return hello;
+/** A ClientHello read whole: its SNI host name, and the bytes of the records it took. */
+export type ClientHello =
+  | Incomplete
+  | { readonly status: 'done'; readonly name: string | undefined; readonly end: number }
+  | Invalid;
+
+/** Reads a TLS ClientHello and its SNI host name (RFC 8446 4.1.2, RFC 6066 3). */
+export function readClientHello(data: Buffer): ClientHello {
+  const first = firstHandshakeMessage(data, 0x01, 'ClientHello', true);
+  if ('status' in first) return first;
+  const hello = first.message;
   const end = hello.length;
+  const done = (name: string | undefined): ClientHello => ({
+    status: 'done',
+    name,
+    end: first.end,
+  });
   // type(1) length(3) version(2) random(32)
   let i = 4 + 2 + 32;
   const need = (n: number) => i + n <= end;
@@ -79,7 +112,7 @@ export function peekTlsServerName(data: Buffer): Peek {
   i += 2 + hello.readUInt16BE(i); // cipher suites
   if (!need(1)) return invalid('ClientHello truncated');
   i += 1 + hello[i]!; // compression methods
-  if (i === end) return { status: 'done', name: undefined }; // no extensions at all
+  if (i === end) return done(undefined); // no extensions at all
   if (!need(2)) return invalid('ClientHello truncated');
   const extensionsEnd = i + 2 + hello.readUInt16BE(i);
   if (extensionsEnd > end) return invalid('ClientHello extensions run past its end');
@@ -109,7 +142,31 @@ export function peekTlsServerName(data: Buffer): Peek {
     }
     i = body + length;
   }
-  return { status: 'done', name };
+  return done(name);
+}
+
+/** Reads the SNI host name of a TLS ClientHello. */
+export function peekTlsServerName(data: Buffer): Peek {
+  const hello = readClientHello(data);
+  return hello.status === 'done' ? { status: 'done', name: hello.name } : hello;
+}
+
+/** The random of a ServerHello that is a HelloRetryRequest (RFC 8446 4.1.3). */
+const HELLO_RETRY_RANDOM = Buffer.from(
+  'cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c',
+  'hex',
+);
+
+/**
+ * Whether a server's first bytes are a HelloRetryRequest, after which the client sends a second
+ * ClientHello; 'other' for any other answer (or none that parses), 'incomplete' until it shows.
+ */
+export function readServerHello(data: Buffer): 'incomplete' | 'retry' | 'other' {
+  const first = firstHandshakeMessage(data, 0x02, 'ServerHello', false);
+  if ('status' in first) return first.status === 'incomplete' ? 'incomplete' : 'other';
+  // type(1) length(3) version(2) random(32)
+  const random = first.message.subarray(6, 38);
+  return random.equals(HELLO_RETRY_RANDOM) ? 'retry' : 'other';
 }
 
 /** Reads the Host header of a plain HTTP/1.x request head (exactly one Host allowed). */

@@ -12,13 +12,24 @@ export interface SpliceOptions {
   readonly onClose: (bytesUp: number, bytesDown: number) => void;
 }
 
+/** What a guard lets through now (possibly bytes it held before), or why the splice must close. */
+export type Checked = { readonly pass: Buffer } | { readonly problem: string };
+
+/** Watches a spliced connection's bytes for what the tunnel was not decided for. */
+export interface TunnelGuard {
+  /** Sees every client chunk (the initial bytes first) before the upstream does. */
+  fromClient(chunk: Buffer): Checked;
+  /** Sees every upstream chunk before the client does; may let held client bytes go on. */
+  fromUpstream?(chunk: Buffer): Checked;
+}
+
 export interface Splice {
   /**
    * Starts client -> upstream, after sending `initial` (bytes already read from the client).
-   * `inspect`, when given, sees every later client chunk first and returns the bytes to send
-   * in its place (fewer, or some held from before), or undefined to close the splice.
+   * With a `guard`, every client byte (and every upstream byte, if it watches those) passes it
+   * first; a problem closes the splice after `refused` was told.
    */
-  release(initial?: Buffer, inspect?: (chunk: Buffer) => Buffer | undefined): void;
+  release(initial?: Buffer, guard?: TunnelGuard, refused?: (problem: string) => void): void;
   close(): void;
 }
 
@@ -182,23 +193,37 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
     client.setTimeout(finished);
     upstream.setTimeout(finished);
   });
+  // Set once released with a guard that watches upstream bytes.
+  let watchUpstream: ((chunk: Buffer) => void) | undefined;
+  /** Shows an upstream chunk to the guard; false when that closed the splice. */
+  const watch = (chunk: Buffer) => {
+    watchUpstream?.(chunk);
+    return !closed;
+  };
   const reader = readers.get(upstream);
-  if (reader === undefined) relay(upstream, client);
-  else writeReads(reader, upstream, client);
+  if (reader === undefined) relay(upstream, client, (chunk) => (watch(chunk) ? chunk : undefined));
+  else writeReads(reader, upstream, client, watch);
   return {
-    release(initial, inspect) {
+    release(initial, guard, refused) {
       if (closed) return;
-      if (initial !== undefined && initial.length > 0) upstream.write(initial);
-      relay(
-        client,
-        upstream,
-        inspect &&
-          ((chunk) => {
-            const passed = inspect(chunk);
-            if (passed === undefined) close();
-            return passed;
-          }),
-      );
+      const checked = (result: Checked): Buffer | undefined => {
+        if ('pass' in result) return result.pass;
+        refused?.(result.problem);
+        close();
+        return undefined;
+      };
+      const fromClient = guard && ((chunk: Buffer) => checked(guard.fromClient(chunk)));
+      const first = initial !== undefined && fromClient ? fromClient(initial) : initial;
+      if (closed) return;
+      if (first !== undefined && first.length > 0) upstream.write(first);
+      if (guard?.fromUpstream !== undefined) {
+        const fromUpstream = guard.fromUpstream.bind(guard);
+        watchUpstream = (chunk) => {
+          const held = checked(fromUpstream(chunk));
+          if (held !== undefined && held.length > 0) upstream.write(held);
+        };
+      }
+      relay(client, upstream, fromClient);
     },
     close,
   };
@@ -232,14 +257,26 @@ function relay(
   from.resume();
 }
 
-/** What pipe() does, for the reads of a connectUpstream socket. */
-function writeReads(reader: Reader, upstream: net.Socket, client: net.Socket): void {
+/**
+ * What pipe() does, for the reads of a connectUpstream socket; `watch` sees each read first and
+ * says whether to write it on.
+ */
+function writeReads(
+  reader: Reader,
+  upstream: net.Socket,
+  client: net.Socket,
+  watch: (chunk: Buffer) => boolean,
+): void {
   let waiting = false;
   const resume = () => {
     waiting = false;
     upstream.resume();
   };
   reader.deliver = (chunk, done) => {
+    if (!watch(chunk)) {
+      done();
+      return true;
+    }
     // The callback runs when the kernel took the bytes, or the write failed: either way once.
     if (client.write(chunk, done)) return true;
     if (!waiting) {

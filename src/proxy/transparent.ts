@@ -1,12 +1,13 @@
 import net from 'node:net';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
-import { formatDestination, parseAuthority } from '../policy/index.js';
+import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
 import type { Target } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
 import { looksLikeTls, peekName } from './peek.js';
+import { TlsHelloGuard } from './tls-guard.js';
 import { spliceTunnel } from './tunnels.js';
 
 /**
@@ -170,13 +171,7 @@ export class TransparentProxy {
       client,
       connected.socket,
     );
-    if (looksLikeTls(seen[0]!)) return tunnel.release(seen);
-    // Plain HTTP: the first request's Host chose the destination; every later one must agree.
-    const guard = new RequestStreamGuard((authority) => authorityMismatch(target, authority));
-    const inspect = (chunk: Buffer) => {
-      const checked = guard.push(chunk);
-      if ('pass' in checked) return checked.pass;
-      const problem = checked.problem;
+    const refused = (problem: string) => {
       metrics.proxyDenials.inc({ kind: 'transparent', list: 'invalid' });
       logger.info(
         {
@@ -187,10 +182,17 @@ export class TransparentProxy {
         },
         'transparent connection closed',
       );
-      return undefined;
     };
-    const first = inspect(seen);
-    if (first === undefined) tunnel.close();
-    else tunnel.release(first, inspect);
+    // The first ClientHello's name, or the first request's Host, chose the destination: every
+    // later one the server acts on must name it too.
+    const guard = looksLikeTls(seen[0]!)
+      ? new TlsHelloGuard((name) => {
+          const canonical = name === undefined ? undefined : canonicalName(name);
+          return canonical?.ok && canonical.value === target.host
+            ? undefined
+            : `the TLS server name ${JSON.stringify(name)} is not ${target.host}`;
+        })
+      : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+    tunnel.release(seen, guard, refused);
   }
 }

@@ -9,6 +9,7 @@ import { loadConfig } from '../../src/config.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { udpQuery } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { clientHello, inRecords, record, serverHello } from '../support/tls-records.js';
 import {
   connectThrough,
   httpEchoOrigin,
@@ -78,6 +79,7 @@ beforeAll(async () => {
       ['meta.allowed.test', { A: ['127.0.0.99'] }],
       ['closed.allowed.test', { A: ['127.0.0.13'] }],
       ['port80.allowed.test', { A: ['127.0.0.14'] }],
+      ['retry.allowed.test', { A: ['127.0.0.15'] }],
     ]),
   ).start();
   upstream.slow.set('slow.allowed.test', 150);
@@ -343,6 +345,62 @@ describe('server name checks inside CONNECT tunnels', () => {
 
   it('closes the tunnel when the SNI names another host (domain fronting)', async () => {
     expect(await tlsThrough(`tls.allowed.test:${secure.port}`, 'denied.test')).toBe('closed:');
+  });
+
+  it('passes a TLS 1.3 handshake that the server retries (HelloRetryRequest)', async () => {
+    const retrying = await tlsEchoOrigin('127.0.0.15', 0, { helloRetry: true });
+    try {
+      const { socket } = await connectThrough(proxy, `retry.allowed.test:${retrying.port}`, {
+        auth,
+      });
+      const client = tls.connect({
+        socket,
+        servername: 'retry.allowed.test',
+        rejectUnauthorized: false,
+      });
+      const line = await new Promise<string>((resolve, reject) => {
+        client.on('data', (chunk: Buffer) => resolve(chunk.toString().trim()));
+        client.on('error', reject);
+      });
+      expect(line).toBe('sni=retry.allowed.test');
+      // The key share the client offered first was not taken: the server asked again.
+      expect(client.getEphemeralKeyInfo()).toMatchObject({ name: 'secp384r1' });
+      client.destroy();
+    } finally {
+      await retrying.close();
+    }
+  });
+
+  it('checks the second ClientHello after a HelloRetryRequest (domain fronting on the retry)', async () => {
+    // An origin that answers any ClientHello with a HelloRetryRequest and records what it gets.
+    const received: Buffer[] = [];
+    const accepted: net.Socket[] = [];
+    const origin = net.createServer((socket) => {
+      accepted.push(socket);
+      socket.on('error', () => socket.destroy());
+      socket.once('data', () => socket.write(inRecords(serverHello(true))));
+      socket.on('data', (chunk: Buffer) => received.push(chunk));
+    });
+    await new Promise<void>((resolve) => origin.listen(0, '127.0.0.15', resolve));
+    const port = (origin.address() as net.AddressInfo).port;
+    try {
+      const first = inRecords(clientHello('retry.allowed.test'));
+      const { socket, status } = await connectThrough(proxy, `retry.allowed.test:${port}`, {
+        auth,
+      });
+      expect(status).toBe(200);
+      socket.write(first);
+      const retry = inRecords(serverHello(true));
+      await readUntil(socket, (text) => text.length >= retry.length, 2000);
+      socket.write(Buffer.concat([record('ccs'), inRecords(clientHello('denied.test'))]));
+      expect(await readUntil(socket, () => false, 1000)).toBe('');
+      expect(socket.destroyed).toBe(true);
+      // The origin got the first ClientHello and not one byte after it.
+      expect(Buffer.concat(received)).toEqual(first);
+    } finally {
+      for (const socket of accepted) socket.destroy();
+      await new Promise((resolve) => origin.close(resolve));
+    }
   });
 
   it('closes the tunnel when its first TLS record is not a ClientHello (an alert, say)', async () => {

@@ -18,7 +18,7 @@ const bytes = (text: string) => Buffer.from(text, 'latin1');
 function run(guard: RequestStreamGuard, chunks: readonly string[]) {
   let passed = '';
   for (const chunk of chunks) {
-    const checked = guard.push(bytes(chunk));
+    const checked = guard.fromClient(bytes(chunk));
     if ('problem' in checked) return { problem: checked.problem, passed };
     passed += checked.pass.toString('latin1');
   }
@@ -191,7 +191,7 @@ describe('RequestStreamGuard', () => {
           let passed = '';
           for (const piece of pieces) {
             fed += piece.length;
-            const checked = guard.push(bytes(piece));
+            const checked = guard.fromClient(bytes(piece));
             if ('pass' in checked) passed += checked.pass.toString('latin1');
             else problemAt ??= fed;
             if (problemAt !== undefined) break;

@@ -1,46 +1,7 @@
 /** Reading the SNI of a ClientHello that arrives in pieces, and what is too many pieces. */
 import { describe, expect, it } from 'vitest';
 import { peekTlsServerName, tlsRecordStart } from '../../src/proxy/peek.js';
-
-/** A minimal ClientHello (one cipher suite, no compression) with `name` as its SNI. */
-function clientHello(name: string): Buffer {
-  const host = Buffer.from(name, 'latin1');
-  const serverNameList = Buffer.concat([
-    Buffer.from([0, host.length >> 8, host.length & 255]),
-    host,
-  ]);
-  const sni = Buffer.concat([
-    Buffer.from([0, 0]), // extension type server_name
-    u16(serverNameList.length + 2),
-    u16(serverNameList.length),
-    serverNameList,
-  ]);
-  const body = Buffer.concat([
-    Buffer.from([3, 3]), // legacy version
-    Buffer.alloc(32, 7), // random
-    Buffer.from([0]), // session id
-    u16(2),
-    Buffer.from([0x13, 0x01]), // TLS_AES_128_GCM_SHA256
-    Buffer.from([1, 0]), // compression: null
-    u16(sni.length),
-    sni,
-  ]);
-  return Buffer.concat([Buffer.from([1, 0, body.length >> 8, body.length & 255]), body]);
-}
-
-function u16(value: number): Buffer {
-  return Buffer.from([value >> 8, value & 255]);
-}
-
-/** The handshake bytes in TLS handshake records of at most `size` bytes each. */
-function inRecords(handshake: Buffer, size: number): Buffer {
-  const records: Buffer[] = [];
-  for (let at = 0; at < handshake.length; at += size) {
-    const fragment = handshake.subarray(at, at + size);
-    records.push(Buffer.from([0x16, 3, 1, fragment.length >> 8, fragment.length & 255]), fragment);
-  }
-  return Buffer.concat(records);
-}
+import { clientHello, inRecords } from '../support/tls-records.js';
 
 describe('peekTlsServerName', () => {
   const hello = clientHello('tls.allowed.test');

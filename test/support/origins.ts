@@ -70,8 +70,15 @@ export async function httpEchoOrigin(
 }
 
 /** TLS server that echoes what it receives, after writing the SNI it was given and a newline. */
-export async function tlsEchoOrigin(host: string, port = 0): Promise<Origin> {
-  const server = tls.createServer(testCertificate(), (socket) => {
+export async function tlsEchoOrigin(
+  host: string,
+  port = 0,
+  options: { helloRetry?: boolean } = {},
+): Promise<Origin> {
+  // Clients offer an X25519 key share first; a server that takes only P-384 asks again
+  // (a TLS 1.3 HelloRetryRequest).
+  const groups = options.helloRetry ? { ecdhCurve: 'P-384' } : {};
+  const server = tls.createServer({ ...testCertificate(), ...groups }, (socket) => {
     socket.write(`sni=${(socket as tls.TLSSocket & { servername?: string }).servername ?? ''}\n`);
     socket.pipe(socket);
     socket.on('error', () => socket.destroy());

@@ -42,6 +42,12 @@ const SELF: Decision = Object.freeze({
   reason: "the address is Moat's own (one of its listeners or a sandbox link)",
 });
 
+/** The refusal for work whose sandbox went away (or away and back, a new record) meanwhile. */
+export const removed = (sandbox: EnforcedSandbox): Refusal => ({
+  status: 403,
+  message: `sandbox ${sandbox.sandboxID} was removed`,
+});
+
 export function denial(target: Target, decision: Decision): Refusal {
   const by = decision.rule === null ? decision.list : `${decision.list} rule ${decision.rule}`;
   return {

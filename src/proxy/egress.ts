@@ -9,7 +9,7 @@ import {
   formatDestination,
   parseAuthority,
 } from '../policy/index.js';
-import { type Dialer, denial, type Refusal, type Target } from './dial.js';
+import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
 import { endAndLinger, errorResponseText, writeRawError } from './http-errors.js';
 import {
@@ -120,6 +120,7 @@ export class EgressProxy {
     this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
     options.table.subscribe((event) => this.pool.drop(event.sandboxID));
     this.exchangeContext = {
+      table: options.table,
       dialer: options.dialer,
       pool: this.pool,
       tunnels: options.tunnels,
@@ -296,7 +297,7 @@ export class EgressProxy {
       upstream.destroy();
       if (now.verdict === 'deny') return refuse(denial(dialled, now));
       if (abandoned) return void client.destroy();
-      return writeRawError(client, 403, `sandbox ${sandbox.sandboxID} was removed`);
+      return writeRawError(client, 403, removed(sandbox).message);
     }
     this.count('connect', 'allowed');
     this.options.logger.debug(
@@ -390,9 +391,11 @@ export class EgressProxy {
       head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
     // Moat's own answers to a request with a body close the connection: the body is not read.
     const keepAlive = !hasBody && !lastRequest && !this.draining;
-    // Moat's own answers to a request with a body close the connection: the body is not read.
     const answer = (status: number, message: string, decision?: Decision, extra = {}) =>
-      connection.answer(errorResponseText(status, message, decision, extra, !keepAlive), keepAlive);
+      connection.answer(
+        errorResponseText(status, message, decision, extra, !keepAlive, head.method === 'HEAD'),
+        keepAlive,
+      );
     if (!framing.ok) {
       this.count('forward', 'invalid');
       return answer(
@@ -437,9 +440,9 @@ export class EgressProxy {
     if (!slot.ok) return refuse(slot);
     const plan = await this.options.dialer.plan(sandbox, target);
     if (client.destroyed) return slot.release();
-    if (!plan.ok) {
+    if (!plan.ok || !this.options.table.holds(sandbox)) {
       slot.release();
-      return refuse(plan);
+      return refuse(plan.ok ? removed(sandbox) : plan);
     }
     this.count('forward', 'allowed');
     // Retrying another address is only safe while no body has been sent.

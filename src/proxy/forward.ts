@@ -1,7 +1,7 @@
 import type net from 'node:net';
-import type { EnforcedSandbox } from '../enforce/index.js';
+import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
-import { type Dialer, denial, type Refusal, type Target } from './dial.js';
+import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
 import { errorResponseText } from './http-errors.js';
 import {
   bodyScanner,
@@ -103,6 +103,7 @@ export interface ExchangeResult {
 }
 
 export interface ExchangeContext {
+  readonly table: EnforcementTable;
   readonly dialer: Dialer;
   readonly pool: UpstreamPool;
   readonly tunnels: TunnelRegistry;
@@ -219,6 +220,11 @@ export class Exchange {
       return;
     }
     if (!connected.ok) return this.answer(connected);
+    // The sandbox may have gone (or gone and come back, a new record) while we dialled.
+    if (!this.context.table.holds(sandbox)) {
+      connected.socket.destroy();
+      return this.answer(removed(sandbox));
+    }
     // The policy may have changed while we dialled: decide once more.
     const dialled = { ...target, ip: connected.ip };
     const now = dialer.check(sandbox, dialled, connected.ip);
@@ -235,7 +241,7 @@ export class Exchange {
     const { sandbox, target } = this.request;
     this.removeTunnel();
     this.removeTunnel = this.context.tunnels.add({
-      sandboxID: sandbox.sandboxID,
+      sandbox,
       target: { ...target, ip: upstream.ip },
       close: (decision) => {
         if (decision !== undefined) this.context.onPolicyClose(decision.list);
@@ -438,7 +444,10 @@ export class Exchange {
     this.detach()?.socket.destroy();
     const { status, message, decision } = refusal;
     if (this.responseStarted) this.client.socket.destroy();
-    else this.client.socket.write(errorResponseText(status, message, decision, {}, true));
+    else {
+      const toHead = this.request.head.method === 'HEAD';
+      this.client.socket.write(errorResponseText(status, message, decision, {}, true, toHead));
+    }
     this.finish(false);
   }
 

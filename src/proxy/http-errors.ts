@@ -22,13 +22,18 @@ export function errorResponse(
   return { headers, body };
 }
 
-/** A whole error response as text; `close` adds `Connection: close`. */
+/**
+ * A whole error response as text; `close` adds `Connection: close`. An answer to HEAD
+ * (`toHead`) has the same header fields and no body (RFC 9110 9.3.2): a client keeping the
+ * connection would read a body as the start of its next response.
+ */
 export function errorResponseText(
   status: number,
   message: string,
   decision: Decision | undefined,
   extra: Record<string, string>,
   close: boolean,
+  toHead = false,
 ): string {
   const { headers, body } = errorResponse(
     status,
@@ -38,7 +43,7 @@ export function errorResponseText(
   );
   let head = '';
   for (const [name, value] of Object.entries(headers)) head += `${name}: ${value}\r\n`;
-  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n${head}\r\n${body}`;
+  return `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n${head}\r\n${toHead ? '' : body}`;
 }
 
 /**

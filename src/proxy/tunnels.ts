@@ -8,7 +8,8 @@ import { type Splice, splice } from './splice.js';
 
 /** An open connection through Moat, decided for one destination. */
 export interface Tunnel {
-  readonly sandboxID: string;
+  /** The sandbox record it was decided for (a paused and resumed sandbox is a new record). */
+  readonly sandbox: EnforcedSandbox;
   readonly target: Target;
   /** Closes both sides; `decision` says why when a policy change denied it. */
   close(decision?: Decision): void;
@@ -69,24 +70,25 @@ export class TunnelRegistry {
 
   /**
    * Adds a tunnel; returns the function that removes it (call it when the tunnel closes). A
-   * tunnel of a sandbox that is no longer in the table (removed while it was being dialled,
-   * after closeAll ran) is closed at once instead.
+   * tunnel decided for a sandbox record the table no longer holds (removed while it was being
+   * dialled, after closeAll ran; or removed and registered again, whose republish it missed) is
+   * closed at once instead.
    */
   add(tunnel: Tunnel): () => void {
-    if (this.table.get(tunnel.sandboxID) === undefined) {
+    const sandboxID = tunnel.sandbox.sandboxID;
+    if (!this.table.holds(tunnel.sandbox)) {
       tunnel.close();
       return () => {};
     }
-    let set = this.bySandbox.get(tunnel.sandboxID);
+    let set = this.bySandbox.get(sandboxID);
     if (set === undefined) {
       set = new Set();
-      this.bySandbox.set(tunnel.sandboxID, set);
+      this.bySandbox.set(sandboxID, set);
     }
     set.add(tunnel);
     return () => {
       set.delete(tunnel);
-      if (set.size === 0 && this.bySandbox.get(tunnel.sandboxID) === set)
-        this.bySandbox.delete(tunnel.sandboxID);
+      if (set.size === 0 && this.bySandbox.get(sandboxID) === set) this.bySandbox.delete(sandboxID);
     };
   }
 
@@ -144,7 +146,7 @@ export function spliceTunnel(
     },
   });
   remove = tunnels.add({
-    sandboxID: sandbox.sandboxID,
+    sandbox,
     target,
     close: (decision?: Decision) => {
       if (decision !== undefined) {

@@ -316,6 +316,52 @@ describe('CONNECT', () => {
     expect(JSON.parse(body).message).toContain('was removed');
     expect(moat.tunnels.count(SANDBOX)).toBe(0);
   });
+
+  it("answers HEAD with its refusal's header fields and no body, and the connection goes on", async () => {
+    const socket = net.connect({ ...proxy });
+    socket.on('error', () => {});
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const credentials = `Proxy-Authorization: Basic ${Buffer.from(auth).toString('base64')}\r\n`;
+    socket.write(
+      `HEAD http://denied.test:${web.port}/ HTTP/1.1\r\nHost: denied.test\r\n${credentials}\r\n`,
+    );
+    const refused = await readUntil(socket, (text) => text.includes('\r\n\r\n'), 2000);
+    expect(refused).toMatch(/^HTTP\/1\.1 403/);
+    expect(refused).toMatch(/Content-Length: [1-9]/);
+    expect(refused.endsWith('\r\n\r\n')).toBe(true);
+    socket.write(
+      `GET http://allowed.test:${web.port}/next HTTP/1.1\r\nHost: allowed.test\r\n${credentials}\r\n`,
+    );
+    expect(await readUntil(socket, (text) => text.includes('}'), 2000)).toMatch(/^HTTP\/1\.1 200/);
+    socket.destroy();
+  });
+
+  it('forwards no request decided for a sandbox paused and resumed while its name was resolved', async () => {
+    const socket = net.connect({ ...proxy });
+    socket.on('error', () => {});
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const basic = Buffer.from(auth).toString('base64');
+    // slowweb.allowed.test is answered after 300 ms.
+    socket.write(
+      `GET http://slowweb.allowed.test:${web.port}/secret HTTP/1.1\r\nHost: slowweb.allowed.test\r\n` +
+        `Proxy-Authorization: Basic ${basic}\r\n\r\n`,
+    );
+    const answer = readUntil(socket, (text) => text.includes('}'), 2000);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    // Paused and resumed: a new record, which its owner then narrows.
+    moat.table.remove(SANDBOX);
+    moat.table.register(
+      SANDBOX,
+      { sourceAddress: ip(SOURCE), egressSecret: SECRET },
+      policy(ALLOW_TEST),
+    );
+    moat.table.publish(SANDBOX, policy({ allowOut: ['www.allowed.test'], denyOut: ['0.0.0.0/0'] }));
+    const text = await answer;
+    socket.destroy();
+    expect(text).toMatch(/^HTTP\/1\.1 403/);
+    expect(text).toContain('was removed');
+    expect(web.requests).toEqual([]);
+  });
 });
 
 describe('server name checks inside CONNECT tunnels', () => {

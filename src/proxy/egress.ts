@@ -526,17 +526,30 @@ class ClientConnection {
   };
 
   private readonly onClose = () => {
+    this.headDone();
     this.state = 'gone';
     this.current?.close();
     this.proxy.forget(this);
   };
+
+  /** The head being read must be whole by then, however its bytes trickle in. */
+  private headDeadline: NodeJS.Timeout | undefined;
+
+  private headDone(): void {
+    clearTimeout(this.headDeadline);
+    this.headDeadline = undefined;
+    this.socket.setTimeout(0);
+  }
 
   private readHead(): void {
     this.state = 'head';
     this.started = false;
     if (this.proxy.draining || (this.ended && !this.inbox.pending)) return this.close();
     const { handshakeTimeoutMs } = this.proxy.options;
-    this.socket.setTimeout(this.served === 0 ? handshakeTimeoutMs : KEEP_ALIVE_MS);
+    // The first head is due a handshake timeout after the client connected; between requests
+    // a quiet client may wait KEEP_ALIVE_MS, and a head, once begun, has the handshake timeout.
+    if (this.served === 0) this.headDeadline ??= setTimeout(this.onTimeout, handshakeTimeoutMs);
+    else this.socket.setTimeout(KEEP_ALIVE_MS);
     // A client that does not read its answers gets no more of them (pipelined requests would
     // otherwise queue answers without bound); one that never reads again times out.
     if (this.socket.writableNeedDrain) {
@@ -550,14 +563,17 @@ class ClientConnection {
       const scanned = seen?.length ?? 0;
       if (!this.started) {
         this.started = true;
-        if (this.served > 0) this.socket.setTimeout(handshakeTimeoutMs);
+        if (this.served > 0) {
+          this.socket.setTimeout(0);
+          this.headDeadline = setTimeout(this.onTimeout, handshakeTimeoutMs);
+        }
       }
       seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
       const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
       if (end === 'incomplete') return chunk.length;
       this.inbox.stop();
       this.state = 'busy';
-      this.socket.setTimeout(0);
+      this.headDone();
       if (typeof end !== 'number') {
         this.answer(
           errorResponseText(end.status, `request head: ${end.message}`, undefined, {}, true),
@@ -617,6 +633,7 @@ class ClientConnection {
   /** Ends the connection after `text`; what the client sends from here on is dropped. */
   private close(text?: string): void {
     if (this.state === 'gone' || this.state === 'closing') return;
+    this.headDone();
     this.state = 'closing';
     this.inbox.detach();
     endAndLinger(this.socket, text, this.proxy.options.handshakeTimeoutMs);

@@ -49,7 +49,8 @@ export function errorResponseText(
 /**
  * Ends a raw socket after `text`, reading on (and dropping what comes) so the client's FIN can
  * arrive and the socket be freed; destroyed once nothing moved either way for `lingerMs` (a
- * client still reading a long answer keeps it, one that never closes does not).
+ * client still reading a long answer keeps it), and at the latest `lingerMs` after the last
+ * byte was written (one that never closes, or keeps sending, does not).
  */
 export function endAndLinger(socket: net.Socket, text: string | undefined, lingerMs: number): void {
   if (socket.destroyed) return;
@@ -58,6 +59,12 @@ export function endAndLinger(socket: net.Socket, text: string | undefined, linge
   if (text === undefined) socket.end();
   else socket.end(text);
   socket.setTimeout(lingerMs, () => socket.destroy());
+  const deadline = () => {
+    const timer = setTimeout(() => socket.destroy(), lingerMs);
+    socket.once('close', () => clearTimeout(timer));
+  };
+  if (socket.writableFinished) deadline();
+  else socket.once('finish', deadline);
 }
 
 /** How long a refused client may take to read its answer and close. */

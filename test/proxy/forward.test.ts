@@ -481,6 +481,61 @@ describe('malformed request heads', () => {
     expect(rec.bytesReceived).toBe(0);
   });
 
+  /** Writes `text` a byte every 100 ms until `stop()` or 4 s pass; the ms that took. */
+  async function trickle(write: (byte: string) => void, text: string, stop: () => boolean) {
+    const started = performance.now();
+    for (let at = 0; at < 40 && !stop(); at++) {
+      write(text[at % text.length]!);
+      await delay(100);
+    }
+    return performance.now() - started;
+  }
+  const slowHead = () => `GET ${target()} HTTP/1.1\r\nX-Slow: ${'a'.repeat(64)}`;
+
+  it('disconnects a client that trickles its head, at the handshake timeout (a deadline, not an idle timer)', async () => {
+    const first = await connect();
+    const elapsed = await trickle(
+      (b) => first.send(b),
+      slowHead(),
+      () => first.ended,
+    );
+    expect(first.ended).toBe(true);
+    expect(elapsed).toBeLessThan(HANDSHAKE_MS + 1000);
+    // A later head on a kept-alive connection has the same deadline from its first byte.
+    const later = await connect();
+    later.send(request(target()));
+    expect((await later.response()).status).toBe(200);
+    const again = await trickle(
+      (b) => later.send(b),
+      slowHead(),
+      () => later.ended,
+    );
+    expect(later.ended).toBe(true);
+    expect(again).toBeLessThan(HANDSHAKE_MS + 1000);
+    expect(rec.requests).toHaveLength(1);
+  });
+
+  it('closes a refused connection whose client keeps sending, soon after the answer', async () => {
+    // Half-open: the client keeps its side open after Moat's FIN, and keeps writing.
+    const socket = net.connect({ ...proxy, allowHalfOpen: true });
+    socket.on('error', () => {});
+    let closed = false;
+    socket.on('close', () => (closed = true));
+    await new Promise((resolve) => socket.once('connect', resolve));
+    socket.write('NOT A REQUEST\r\n\r\n');
+    socket.resume();
+    await new Promise((resolve) => socket.once('end', resolve));
+    // Moat reads on and drops what comes (so the client's FIN can arrive), but not forever.
+    const elapsed = await trickle(
+      (b) => socket.write(b),
+      'x',
+      () => closed,
+    );
+    socket.destroy();
+    expect(closed).toBe(true);
+    expect(elapsed).toBeLessThan(2 * HANDSHAKE_MS + 1000);
+  });
+
   it('reads a head that arrives in many small pieces', async () => {
     const client = await connect();
     const bytes = request(url(ECHO, echo.port, '/pieces'));

@@ -499,6 +499,12 @@ class ClientConnection {
 
   private readonly onError = () => this.socket.destroy();
 
+  /** A defect in handling a request: this connection goes, the process (and every sandbox) stays. */
+  private readonly failed = (error: unknown) => {
+    this.proxy.options.logger.error({ err: error }, 'egress request failed');
+    this.socket.destroy();
+  };
+
   // The client sent its last byte: a request it has not finished will never come.
   private readonly onEnd = () => {
     this.ended = true;
@@ -597,7 +603,8 @@ class ClientConnection {
         errorResponseText(parsed.status, `request head: ${parsed.message}`, undefined, {}, true),
         false,
       );
-    if (parsed.value.method !== 'CONNECT') return void this.proxy.onRequest(parsed.value, this);
+    if (parsed.value.method !== 'CONNECT')
+      return void this.proxy.onRequest(parsed.value, this).catch(this.failed);
     // The tunnel takes the socket over.
     this.state = 'gone';
     this.proxy.forget(this);
@@ -605,7 +612,7 @@ class ClientConnection {
     this.socket.off('close', this.onClose);
     // Stays paused until the tunnel reads it: bytes sent meanwhile wait in the socket.
     const early = this.inbox.detach();
-    void this.proxy.onConnect(parsed.value, this.socket, early);
+    void this.proxy.onConnect(parsed.value, this.socket, early).catch(this.failed);
   }
 
   /** Sends Moat's own answer to the current request; the next is read only if `keepAlive`. */

@@ -618,6 +618,38 @@ describe('request bodies, pipelining and keep-alive', () => {
     expect(echo.connections - before).toBeLessThanOrEqual(5);
   });
 
+  it('keeps no more idle origin connections for a sandbox than its connection cap (8 here)', async () => {
+    // Twelve origins on one allowed name, each on its own port: twelve pool keys.
+    let open = 0;
+    const servers = await Promise.all(
+      Array.from({ length: 12 }, async () => {
+        const server = http.createServer((_, res) => res.end('ok'));
+        server.on('connection', (socket) => {
+          open++;
+          socket.on('close', () => open--);
+        });
+        await new Promise<void>((resolve) => server.listen(0, '127.0.0.35', resolve));
+        return server;
+      }),
+    );
+    try {
+      const client = await connect();
+      for (const server of servers) {
+        const { port } = server.address() as net.AddressInfo;
+        client.send(request(url(FUZZ, port, '/pooled')));
+        expect((await client.response()).status).toBe(200);
+      }
+      await delay(100);
+      expect(open).toBeLessThanOrEqual(8);
+      expect(open).toBeGreaterThan(0);
+    } finally {
+      for (const server of servers) {
+        server.closeAllConnections();
+        server.close();
+      }
+    }
+  });
+
   it('sends an idempotent request again when its pooled connection dies unanswered', async () => {
     // Each origin connection answers one request with keep-alive, then drops the next one
     // unanswered: the race of an origin closing an idle connection as Moat reuses it.

@@ -5,6 +5,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { RequestStreamGuard } from '../../src/proxy/host-guard.js';
+import { cutStream } from '../support/cuts.js';
 
 const HOST = 'site.test';
 /** The check the proxy passes in, reduced to its rule: the same host name, any port. */
@@ -176,15 +177,8 @@ describe('RequestStreamGuard', () => {
             if (bad && badEnd === undefined) badEnd = stream.length;
             stream += body;
           }
-          const positions = [...new Set(cuts.map((c) => c % (stream.length + 1)))].sort(
-            (a, b) => a - b,
-          );
-          const pieces: string[] = [];
-          let last = 0;
-          for (const at of [...positions, stream.length]) {
-            pieces.push(stream.slice(last, at));
-            last = at;
-          }
+          const { positions, bounds } = cutStream(stream.length, cuts);
+          const pieces = bounds.map(([from, to]) => stream.slice(from, to));
           const guard = new RequestStreamGuard(mismatch);
           let fed = 0;
           let problemAt: number | undefined;

@@ -6,6 +6,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { TlsHelloGuard } from '../../src/proxy/tls-guard.js';
+import { cutStream } from '../support/cuts.js';
 import { clientHello, inRecords, record, serverHello } from '../support/tls-records.js';
 
 const HOST = 'site.test';
@@ -120,15 +121,9 @@ describe('TlsHelloGuard', () => {
           );
           const second = Buffer.concat([ccs ? record('ccs') : Buffer.alloc(0), hello(secondName)]);
           const stream = Buffer.concat([first, early, second]);
-          const cutAt = [...new Set(cuts.map((c) => c % (stream.length + 1)))].sort(
-            (a, b) => a - b,
+          const pieces = cutStream(stream.length, cuts).bounds.map(([from, to]) =>
+            stream.subarray(from, to),
           );
-          const pieces: Buffer[] = [];
-          let last = 0;
-          for (const at of [...cutAt, stream.length]) {
-            pieces.push(stream.subarray(last, at));
-            last = at;
-          }
           // The server answers once it has the first hello: after some piece that completes it.
           const firstDone = pieces.findIndex(
             (_, i) => Buffer.concat(pieces.slice(0, i + 1)).length >= first.length,

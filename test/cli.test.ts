@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { FakeDns } from './support/fake-dns.js';
 import { runMoat } from './support/moat.js';
 
 let dir: string;
@@ -199,6 +200,123 @@ describe('moat check', () => {
     const r = await runMoat(['check', '--config', config, '--policy', two, '1.1.1.1']);
     expect(r.code).toBe(2);
     expect(r.stderr).toContain('allowOut has 2 entries; the limit is 1 per list');
+  });
+});
+
+describe('moat check --resolve', () => {
+  // Public addresses here are only ever answered by the fake resolver and decided, never dialled.
+  let dns: FakeDns;
+  let upstream: string;
+  let open: string;
+  beforeAll(async () => {
+    dns = await new FakeDns(
+      new Map([
+        ['api.github.com', { A: ['140.82.112.5'], AAAA: ['2606:50c0:8000::154'] }],
+        ['mixed.example', { A: ['10.1.2.3', '151.101.1.69'] }],
+        ['fenced.example', { A: ['10.1.2.3', '93.184.215.14'] }],
+        ['empty.example', {}],
+      ]),
+    ).start();
+    dns.silent.add('silent.example');
+    upstream = `127.0.0.1:${dns.port}`;
+    open = file('resolve-open.json', { denyOut: ['93.184.0.0/16'] });
+  });
+  afterAll(() => dns.stop());
+
+  const check = (policy: string, ...args: string[]) =>
+    runMoat(['check', '--policy', policy, '--resolve', '--dns-upstream', upstream, ...args]);
+
+  it('lists every address a name resolves to, decided with the name; allowed when any is', async () => {
+    const r = await check(open, 'mixed.example:443', 'fenced.example');
+    expect(r.code).toBe(1);
+    expect(r.stdout.split('\n')).toEqual([
+      expect.stringMatching(/^ALLOW mixed\.example:443 +\[default\]/),
+      expect.stringMatching(/^ {2}DENY +10\.1\.2\.3 +\[internal 10\.0\.0\.0\/8\]/),
+      expect.stringMatching(/^ {2}ALLOW 151\.101\.1\.69 +\[default\]/),
+      // Every address refused: denied by the first one's rule, as the proxy's 403 says.
+      expect.stringMatching(/^DENY +fenced\.example +\[internal 10\.0\.0\.0\/8\]/),
+      expect.stringMatching(/^ {2}DENY +10\.1\.2\.3 /),
+      expect.stringMatching(/^ {2}DENY +93\.184\.215\.14 +\[denyOut 93\.184\.0\.0\/16\]/),
+      '',
+    ]);
+  });
+
+  it('never looks up a name the rules deny, nor anything without --resolve', async () => {
+    const before = dns.log.length;
+    const denied = await check(github, 'example.com', 'api.github.com');
+    expect(denied.code).toBe(1);
+    expect(denied.stdout).toMatch(/^DENY +example\.com +\[denyOut 0\.0\.0\.0\/0\]/m);
+    // The policy has an allowOut range; the reason must not suggest the name could resolve into it.
+    expect(denied.stdout).toContain('allowOut address ranges admit addresses, not names');
+    expect(denied.stdout).toMatch(/^ALLOW api\.github\.com +\[allowOut \*\.github\.com\]/m);
+    expect(denied.stdout).toMatch(/^ {2}ALLOW 140\.82\.112\.5 /m);
+    expect(denied.stdout).toMatch(/^ {2}ALLOW 2606:50c0:8000::154 /m);
+    expect(dns.asked('example.com')).toEqual([]);
+    expect(dns.asked('api.github.com').length).toBeGreaterThan(0);
+    const quiet = await runMoat([
+      'check',
+      '--policy',
+      open,
+      '--dns-upstream',
+      upstream,
+      'mixed.example',
+    ]);
+    expect(quiet.code).toBe(0);
+    expect(quiet.stdout).not.toContain('151.101.1.69');
+    expect(dns.log.length).toBe(before + dns.asked('api.github.com').length);
+  });
+
+  it('a name that does not resolve is denied (list "unresolved") within the DNS timeout', async () => {
+    const started = performance.now();
+    const r = await check(
+      open,
+      '--dns-timeout-ms',
+      '300',
+      '--json',
+      'nowhere.example',
+      'empty.example',
+      'silent.example',
+    );
+    expect(performance.now() - started).toBeLessThan(10_000);
+    expect(r.code).toBe(1);
+    const rows = r.stdout
+      .trim()
+      .split('\n')
+      .map((row) => JSON.parse(row) as Record<string, unknown>);
+    expect(rows).toEqual([
+      expect.objectContaining({
+        destination: 'nowhere.example',
+        verdict: 'deny',
+        list: 'unresolved',
+        reason: 'nowhere.example has no IPv4 or IPv6 address',
+        addresses: [],
+      }),
+      expect.objectContaining({ destination: 'empty.example', list: 'unresolved' }),
+      expect.objectContaining({
+        destination: 'silent.example',
+        list: 'unresolved',
+        reason: expect.stringMatching(/^cannot resolve silent\.example: no upstream answered/),
+      }),
+    ]);
+  });
+
+  it('--json carries each address with its own decision', async () => {
+    const r = await check(open, '--json', 'mixed.example', '140.82.112.5');
+    const [named, bare] = r.stdout
+      .trim()
+      .split('\n')
+      .map((row) => JSON.parse(row) as Record<string, unknown>);
+    expect(named).toMatchObject({
+      canonical: 'mixed.example',
+      verdict: 'allow',
+      list: 'default',
+      addresses: [
+        { address: '10.1.2.3', verdict: 'deny', list: 'internal', rule: '10.0.0.0/8' },
+        { address: '151.101.1.69', verdict: 'allow', list: 'default', rule: null },
+      ],
+    });
+    // An address needs no lookup and carries no list of addresses.
+    expect(bare).not.toHaveProperty('addresses');
   });
 });
 

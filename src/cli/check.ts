@@ -1,9 +1,12 @@
 import { createInterface } from 'node:readline';
 import { parseArgs } from 'node:util';
+import type { MoatConfig } from '../config.js';
+import { AnswerCache, HostResolver, UpstreamClient } from '../dns/index.js';
 import {
   compileInternalDenyList,
   compilePolicy,
   type Decision,
+  type DecisionList,
   decide,
   formatDestination,
   type Policy,
@@ -14,64 +17,143 @@ import { readPolicyFile } from './policy-file.js';
 
 export const CHECK_HELP = `Usage: moat check --policy FILE [options] [DEST...]
 
-Decides destinations against a policy file, as Moat would enforce it, without touching the
-network. With no DEST arguments, reads destinations from standard input, one per line (blank
-lines and lines starting with # are skipped).
+Decides destinations against a policy file, as Moat would enforce it. Without --resolve it
+touches no network. With no DEST arguments, reads destinations from standard input, one per
+line (blank lines and lines starting with # are skipped).
 
 DEST forms: host, host:port, IPv4, IPv6, [IPv6]:port, scheme://host[:port]/path
 
-A host name is decided by the name rules. Where only an address rule could decide, the answer
-"depends on what the name resolves to": it is denied under a deny-by-default policy.
+A host name is decided by the name rules. A name no rule names, under a policy that does not
+deny by default, "depends on what the name resolves to": --resolve looks it up and decides
+each address. A name the rules deny is never looked up (Moat's DNS and proxy never do).
 
 Options:
   --policy FILE             policy file: JSON shaped like the PUT /sandboxes/{id}/network body
+  --resolve                 resolve host names the policy does not deny through the resolvers
+                            of --dns-upstream (default: /etc/resolv.conf, as moat serve), and
+                            decide every address as Moat's proxy would: allowed when any
+                            address is; the addresses are listed under the destination
   --json                    one JSON object per line:
-                            {"destination","canonical","verdict","rule","list","reason"}
+                            {"destination","canonical","verdict","rule","list","reason"},
+                            with --resolve also "addresses": [{"address","verdict","rule",
+                            "list","reason"}] for a name that was looked up
 ${CONFIG_HELP}
   -h, --help                this help
 
 Exit status: 0 when every destination is allowed, 1 when any is denied (an unparsable
-destination counts as denied, list "invalid"), 2 on usage errors or an invalid policy.
+destination counts as denied, list "invalid"; with --resolve, a name that does not resolve
+counts as denied, list "unresolved"), 2 on usage errors or an invalid policy.
 
-Example:
-  moat check --policy policies/github.json api.github.com https://example.com/ 10.0.0.1`;
+Examples:
+  moat check --policy policies/github.json api.github.com https://example.com/ 10.0.0.1
+  moat check --policy open.json --resolve --dns-upstream 127.0.0.1:53 example.com`;
+
+/** A decision as check reports it: the policy's, or a name that did not resolve. */
+type CheckDecision = Omit<Decision, 'list'> & { readonly list: DecisionList | 'unresolved' };
 
 interface Verdict {
   readonly destination: string;
   readonly canonical: string | null;
-  readonly decision: Decision;
+  readonly decision: CheckDecision;
+  /** With --resolve, each address a name resolved to, decided on its own. */
+  readonly addresses?: ReadonlyArray<{ readonly address: string; readonly decision: Decision }>;
 }
 
-function judge(policy: Policy, text: string): Verdict {
-  const destination = parseDestination(text);
-  if (!destination.ok) {
+const unresolved = (reason: string): CheckDecision => ({
+  verdict: 'deny',
+  list: 'unresolved',
+  rule: null,
+  reason,
+});
+
+/**
+ * Decides one destination. With a resolver, a name the policy does not deny is looked up and
+ * each address decided with the name, as the proxy plans a dial: the destination is allowed
+ * when any address is (by the first allowed one), and denied by the first address otherwise.
+ */
+async function judge(policy: Policy, text: string, resolver?: HostResolver): Promise<Verdict> {
+  const parsed = parseDestination(text);
+  if (!parsed.ok) {
     return {
       destination: text,
       canonical: null,
-      decision: { verdict: 'deny', list: 'invalid', rule: null, reason: destination.error },
+      decision: { verdict: 'deny', list: 'invalid', rule: null, reason: parsed.error },
     };
   }
-  return {
-    destination: text,
-    canonical: formatDestination(destination.value),
-    decision: decide(policy, destination.value),
-  };
+  const destination = parsed.value;
+  const base = { destination: text, canonical: formatDestination(destination) };
+  const byName = decide(policy, destination);
+  const host = destination.host;
+  if (resolver === undefined || host === undefined || destination.ip !== undefined)
+    return { ...base, decision: byName };
+  if (byName.verdict === 'deny') return { ...base, decision: byName };
+  let ips;
+  try {
+    ips = await resolver.lookup(host);
+  } catch (error) {
+    return {
+      ...base,
+      decision: unresolved(`cannot resolve ${host}: ${(error as Error).message}`),
+      addresses: [],
+    };
+  }
+  if (ips.length === 0)
+    return {
+      ...base,
+      decision: unresolved(`${host} has no IPv4 or IPv6 address`),
+      addresses: [],
+    };
+  const addresses = ips.map((ip) => ({
+    address: ip.text,
+    decision: decide(policy, { ...destination, ip }),
+  }));
+  const deciding = addresses.find((a) => a.decision.verdict === 'allow') ?? addresses[0]!;
+  return { ...base, decision: deciding.decision, addresses };
 }
 
+const fields = ({ verdict, rule, list, reason }: CheckDecision) => ({
+  verdict,
+  rule,
+  list,
+  reason,
+});
+
+const line = (shown: string, { verdict, list, rule, reason }: CheckDecision) =>
+  `${verdict.toUpperCase().padEnd(5)} ${shown}  [${list}${rule === null ? '' : ` ${rule}`}]  ${reason}`;
+
 function format(verdict: Verdict, json: boolean): string {
-  const { verdict: v, list, rule, reason } = verdict.decision;
   if (json) {
     return JSON.stringify({
       destination: verdict.destination,
       canonical: verdict.canonical,
-      verdict: v,
-      rule,
-      list,
-      reason,
+      ...fields(verdict.decision),
+      ...(verdict.addresses === undefined
+        ? {}
+        : {
+            addresses: verdict.addresses.map((a) => ({
+              address: a.address,
+              ...fields(a.decision),
+            })),
+          }),
     });
   }
-  const shown = verdict.canonical ?? verdict.destination;
-  return `${v.toUpperCase().padEnd(5)} ${shown}  [${list}${rule === null ? '' : ` ${rule}`}]  ${reason}`;
+  return [
+    line(verdict.canonical ?? verdict.destination, verdict.decision),
+    ...(verdict.addresses ?? []).map((a) => `  ${line(a.address, a.decision)}`),
+  ].join('\n');
+}
+
+/** Moat's own resolver (upstream client and cache) on the configured upstreams. */
+function resolverFor(config: MoatConfig): HostResolver {
+  const upstream = new UpstreamClient(config.dnsUpstream, { timeoutMs: config.dnsTimeoutMs });
+  return new HostResolver(
+    new AnswerCache(upstream, {
+      capacity: config.dnsCacheSize,
+      maxTtl: config.dnsMaxTtl,
+      maxNegativeTtl: Math.min(config.dnsMaxTtl, 3600),
+      now: () => performance.now(),
+    }),
+  );
 }
 
 export async function check(args: string[], io: CliIO): Promise<number> {
@@ -80,6 +162,7 @@ export async function check(args: string[], io: CliIO): Promise<number> {
     allowPositionals: true,
     options: {
       policy: { type: 'string' },
+      resolve: { type: 'boolean' },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
       ...CONFIG_OPTIONS,
@@ -97,14 +180,15 @@ export async function check(args: string[], io: CliIO): Promise<number> {
     return EXIT.usage;
   }
   const policy = compilePolicy(file.rules, compileInternalDenyList(config.internalDeny));
+  const resolver = values.resolve === true ? resolverFor(config) : undefined;
   let denied = false;
-  const emit = (text: string) => {
-    const verdict = judge(policy, text);
+  const emit = async (text: string) => {
+    const verdict = await judge(policy, text, resolver);
     denied ||= verdict.decision.verdict === 'deny';
     io.stdout.write(`${format(verdict, values.json === true)}\n`);
   };
   if (positionals.length > 0) {
-    positionals.forEach(emit);
+    for (const text of positionals) await emit(text);
   } else {
     if (io.stdin.isTTY)
       io.stderr.write('reading destinations from standard input, one per line (Ctrl-D to end)\n');
@@ -115,7 +199,7 @@ export async function check(args: string[], io: CliIO): Promise<number> {
     })) {
       const text = line.trim();
       if (text === '' || text.startsWith('#')) continue;
-      emit(text);
+      await emit(text);
       count++;
     }
     if (count === 0)

@@ -193,7 +193,6 @@ export async function startMoat(
   let kernel: KernelEnforcer | undefined;
   const upstream = new UpstreamClient(config.dnsUpstream, {
     timeoutMs: config.dnsTimeoutMs,
-    attemptTimeoutMs: Math.max(100, Math.floor(config.dnsTimeoutMs / 3)),
     onLatency: (seconds) => metrics.dnsUpstreamDuration.observe(seconds),
   });
   const cache = new AnswerCache(upstream, {

@@ -32,6 +32,7 @@ export interface AnswerCacheOptions {
   readonly maxTtl: number;
   /** Cap on negative caching (RFC 2308 suggests hours at most), seconds. */
   readonly maxNegativeTtl: number;
+  /** A steady clock in milliseconds. */
   readonly now: () => number;
   readonly onLookup?: (hit: boolean) => void;
 }

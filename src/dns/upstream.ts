@@ -11,8 +11,11 @@ export interface UpstreamServer {
 export interface UpstreamOptions {
   /** Total time for one question across every resolver and retry. */
   readonly timeoutMs: number;
-  /** Time one resolver gets for one try before the next is asked. */
-  readonly attemptTimeoutMs: number;
+  /**
+   * Time one resolver gets for one try before the next is asked; by default a third of
+   * `timeoutMs` (at least 100 ms), so that a silent resolver leaves time for the others.
+   */
+  readonly attemptTimeoutMs?: number;
   /** Called with the seconds an upstream took to answer, for the latency histogram. */
   readonly onLatency?: (seconds: number, server: UpstreamServer) => void;
 }
@@ -55,12 +58,15 @@ function settleOnce(
  */
 export class UpstreamClient {
   private next = 0;
+  private readonly attemptTimeoutMs: number;
 
   constructor(
     readonly servers: readonly UpstreamServer[],
     private readonly options: UpstreamOptions,
   ) {
     if (servers.length === 0) throw new Error('at least one upstream DNS server is needed');
+    this.attemptTimeoutMs =
+      options.attemptTimeoutMs ?? Math.max(100, Math.floor(options.timeoutMs / 3));
   }
 
   /** Resolves a question; returns the raw reply, or throws UpstreamError when every try failed. */
@@ -76,7 +82,7 @@ export class UpstreamClient {
       try {
         const id = randomInt(0, 65536);
         const query = encodeUpstreamQuery(id, name, type);
-        const budget = Math.min(remaining, this.options.attemptTimeoutMs);
+        const budget = Math.min(remaining, this.attemptTimeoutMs);
         let reply = await this.overUdp(server, query, id, budget);
         if (isTruncated(reply)) {
           reply = await this.overTcp(server, query, id, Math.max(1, deadline - performance.now()));

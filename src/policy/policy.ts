@@ -181,8 +181,12 @@ export function compilePolicy(
     denyAll ??= decision('deny', 'denyOut', 'allow_internet_access=false', NO_ACCESS_REASON);
     prefixes.push(...everything(denyAll));
   }
+  // Such a name is never resolved (DNS answers NXDOMAIN, the proxy refuses it), so an
+  // allowOut range cannot admit it; say so rather than let the reader expect otherwise.
   const resolveHint =
-    allowAddressCount > 0 ? ' unless it resolves into an allowOut address range' : '';
+    allowAddressCount > 0
+      ? ' (allowOut address ranges admit addresses, not names: connect to the address or allow the name)'
+      : '';
   const unmatchedName = denyAll
     ? decision(
         'deny',

@@ -5,7 +5,15 @@ import { type UpstreamClient, UpstreamError } from './upstream.js';
 import { RCODE, replyFramingProblem, ttlOffsets } from './wire.js';
 
 /** A record as dns-packet decodes it (OPT never appears in the sections we keep). */
-type DecodedRecord = { name: string; type: string; class?: string; ttl?: number; data?: unknown };
+type DecodedRecord = {
+  name: string;
+  type: string;
+  class?: string;
+  /** dns-packet's reading of class bit 15 (mDNS cache-flush): never set in unicast IN data. */
+  flush?: boolean;
+  ttl?: number;
+  data?: unknown;
+};
 
 /**
  * One upstream answer, kept in the form that is cheapest to hand out again: an encoded
@@ -45,7 +53,7 @@ const sameName = (a: string, b: string) => a.toLowerCase() === b.toLowerCase();
 
 /**
  * Keeps answer records that belong to the question: owned by the name or by a CNAME target
- * reached from it, class IN. Authority keeps only SOA (negative caching). Glue and other
+ * reached from it, class IN exactly. Authority keeps only SOA (negative caching). Glue and other
  * additional data are dropped: nothing we did not ask about reaches a sandbox.
  */
 function relevantRecords(
@@ -55,7 +63,8 @@ function relevantRecords(
   const chain = [name];
   const answers: DecodedRecord[] = [];
   for (const record of (packet.answers ?? []) as DecodedRecord[]) {
-    if (record.class !== 'IN' || !chain.some((n) => sameName(n, record.name))) continue;
+    if (record.class !== 'IN' || record.flush === true) continue;
+    if (!chain.some((n) => sameName(n, record.name))) continue;
     answers.push(record);
     if (record.type === 'CNAME' && chain.length < 16) chain.push(String(record.data));
   }

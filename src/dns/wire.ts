@@ -270,7 +270,6 @@ export const isTruncated = (response: Buffer): boolean =>
 
 interface RecordSpan {
   readonly type: number;
-  readonly class: number;
   readonly ttlOffset: number;
   readonly dataLength: number;
 }
@@ -294,7 +293,6 @@ function walkRecords(message: Buffer, count: number): RecordSpan[] | undefined {
     const dataLength = message.readUInt16BE(after + 8);
     records.push({
       type: message.readUInt16BE(after),
-      class: message.readUInt16BE(after + 2),
       ttlOffset: after + 4,
       dataLength,
     });
@@ -314,15 +312,15 @@ export function ttlOffsets(message: Buffer): number[] | undefined {
 
 /**
  * Why an upstream reply's records cannot be read as their length fields frame them, or
- * undefined. dns-packet reads 4 and 16 bytes for A and AAAA whatever the record says, so a
- * record of another length would be read across its neighbour.
+ * undefined. dns-packet reads 4 and 16 bytes for A and AAAA whatever the record says (and
+ * whatever its class: it reads class 0x8001 as IN), so a record of another length would be
+ * read across its neighbour.
  */
 export function replyFramingProblem(message: Buffer): string | undefined {
   const count = message.readUInt16BE(6) + message.readUInt16BE(8) + message.readUInt16BE(10);
   const records = walkRecords(message, count);
   if (records === undefined) return 'its records run past its end';
-  for (const { type, class: rclass, dataLength } of records) {
-    if (rclass !== CLASS_IN) continue;
+  for (const { type, dataLength } of records) {
     if (type === TYPE.A && dataLength !== 4) return `an A record holds ${dataLength} bytes, not 4`;
     if (type === TYPE.AAAA && dataLength !== 16)
       return `an AAAA record holds ${dataLength} bytes, not 16`;

@@ -32,10 +32,17 @@ const text = (name: string) => labels(...name.split('.').map((l) => Buffer.from(
 /** A pointer to the question's name. */
 const QUESTION_NAME = Buffer.from([0xc0, 12]);
 
-function record(owner: Buffer, type: number, ttl: number, data: Buffer, length = data.length) {
+function record(
+  owner: Buffer,
+  type: number,
+  ttl: number,
+  data: Buffer,
+  length = data.length,
+  rclass = 1, // IN
+) {
   const fixed = Buffer.alloc(10);
   fixed.writeUInt16BE(type, 0);
-  fixed.writeUInt16BE(1, 2); // IN
+  fixed.writeUInt16BE(rclass, 2);
   fixed.writeUInt32BE(ttl, 4);
   fixed.writeUInt16BE(length, 8);
   return Buffer.concat([owner, fixed, data]);
@@ -121,6 +128,17 @@ describe('answers from a hostile upstream', () => {
       // A length field that runs past the message.
       ['huge.allowed.test', record(QUESTION_NAME, A, 60, Buffer.from([1, 2, 3, 4]), 0xffff)],
       ['six.allowed.test', record(QUESTION_NAME, AAAA, 60, Buffer.from([0x20, 1, 0x0d, 0xb8]))],
+      // dns-packet picks its reader by type whatever the class, and reads class 0x8001 (IN with
+      // mDNS's cache-flush bit) as IN: the length is checked for every class.
+      // (Two bytes after it, so that reading four stays inside the message.)
+      [
+        'flush.allowed.test',
+        Buffer.concat([
+          record(QUESTION_NAME, A, 60, Buffer.from([127, 0]), 2, 0x8001),
+          Buffer.from([0, 1]),
+        ]),
+      ],
+      ['chaos.allowed.test', record(QUESTION_NAME, A, 60, Buffer.from([127, 0]), 2, 3)],
     ];
     for (const [name, bad] of cases) {
       upstream.handcrafted.set(name, (query) =>
@@ -135,6 +153,19 @@ describe('answers from a hostile upstream', () => {
       expect(answer.rcode, name).toBe('SERVFAIL');
     }
     expect(dns.table.get(SANDBOX)!.learned.size).toBe(0);
+  });
+
+  it('passes on and learns only records of class IN exactly (not IN with the mDNS flush bit)', async () => {
+    upstream.handcrafted.set('flushed.allowed.test', (query) =>
+      reply(query, FLAGS_OK, [
+        record(QUESTION_NAME, A, 60, Buffer.from([93, 184, 216, 9]), 4, 0x8001),
+        record(QUESTION_NAME, A, 60, Buffer.from([93, 184, 216, 10])),
+      ]),
+    );
+    const answer = await udpQuery(dns.port, SOURCE, 'flushed.allowed.test');
+    expect(answer.rcode).toBe('NOERROR');
+    expect(answer.answers.map((a) => [a.class, a.data])).toEqual([['IN', '93.184.216.10']]);
+    expect(dns.table.get(SANDBOX)!.learned.size).toBe(1);
   });
 
   it('counts an answer still truncated over TCP as a failure, and never caches it', async () => {

@@ -5,10 +5,17 @@
  * Every command list is one line (commands joined by `;`): `nft -i` runs each line it reads as
  * one transaction, so a change is applied whole or not at all.
  *
- * The chains never change after a sandbox is set up; a policy change rewrites four sets only.
- * That keeps a publish to one small transaction, and lets learned addresses carry their own
- * timeouts so that expiry needs no rewrite.
+ * The main chains never change after a sandbox is set up; a policy change rewrites the sets and
+ * two one-rule chains only. That keeps a publish to one small transaction, and lets learned
+ * addresses carry their own timeouts so that expiry needs no rewrite.
+ *
+ * A learned address expires for new connections only. A connection it let through is marked
+ * with the policy's generation (a conntrack mark, fresh and random at every publish), and its
+ * later packets pass on that mark while the policy stands: a database session outlives the TTL
+ * of the name it was opened by, as it would behind any stateful firewall. A publish changes the
+ * generation, so every open connection is decided again at its next packet by the new policy.
  */
+import { randomInt } from 'node:crypto';
 import type { CIDR, InternalDenyList, IPAddress, Policy } from '../policy/index.js';
 
 /** Where Moat's listeners for sandboxes are and which addresses its links use. */
@@ -47,6 +54,24 @@ const SET_TYPES = {
 /** IPv6 rules need no elements: IPv6 is off on sandbox links. */
 const ipv4 = (cidrs: Iterable<CIDR>) =>
   [...cidrs].filter((c) => c.version === 4).map((c) => c.text);
+
+/**
+ * The two chains that carry the policy's generation: `this_policy` passes packets of connections
+ * marked with it, `learned_open` marks a new connection to a learned address and accepts it.
+ */
+const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
+
+/** A fresh generation, never 0 (the mark of a connection nothing marked). */
+export const newGeneration = (): number => randomInt(1, 2 ** 32);
+
+const generationRules = (generation: number): string[] => {
+  const mark = `0x${generation.toString(16)}`;
+  return [
+    ...GENERATION_CHAINS.map((chain) => `flush chain ${TABLE} ${chain}`),
+    `add rule ${TABLE} this_policy ct mark ${mark} accept`,
+    `add rule ${TABLE} learned_open ct mark set ${mark} accept`,
+  ];
+};
 
 const elements = (items: readonly string[]) =>
   items.length ? ` elements = { ${items.join(', ')} }` : '';
@@ -90,7 +115,9 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     'ip daddr @internal4 drop',
     `ip daddr ${layout.pool.text} drop`,
     'ip daddr @allow4 accept',
-    'ip daddr @learned4 accept',
+    // Open connections through a learned address outlive its expiry, not a publish (see top).
+    'ct state established,related jump this_policy',
+    'ip daddr @learned4 goto learned_open',
     'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
     'ip daddr @deny4 reject with icmpx admin-prohibited',
     'accept',
@@ -105,15 +132,21 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
   return [
     `table ${TABLE}`,
     `delete table ${TABLE}`,
-    `table ${TABLE} { ${[...sets, chain('to_moat', redirect), chain('outbound', egress), chain('inbound', ingress)].join('; ')}; }`,
+    // The generation chains start empty: until the first policy, `goto learned_open` ends in
+    // the outbound chain's drop.
+    `table ${TABLE} { ${[...sets, ...GENERATION_CHAINS.map((name) => `chain ${name} { }`), chain('to_moat', redirect), chain('outbound', egress), chain('inbound', ingress)].join('; ')}; }`,
   ].join('; ');
 }
 
-/** Rewrites the policy's sets (and the learned addresses still allowed) in one transaction. */
+/**
+ * Rewrites the policy's sets (and the learned addresses still allowed) and its generation in one
+ * transaction; `generation` must differ from the one in force (see `newGeneration`).
+ */
 export function policySets(
   policy: Policy,
   learned: readonly LearnedElement[],
   now: number,
+  generation: number,
 ): string {
   const allow = ipv4(
     policy.rules.allowOut.flatMap((rule) => (rule.kind === 'address' ? [rule.cidr] : [])),
@@ -126,14 +159,19 @@ export function policySets(
     ...addElements('allow4', allow),
     ...addElements('deny4', deny),
     ...addElements('learned4', timed(learned, now)),
+    ...generationRules(generation),
   ].join('; ');
 }
 
-/** Every destination denied (a publish that could not be written falls back to this). */
-export function lockdownSets(): string {
+/**
+ * Every destination denied, open connections included (a publish that could not be written
+ * falls back to this).
+ */
+export function lockdownSets(generation: number): string {
   return [
     ...['allow4', 'deny4', 'learned4'].map((set) => `flush set ${TABLE} ${set}`),
     ...addElements('deny4', ['0.0.0.0/0']),
+    ...generationRules(generation),
   ].join('; ');
 }
 

@@ -5,6 +5,7 @@ import {
   type LearnedElement,
   learnedElements,
   lockdownSets,
+  newGeneration,
   policySets,
   sandboxRuleset,
 } from './kernel-rules.js';
@@ -48,7 +49,7 @@ export class KernelEnforcer {
   /** Writes the sandbox's whole firewall for `policy`; rejects when it could not be applied. */
   async install(sandboxID: string, address: IPAddress, policy: Policy): Promise<void> {
     const host = AddressPool.offset(address, -1);
-    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now())}`;
+    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), newGeneration())}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {
@@ -63,11 +64,16 @@ export class KernelEnforcer {
    * denied instead (stricter than any policy), and the error says so.
    */
   async enforce(sandboxID: string, policy: Policy): Promise<void> {
-    const commands = policySets(policy, this.learnedOf(sandboxID), this.options.now());
+    const commands = policySets(
+      policy,
+      this.learnedOf(sandboxID),
+      this.options.now(),
+      newGeneration(),
+    );
     try {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
     } catch (error) {
-      const locked = await this.options.apply(sandboxID, lockdownSets()).then(
+      const locked = await this.options.apply(sandboxID, lockdownSets(newGeneration())).then(
         async () => {
           // The lockdown emptied learned4, but the learned table still holds what DNS handed
           // out for names the stored policy allows: put those back, or later answers for them

@@ -17,6 +17,7 @@ import {
   type LearnedElement,
   learnedElements,
   lockdownSets,
+  newGeneration,
   policySets,
   removeHostRuleset,
   sandboxRuleset,
@@ -110,6 +111,14 @@ function tableOf(line: string): {
 }
 
 const NOW = 1_700_000_000_000;
+/** The policy generation the sets are written with (a conntrack mark), and its two rules. */
+const GENERATION = 0x2a;
+const GENERATION_RULES = [
+  'flush chain inet moat this_policy',
+  'flush chain inet moat learned_open',
+  'add rule inet moat this_policy ct mark 0x2a accept',
+  'add rule inet moat learned_open ct mark set 0x2a accept',
+];
 const learned = (address: string, inMs: number): LearnedElement => ({
   address: ip(address),
   expiresAt: NOW + inMs,
@@ -147,7 +156,7 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
-  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, learned, deny', () => {
+  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, open connections of this policy, learned, deny', () => {
     expect(table.chains.outbound).toEqual([
       'type filter hook output priority filter',
       'policy drop',
@@ -161,11 +170,17 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr @internal4 drop',
       'ip daddr 10.216.0.0/24 drop',
       'ip daddr @allow4 accept',
-      'ip daddr @learned4 accept',
+      'ct state established,related jump this_policy',
+      'ip daddr @learned4 goto learned_open',
       'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
       'ip daddr @deny4 reject with icmpx admin-prohibited',
       'accept',
     ]);
+  });
+
+  it('starts with empty generation chains: nothing passes on a mark, and learned4 ends in drop', () => {
+    expect(table.chains.this_policy).toEqual([]);
+    expect(table.chains.learned_open).toEqual([]);
   });
 
   it('lets in only answers and new TCP connections from the host end of the link', () => {
@@ -242,7 +257,7 @@ describe('kernel rules: policy sets', () => {
   ];
 
   it.each(cases)('$name', ({ rules, allow4, deny4 }) => {
-    const line = policySets(policyOf(rules), [], NOW);
+    const line = policySets(policyOf(rules), [], NOW, GENERATION);
     expect(line).not.toContain('\n');
     const commands = splitTop(line);
     expect(commands.slice(0, 3)).toEqual([
@@ -254,7 +269,8 @@ describe('kernel rules: policy sets', () => {
     if (allow4) expected.allow4 = allow4;
     if (deny4) expected.deny4 = deny4;
     expect(added(line)).toEqual(expected);
-    expect(commands).toHaveLength(3 + Object.keys(expected).length);
+    expect(commands).toHaveLength(3 + Object.keys(expected).length + GENERATION_RULES.length);
+    expect(commands.slice(-GENERATION_RULES.length)).toEqual(GENERATION_RULES);
   });
 
   it('writes learned addresses with whole seconds left, rounded up, at least 1 s; expired and IPv6 ones are left out', () => {
@@ -270,6 +286,7 @@ describe('kernel rules: policy sets', () => {
         learned('2001:db8::1', 60_000),
       ],
       NOW,
+      GENERATION,
     );
     expect(line).not.toContain('\n');
     expect(added(line).learned4).toEqual([
@@ -280,10 +297,20 @@ describe('kernel rules: policy sets', () => {
     ]);
   });
 
-  it('lockdown empties allow4 and learned4 and denies all of IPv4', () => {
-    expect(lockdownSets()).toBe(
-      'flush set inet moat allow4; flush set inet moat deny4; flush set inet moat learned4; add element inet moat deny4 { 0.0.0.0/0 }',
-    );
+  it('lockdown empties allow4 and learned4, denies all of IPv4 and starts a new generation', () => {
+    expect(splitTop(lockdownSets(GENERATION))).toEqual([
+      'flush set inet moat allow4',
+      'flush set inet moat deny4',
+      'flush set inet moat learned4',
+      'add element inet moat deny4 { 0.0.0.0/0 }',
+      ...GENERATION_RULES,
+    ]);
+  });
+
+  it('draws generations at random, never 0', () => {
+    const drawn = Array.from({ length: 1000 }, newGeneration);
+    expect(new Set(drawn).size).toBeGreaterThan(990);
+    for (const g of drawn) expect(Number.isInteger(g) && g >= 1 && g < 2 ** 32).toBe(true);
   });
 });
 
@@ -409,7 +436,7 @@ describe('kernel rules: property', () => {
   it('allow4 and deny4 hold exactly the IPv4 address rules of the input', () => {
     fc.assert(
       fc.property(policyInput, (input) => {
-        const line = policySets(policyOf(input.rules), [], NOW);
+        const line = policySets(policyOf(input.rules), [], NOW, GENERATION);
         expect(line).not.toContain('\n');
         const sets = added(line);
         const expected = referenceSets(input);
@@ -477,6 +504,18 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     });
     expect(ran.status, `${line}\n${ran.stderr}`).toBe(0);
   };
+  /** The rules of the two generation chains, as nft lists them. */
+  const generationRules = (): string[] =>
+    ['this_policy', 'learned_open'].flatMap((chain) =>
+      execFileSync(
+        NSENTER,
+        [`--net=/run/netns/${namespace}`, NFT, 'list', 'chain', 'inet', 'moat', chain],
+        { encoding: 'utf8' },
+      )
+        .split('\n')
+        .map((line) => line.trim())
+        .filter((line) => line.startsWith('ct mark')),
+    );
   const elementsOf = (set: string, table = 'inet moat'): NftElement[] => {
     const listed = execFileSync(
       NSENTER,
@@ -539,6 +578,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
         }),
         [learned('203.0.113.1', 300_000), learned('203.0.113.3', 1_500), learned('1.1.1.6', -1)],
         NOW,
+        GENERATION,
       ),
     );
     expectIntervals('allow4', ['1.2.3.4/32', '10.0.0.0/8']);
@@ -551,11 +591,22 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
         policyOf({ denyOut: ['9.9.9.9', '203.0.113.0/24', '::/0'] }),
         [learned('203.0.113.2', 60_000)],
         NOW,
+        GENERATION,
       ),
     );
     expectIntervals('allow4', []);
     expectIntervals('deny4', ['9.9.9.9/32', '203.0.113.0/24']);
     expect(timeoutsOf()).toEqual({ '203.0.113.2': 60 });
+    expect(generationRules()).toEqual([
+      'ct mark 0x0000002a accept',
+      'ct mark set 0x0000002a accept',
+    ]);
+    // A publish with a new generation replaces the old one in both chains.
+    nft(policySets(policyOf({}), [], NOW, 0xfedcba98));
+    expect(generationRules()).toEqual([
+      'ct mark 0xfedcba98 accept',
+      'ct mark set 0xfedcba98 accept',
+    ]);
   });
 
   it('moves a learned address out to its new timeout, and drops one that has expired', () => {
@@ -568,8 +619,15 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
 
   it('takes the lockdown after any policy', () => {
     nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
-    nft(policySets(policyOf({ allowOut: ['8.8.8.8'] }), [learned('203.0.113.1', 60_000)], NOW));
-    nft(lockdownSets());
+    nft(
+      policySets(
+        policyOf({ allowOut: ['8.8.8.8'] }),
+        [learned('203.0.113.1', 60_000)],
+        NOW,
+        GENERATION,
+      ),
+    );
+    nft(lockdownSets(GENERATION));
     expectIntervals('allow4', []);
     expectIntervals('deny4', ['0.0.0.0/0']);
     expect(timeoutsOf()).toEqual({});
@@ -629,7 +687,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
     fc.assert(
       fc.property(policyInput, (input) => {
-        nft(policySets(policyOf(input.rules), [], NOW));
+        nft(policySets(policyOf(input.rules), [], NOW, GENERATION));
         const expected = referenceSets(input);
         expectIntervals('allow4', expected.allow4);
         expectIntervals('deny4', expected.deny4);

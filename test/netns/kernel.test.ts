@@ -455,7 +455,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
-  it('closes a learned address when its TTL runs out', async () => {
+  it('closes a learned address to new connections when its TTL runs out, not open ones', async () => {
     const address = `${PREFIX}.10`;
     addWorldAddress(address);
     zone.set('brief.test', { A: [address], ttl: 1 });
@@ -463,13 +463,28 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       network: { allowOut: ['brief.test'], denyOut: ['0.0.0.0/0'] },
     });
     try {
-      const learned = await run(sandbox, tcpEcho('brief.test'));
-      expect(learned.stdout, learned.stderr).toBe('ping');
+      // A connection opened while the address was learned (a database session, say) carries on
+      // past the TTL: expiry closes the address to new connections only.
+      const open = await sandbox.commands.run(
+        python(
+          [
+            'import socket, time',
+            `s = socket.create_connection(('brief.test', ${WORLD_PORTS.echo}), timeout=3)`,
+            "s.sendall(b'ping'); print(s.recv(4).decode(), flush=True)",
+            'time.sleep(2.5)',
+            "s.sendall(b'late'); print(s.recv(4).decode(), flush=True)",
+          ].join('\n'),
+        ),
+        { background: true },
+      );
       await new Promise((resolve) => setTimeout(resolve, 2500));
       // By address, without asking DNS again: the firewall let it expire.
       const expired = await run(sandbox, tcpEcho(address));
       expect(expired.stdout).toBe('');
       expect(expired.stderr).toMatch(/Connection refused/);
+      // A cut connection ends the program with an error: its output is the evidence either way.
+      const kept = await open.wait().catch((error: CommandExitError) => error);
+      expect(kept.stdout, kept.stderr).toBe('ping\nlate\n');
     } finally {
       await sandbox.kill();
     }

@@ -192,7 +192,10 @@ export class AnswerCache {
       sanitiseTtl(r.ttl, maxTtl),
     );
     let lifetime: number;
-    if (rcode === RCODE.NOERROR && records.answers.length > 0) {
+    // Positive only when a record of the asked type is there: a CNAME chain that ends in no
+    // data is a negative answer (NODATA, RFC 2308 §2.2) and lives as one.
+    const asked = typeName(type);
+    if (rcode === RCODE.NOERROR && records.answers.some((record) => record.type === asked)) {
       lifetime = Math.min(...ttls.slice(0, records.answers.length));
     } else {
       // RFC 2308: a negative answer lives min(SOA TTL, SOA MINIMUM); without an SOA, not at all.

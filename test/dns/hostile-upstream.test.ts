@@ -204,4 +204,25 @@ describe('answers from a hostile upstream', () => {
     await udpQuery(dns.port, SOURCE, 'gone.allowed.test');
     expect(upstream.asked('gone.allowed.test')).toHaveLength(2);
   });
+
+  it('treats a CNAME chain with no record of the asked type as NODATA: it lives as a negative answer', async () => {
+    upstream.handcrafted.set('nodata.allowed.test', (query) =>
+      reply(
+        query,
+        FLAGS_OK, // NOERROR, and only a CNAME: nothing of type A at its target
+        [record(QUESTION_NAME, CNAME, 3600, text('target.cdn.test'))],
+        [soa(3600, 5)],
+      ),
+    );
+    const first = await udpQuery(dns.port, SOURCE, 'nodata.allowed.test');
+    expect(first.rcode).toBe('NOERROR');
+    // The client is told to keep it no longer than min(SOA TTL, MINIMUM), as the cache does.
+    expect(first.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 5 });
+    dns.clock.now += 4_000;
+    await udpQuery(dns.port, SOURCE, 'nodata.allowed.test');
+    expect(upstream.asked('nodata.allowed.test')).toHaveLength(1);
+    dns.clock.now += 2_000;
+    await udpQuery(dns.port, SOURCE, 'nodata.allowed.test');
+    expect(upstream.asked('nodata.allowed.test')).toHaveLength(2);
+  });
 });

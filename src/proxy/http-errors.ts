@@ -48,9 +48,10 @@ export function errorResponseText(
 
 /**
  * Ends a raw socket after `text`, reading on (and dropping what comes) so the client's FIN can
- * arrive and the socket be freed; destroyed once nothing moved either way for `lingerMs` (a
- * client still reading a long answer keeps it), and at the latest `lingerMs` after the last
- * byte was written (one that never closes, or keeps sending, does not).
+ * arrive and the socket be freed. Only the client's reading keeps it: until the last byte is
+ * written it is destroyed once no write completed for `lingerMs` (a client still reading a long
+ * answer keeps it; one that never reads but keeps sending does not, as what it sends counts for
+ * nothing), and after that at the latest `lingerMs` later.
  */
 export function endAndLinger(socket: net.Socket, text: string | undefined, lingerMs: number): void {
   if (socket.destroyed) return;
@@ -58,13 +59,24 @@ export function endAndLinger(socket: net.Socket, text: string | undefined, linge
   socket.resume();
   if (text === undefined) socket.end();
   else socket.end(text);
-  socket.setTimeout(lingerMs, () => socket.destroy());
-  const deadline = () => {
-    const timer = setTimeout(() => socket.destroy(), lingerMs);
-    socket.once('close', () => clearTimeout(timer));
+  // The socket's own idle timer counts reads too; the bounds below count only what was written.
+  socket.setTimeout(0);
+  let unwritten = socket.writableLength;
+  const stalled = setInterval(() => {
+    if (socket.writableLength >= unwritten) socket.destroy();
+    unwritten = socket.writableLength;
+  }, lingerMs);
+  let deadline: NodeJS.Timeout | undefined;
+  const written = () => {
+    clearInterval(stalled);
+    deadline = setTimeout(() => socket.destroy(), lingerMs);
   };
-  if (socket.writableFinished) deadline();
-  else socket.once('finish', deadline);
+  socket.once('close', () => {
+    clearInterval(stalled);
+    clearTimeout(deadline);
+  });
+  if (socket.writableFinished) written();
+  else socket.once('finish', written);
 }
 
 /** How long a refused client may take to read its answer and close. */

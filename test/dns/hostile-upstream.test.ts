@@ -164,7 +164,7 @@ describe('answers from a hostile upstream', () => {
     );
     const answer = await udpQuery(dns.port, SOURCE, 'flushed.allowed.test');
     expect(answer.rcode).toBe('NOERROR');
-    expect(answer.answers.map((a) => [a.class, a.data])).toEqual([['IN', '93.184.216.10']]);
+    expect(answer.answers?.map((a) => [a.type, a.data])).toEqual([['A', '93.184.216.10']]);
     expect(dns.table.get(SANDBOX)!.learned.size).toBe(1);
   });
 
@@ -185,44 +185,37 @@ describe('answers from a hostile upstream', () => {
     expect(upstream.asked('big.allowed.test').length).toBeGreaterThan(asked);
   });
 
-  it('keeps a negative answer behind a CNAME no longer than the CNAME (RFC 2308 §5)', async () => {
-    upstream.handcrafted.set('gone.allowed.test', (query) =>
+  // RFC 2308: a negative answer, NXDOMAIN or NODATA (a CNAME chain ending in nothing of the
+  // asked type), lives min(SOA TTL, SOA MINIMUM, the TTL of any CNAME that led to it), and the
+  // client is told the same in the SOA's TTL. Each case gives 5 s from a different field.
+  it.each([
+    // NXDOMAIN behind a CNAME of 5 s (§5): no longer than the CNAME.
+    {
+      name: 'gone.allowed.test',
+      flags: FLAGS_OK | 3,
+      rcode: 'NXDOMAIN',
+      cname: 5,
+      soa: [3600, 3600],
+    },
+    // NOERROR with only a CNAME: NODATA, not a positive answer living for the CNAME's 3600 s.
+    { name: 'nodata.allowed.test', flags: FLAGS_OK, rcode: 'NOERROR', cname: 3600, soa: [3600, 5] },
+  ])('keeps a negative answer behind a CNAME as a negative answer: $rcode', async (c) => {
+    upstream.handcrafted.set(c.name, (query) =>
       reply(
         query,
-        FLAGS_OK | 3, // NXDOMAIN
-        [record(QUESTION_NAME, CNAME, 5, text('old-target.cdn.test'))],
-        [soa(3600, 3600)],
+        c.flags,
+        [record(QUESTION_NAME, CNAME, c.cname, text('target.cdn.test'))],
+        [soa(c.soa[0]!, c.soa[1]!)],
       ),
     );
-    const first = await udpQuery(dns.port, SOURCE, 'gone.allowed.test');
-    expect(first.rcode).toBe('NXDOMAIN');
+    const first = await udpQuery(dns.port, SOURCE, c.name);
+    expect(first.rcode).toBe(c.rcode);
     expect(first.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 5 });
     dns.clock.now += 4_000;
-    await udpQuery(dns.port, SOURCE, 'gone.allowed.test');
-    expect(upstream.asked('gone.allowed.test')).toHaveLength(1);
+    await udpQuery(dns.port, SOURCE, c.name);
+    expect(upstream.asked(c.name)).toHaveLength(1);
     dns.clock.now += 2_000;
-    await udpQuery(dns.port, SOURCE, 'gone.allowed.test');
-    expect(upstream.asked('gone.allowed.test')).toHaveLength(2);
-  });
-
-  it('treats a CNAME chain with no record of the asked type as NODATA: it lives as a negative answer', async () => {
-    upstream.handcrafted.set('nodata.allowed.test', (query) =>
-      reply(
-        query,
-        FLAGS_OK, // NOERROR, and only a CNAME: nothing of type A at its target
-        [record(QUESTION_NAME, CNAME, 3600, text('target.cdn.test'))],
-        [soa(3600, 5)],
-      ),
-    );
-    const first = await udpQuery(dns.port, SOURCE, 'nodata.allowed.test');
-    expect(first.rcode).toBe('NOERROR');
-    // The client is told to keep it no longer than min(SOA TTL, MINIMUM), as the cache does.
-    expect(first.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 5 });
-    dns.clock.now += 4_000;
-    await udpQuery(dns.port, SOURCE, 'nodata.allowed.test');
-    expect(upstream.asked('nodata.allowed.test')).toHaveLength(1);
-    dns.clock.now += 2_000;
-    await udpQuery(dns.port, SOURCE, 'nodata.allowed.test');
-    expect(upstream.asked('nodata.allowed.test')).toHaveLength(2);
+    await udpQuery(dns.port, SOURCE, c.name);
+    expect(upstream.asked(c.name)).toHaveLength(2);
   });
 });

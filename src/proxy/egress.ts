@@ -9,6 +9,7 @@ import {
   formatDestination,
   parseAuthority,
 } from '../policy/index.js';
+import { ArrivingBytes } from './arriving-bytes.js';
 import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
 import { endAndLinger, errorResponseText, writeRawError } from './http-errors.js';
@@ -318,7 +319,8 @@ export class EgressProxy {
     head: Buffer,
     tunnel: Splice,
   ): void {
-    let seen = head;
+    const arriving = new ArrivingBytes();
+    let seen = arriving.restart(head);
     const timer = setTimeout(
       () => finish('no first bytes within the handshake timeout'),
       this.options.handshakeTimeoutMs,
@@ -367,7 +369,7 @@ export class EgressProxy {
       tunnel.release(seen, guard, refuse);
     };
     const onData = (chunk: Buffer) => {
-      seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);
+      seen = arriving.append(chunk);
       examine();
     };
     client.on('data', onData);
@@ -564,9 +566,9 @@ class ClientConnection {
       });
       return;
     }
-    let seen: Buffer | undefined;
+    const arriving = new ArrivingBytes();
     this.inbox.read((chunk) => {
-      const scanned = seen?.length ?? 0;
+      const scanned = arriving.bytes.length;
       if (!this.started) {
         this.started = true;
         if (this.served > 0) {
@@ -574,7 +576,7 @@ class ClientConnection {
           this.headDeadline = setTimeout(this.onTimeout, handshakeTimeoutMs);
         }
       }
-      seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
+      const seen = arriving.append(chunk);
       const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
       if (end === 'incomplete') return chunk.length;
       this.inbox.stop();

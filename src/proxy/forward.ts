@@ -1,6 +1,7 @@
 import type net from 'node:net';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
+import { ArrivingBytes } from './arriving-bytes.js';
 import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
 import { errorResponseText } from './http-errors.js';
 import {
@@ -368,10 +369,10 @@ export class Exchange {
   }
 
   private readResponseHead(upstream: Upstream, interim = 0): void {
-    let seen: Buffer | undefined;
+    const arriving = new ArrivingBytes();
     upstream.inbox.read((chunk) => {
-      const scanned = seen?.length ?? 0;
-      seen = seen === undefined ? chunk : Buffer.concat([seen, chunk]);
+      const scanned = arriving.bytes.length;
+      const seen = arriving.append(chunk);
       const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES, scanned);
       if (end === 'incomplete') return chunk.length;
       upstream.inbox.stop();

@@ -1,4 +1,5 @@
 import { parseAuthority } from '../policy/index.js';
+import { ArrivingBytes } from './arriving-bytes.js';
 import type { Target } from './dial.js';
 import {
   bodyScanner,
@@ -21,7 +22,7 @@ import type { Checked, TunnelGuard } from './splice.js';
  */
 export class RequestStreamGuard implements TunnelGuard {
   /** The start of a head not yet whole (held back). */
-  private head: Buffer | undefined;
+  private readonly head = new ArrivingBytes();
   private body: BodyScanner | undefined;
   private problem: string | undefined;
 
@@ -50,13 +51,11 @@ export class RequestStreamGuard implements TunnelGuard {
         if (this.body.done) this.body = undefined;
         continue;
       }
-      const seen = this.head === undefined ? data : Buffer.concat([this.head, data]);
-      const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, this.head?.length ?? 0);
-      if (end === 'incomplete') {
-        this.head = seen;
-        break;
-      }
-      this.head = undefined;
+      const scanned = this.head.bytes.length;
+      const seen = this.head.append(data);
+      const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
+      if (end === 'incomplete') break;
+      this.head.restart();
       if (typeof end !== 'number') {
         this.problem = `request head: ${end.message}`;
         break;

@@ -169,9 +169,12 @@ export function readServerHello(data: Buffer): 'incomplete' | 'retry' | 'other' 
   return random.equals(HELLO_RETRY_RANDOM) ? 'retry' : 'other';
 }
 
-/** Reads the Host header of a plain HTTP/1.x request head (exactly one Host allowed). */
-export function peekHttpHost(data: Buffer): Peek {
-  const headEnd = data.indexOf('\r\n\r\n');
+/**
+ * Reads the Host header of a plain HTTP/1.x request head (exactly one Host allowed). `scanned`:
+ * how many bytes an earlier call saw without finding the head's end (they are not searched again).
+ */
+export function peekHttpHost(data: Buffer, scanned = 0): Peek {
+  const headEnd = data.indexOf('\r\n\r\n', Math.max(0, scanned - 3));
   if (headEnd < 0)
     return data.length > MAX_PEEK_BYTES ? invalid('HTTP request head too large') : INCOMPLETE;
   const lines = data.toString('latin1', 0, headEnd).split('\r\n');
@@ -183,10 +186,10 @@ export function peekHttpHost(data: Buffer): Peek {
   return { status: 'done', name: hosts[0]!.slice(5).trim() };
 }
 
-/** Peeks whichever protocol the first byte says this is. */
-export const peekName = (data: Buffer): Peek =>
+/** Peeks whichever protocol the first byte says this is (`scanned` as for peekHttpHost). */
+export const peekName = (data: Buffer, scanned = 0): Peek =>
   data.length === 0
     ? INCOMPLETE
     : looksLikeTls(data[0]!)
       ? peekTlsServerName(data)
-      : peekHttpHost(data);
+      : peekHttpHost(data, scanned);

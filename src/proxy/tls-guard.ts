@@ -1,3 +1,4 @@
+import { ArrivingBytes } from './arriving-bytes.js';
 import { MAX_PEEK_BYTES, readClientHello, readServerHello } from './peek.js';
 import type { Checked, TunnelGuard } from './splice.js';
 
@@ -31,41 +32,41 @@ function leadingRecord(data: Buffer, types: readonly number[]): number | 'partia
 export class TlsHelloGuard implements TunnelGuard {
   private state: 'first' | 'answer' | 'second' | 'done' = 'first';
   /** Client bytes not passed yet. */
-  private held: Buffer = EMPTY;
+  private readonly held = new ArrivingBytes();
   /** The server's bytes until its first handshake message shows. */
-  private answer: Buffer = EMPTY;
+  private readonly answer = new ArrivingBytes();
 
   /** `problem` says why a ClientHello's server name (undefined: none) is not the tunnel's. */
   constructor(private readonly problem: (name: string | undefined) => string | undefined) {}
 
   fromClient(chunk: Buffer): Checked {
     if (this.state === 'done') return { pass: chunk };
-    this.held = this.held.length === 0 ? chunk : Buffer.concat([this.held, chunk]);
-    return this.advance();
+    return this.advance(this.held.append(chunk));
   }
 
   fromUpstream(chunk: Buffer): Checked {
     if (this.state !== 'answer') return { pass: EMPTY };
-    this.answer = this.answer.length === 0 ? chunk : Buffer.concat([this.answer, chunk]);
-    const answer = readServerHello(this.answer);
-    if (answer === 'incomplete' && this.answer.length <= MAX_PEEK_BYTES) return { pass: EMPTY };
-    this.answer = EMPTY;
+    const seen = this.answer.append(chunk);
+    const answer = readServerHello(seen);
+    if (answer === 'incomplete' && seen.length <= MAX_PEEK_BYTES) return { pass: EMPTY };
+    this.answer.restart();
     if (answer === 'retry') {
       this.state = 'second';
-      return this.advance();
+      return this.advance(this.held.bytes);
     }
     this.state = 'done';
-    const held = this.held;
-    this.held = EMPTY;
+    const held = this.held.bytes;
+    this.held.restart();
     return { pass: held };
   }
 
-  /** Passes what the current state lets through, holding the rest. */
-  private advance(): Checked {
+  /** Passes what the current state lets through of `held` (all not passed yet), holding the rest. */
+  private advance(held: Buffer): Checked {
     const passed: Buffer[] = [];
+    let rest = held;
     const take = (length: number) => {
-      passed.push(this.held.subarray(0, length));
-      this.held = this.held.subarray(length);
+      passed.push(rest.subarray(0, length));
+      rest = rest.subarray(length);
     };
     for (;;) {
       if (this.state === 'first' || this.state === 'second') {
@@ -75,33 +76,35 @@ export class TlsHelloGuard implements TunnelGuard {
         // so the watch goes on).
         const skipped =
           this.state === 'second'
-            ? leadingRecord(this.held, [CHANGE_CIPHER_SPEC, ALERT, APPLICATION_DATA])
+            ? leadingRecord(rest, [CHANGE_CIPHER_SPEC, ALERT, APPLICATION_DATA])
             : undefined;
         if (skipped === 'partial') break;
         if (skipped !== undefined) {
           take(skipped);
           continue;
         }
-        const hello = readClientHello(this.held);
+        const hello = readClientHello(rest);
         if (hello.status === 'invalid') return { problem: hello.reason };
         if (hello.status === 'incomplete') break;
         const problem = this.problem(hello.name);
         if (problem !== undefined) return { problem };
         take(hello.end);
         this.state = this.state === 'first' ? 'answer' : 'done';
-        if (this.state === 'done') take(this.held.length);
+        if (this.state === 'done') take(rest.length);
         continue;
       }
       if (this.state === 'answer') {
-        const record = leadingRecord(this.held, [CHANGE_CIPHER_SPEC, ALERT, APPLICATION_DATA]);
+        const record = leadingRecord(rest, [CHANGE_CIPHER_SPEC, ALERT, APPLICATION_DATA]);
         if (typeof record !== 'number') break;
         take(record);
         continue;
       }
       break;
     }
+    // Restarting copies the rest at the next arrival: only worth it once some was passed.
+    if (rest !== held) this.held.restart(rest);
     // The ClientHello reader bounds a hello; this bounds what waits for the server's answer.
-    if (this.held.length > MAX_PEEK_BYTES)
+    if (rest.length > MAX_PEEK_BYTES)
       return { problem: 'the client sent over 64 KiB before the server answered its ClientHello' };
     return { pass: passed.length === 1 ? passed[0]! : Buffer.concat(passed) };
   }

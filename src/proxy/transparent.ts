@@ -2,6 +2,7 @@ import net from 'node:net';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
+import { ArrivingBytes } from './arriving-bytes.js';
 import type { Target } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
@@ -71,7 +72,8 @@ export class TransparentProxy {
       return;
     }
     this.pending.add(client);
-    let seen: Buffer = Buffer.alloc(0);
+    const arriving = new ArrivingBytes();
+    let seen: Buffer = arriving.bytes;
     const fail = (reason: string) => {
       metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'invalid' });
       logger.info(
@@ -87,8 +89,9 @@ export class TransparentProxy {
     // A client that ends before naming its host is gone: nothing to wait for.
     const abandoned = () => client.destroy();
     const onData = (chunk: Buffer) => {
-      seen = seen.length === 0 ? chunk : Buffer.concat([seen, chunk]);
-      const peek = peekName(seen);
+      const scanned = seen.length;
+      seen = arriving.append(chunk);
+      const peek = peekName(seen, scanned);
       if (peek.status === 'incomplete') return;
       clearTimeout(timer);
       client.off('data', onData);

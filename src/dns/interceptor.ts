@@ -1,6 +1,7 @@
 import dgram from 'node:dgram';
 import net from 'node:net';
 import type { Logger } from 'pino';
+import { ArrivingBytes } from '../arriving-bytes.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
 import type { DnsVerdict, MoatMetrics } from '../metrics/index.js';
 import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
@@ -366,14 +367,16 @@ export class DnsInterceptor {
       if (left > 0) this.tcpBySource.set(owner, left);
       else this.tcpBySource.delete(owner);
     });
-    let buffered: Buffer = Buffer.alloc(0);
+    // A message sent a byte at a time must not be copied whole once per byte.
+    const arriving = new ArrivingBytes();
+    let buffered = arriving.bytes;
     let pending = 0;
     const busy = () => pending >= MAX_PIPELINED || socket.writableLength >= MAX_UNSENT_BYTES;
     const pump = (): void => {
       while (!busy() && buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) {
         const length = buffered.readUInt16BE(0);
         const message = Buffer.from(buffered.subarray(2, 2 + length));
-        buffered = buffered.subarray(2 + length);
+        buffered = arriving.restart(buffered.subarray(2 + length));
         clearTimeout(partial);
         partial = undefined;
         pending++;
@@ -404,7 +407,7 @@ export class DnsInterceptor {
     };
     socket.on('drain', pump);
     socket.on('data', (chunk: Buffer) => {
-      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+      buffered = arriving.append(chunk);
       pump();
     });
   }

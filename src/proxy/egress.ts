@@ -9,7 +9,7 @@ import {
   formatDestination,
   parseAuthority,
 } from '../policy/index.js';
-import { ArrivingBytes } from './arriving-bytes.js';
+import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
 import { endAndLinger, errorResponseText, writeRawError } from './http-errors.js';

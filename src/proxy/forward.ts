@@ -1,7 +1,7 @@
 import type net from 'node:net';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
-import { ArrivingBytes } from './arriving-bytes.js';
+import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
 import { errorResponseText } from './http-errors.js';
 import {

@@ -2,7 +2,7 @@ import net from 'node:net';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
-import { ArrivingBytes } from './arriving-bytes.js';
+import { ArrivingBytes } from '../arriving-bytes.js';
 import type { Target } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';

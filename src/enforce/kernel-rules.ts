@@ -10,7 +10,7 @@
  * addresses carry their own timeouts so that expiry needs no rewrite.
  *
  * A learned address expires for new connections only. A connection it let through is marked
- * with the policy's generation (a conntrack mark, fresh and random at every publish), and its
+ * with the policy's generation (a conntrack mark, a new one at every publish), and its
  * later packets pass on that mark while the policy stands: a database session outlives the TTL
  * of the name it was opened by, as it would behind any stateful firewall. A publish changes the
  * generation, so every open connection is decided again at its next packet by the new policy.
@@ -61,7 +61,7 @@ const ipv4 = (cidrs: Iterable<CIDR>) =>
  */
 const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
 
-/** A fresh generation, never 0 (the mark of a connection nothing marked). */
+/** A random generation to count on from, never 0 (the mark of a connection nothing marked). */
 export const newGeneration = (): number => randomInt(1, 2 ** 32);
 
 const generationRules = (generation: number): string[] => {
@@ -140,7 +140,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
 
 /**
  * Rewrites the policy's sets (and the learned addresses still allowed) and its generation in one
- * transaction; `generation` must differ from the one in force (see `newGeneration`).
+ * transaction; `generation` must differ from the one in force (KernelEnforcer counts them).
  */
 export function policySets(
   policy: Policy,

@@ -36,6 +36,13 @@ export class KernelEnforcementError extends Error {
  * hands them out (before the answer is released).
  */
 export class KernelEnforcer {
+  /**
+   * The policy generation last written, to any sandbox. Each write takes the next one, so two
+   * generations of one sandbox never repeat; the start is random, so a restarted Moat's are not
+   * the last run's.
+   */
+  private generation = newGeneration();
+
   constructor(
     private readonly layout: KernelLayout,
     private readonly options: KernelEnforcerOptions,
@@ -49,7 +56,7 @@ export class KernelEnforcer {
   /** Writes the sandbox's whole firewall for `policy`; rejects when it could not be applied. */
   async install(sandboxID: string, address: IPAddress, policy: Policy): Promise<void> {
     const host = AddressPool.offset(address, -1);
-    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), newGeneration())}`;
+    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {
@@ -68,12 +75,12 @@ export class KernelEnforcer {
       policy,
       this.learnedOf(sandboxID),
       this.options.now(),
-      newGeneration(),
+      this.nextGeneration(),
     );
     try {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
     } catch (error) {
-      const locked = await this.options.apply(sandboxID, lockdownSets(newGeneration())).then(
+      const locked = await this.options.apply(sandboxID, lockdownSets(this.nextGeneration())).then(
         async () => {
           // The lockdown emptied learned4, but the learned table still holds what DNS handed
           // out for names the stored policy allows: put those back, or later answers for them
@@ -97,6 +104,12 @@ export class KernelEnforcer {
     const commands = learnedElements(learned, this.options.now());
     if (commands === '') return Promise.resolve();
     return this.timed('learned', () => this.options.apply(sandboxID, commands));
+  }
+
+  /** 1 to 2^32 - 1, then 1 again: a conntrack mark of 0 is a connection nothing marked. */
+  private nextGeneration(): number {
+    this.generation = (this.generation % 0xffff_ffff) + 1;
+    return this.generation;
   }
 
   private learnedOf(sandboxID: string): LearnedElement[] {

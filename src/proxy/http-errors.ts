@@ -47,11 +47,17 @@ export function errorResponseText(
 }
 
 /**
+ * However a client behaves, a socket Moat has ended goes at the latest this many lingers after
+ * the end (one that never reads but keeps sending resets the idle timer).
+ */
+const LINGER_LIMIT = 6;
+
+/**
  * Ends a raw socket after `text`, reading on (and dropping what comes) so the client's FIN can
- * arrive and the socket be freed. Only the client's reading keeps it: until the last byte is
- * written it is destroyed once no write completed for `lingerMs` (a client still reading a long
- * answer keeps it; one that never reads but keeps sending does not, as what it sends counts for
- * nothing), and after that at the latest `lingerMs` later.
+ * arrive and the socket be freed. Destroyed once nothing moved either way for `lingerMs` (a
+ * client still reading a long answer keeps it: Node counts a write's partial progress), one
+ * `lingerMs` after the last byte was written, and at the latest `LINGER_LIMIT` lingers after the
+ * end.
  */
 export function endAndLinger(socket: net.Socket, text: string | undefined, lingerMs: number): void {
   if (socket.destroyed) return;
@@ -59,22 +65,14 @@ export function endAndLinger(socket: net.Socket, text: string | undefined, linge
   socket.resume();
   if (text === undefined) socket.end();
   else socket.end(text);
-  // The socket's own idle timer counts reads too; the bounds below count only what was written.
-  socket.setTimeout(0);
-  let unwritten = socket.writableLength;
-  const stalled = setInterval(() => {
-    if (socket.writableLength >= unwritten) socket.destroy();
-    unwritten = socket.writableLength;
-  }, lingerMs);
-  let deadline: NodeJS.Timeout | undefined;
+  socket.setTimeout(lingerMs, () => socket.destroy());
+  const limit = setTimeout(() => socket.destroy(), LINGER_LIMIT * lingerMs).unref();
   const written = () => {
-    clearInterval(stalled);
-    deadline = setTimeout(() => socket.destroy(), lingerMs);
+    clearTimeout(limit);
+    const deadline = setTimeout(() => socket.destroy(), lingerMs).unref();
+    socket.once('close', () => clearTimeout(deadline));
   };
-  socket.once('close', () => {
-    clearInterval(stalled);
-    clearTimeout(deadline);
-  });
+  socket.once('close', () => clearTimeout(limit));
   if (socket.writableFinished) written();
   else socket.once('finish', written);
 }

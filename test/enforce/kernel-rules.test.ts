@@ -663,6 +663,29 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     expect(timeoutsOf()).toEqual({ '203.0.113.7': 60 });
   });
 
+  it('writes a new generation with every policy, so open connections are decided again', async () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    const table = new EnforcementTable({ now: () => NOW });
+    const rules = policyOf({ allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] });
+    table.register('ikernelsandbox000002', { egressSecret: 's' }, rules);
+    const enforcer = new KernelEnforcer(LAYOUT, {
+      table,
+      apply: async (_, commands) => nft(commands),
+      applyHost: async () => {},
+      now: () => NOW,
+    });
+    const marks: string[] = [];
+    for (let n = 0; n < 3; n++) {
+      await enforcer.enforce('ikernelsandbox000002', rules);
+      const [passes, sets] = generationRules();
+      // Both chains carry the same mark: what learned_open sets is what this_policy passes.
+      expect(sets).toBe(passes!.replace('ct mark ', 'ct mark set '));
+      marks.push(passes!);
+    }
+    expect(new Set(marks).size).toBe(3);
+    expect(marks).not.toContain('ct mark 0x00000000 accept');
+  });
+
   it('takes a layout whose listeners share a port', () => {
     const shared = { ...LAYOUT, ports: { dns: 5353, proxy: 3128, transparent: 3128 } };
     nft(sandboxRuleset(shared, { host: LINK_HOST }));

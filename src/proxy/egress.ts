@@ -569,16 +569,19 @@ class ClientConnection {
     const arriving = new ArrivingBytes();
     this.inbox.read((chunk) => {
       const scanned = arriving.bytes.length;
-      if (!this.started) {
-        this.started = true;
-        if (this.served > 0) {
-          this.socket.setTimeout(0);
-          this.headDeadline = setTimeout(this.onTimeout, handshakeTimeoutMs);
-        }
-      }
       const seen = arriving.append(chunk);
       const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
-      if (end === 'incomplete') return chunk.length;
+      if (end === 'incomplete') {
+        // A head begun and not whole (one that arrives whole, the usual case, needs no timer).
+        if (!this.started) {
+          this.started = true;
+          if (this.served > 0) {
+            this.socket.setTimeout(0);
+            this.headDeadline = setTimeout(this.onTimeout, handshakeTimeoutMs);
+          }
+        }
+        return chunk.length;
+      }
       this.inbox.stop();
       this.state = 'busy';
       this.headDone();

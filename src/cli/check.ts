@@ -84,9 +84,9 @@ async function judge(policy: Policy, text: string, resolver?: HostResolver): Pro
   const base = { destination: text, canonical: formatDestination(destination) };
   const byName = decide(policy, destination);
   const host = destination.host;
-  if (resolver === undefined || host === undefined || destination.ip !== undefined)
+  // Only a name the rules do not deny is looked up, as the proxy does.
+  if (resolver === undefined || host === undefined || byName.verdict === 'deny')
     return { ...base, decision: byName };
-  if (byName.verdict === 'deny') return { ...base, decision: byName };
   let ips;
   try {
     ips = await resolver.lookup(host);

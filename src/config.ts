@@ -13,6 +13,7 @@ import {
   type CIDR,
   type Result,
 } from './policy/index.js';
+import type { UdpIoSetting } from './dns/index.js';
 
 export interface HostPort {
   readonly host: string;
@@ -36,6 +37,7 @@ export interface MoatConfig {
   readonly dnsMaxTtl: number;
   readonly dnsCacheSize: number;
   readonly dnsRateLimit: number;
+  readonly dnsUdpIo: UdpIoSetting;
   readonly proxyListen: HostPort;
   /** Where redirected 80/443 traffic arrives; undefined when switched off. */
   readonly transparentListen: HostPort | undefined;
@@ -167,14 +169,13 @@ const booleanValue = (text: string): Result<boolean> =>
     : { ok: false, error: `expected true or false, got ${JSON.stringify(text)}` };
 
 export type EnforcementSetting = 'auto' | 'namespace' | 'proxy';
-const ENFORCEMENTS: readonly EnforcementSetting[] = ['auto', 'namespace', 'proxy'];
-const enforcement = (text: string): Result<EnforcementSetting> =>
-  (ENFORCEMENTS as readonly string[]).includes(text)
-    ? { ok: true, value: text as EnforcementSetting }
-    : {
-        ok: false,
-        error: `expected one of ${ENFORCEMENTS.join(', ')}, got ${JSON.stringify(text)}`,
-      };
+/** A parser accepting exactly one of `choices`. */
+const oneOf =
+  <T extends string>(choices: readonly T[]) =>
+  (text: string): Result<T> =>
+    (choices as readonly string[]).includes(text)
+      ? { ok: true, value: text as T }
+      : { ok: false, error: `expected one of ${choices.join(', ')}, got ${JSON.stringify(text)}` };
 
 /** An IPv4 range no narrower than /longestPrefix. */
 const ipv4Range =
@@ -205,10 +206,6 @@ const storeLocation = (text: string): Result<string> => {
 };
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
-const logLevel = (text: string): Result<string> =>
-  LOG_LEVELS.includes(text)
-    ? { ok: true, value: text }
-    : { ok: false, error: `expected one of ${LOG_LEVELS.join(', ')}` };
 
 const showOptional = (value: HostPort | undefined): string =>
   value === undefined ? 'off' : formatHostPort(value);
@@ -244,7 +241,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_LOG_LEVEL',
     default: 'info',
     help: `log level: ${LOG_LEVELS.join(', ')}`,
-    parse: logLevel,
+    parse: oneOf(LOG_LEVELS),
   },
   {
     key: 'dnsListen',
@@ -310,6 +307,15 @@ export const SETTINGS: readonly AnySetting[] = [
     default: '500',
     help: 'DNS queries per second per sandbox (bursts of the same size); more are REFUSED',
     parse: positiveInteger(1_000_000_000),
+  },
+  {
+    key: 'dnsUdpIo',
+    metavar: 'auto|dgram',
+    flag: 'dns-udp-io',
+    env: 'MOAT_DNS_UDP_IO',
+    default: 'auto',
+    help: 'DNS over UDP: auto batches system calls with the native addon where it is built (Linux), else uses node:dgram; dgram: always node:dgram',
+    parse: oneOf<UdpIoSetting>(['auto', 'dgram']),
   },
   {
     key: 'proxyListen',
@@ -393,7 +399,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_ENFORCEMENT',
     default: 'auto',
     help: 'namespace: each sandbox in its own network namespace with a generated nftables firewall (root, iproute2, nftables, bubblewrap); proxy: sandboxes share the host network and only programs that use the proxy variables are held; auto: namespace where it works, else proxy',
-    parse: enforcement,
+    parse: oneOf<EnforcementSetting>(['auto', 'namespace', 'proxy']),
   },
   {
     key: 'namespacePool',

@@ -195,12 +195,14 @@ export async function startMoat(
     timeoutMs: config.dnsTimeoutMs,
     onLatency: (seconds) => metrics.dnsUpstreamDuration.observe(seconds),
   });
+  const cacheHits = metrics.hotCount(metrics.dnsCacheLookups, { result: 'hit' });
+  const cacheMisses = metrics.hotCount(metrics.dnsCacheLookups, { result: 'miss' });
   const cache = new AnswerCache(upstream, {
     capacity: config.dnsCacheSize,
     maxTtl: config.dnsMaxTtl,
     maxNegativeTtl: Math.min(config.dnsMaxTtl, 3600),
     now,
-    onLookup: (hit) => metrics.dnsCacheLookups.inc({ result: hit ? 'hit' : 'miss' }),
+    onLookup: (hit) => (hit ? cacheHits : cacheMisses).count++,
   });
   const dns = new DnsInterceptor({
     listen: config.dnsListen,
@@ -211,6 +213,7 @@ export async function startMoat(
     minLearnTtl: config.dnsMinTtl,
     maxLearnTtl: config.dnsMaxTtl,
     rateLimit: config.dnsRateLimit,
+    udpIo: config.dnsUdpIo,
     now,
     onLearn: network
       ? (sandboxID, learned) => kernel?.learn(sandboxID, learned) ?? Promise.resolve()

@@ -1,14 +1,16 @@
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { packageRoot } from '../package-root.js';
 
-/** package.json sits above src/ (running from source) or above dist/src/ (built). */
 function packageVersion(): string {
-  for (let url = new URL('.', import.meta.url); url.pathname !== '/'; url = new URL('..', url)) {
-    try {
-      return (JSON.parse(readFileSync(new URL('package.json', url), 'utf8')) as { version: string })
-        .version;
-    } catch {}
+  const root = packageRoot();
+  if (root === undefined) return 'unknown';
+  try {
+    return (JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string })
+      .version;
+  } catch {
+    return 'unknown';
   }
-  return 'unknown';
 }
 
 export const VERSION = packageVersion();

@@ -9,3 +9,4 @@ export {
   type UpstreamServer,
 } from './upstream.js';
 export { ListenerGroup, listenOn } from './listen.js';
+export { batchedUdpUnavailable, MAX_UDP_QUERY, type UdpIo, type UdpIoSetting } from './udp.js';

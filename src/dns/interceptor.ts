@@ -1,11 +1,17 @@
-import dgram from 'node:dgram';
 import net from 'node:net';
 import type { Logger } from 'pino';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
-import type { DnsVerdict, MoatMetrics } from '../metrics/index.js';
+import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
 import { listenOn } from './listen.js';
+import {
+  batchedUdpUnavailable,
+  listenUdp,
+  type UdpIo,
+  type UdpIoSetting,
+  type UdpListener,
+} from './udp.js';
 import { type AnswerCache, buildAnswer, type CachedAnswer } from './cache.js';
 import {
   emptyAnswer,
@@ -37,6 +43,8 @@ export interface DnsInterceptorOptions {
   readonly now: () => number;
   /** TCP connections idle longer than this are closed (RFC 7766 section 6.2.3). */
   readonly tcpIdleTimeoutMs?: number;
+  /** UDP I/O: batched system calls where available (`auto`, the default) or node:dgram. */
+  readonly udpIo?: UdpIoSetting;
   /**
    * Called with the addresses an answer newly opens (or keeps open longer) for a sandbox; the
    * answer is released once it resolves (the kernel enforcer opens them in the sandbox's
@@ -71,7 +79,7 @@ const MAX_UNSENT_BYTES = 256 * 1024;
  * addresses it hands out before the answer leaves.
  */
 export class DnsInterceptor {
-  private readonly sockets: Array<{ udp: dgram.Socket; tcp: net.Server }> = [];
+  private readonly sockets: Array<{ udp: UdpListener; tcp: net.Server }> = [];
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
   private readonly connections = new Set<net.Socket>();
   /** Open TCP connections by sandbox ID ('' for sources that are no sandbox). */
@@ -95,44 +103,46 @@ export class DnsInterceptor {
   async listen({ host, port }: ListenAddress): Promise<number> {
     // With port 0 the UDP port is free but the same number may be taken for TCP: try again.
     for (let attempt = 1; ; attempt++) {
-      const udp = await this.bindUdp(host, port);
+      const udp = await listenUdp(host, port, {
+        io: this.options.udpIo ?? 'auto',
+        respond: (message, source) => this.answer(message, source, 'udp'),
+        onOversize: (source, length) => {
+          this.count('udp', 'dropped');
+          this.options.logger.debug({ source, length }, 'dns udp datagram too long, dropped');
+        },
+        // A send error (e.g. the client vanished) must never end the listener.
+        onSendError: (error) => this.options.logger.warn({ err: error }, 'dns udp socket error'),
+      });
       const tcp = net.createServer((socket) => this.serveTcp(socket));
       tcp.maxConnections = MAX_TCP_CONNECTIONS;
       try {
-        await listenOn(tcp, { host, port: udp.address().port });
+        await listenOn(tcp, { host, port: udp.port });
       } catch (error) {
-        await new Promise<void>((resolve) => udp.close(() => resolve()));
+        await udp.close();
         if (port !== 0 || attempt >= 20 || (error as NodeJS.ErrnoException).code !== 'EADDRINUSE')
           throw error;
         continue;
       }
       this.sockets.push({ udp, tcp });
-      return udp.address().port;
+      if (this.sockets.length === 1)
+        this.options.logger.info(
+          { io: udp.io, why: udp.io === 'dgram' ? this.dgramReason() : undefined },
+          'dns udp listener',
+        );
+      return udp.port;
     }
   }
 
-  private async bindUdp(host: string, port: number): Promise<dgram.Socket> {
-    const udp = dgram.createSocket({ type: net.isIPv6(host) ? 'udp6' : 'udp4' });
-    udp.on('message', (message, from) => {
-      const send = (reply: Buffer | undefined) => {
-        if (reply) udp.send(reply, from.port, from.address);
-      };
-      const reply = this.answer(message, from.address, 'udp');
-      if (reply instanceof Promise) void reply.then(send);
-      else send(reply);
-    });
-    await new Promise<void>((resolve, reject) => {
-      udp.once('error', reject);
-      udp.bind(port, host, () => {
-        udp.off('error', reject);
-        // A send error (e.g. the client vanished) must never end the listener.
-        udp.on('error', (error) =>
-          this.options.logger.warn({ err: error }, 'dns udp socket error'),
-        );
-        resolve();
-      });
-    });
-    return udp;
+  /** How each UDP listener does its I/O, in the order they were bound. */
+  get udpIo(): UdpIo[] {
+    return this.sockets.map(({ udp }) => udp.io);
+  }
+
+  /** Why this interceptor answers UDP with node:dgram. */
+  private dgramReason(): string {
+    return this.options.udpIo === 'dgram'
+      ? 'configured (--dns-udp-io dgram)'
+      : (batchedUdpUnavailable() ?? 'unknown');
   }
 
   async stop(): Promise<void> {
@@ -141,23 +151,24 @@ export class DnsInterceptor {
       this.sockets
         .splice(0)
         .flatMap(({ udp, tcp }) => [
-          new Promise<void>((resolve) => udp.close(() => resolve())),
+          udp.close(),
           new Promise<void>((resolve) => tcp.close(() => resolve())),
         ]),
     );
   }
 
-  /** Counter children, labelled once (prom-client hashes labels on every labelled call). */
-  private readonly counters = new Map<string, { inc(): void }>();
+  /** Query counts by transport and verdict, each made on first use. */
+  private readonly counts: Record<Transport, Partial<Record<DnsVerdict, HotCount>>> = {
+    udp: {},
+    tcp: {},
+  };
 
   private count(transport: Transport, verdict: DnsVerdict): void {
-    const key = `${transport} ${verdict}`;
-    let counter = this.counters.get(key);
-    if (counter === undefined) {
-      counter = this.options.metrics.dnsQueries.labels({ transport, verdict });
-      this.counters.set(key, counter);
-    }
-    counter.inc();
+    const byVerdict = this.counts[transport];
+    (byVerdict[verdict] ??= this.options.metrics.hotCount(this.options.metrics.dnsQueries, {
+      transport,
+      verdict,
+    })).count++;
   }
 
   /**

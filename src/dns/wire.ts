@@ -53,9 +53,13 @@ export type QueryParse =
 const isNameByte = (c: number) =>
   (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || (c >= 48 && c <= 57) || c === 45 || c === 95;
 
+/** Where readQuestionName spells a name out: room for 255 bytes and one more label. */
+const nameText = Buffer.alloc(MAX_NAME_WIRE_LENGTH + 64);
+
 /** Reads an uncompressed name at `offset`; returns the end offset and the dotted lower-case name. */
 function readQuestionName(buf: Buffer, offset: number): { end: number; name: string } | string {
-  const labels: string[] = [];
+  // Spelled into one scratch buffer and read out once: a name is asked for on every query.
+  let spelled = 0;
   let i = offset;
   for (;;) {
     if (i >= buf.length) return 'the question name runs past the end of the message';
@@ -63,15 +67,17 @@ function readQuestionName(buf: Buffer, offset: number): { end: number; name: str
     if (length === 0) break;
     if (length > 63) return 'the question name uses compression or a reserved label type';
     if (i + 1 + length > buf.length) return 'a label runs past the end of the message';
+    if (spelled > 0) nameText[spelled++] = 0x2e;
     for (let j = i + 1; j <= i + length; j++) {
-      if (!isNameByte(buf[j]!))
-        return `a label holds a byte that is not a letter, digit, "-" or "_" (0x${buf[j]!.toString(16)})`;
+      const c = buf[j]!;
+      if (!isNameByte(c))
+        return `a label holds a byte that is not a letter, digit, "-" or "_" (0x${c.toString(16)})`;
+      nameText[spelled++] = c >= 65 && c <= 90 ? c | 0x20 : c;
     }
-    labels.push(buf.toString('latin1', i + 1, i + 1 + length).toLowerCase());
     i += 1 + length;
     if (i + 1 - offset > MAX_NAME_WIRE_LENGTH) return 'the question name is longer than 255 bytes';
   }
-  return { end: i + 1, name: labels.join('.') };
+  return { end: i + 1, name: nameText.toString('latin1', 0, spelled) };
 }
 
 /** Skips a possibly compressed name in a record; returns the offset after it, or -1. */

@@ -3,6 +3,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import dnsPacket from 'dns-packet';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { compilePolicy, decide, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import { batchedUdpUnavailable } from '../../src/dns/index.js';
 import {
   type DnsHarness,
   decodeReply,
@@ -58,6 +59,7 @@ afterEach(() => dns.stop());
 
 describe('deciding query names', () => {
   it('forwards allowed names and returns their addresses', async () => {
+    expect(dns.interceptor.udpIo).toEqual([batchedUdpUnavailable() ? 'dgram' : 'batched']);
     const reply = await udpQuery(dns.port, SOURCE, 'api.allowed.test');
     expect(reply.rcode).toBe('NOERROR');
     expect(addresses(reply).sort()).toEqual(['93.184.216.7', '93.184.216.8']);
@@ -79,6 +81,22 @@ describe('deciding query names', () => {
     const metrics = await dns.metrics.registry.getSingleMetricAsString('moat_dns_queries_total');
     expect(metrics).toContain('moat_dns_queries_total{transport="udp",verdict="blocked"} 4');
     expect(metrics).toContain('moat_dns_queries_total{transport="tcp",verdict="blocked"} 1');
+    // Counted as plain numbers and published at each scrape: a second scrape adds only what is new.
+    await udpQuery(dns.port, SOURCE, 'again.denied.test');
+    const again = await dns.metrics.registry.getSingleMetricAsString('moat_dns_queries_total');
+    expect(again).toContain('moat_dns_queries_total{transport="udp",verdict="blocked"} 5');
+    expect(again).toContain('moat_dns_queries_total{transport="tcp",verdict="blocked"} 1');
+  });
+
+  it('answers the same over node:dgram when configured to (--dns-udp-io dgram)', async () => {
+    await dns.stop();
+    dns = await startInterceptor(upstream.port, { timeoutMs: 400, udpIo: 'dgram' });
+    expect(dns.interceptor.udpIo).toEqual(['dgram']);
+    dns.table.register(SANDBOX, { sourceAddress: ip(SOURCE), egressSecret: 's' }, ALLOW_TEST);
+    const allowed = await udpQuery(dns.port, SOURCE, 'api.allowed.test');
+    expect(addresses(allowed).sort()).toEqual(['93.184.216.7', '93.184.216.8']);
+    expect((await udpQuery(dns.port, SOURCE, 'secret.denied.test')).rcode).toBe('NXDOMAIN');
+    expect((await udpQuery(dns.port, '127.0.0.1', 'api.allowed.test')).rcode).toBe('REFUSED');
   });
 
   it('echoes the question exactly in answers it makes itself, with and without EDNS', async () => {

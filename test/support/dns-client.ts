@@ -23,7 +23,12 @@ export interface DnsHarness {
 /** Starts Moat as `moat serve` does (loopback, free ports), with a clock the test controls. */
 export async function startInterceptor(
   upstreamPort: number,
-  options: { timeoutMs?: number; rateLimit?: number; realClocks?: boolean } = {},
+  options: {
+    timeoutMs?: number;
+    rateLimit?: number;
+    realClocks?: boolean;
+    udpIo?: 'auto' | 'dgram';
+  } = {},
 ): Promise<DnsHarness> {
   const clock = { now: 1_000_000 };
   const scratch = scratchMoatFlags();
@@ -34,6 +39,7 @@ export async function startInterceptor(
       'dns-timeout-ms': String(options.timeoutMs ?? 1000),
       'dns-rate-limit': String(options.rateLimit ?? 10_000),
       'dns-cache-size': '1000',
+      'dns-udp-io': options.udpIo ?? 'auto',
       'proxy-listen': '127.0.0.1:0',
       'transparent-listen': 'off',
       ...scratch.flags,

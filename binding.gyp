@@ -1,0 +1,9 @@
+{
+  "targets": [
+    {
+      "target_name": "moat_udp_batch",
+      "sources": ["native/udp_batch.c"],
+      "cflags": ["-O2", "-Wall", "-Wextra", "-Werror"]
+    }
+  ]
+}

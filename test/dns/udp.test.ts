@@ -1,0 +1,207 @@
+/**
+ * The interceptor's UDP listener, both ways it can do I/O: batched system calls through
+ * native/udp_batch.c and node:dgram. Real sockets on loopback; the responder here is a plain
+ * function, as the interceptor's `answer` is to the listener.
+ */
+import dgram from 'node:dgram';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, describe, expect, it } from 'vitest';
+import {
+  batchedUdpUnavailable,
+  listenUdp,
+  MAX_UDP_QUERY,
+  type UdpIoSetting,
+  type UdpListener,
+  type UdpListenerOptions,
+} from '../../src/dns/udp.js';
+
+const unavailable = batchedUdpUnavailable();
+if (unavailable !== undefined) console.warn(`batched UDP tests: skipped: ${unavailable}`);
+
+/** A client socket bound on loopback that collects what comes back to it. */
+async function client(family: 4 | 6 = 4): Promise<{
+  socket: dgram.Socket;
+  port: number;
+  replies: Buffer[];
+  waitFor(count: number, timeoutMs?: number): Promise<Buffer[]>;
+}> {
+  const socket = dgram.createSocket(family === 4 ? 'udp4' : 'udp6');
+  const replies: Buffer[] = [];
+  socket.on('message', (message) => replies.push(message));
+  await new Promise<void>((resolve) => socket.bind(0, family === 4 ? '127.0.0.1' : '::1', resolve));
+  return {
+    socket,
+    port: socket.address().port,
+    replies,
+    async waitFor(count, timeoutMs = 5000) {
+      const deadline = Date.now() + timeoutMs;
+      while (replies.length < count && Date.now() < deadline) await sleep(5);
+      return replies;
+    },
+  };
+}
+
+const send = (socket: dgram.Socket, message: Buffer, port: number, host = '127.0.0.1') =>
+  new Promise<void>((resolve, reject) =>
+    socket.send(message, port, host, (error) => (error ? reject(error) : resolve())),
+  );
+
+/** An answer that says which message and which source it answers. */
+const echo = (message: Buffer, source: string) =>
+  Buffer.concat([Buffer.from(`${source}|`), message]);
+
+describe.each<{ io: UdpIoSetting; skip: boolean }>([
+  { io: 'auto', skip: unavailable !== undefined },
+  { io: 'dgram', skip: false },
+])('UDP listener, io=$io', ({ io, skip }) => {
+  const open: Array<UdpListener | dgram.Socket> = [];
+  afterEach(async () => {
+    for (const thing of open.splice(0)) {
+      if (thing instanceof dgram.Socket) thing.close();
+      else await thing.close();
+    }
+  });
+
+  const listen = async (
+    host: string,
+    overrides: Partial<UdpListenerOptions> = {},
+    port = 0,
+  ): Promise<UdpListener> => {
+    const listener = await listenUdp(host, port, {
+      io,
+      respond: echo,
+      onOversize: () => {},
+      onSendError: (error) => {
+        throw error;
+      },
+      ...overrides,
+    });
+    open.push(listener);
+    return listener;
+  };
+  const openClient = async (family: 4 | 6 = 4) => {
+    const c = await client(family);
+    open.push(c.socket);
+    return c;
+  };
+
+  it.skipIf(skip)('uses the I/O it was asked for', async () => {
+    const listener = await listen('127.0.0.1');
+    expect(listener.io).toBe(io === 'auto' ? 'batched' : 'dgram');
+    expect(listener.port).toBeGreaterThan(0);
+  });
+
+  it.skipIf(skip)(
+    'answers a burst from several clients, each its own messages, across batches',
+    async () => {
+      const listener = await listen('127.0.0.1');
+      const clients = await Promise.all([openClient(), openClient()]);
+      // Sent all at once, so the listener finds them queued and reads them in batches (of up to
+      // 64 when batched); few enough to fit its receive buffer, where UDP would drop the rest.
+      const perClient = 60;
+      await Promise.all(
+        clients.flatMap((c, n) =>
+          Array.from({ length: perClient }, (_, i) =>
+            send(c.socket, Buffer.from(`client ${n} message ${i}`), listener.port),
+          ),
+        ),
+      );
+      for (const [n, c] of clients.entries()) {
+        const replies = (await c.waitFor(perClient)).map(String).sort();
+        const expected = Array.from(
+          { length: perClient },
+          (_, i) => `127.0.0.1|client ${n} message ${i}`,
+        ).sort();
+        expect(replies).toEqual(expected);
+      }
+    },
+  );
+
+  it.skipIf(skip)(
+    'sends an answer that comes later with the bytes and peer it was asked with',
+    async () => {
+      let release: () => void = () => {};
+      const later = new Promise<void>((resolve) => (release = resolve));
+      const listener = await listen('127.0.0.1', {
+        respond: (message, source) =>
+          message.toString().startsWith('slow')
+            ? later.then(() => echo(message, source))
+            : echo(message, source),
+      });
+      const slow = await openClient();
+      const fast = await openClient();
+      await send(slow.socket, Buffer.from('slow question'), listener.port);
+      // Many more messages pass through the receive buffers while the slow one waits.
+      for (let i = 0; i < 200; i++)
+        await send(fast.socket, Buffer.from(`fast ${i} ${'x'.repeat(40)}`), listener.port);
+      await fast.waitFor(200);
+      expect(slow.replies).toEqual([]);
+      release();
+      expect((await slow.waitFor(1)).map(String)).toEqual(['127.0.0.1|slow question']);
+      expect(fast.replies).toHaveLength(200);
+    },
+  );
+
+  it.skipIf(skip)('sends nothing when the responder has no answer', async () => {
+    const asked: string[] = [];
+    const listener = await listen('127.0.0.1', {
+      respond: (message, source) => {
+        asked.push(String(message));
+        return message.toString() === 'answer me' ? echo(message, source) : undefined;
+      },
+    });
+    const c = await openClient();
+    await send(c.socket, Buffer.from('stay silent'), listener.port);
+    await send(c.socket, Buffer.from('answer me'), listener.port);
+    expect((await c.waitFor(1)).map(String)).toEqual(['127.0.0.1|answer me']);
+    await sleep(50);
+    expect(c.replies).toHaveLength(1);
+    expect(asked).toEqual(['stay silent', 'answer me']);
+  });
+
+  it.skipIf(skip)(
+    `drops datagrams over ${MAX_UDP_QUERY} bytes unread and answers ones of exactly that`,
+    async () => {
+      const oversize: Array<{ source: string; length: number }> = [];
+      const listener = await listen('127.0.0.1', {
+        respond: (message) => Buffer.from(`${message.length}`),
+        onOversize: (source, length) => oversize.push({ source, length }),
+      });
+      const c = await openClient();
+      await send(c.socket, Buffer.alloc(MAX_UDP_QUERY + 1, 0x61), listener.port);
+      await send(c.socket, Buffer.alloc(9000, 0x62), listener.port);
+      await send(c.socket, Buffer.alloc(MAX_UDP_QUERY, 0x63), listener.port);
+      expect((await c.waitFor(1)).map(String)).toEqual([String(MAX_UDP_QUERY)]);
+      expect(oversize).toEqual([
+        { source: '127.0.0.1', length: MAX_UDP_QUERY + 1 },
+        { source: '127.0.0.1', length: 9000 },
+      ]);
+    },
+  );
+
+  it.skipIf(skip)('answers IPv6 peers, and IPv4 peers of an IPv6 socket', async () => {
+    const v6 = await listen('::1');
+    const c6 = await openClient(6);
+    await send(c6.socket, Buffer.from('over six'), v6.port, '::1');
+    expect((await c6.waitFor(1)).map(String)).toEqual(['::1|over six']);
+
+    // A dual-stack socket (all addresses; only loopback traffic is sent to it).
+    const dual = await listen('::');
+    const c4 = await openClient(4);
+    await send(c4.socket, Buffer.from('over four'), dual.port, '127.0.0.1');
+    const mapped = io === 'dgram' ? '::ffff:127.0.0.1' : '127.0.0.1';
+    expect((await c4.waitFor(1)).map(String)).toEqual([`${mapped}|over four`]);
+  });
+
+  it.skipIf(skip)('frees its port on close, and says when a port is taken', async () => {
+    const first = await listen('127.0.0.1');
+    const port = first.port;
+    await expect(listen('127.0.0.1', {}, port)).rejects.toMatchObject({ code: 'EADDRINUSE' });
+    await first.close();
+    const again = await listen('127.0.0.1', {}, port);
+    expect(again.port).toBe(port);
+    const c = await openClient();
+    await send(c.socket, Buffer.from('still here'), port);
+    expect((await c.waitFor(1)).map(String)).toEqual(['127.0.0.1|still here']);
+  });
+});

@@ -12,7 +12,8 @@
  *   open(host, port, onBatch) -> { handle, port, received, receivedMeta, replies, replyMeta }
  *   send(handle, count) -> undefined | { failed, code }   sends replies[0..count)
  *   close(handle, onClosed)
- * Meta rows are META int32s: [length, family (4 or 6), port, address bytes (4 or 16)...].
+ * Meta rows are META int32s: [length, family (4 or 6), port, address bytes (4 or 16)...,
+ * IPv6 scope id (row[7])].
  * A received datagram longer than SLOT is reported with its real length and no bytes.
  */
 #define _GNU_SOURCE
@@ -35,8 +36,22 @@ enum {
   REPLY_BYTES = BATCH * SLOT,
 };
 
+typedef struct udp_batch udp_batch;
+
+/*
+ * What JavaScript holds: a box that outlives the socket, so that a handle used after its socket
+ * closed finds NULL here instead of freed memory. Freed by the external's finalizer.
+ */
 typedef struct {
+  udp_batch *socket;
+} handle_box;
+
+/* Marks externals made here, so that no other external is ever taken for a socket. */
+static const napi_type_tag HANDLE_TAG = {0x6d6f61745f756470ULL, 0x62617463685f7631ULL};
+
+struct udp_batch {
   napi_env env;
+  handle_box *box;
   napi_ref callback, on_closed;
   napi_ref buffers[4];
   napi_async_context async;
@@ -53,7 +68,7 @@ typedef struct {
   struct mmsghdr messages[BATCH];
   struct iovec slots[BATCH];
   struct sockaddr_in6 peers[BATCH];
-} udp_batch;
+};
 
 #define CHECK(call)                                                                            \
   do {                                                                                         \
@@ -83,7 +98,10 @@ static void write_peer(int32_t *row, const struct sockaddr_in6 *peer) {
     row[1] = 6;
     row[2] = ntohs(peer->sin6_port);
     memcpy(address, &peer->sin6_addr, 16);
+    row[7] = (int32_t)peer->sin6_scope_id;
+    return;
   }
+  row[7] = 0;
 }
 
 /* Reads a meta row into a destination for this socket's family; 0 when it cannot be one. */
@@ -107,6 +125,7 @@ static socklen_t read_peer(const udp_batch *s, const int32_t *row, struct sockad
     memcpy(&peer->sin6_addr.s6_addr[12], address, 4);
   } else if (row[1] == 6) {
     memcpy(&peer->sin6_addr, address, 16);
+    peer->sin6_scope_id = (uint32_t)row[7];
   } else {
     return 0;
   }
@@ -137,25 +156,36 @@ static int receive_batch(udp_batch *s) {
   return count;
 }
 
-static void deliver(udp_batch *s, int count) {
-  napi_env env = s->env;
-  napi_value callback, receiver, argument, result;
-  if (napi_get_reference_value(env, s->callback, &callback) != napi_ok) return;
-  napi_get_global(env, &receiver); /* MakeCallback wants an object */
-  napi_create_int32(env, count, &argument);
-  if (napi_make_callback(env, s->async, receiver, callback, 1, &argument, &result) ==
+/* Calls fn; an exception it throws goes where a throwing 'message' listener's would. */
+static void call_js(udp_batch *s, napi_value fn, size_t argc, const napi_value *argv) {
+  napi_value receiver, result;
+  napi_get_global(s->env, &receiver); /* MakeCallback wants an object */
+  if (napi_make_callback(s->env, s->async, receiver, fn, argc, argv, &result) ==
       napi_pending_exception) {
-    /* As a throwing 'message' listener would: the process's uncaughtException handling. */
     napi_value error;
-    napi_get_and_clear_last_exception(env, &error);
-    napi_fatal_exception(env, error);
+    napi_get_and_clear_last_exception(s->env, &error);
+    napi_fatal_exception(s->env, error);
   }
+}
+
+static void deliver(udp_batch *s, int count) {
+  napi_value callback, argument;
+  if (napi_get_reference_value(s->env, s->callback, &callback) != napi_ok) return;
+  napi_create_int32(s->env, count, &argument);
+  call_js(s, callback, 1, &argument);
 }
 
 static void on_readable(uv_poll_t *poll, int status, int events) {
   (void)events;
   udp_batch *s = poll->data;
-  (void)status; /* on an error, recvmmsg reports and clears it */
+  if (status < 0) {
+    /* libuv stops a poll that saw POLLERR: clear the socket's error and poll again. */
+    int error;
+    socklen_t length = sizeof error;
+    getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &error, &length);
+    if (!s->closing) uv_poll_start(&s->poll, UV_READABLE, on_readable);
+    return;
+  }
   napi_handle_scope scope;
   if (napi_open_handle_scope(s->env, &scope) != napi_ok) return;
   for (int round = 0; round < ROUNDS && !s->closing; round++) {
@@ -175,17 +205,14 @@ static void on_poll_closed(uv_handle_t *handle) {
   napi_handle_scope scope;
   int scoped = napi_open_handle_scope(env, &scope) == napi_ok;
   if (scoped && s->on_closed != NULL) napi_get_reference_value(env, s->on_closed, &on_closed);
-  if (on_closed != NULL && !s->env_ending) {
-    napi_value receiver, result;
-    napi_get_global(env, &receiver); /* MakeCallback wants an object */
-    napi_make_callback(env, s->async, receiver, on_closed, 0, NULL, &result);
-  }
+  if (on_closed != NULL && !s->env_ending) call_js(s, on_closed, 0, NULL);
   if (scoped) napi_close_handle_scope(env, scope);
   napi_delete_reference(env, s->callback);
   if (s->on_closed != NULL) napi_delete_reference(env, s->on_closed);
   for (int i = 0; i < 4; i++) napi_delete_reference(env, s->buffers[i]);
   napi_async_destroy(env, s->async);
   if (s->cleanup != NULL) napi_remove_async_cleanup_hook(s->cleanup);
+  if (s->box != NULL) s->box->socket = NULL;
   free(s);
 }
 
@@ -194,6 +221,18 @@ static void begin_close(udp_batch *s) {
   s->closing = 1;
   uv_poll_stop(&s->poll);
   uv_close((uv_handle_t *)&s->poll, on_poll_closed);
+}
+
+/* The handle was collected: close a socket still open (udp.ts always closes first). */
+static void finalize_box(napi_env env, void *data, void *hint) {
+  (void)env;
+  (void)hint;
+  handle_box *box = data;
+  if (box->socket != NULL) {
+    box->socket->box = NULL;
+    begin_close(box->socket);
+  }
+  free(box);
 }
 
 /* The environment is going away (process or worker exit) with the socket still open. */
@@ -305,7 +344,16 @@ static napi_value open_socket(napi_env env, napi_callback_info info) {
   napi_add_async_cleanup_hook(env, on_env_cleanup, s, &s->cleanup);
 
   CHECK(napi_create_object(env, &result));
-  CHECK(napi_create_external(env, s, NULL, NULL, &handle));
+  handle_box *box = malloc(sizeof *box);
+  if (box == NULL) {
+    begin_close(s);
+    napi_throw_error(env, "ENOMEM", "udp batch: out of memory");
+    return NULL;
+  }
+  box->socket = s;
+  s->box = box;
+  CHECK(napi_create_external(env, box, finalize_box, NULL, &handle));
+  CHECK(napi_type_tag_object(env, handle, &HANDLE_TAG));
   CHECK(napi_set_named_property(env, result, "handle", handle));
   CHECK(napi_create_int32(env, ntohs(bound.sin6_port), &value));
   CHECK(napi_set_named_property(env, result, "port", value));
@@ -317,8 +365,12 @@ static napi_value open_socket(napi_env env, napi_callback_info info) {
 }
 
 static udp_batch *open_handle(napi_env env, napi_value value) {
-  udp_batch *s = NULL;
-  if (napi_get_value_external(env, value, (void **)&s) != napi_ok || s == NULL || s->closing) {
+  bool tagged = false;
+  handle_box *box = NULL;
+  if (napi_check_object_type_tag(env, value, &HANDLE_TAG, &tagged) == napi_ok && tagged)
+    napi_get_value_external(env, value, (void **)&box);
+  udp_batch *s = box != NULL ? box->socket : NULL;
+  if (s == NULL || s->closing) {
     napi_throw_error(env, "ERR_SOCKET_DGRAM_NOT_RUNNING", "the udp socket is closed");
     return NULL;
   }

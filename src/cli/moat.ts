@@ -162,7 +162,8 @@ function sandboxEnvironment(record: SandboxRecord, proxy: HostPort): Record<stri
 }
 
 /** Milliseconds on a clock that only moves forward (it starts at the wall time of start-up). */
-const steadyNow = (): number => performance.timeOrigin + performance.now();
+const TIME_ORIGIN = performance.timeOrigin; // a getter with checks, read on every DNS query
+const steadyNow = (): number => TIME_ORIGIN + performance.now();
 
 /** Starts every part Moat runs, wired together as `moat serve` runs them. */
 export interface StartOptions {

@@ -107,7 +107,7 @@ class BatchedUdpListener implements UdpListener {
   private readonly receivedBytes: Uint8Array;
   /** IPv4 sources as text by their 32 bits: the same few sandboxes ask again and again. */
   private readonly sourceText = new Map<number, string>();
-  private closed = false;
+  private closed: Promise<void> | undefined;
 
   constructor(
     private readonly addon: UdpBatchAddon,
@@ -125,9 +125,8 @@ class BatchedUdpListener implements UdpListener {
   }
 
   close(): Promise<void> {
-    if (this.closed) return Promise.resolve();
-    this.closed = true;
-    return new Promise((resolve) => this.addon.close(this.socket.handle, resolve));
+    this.closed ??= new Promise((resolve) => this.addon.close(this.socket.handle, resolve));
+    return this.closed;
   }
 
   private answerBatch(count: number): void {
@@ -145,11 +144,13 @@ class BatchedUdpListener implements UdpListener {
       // A copy: an answer that waits for upstream outlives this batch's buffer.
       const message = Buffer.from(received.subarray(i * SLOT, i * SLOT + length));
       const reply = this.options.respond(message, source);
-      if (reply === undefined) continue;
+      // Port 0 cannot be answered (a raw socket can send from it); nor can a silent query.
+      if (reply === undefined || this.receivedMeta[row + 2] === 0) continue;
       if (reply instanceof Promise) {
         const peer = this.receivedMeta.slice(row, row + META);
         void reply.then((late) => {
-          if (late !== undefined && !this.closed && this.stage(0, 0, late, peer, 0)) this.send(1);
+          if (late !== undefined && this.closed === undefined && this.stage(0, 0, late, peer, 0))
+            this.send(1);
         });
         continue;
       }
@@ -205,7 +206,10 @@ class BatchedUdpListener implements UdpListener {
       groups.push(((bytes[at + g]! << 8) | bytes[at + g + 1]!).toString(16));
     const expanded = groups.join(':');
     const parsed = parseIP(expanded);
-    return parsed.ok ? parsed.value.text : expanded;
+    const text = parsed.ok ? parsed.value.text : expanded;
+    // A link-local peer's scope: its interface index (node:dgram gives the interface's name).
+    const scope = this.receivedMeta[row + 7]!;
+    return scope === 0 ? text : `${text}%${scope}`;
   }
 }
 
@@ -215,10 +219,17 @@ async function listenDgram(
   options: UdpListenerOptions,
 ): Promise<UdpListener> {
   const udp = dgram.createSocket({ type: net.isIPv6(host) ? 'udp6' : 'udp4' });
+  let closing = false;
   udp.on('message', (message, from) => {
     if (message.length > MAX_UDP_QUERY) return options.onOversize(from.address, message.length);
     const send = (reply: Buffer | undefined) => {
-      if (reply) udp.send(reply, from.port, from.address);
+      // Port 0 cannot be answered (a raw socket can send from it), and dgram throws for it.
+      if (reply === undefined || from.port === 0 || closing) return;
+      try {
+        udp.send(reply, from.port, from.address);
+      } catch (error) {
+        options.onSendError(error as Error);
+      }
     };
     const reply = options.respond(message, from.address);
     if (reply instanceof Promise) void reply.then(send);
@@ -234,7 +245,6 @@ async function listenDgram(
     });
   });
   const closed = new Promise<void>((resolve) => udp.once('close', resolve));
-  let closing = false;
   return {
     port: udp.address().port,
     io: 'dgram',

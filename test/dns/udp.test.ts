@@ -3,7 +3,10 @@
  * native/udp_batch.c and node:dgram. Real sockets on loopback; the responder here is a plain
  * function, as the interceptor's `answer` is to the listener.
  */
+import { spawnSync } from 'node:child_process';
 import dgram from 'node:dgram';
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
@@ -17,6 +20,26 @@ import {
 
 const unavailable = batchedUdpUnavailable();
 if (unavailable !== undefined) console.warn(`batched UDP tests: skipped: ${unavailable}`);
+
+/**
+ * Sends `payload` over UDP from 127.0.0.1 source port 0 to 127.0.0.1:port, through a raw socket
+ * (no socket API sends from port 0): python3 and root, or the reason it cannot.
+ */
+function sendFromPortZero(port: number, payload: Buffer): string | undefined {
+  const script = [
+    'import socket, struct, sys',
+    'port, payload = int(sys.argv[1]), bytes.fromhex(sys.argv[2])',
+    "udp = struct.pack('>HHHH', 0, port, 8 + len(payload), 0) + payload",
+    's = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)',
+    "s.sendto(udp, ('127.0.0.1', 0))",
+  ].join('\n');
+  const run = spawnSync('python3', ['-c', script, String(port), payload.toString('hex')], {
+    encoding: 'utf8',
+    timeout: 10_000,
+  });
+  if (run.error) return `python3: ${run.error.message}`;
+  return run.status === 0 ? undefined : `raw socket: ${run.stderr.trim().split('\n').pop()}`;
+}
 
 /** A client socket bound on loopback that collects what comes back to it. */
 async function client(family: 4 | 6 = 4): Promise<{
@@ -193,6 +216,52 @@ describe.each<{ io: UdpIoSetting; skip: boolean }>([
     expect((await c4.waitFor(1)).map(String)).toEqual([`${mapped}|over four`]);
   });
 
+  it.skipIf(skip)('ignores a datagram from source port 0 and keeps answering', async (ctx) => {
+    const errors: Error[] = [];
+    const asked: string[] = [];
+    const listener = await listen('127.0.0.1', {
+      respond: (message, source) => {
+        asked.push(String(message));
+        return message.toString() === 'later'
+          ? Promise.resolve(echo(message, source))
+          : echo(message, source);
+      },
+      onSendError: (error) => errors.push(error),
+    });
+    for (const payload of ['now', 'later']) {
+      const problem = sendFromPortZero(listener.port, Buffer.from(payload));
+      if (problem !== undefined) {
+        console.warn(`port-0 test: skipped: ${problem}`);
+        return ctx.skip();
+      }
+    }
+    const c = await openClient();
+    await send(c.socket, Buffer.from('after'), listener.port);
+    expect((await c.waitFor(1)).map(String)).toEqual(['127.0.0.1|after']);
+    expect(asked).toEqual(['now', 'later', 'after']);
+    expect(errors).toEqual([]);
+  });
+
+  it.skipIf(skip)('drops an answer that comes after close, and closes once', async () => {
+    let release: () => void = () => {};
+    const later = new Promise<void>((resolve) => (release = resolve));
+    const errors: Error[] = [];
+    const listener = await listen('127.0.0.1', {
+      respond: (message, source) => later.then(() => echo(message, source)),
+      onSendError: (error) => errors.push(error),
+    });
+    const c = await openClient();
+    await send(c.socket, Buffer.from('too late'), listener.port);
+    await sleep(50);
+    const closing = [listener.close(), listener.close()];
+    release();
+    await Promise.all(closing);
+    await listener.close();
+    await sleep(50);
+    expect(c.replies).toEqual([]);
+    expect(errors).toEqual([]);
+  });
+
   it.skipIf(skip)('frees its port on close, and says when a port is taken', async () => {
     const first = await listen('127.0.0.1');
     const port = first.port;
@@ -203,5 +272,40 @@ describe.each<{ io: UdpIoSetting; skip: boolean }>([
     const c = await openClient();
     await send(c.socket, Buffer.from('still here'), port);
     expect((await c.waitFor(1)).map(String)).toEqual(['127.0.0.1|still here']);
+  });
+});
+
+describe.skipIf(unavailable !== undefined)('the native addon itself', () => {
+  const addon = createRequire(import.meta.url)(
+    join(import.meta.dirname, '..', '..', 'build', 'Release', 'moat_udp_batch.node'),
+  ) as {
+    open(
+      host: string,
+      port: number,
+      onBatch: () => void,
+    ): { handle: unknown; port: number; replyMeta: Buffer };
+    send(handle: unknown, count: number): unknown;
+    close(handle: unknown, onClosed: () => void): void;
+  };
+
+  it('refuses a handle whose socket closed, and anything that is not its handle', async () => {
+    const socket = addon.open('127.0.0.1', 0, () => {});
+    await new Promise<void>((resolve) => addon.close(socket.handle, resolve));
+    // The socket's memory is gone; the handle must say so rather than reach it.
+    expect(() => addon.send(socket.handle, 0)).toThrow(/closed/);
+    expect(() => addon.close(socket.handle, () => {})).toThrow(/closed/);
+    expect(() => addon.send({}, 0)).toThrow();
+    expect(() => addon.send(socket, 0)).toThrow();
+  });
+
+  it('checks what it is asked to send against its buffers', async () => {
+    const socket = addon.open('127.0.0.1', 0, () => {});
+    const meta = new Int32Array(socket.replyMeta.buffer, socket.replyMeta.byteOffset, 16);
+    meta.set([64 * 4096 + 1, 4, 53, 0x0100007f]);
+    expect(() => addon.send(socket.handle, 1)).toThrow(/overrun/);
+    meta.set([-1, 4, 53, 0x0100007f]);
+    expect(() => addon.send(socket.handle, 1)).toThrow(/overrun/);
+    expect(() => addon.send(socket.handle, 65)).toThrow(/count/);
+    await new Promise<void>((resolve) => addon.close(socket.handle, resolve));
   });
 });

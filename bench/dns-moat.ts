@@ -5,7 +5,8 @@
  * to register a sandbox, and the interceptor REFUSES unknown sources, so the harness registers
  * one sandbox at the benchmark client's source address with a default-allow policy.
  *
- * argv: <DNS listen port> <upstream port> <sandbox source address> [lifetime seconds].
+ * argv: <DNS listen port> <upstream port> <sandbox source address> [lifetime seconds]
+ * [--dns-udp-io value, default auto].
  * The egress proxy listens on a free loopback port and the transparent listener is off, so
  * nothing else is disturbed. Tells the parent the DNS port over IPC; stops cleanly on SIGTERM,
  * SIGINT or when the parent disconnects (so that `node --cpu-prof` can write its profile), and
@@ -22,7 +23,8 @@ const BENCH_RATE_LIMIT = 10_000_000;
 const BENCH_SANDBOX_ID = 'isandboxbench00000001';
 
 async function main(): Promise<void> {
-  const [listenPort = '0', upstreamPort, source, lifetime = '900'] = process.argv.slice(2);
+  const [listenPort = '0', upstreamPort, source, lifetime = '900', udpIo = 'auto'] =
+    process.argv.slice(2);
   if (upstreamPort === undefined || source === undefined) {
     throw new Error('usage: dns-moat.js <listen port> <upstream port> <source address> [seconds]');
   }
@@ -32,6 +34,7 @@ async function main(): Promise<void> {
       'dns-listen': `127.0.0.1:${listenPort}`,
       'dns-upstream': `127.0.0.1:${upstreamPort}`,
       'dns-rate-limit': String(BENCH_RATE_LIMIT),
+      'dns-udp-io': udpIo,
       'log-level': 'warn',
       'proxy-listen': '127.0.0.1:0',
       'transparent-listen': 'off',
@@ -82,6 +85,7 @@ async function main(): Promise<void> {
       process.send?.({
         metrics: counts,
         learned: moat.table.get(BENCH_SANDBOX_ID)?.learned.size,
+        udpIo: moat.dns.udpIo.join(', '),
       });
     });
   });

@@ -25,7 +25,8 @@
  * nothing starts on port 53.
  *
  * Options: --rounds=3, --seconds=8 (per measured run), --clients=4, --outstanding=100 (dnsperf
- * -c and -q), --workloads=hit,fwd, --strict (exit 1 when a target fails), --no-pin. Diagnostics:
+ * -c and -q), --workloads=hit,fwd, --strict (exit 1 when a target fails), --no-pin, --udp-io=auto
+ * (Moat's --dns-udp-io; dgram measures the node:dgram fallback). Diagnostics:
  * --profile (Moat under `node --cpu-prof`, with a summary of where its CPU time went),
  * --shared-address (every name resolves to one address, which keeps Moat's learned-address
  * table small), --node-flags="..." (extra node flags for Moat), --keep (keep the scratch folder
@@ -86,6 +87,8 @@ interface Options {
   /** Keep the scratch folder (query files, logs, profiles) instead of removing it. */
   readonly keep: boolean;
   readonly strict: boolean;
+  /** Moat's --dns-udp-io. */
+  readonly udpIo: string;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -367,6 +370,7 @@ function parseOptions(): Options {
       'shared-address': { type: 'boolean', default: false },
       keep: { type: 'boolean', default: false },
       strict: { type: 'boolean', default: false },
+      'udp-io': { type: 'string', default: 'auto' },
     },
   });
   const int = (name: string, text: string, min: number, max: number) => {
@@ -390,6 +394,7 @@ function parseOptions(): Options {
     sharedAddress: values['shared-address'],
     keep: values.keep || values.profile,
     strict: values.strict,
+    udpIo: values['udp-io'],
   };
 }
 
@@ -517,7 +522,7 @@ async function run(options: Options, dir: string): Promise<void> {
   const moat = await forkServer(
     'server',
     './dns-moat.js',
-    ['0', String(upstream.port), CLIENT_ADDRESS, lifetime],
+    ['0', String(upstream.port), CLIENT_ADDRESS, lifetime, options.udpIo],
     [
       ...options.nodeFlags,
       ...(options.profile ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : []),
@@ -736,7 +741,7 @@ async function run(options: Options, dir: string): Promise<void> {
     if (workload === 'fwd') rmSync(file, { force: true });
   }
 
-  const moatCounts = await ask<{ metrics: Record<string, number>; learned: number }>(
+  const moatCounts = await ask<{ metrics: Record<string, number>; learned: number; udpIo: string }>(
     moat.child,
     'metrics',
     'metrics',
@@ -848,7 +853,7 @@ async function run(options: Options, dir: string): Promise<void> {
       .map(([k, v]) => `${k} ${formatInt(v)}`)
       .join(', ');
     console.log(
-      `\nMoat's counters over the whole run: ${counts}; learned addresses held ${formatInt(moatCounts.learned)}.`,
+      `\nMoat's counters over the whole run: ${counts}; learned addresses held ${formatInt(moatCounts.learned)}; UDP I/O ${moatCounts.udpIo}.`,
     );
   }
 

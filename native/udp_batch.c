@@ -309,11 +309,16 @@ static napi_value open_socket(napi_env env, napi_callback_info info) {
   getsockname(fd, (struct sockaddr *)&bound, &bound_length);
 
   udp_batch *s = calloc(1, sizeof *s);
-  if (s == NULL) {
+  handle_box *box = malloc(sizeof *box);
+  if (s == NULL || box == NULL) {
+    free(s);
+    free(box);
     close(fd);
     napi_throw_error(env, "ENOMEM", "udp batch: out of memory");
     return NULL;
   }
+  box->socket = s;
+  s->box = box;
   s->env = env;
   s->fd = fd;
   s->family = family;
@@ -331,6 +336,7 @@ static napi_value open_socket(napi_env env, napi_callback_info info) {
       napi_async_init(env, NULL, resource_name, &s->async) != napi_ok ||
       napi_get_uv_event_loop(env, &loop) != napi_ok) {
     close(fd);
+    free(box);
     free(s); /* the references leak with the failed call, which only runs out of memory */
     return NULL;
   }
@@ -344,14 +350,6 @@ static napi_value open_socket(napi_env env, napi_callback_info info) {
   napi_add_async_cleanup_hook(env, on_env_cleanup, s, &s->cleanup);
 
   CHECK(napi_create_object(env, &result));
-  handle_box *box = malloc(sizeof *box);
-  if (box == NULL) {
-    begin_close(s);
-    napi_throw_error(env, "ENOMEM", "udp batch: out of memory");
-    return NULL;
-  }
-  box->socket = s;
-  s->box = box;
   CHECK(napi_create_external(env, box, finalize_box, NULL, &handle));
   CHECK(napi_type_tag_object(env, handle, &HANDLE_TAG));
   CHECK(napi_set_named_property(env, result, "handle", handle));

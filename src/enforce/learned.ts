@@ -4,8 +4,10 @@ interface LearnedEntry {
   readonly ip: IPAddress;
   /** Every name the address was given for, each with its own expiry (ms). */
   readonly names: Map<CanonicalName, number>;
-  /** The latest of those: how long the address stays open in the firewall. */
+  /** The latest of those. */
   expiresAt: number;
+  /** How long the firewall was told to keep the address open: expiresAt and a margin. */
+  firewallUntil: number;
 }
 
 /**
@@ -13,6 +15,15 @@ interface LearnedEntry {
  * than this many names of one address gains nothing from the rest: the soonest to expire goes.
  */
 const MAX_NAMES_PER_ADDRESS = 16;
+
+/**
+ * How much longer than its expiry the firewall keeps a learned address open: an eighth of the
+ * TTL, at most 5 s. Each answer moves an expiry a little (a cached answer's aged TTL by up to a
+ * second, a TTL clamped to the minimum by the time since the last query), and without a margin
+ * every one of them, a cache hit included, would wait for a firewall change.
+ */
+const firewallMarginMs = (ttlSeconds: number) => Math.min(ttlSeconds * 125, 5_000);
+const MAX_FIREWALL_MARGIN_MS = 5_000;
 
 /**
  * Addresses the DNS interceptor gave one sandbox for allowed names, each name until its clamped
@@ -46,17 +57,20 @@ export class LearnedAddressTable implements LearnedAddresses {
   }
 
   /**
-   * Records that `ip` was given for `name`, for `ttlSeconds` (already clamped). Returns the
-   * address's expiry when this added it or moved it out, undefined when that did not change.
+   * Records that `ip` was given for `name`, for `ttlSeconds` (already clamped). Returns how long
+   * the firewall must now keep the address open when that grew (it was added, or its expiry
+   * passed what the firewall was last told), undefined when the firewall already covers it.
    */
   learn(ip: IPAddress, name: CanonicalName, ttlSeconds: number): number | undefined {
     const expiresAt = this.now() + ttlSeconds * 1000;
+    const firewallUntil = expiresAt + firewallMarginMs(ttlSeconds);
     const entry = this.byAddress.get(ip.text);
     if (entry === undefined) {
       if (this.byAddress.size >= this.capacity)
         this.byAddress.delete(this.byAddress.keys().next().value!);
-      this.byAddress.set(ip.text, { ip, names: new Map([[name, expiresAt]]), expiresAt });
-      return expiresAt;
+      const names = new Map([[name, expiresAt]]);
+      this.byAddress.set(ip.text, { ip, names, expiresAt, firewallUntil });
+      return firewallUntil;
     }
     // Never shorten: a later answer for the same name may carry a lower TTL.
     if ((entry.names.get(name) ?? 0) < expiresAt) {
@@ -71,7 +85,9 @@ export class LearnedAddressTable implements LearnedAddresses {
     // Extended: now the most recent, the last to be evicted.
     this.byAddress.delete(ip.text);
     this.byAddress.set(ip.text, entry);
-    return expiresAt;
+    if (expiresAt <= entry.firewallUntil) return undefined;
+    entry.firewallUntil = firewallUntil;
+    return firewallUntil;
   }
 
   /**
@@ -88,12 +104,12 @@ export class LearnedAddressTable implements LearnedAddresses {
     return dropped;
   }
 
-  /** Live addresses with how long each stays open, for the kernel enforcer. */
+  /** Live addresses with how long the firewall keeps each open, for the kernel enforcer. */
   entries(): Array<{ address: IPAddress; expiresAt: number }> {
     const now = this.now();
     return [...this.byAddress.values()]
       .filter((entry) => entry.expiresAt > now)
-      .map((entry) => ({ address: entry.ip, expiresAt: entry.expiresAt }));
+      .map((entry) => ({ address: entry.ip, expiresAt: entry.firewallUntil }));
   }
 
   /** Removes expired names and those `keep` rejects; false when none is left. */
@@ -106,6 +122,8 @@ export class LearnedAddressTable implements LearnedAddresses {
       else latest = Math.max(latest, expiresAt);
     }
     entry.expiresAt = latest;
+    // A name that went takes its time with it, in the firewall too (on the next rewrite).
+    entry.firewallUntil = Math.min(entry.firewallUntil, latest + MAX_FIREWALL_MARGIN_MS);
     return entry.names.size > 0;
   }
 }

@@ -69,3 +69,47 @@ describe('learned address bound', () => {
     expect(table.names(ip('93.184.216.31'))).toEqual(['a.test']);
   });
 });
+
+describe('learned addresses and the firewall', () => {
+  it('tells the firewall an eighth of the TTL more, at most 5 s', () => {
+    const table = new LearnedAddressTable(() => 0, 10);
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 1)).toBe(1_125);
+    expect(table.learn(ip('93.184.216.32'), name('a.test'), 8)).toBe(9_000);
+    expect(table.learn(ip('93.184.216.33'), name('a.test'), 300)).toBe(305_000);
+    expect(table.entries().map((e) => e.expiresAt)).toEqual([1_125, 9_000, 305_000]);
+  });
+
+  it('needs no firewall change for repeats of a cached answer, whose expiry only wobbles', () => {
+    let now = 0;
+    const table = new LearnedAddressTable(() => now, 10);
+    // A cached answer stored at 0 with TTL 300: each hit ages it in whole seconds.
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 300)).toBe(305_000);
+    const changes: number[] = [];
+    for (now = 100; now < 299_000; now += 1_003) {
+      const told = table.learn(ip('93.184.216.31'), name('a.test'), 300 - Math.floor(now / 1000));
+      if (told !== undefined) changes.push(told);
+    }
+    expect(changes).toEqual([]);
+    expect(table.names(ip('93.184.216.31'))).toEqual(['a.test']);
+  });
+
+  it('moves the firewall on only when the expiry passes what it was told', () => {
+    let now = 0;
+    const table = new LearnedAddressTable(() => now, 10);
+    // A TTL clamped to the 30 s minimum: every query pushes the expiry on.
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBe(33_750);
+    now = 3_000;
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBeUndefined();
+    now = 4_000;
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBe(37_750);
+    expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 37_750 }]);
+  });
+
+  it('takes a dropped name’s time out of the firewall too', () => {
+    const table = new LearnedAddressTable(() => 0, 10);
+    table.learn(ip('93.184.216.31'), name('long.test'), 3_600);
+    table.learn(ip('93.184.216.31'), name('short.test'), 60);
+    table.retain((kept) => kept === 'short.test');
+    expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 65_000 }]);
+  });
+});

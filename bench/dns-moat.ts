@@ -26,7 +26,9 @@ async function main(): Promise<void> {
   const [listenPort = '0', upstreamPort, source, lifetime = '900', udpIo = 'auto'] =
     process.argv.slice(2);
   if (upstreamPort === undefined || source === undefined) {
-    throw new Error('usage: dns-moat.js <listen port> <upstream port> <source address> [seconds]');
+    throw new Error(
+      'usage: dns-moat.js <listen port> <upstream port> <source address> [seconds] [udp io]',
+    );
   }
   const scratch = scratchMoatFlags();
   const loaded = loadConfig({

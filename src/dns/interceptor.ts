@@ -307,6 +307,7 @@ export class DnsInterceptor {
           { sandboxID: sandbox.sandboxID, destination: name, err: error.message },
           'learned addresses could not be opened in the firewall',
         );
+        sandbox.learned.firewallMissed(opened.map((element) => element.address));
         return reply;
       },
     );

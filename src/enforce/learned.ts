@@ -62,9 +62,16 @@ export class LearnedAddressTable implements LearnedAddresses {
    * passed what the firewall was last told), undefined when the firewall already covers it.
    */
   learn(ip: IPAddress, name: CanonicalName, ttlSeconds: number): number | undefined {
-    const expiresAt = this.now() + ttlSeconds * 1000;
+    const now = this.now();
+    const expiresAt = now + ttlSeconds * 1000;
     const firewallUntil = expiresAt + firewallMarginMs(ttlSeconds);
-    const entry = this.byAddress.get(ip.text);
+    let entry = this.byAddress.get(ip.text);
+    // An expired entry is learned afresh: the firewall may no longer hold it (a rewrite from
+    // entries() leaves it out), whatever it was once told.
+    if (entry !== undefined && entry.expiresAt <= now) {
+      this.byAddress.delete(ip.text);
+      entry = undefined;
+    }
     if (entry === undefined) {
       if (this.byAddress.size >= this.capacity)
         this.byAddress.delete(this.byAddress.keys().next().value!);
@@ -88,6 +95,14 @@ export class LearnedAddressTable implements LearnedAddresses {
     if (expiresAt <= entry.firewallUntil) return undefined;
     entry.firewallUntil = firewallUntil;
     return firewallUntil;
+  }
+
+  /** The firewall did not take these addresses: the next answer for each tells it again. */
+  firewallMissed(addresses: readonly IPAddress[]): void {
+    for (const ip of addresses) {
+      const entry = this.byAddress.get(ip.text);
+      if (entry !== undefined) entry.firewallUntil = entry.expiresAt;
+    }
   }
 
   /**

@@ -105,6 +105,26 @@ describe('learned addresses and the firewall', () => {
     expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 37_750 }]);
   });
 
+  it('tells the firewall again about an address whose expiry passed, margin or not', () => {
+    let now = 0;
+    const table = new LearnedAddressTable(() => now, 10);
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 40)).toBe(45_000);
+    // Expired, within the margin; a rewrite of the firewall from entries() leaves it out.
+    now = 40_500;
+    expect(table.entries()).toEqual([]);
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 3)).toBe(43_875);
+    expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 43_875 }]);
+  });
+
+  it('tells the firewall again after it missed an address', () => {
+    let now = 0;
+    const table = new LearnedAddressTable(() => now, 10);
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBe(33_750);
+    table.firewallMissed([ip('93.184.216.31'), ip('93.184.216.99')]);
+    now = 100;
+    expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBe(33_850);
+  });
+
   it('takes a dropped name’s time out of the firewall too', () => {
     const table = new LearnedAddressTable(() => 0, 10);
     table.learn(ip('93.184.216.31'), name('long.test'), 3_600);

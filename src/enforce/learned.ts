@@ -22,8 +22,9 @@ const MAX_NAMES_PER_ADDRESS = 16;
  * second, a TTL clamped to the minimum by the time since the last query), and without a margin
  * every one of them, a cache hit included, would wait for a firewall change.
  */
-const firewallMarginMs = (ttlSeconds: number) => Math.min(ttlSeconds * 125, 5_000);
 const MAX_FIREWALL_MARGIN_MS = 5_000;
+const firewallMarginMs = (ttlSeconds: number) =>
+  Math.min(ttlSeconds * 125, MAX_FIREWALL_MARGIN_MS);
 
 /**
  * Addresses the DNS interceptor gave one sandbox for allowed names, each name until its clamped

@@ -23,8 +23,7 @@ const MAX_NAMES_PER_ADDRESS = 16;
  * every one of them, a cache hit included, would wait for a firewall change.
  */
 const MAX_FIREWALL_MARGIN_MS = 5_000;
-const firewallMarginMs = (ttlSeconds: number) =>
-  Math.min(ttlSeconds * 125, MAX_FIREWALL_MARGIN_MS);
+const firewallMarginMs = (ttlSeconds: number) => Math.min(ttlSeconds * 125, MAX_FIREWALL_MARGIN_MS);
 
 /**
  * Addresses the DNS interceptor gave one sandbox for allowed names, each name until its clamped

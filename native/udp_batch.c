@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
+#include "napi_shared.h"
 
 enum {
   BATCH = 64,    /* datagrams per system call */
@@ -69,18 +70,6 @@ struct udp_batch {
   struct iovec slots[BATCH];
   struct sockaddr_in6 peers[BATCH];
 };
-
-#define CHECK(call)                                                                            \
-  do {                                                                                         \
-    if ((call) != napi_ok) return NULL;                                                        \
-  } while (0)
-
-static void throw_errno(napi_env env, const char *what, int error) {
-  char message[160];
-  int code = uv_translate_sys_error(error);
-  snprintf(message, sizeof message, "%s: %s", what, uv_strerror(code));
-  napi_throw_error(env, uv_err_name(code), message);
-}
 
 /* Writes a peer into a meta row; IPv4-mapped IPv6 peers of a dual-stack socket become IPv4. */
 static void write_peer(int32_t *row, const struct sockaddr_in6 *peer) {
@@ -156,23 +145,11 @@ static int receive_batch(udp_batch *s) {
   return count;
 }
 
-/* Calls fn; an exception it throws goes where a throwing 'message' listener's would. */
-static void call_js(udp_batch *s, napi_value fn, size_t argc, const napi_value *argv) {
-  napi_value receiver, result;
-  napi_get_global(s->env, &receiver); /* MakeCallback wants an object */
-  if (napi_make_callback(s->env, s->async, receiver, fn, argc, argv, &result) ==
-      napi_pending_exception) {
-    napi_value error;
-    napi_get_and_clear_last_exception(s->env, &error);
-    napi_fatal_exception(s->env, error);
-  }
-}
-
 static void deliver(udp_batch *s, int count) {
   napi_value callback, argument;
   if (napi_get_reference_value(s->env, s->callback, &callback) != napi_ok) return;
   napi_create_int32(s->env, count, &argument);
-  call_js(s, callback, 1, &argument);
+  call_js(s->env, s->async, callback, 1, &argument);
 }
 
 static void on_readable(uv_poll_t *poll, int status, int events) {
@@ -205,7 +182,7 @@ static void on_poll_closed(uv_handle_t *handle) {
   napi_handle_scope scope;
   int scoped = napi_open_handle_scope(env, &scope) == napi_ok;
   if (scoped && s->on_closed != NULL) napi_get_reference_value(env, s->on_closed, &on_closed);
-  if (on_closed != NULL && !s->env_ending) call_js(s, on_closed, 0, NULL);
+  if (on_closed != NULL && !s->env_ending) call_js(s->env, s->async, on_closed, 0, NULL);
   if (scoped) napi_close_handle_scope(env, scope);
   napi_delete_reference(env, s->callback);
   if (s->on_closed != NULL) napi_delete_reference(env, s->on_closed);

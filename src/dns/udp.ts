@@ -1,8 +1,6 @@
 import dgram from 'node:dgram';
-import { createRequire } from 'node:module';
 import net from 'node:net';
-import { join } from 'node:path';
-import { packageRoot } from '../package-root.js';
+import { type LoadedAddon, loadAddon } from '../native-addon.js';
 import { parseIP } from '../policy/index.js';
 
 /**
@@ -46,7 +44,8 @@ export async function listenUdp(
   port: number,
   options: UdpListenerOptions,
 ): Promise<UdpListener> {
-  const addon = options.io === 'auto' ? batchedUdp().addon : undefined;
+  const loaded = options.io === 'auto' ? batchedUdp() : undefined;
+  const addon = loaded !== undefined && 'addon' in loaded ? loaded.addon : undefined;
   return addon
     ? new BatchedUdpListener(addon, host, port, options)
     : await listenDgram(host, port, options);
@@ -54,7 +53,8 @@ export async function listenUdp(
 
 /** Why `auto` means dgram on this machine, or undefined when batched UDP is available. */
 export function batchedUdpUnavailable(): string | undefined {
-  return batchedUdp().problem;
+  const loaded = batchedUdp();
+  return 'problem' in loaded ? loaded.problem : undefined;
 }
 
 interface OpenedSocket {
@@ -76,25 +76,11 @@ interface UdpBatchAddon {
 const BATCH = 64;
 const SLOT = MAX_UDP_QUERY;
 const META = 8;
-const ADDON_FILE = join('build', 'Release', 'moat_udp_batch.node');
 
-let loaded: { addon?: UdpBatchAddon; problem?: string } | undefined;
+let loaded: LoadedAddon<UdpBatchAddon> | undefined;
 
-function batchedUdp(): { addon?: UdpBatchAddon; problem?: string } {
-  if (loaded !== undefined) return loaded;
-  if (process.platform !== 'linux')
-    return (loaded = { problem: 'batched UDP needs Linux (recvmmsg, sendmmsg)' });
-  const root = packageRoot();
-  const file = root === undefined ? ADDON_FILE : join(root, ADDON_FILE);
-  try {
-    loaded = { addon: createRequire(import.meta.url)(file) as UdpBatchAddon };
-  } catch (error) {
-    loaded = {
-      problem:
-        `${file} does not load (${(error as Error).message.split('\n')[0]}); ` +
-        '`npm ci` builds it from native/udp_batch.c',
-    };
-  }
+function batchedUdp(): LoadedAddon<UdpBatchAddon> {
+  loaded ??= loadAddon('moat_udp_batch', 'udp_batch.c', 'batched UDP (recvmmsg, sendmmsg)');
   return loaded;
 }
 

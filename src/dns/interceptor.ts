@@ -1,6 +1,7 @@
 import net from 'node:net';
 import type { Logger } from 'pino';
 import { ArrivingBytes } from '../arriving-bytes.js';
+import { warnEvery } from '../warn-every.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
@@ -84,8 +85,11 @@ export class DnsInterceptor {
   private readonly connections = new Set<net.Socket>();
   /** Open TCP connections by sandbox ID ('' for sources that are no sandbox). */
   private readonly tcpBySource = new Map<string, number>();
+  /** Failed UDP sends (one per batch on the batched path) logged at most every 10 s. */
+  private readonly sendFailed: (error: Error) => void;
 
   constructor(private readonly options: DnsInterceptorOptions) {
+    this.sendFailed = warnEvery(options.logger, 'dns udp socket error', 10_000, options.now);
     options.metrics.countLearnedWith(() =>
       options.table.all().reduce((sum, s) => sum + s.learned.size, 0),
     );
@@ -111,7 +115,7 @@ export class DnsInterceptor {
           this.options.logger.debug({ source, length }, 'dns udp datagram too long, dropped');
         },
         // A send error (e.g. the client vanished) must never end the listener.
-        onSendError: (error) => this.options.logger.warn({ err: error }, 'dns udp socket error'),
+        onSendError: this.sendFailed,
       });
       const tcp = net.createServer((socket) => this.serveTcp(socket));
       tcp.maxConnections = MAX_TCP_CONNECTIONS;

@@ -14,6 +14,7 @@ import {
   type Result,
 } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
+import type { TcpIoSetting } from './proxy/index.js';
 
 export interface HostPort {
   readonly host: string;
@@ -38,6 +39,7 @@ export interface MoatConfig {
   readonly dnsCacheSize: number;
   readonly dnsRateLimit: number;
   readonly dnsUdpIo: UdpIoSetting;
+  readonly proxyIo: TcpIoSetting;
   readonly proxyListen: HostPort;
   /** Where redirected 80/443 traffic arrives; undefined when switched off. */
   readonly transparentListen: HostPort | undefined;
@@ -316,6 +318,15 @@ export const SETTINGS: readonly AnySetting[] = [
     default: 'auto',
     help: 'DNS over UDP: auto batches system calls with the native addon where it is built (Linux), else uses node:dgram; dgram: always node:dgram',
     parse: oneOf<UdpIoSetting>(['auto', 'dgram']),
+  },
+  {
+    key: 'proxyIo',
+    metavar: 'auto|node',
+    flag: 'proxy-io',
+    env: 'MOAT_PROXY_IO',
+    default: 'auto',
+    help: 'explicit proxy: auto accepts and relays CONNECT tunnels with the native addon where it is built (Linux), else with Node sockets; node: always Node sockets',
+    parse: oneOf<TcpIoSetting>(['auto', 'node']),
   },
   {
     key: 'proxyListen',

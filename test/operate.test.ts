@@ -18,6 +18,7 @@ import { udpQuery } from './support/dns-client.js';
 import { FakeDns } from './support/fake-dns.js';
 import { runMoat } from './support/moat.js';
 import { httpEchoOrigin, type Origin } from './support/origins.js';
+import { nativeTcpUnavailable } from '../src/proxy/native-tcp.js';
 import { ServeChild, type Started } from './support/serve-child.js';
 
 const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-operate-'));
@@ -438,8 +439,23 @@ describe('moat serve start-up and stop', () => {
     },
   );
 
+  it('says at start-up how the proxy carries connections: the native relay, or why not', async () => {
+    const { child } = await startServe(['--proxy-io', 'node']);
+    expect(child.stdout).toMatch(/^moat: egress proxy .*; Node sockets: configured\)$/m);
+    expect(child.logLines().find((line) => line.msg === 'proxy listener')).toMatchObject({
+      io: 'node',
+      why: 'configured',
+    });
+    await child.stop('SIGTERM');
+  });
+
   it('stops within 3 s, "moat stopped" last, with a CONNECT tunnel that never sent a byte', async () => {
     const { child, at } = await startServe(['--internal-deny', '10.0.0.0/8']);
+    expect(child.stdout).toMatch(
+      nativeTcpUnavailable() === undefined
+        ? /^moat: egress proxy .*; native relay\)$/m
+        : /^moat: egress proxy .*; Node sockets: /m,
+    );
     const { credential } = await sandboxWithEgress(at, { network: ALLOW_ONE });
     // The tunnel opens (200) and the client leaves without sending its first bytes.
     const opened = await connectThrough(at.proxy, `allowed.moat.test:${origin.port}`, credential);

@@ -47,6 +47,8 @@ export interface RunningMoat {
   readonly metrics: MoatMetrics;
   readonly internal: InternalDenyList;
   readonly tunnels: TunnelRegistry;
+  /** The explicit egress proxy (its `io` says how it carries connections). */
+  readonly proxy: EgressProxy;
   readonly dns: DnsInterceptor;
   /** Source addresses for new sandboxes, from config.sourcePool. */
   readonly sources: AddressPool;
@@ -261,6 +263,7 @@ export async function startMoat(
     handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
     idleTimeoutMs: config.proxyIdleTimeoutMs,
     transparentPorts: options.transparentPorts,
+    tcpIo: config.proxyIo,
   };
   const proxy = new EgressProxy(proxyOptions);
   metrics.countClientConnectionsWith(() => proxy.openConnections);
@@ -400,6 +403,7 @@ export async function startMoat(
       metrics,
       internal,
       tunnels,
+      proxy,
       dns,
       sources,
       store,

@@ -61,6 +61,9 @@ function startupFacts(config: MoatConfig, moat: RunningMoat) {
     sandbox: formatHostPort(sandbox),
     dns: formatHostPort(dns),
     proxy: formatHostPort(proxy),
+    /** How DNS over UDP and the explicit proxy carry bytes (the native addons, or Node's own). */
+    dnsUdpIo: moat.dns.udpIo[0] ?? 'dgram',
+    proxyIo: moat.proxy.io,
     transparent: optional(transparent),
     /** Where namespaced sandboxes reach Moat's DNS, proxy and transparent listener. */
     gateway: gateway && {
@@ -102,8 +105,8 @@ function startupLines(facts: ReturnType<typeof startupFacts>, generatedKey: stri
     `moat: store            ${facts.store}${facts.node ? ` (node ${facts.node})` : ''}`,
     `moat: enforcement      ${facts.enforcement} (${facts.enforcementReason})`,
     `moat: processes        ${facts.confinement}`,
-    `moat: DNS interceptor  ${facts.dns}${forSandboxes('dns')} (udp, tcp), upstream ${facts.upstreams.join(', ')}`,
-    `moat: egress proxy     ${facts.proxy}${forSandboxes('proxy')} (CONNECT, absolute-form HTTP)`,
+    `moat: DNS interceptor  ${facts.dns}${forSandboxes('dns')} (udp ${facts.dnsUdpIo === 'batched' ? 'batched' : 'via node:dgram'}, tcp), upstream ${facts.upstreams.join(', ')}`,
+    `moat: egress proxy     ${facts.proxy}${forSandboxes('proxy')} (CONNECT, absolute-form HTTP; ${facts.proxyIo.io === 'native' ? 'native relay' : `Node sockets: ${facts.proxyIo.why}`})`,
     `moat: transparent      ${facts.transparent}${forSandboxes('transparent')} (TLS SNI / HTTP Host)`,
     `moat: metrics          ${metrics}`,
     '',

@@ -109,21 +109,21 @@ export class Dialer {
   }
 
   /**
-   * Connects to the first planned address that answers, or refuses with 502/504. A socket for
-   * a 'tunnel' reads into splice()'s recycled buffers once spliced; one for 'http' is an
-   * ordinary socket, read by whoever parses its messages.
+   * Connects to the first planned address that answers (each gets the connect timeout), or
+   * refuses with 502/504. `open` makes the connection: tunnelSocket, httpSocket, or the native
+   * relay's dial.
    */
-  async connect(
+  async connect<T>(
     target: Target,
     addresses: readonly IPAddress[],
-    use: 'tunnel' | 'http' = 'tunnel',
-  ): Promise<{ ok: true; socket: net.Socket; ip: IPAddress } | ({ ok: false } & Refusal)> {
+    open: Opener<T>,
+  ): Promise<{ ok: true; socket: T; ip: IPAddress } | ({ ok: false } & Refusal)> {
     let timedOut = false;
     const failures: string[] = [];
     for (const ip of addresses) {
       const started = performance.now();
       try {
-        const socket = await this.tcpConnect(ip, target.port, use);
+        const socket = await this.attempt(open, ip, target.port);
         this.options.onDial?.((performance.now() - started) / 1000);
         return { ok: true, socket, ip };
       } catch (error) {
@@ -146,27 +146,54 @@ export class Dialer {
         };
   }
 
-  private tcpConnect(ip: IPAddress, port: number, use: 'tunnel' | 'http'): Promise<net.Socket> {
+  private attempt<T>(open: Opener<T>, ip: IPAddress, port: number): Promise<T> {
     return new Promise((resolve, reject) => {
-      const options = { host: ip.text, port, noDelay: true };
-      const socket = use === 'tunnel' ? connectUpstream(options) : net.connect(options);
+      let settled = false;
       const timer = setTimeout(() => {
-        socket.destroy();
+        settled = true;
+        opening.abort();
         reject(new Error('timeout'));
       }, this.options.connectTimeoutMs);
-      const failed = (error: NodeJS.ErrnoException) => {
+      const opening = open(ip.text, port, (error, connection) => {
+        if (settled) return;
+        settled = true;
         clearTimeout(timer);
-        socket.destroy();
-        reject(new Error(error.code ?? error.message));
-      };
-      socket.once('error', failed);
-      socket.once('connect', () => {
-        clearTimeout(timer);
-        socket.off('error', failed);
-        // Errors after this end the connection; whoever splices it cleans up on 'close'.
-        socket.on('error', () => socket.destroy());
-        resolve(socket);
+        if (error === undefined) resolve(connection!);
+        else reject(error);
       });
     });
   }
 }
+
+/**
+ * Opens a connection to ip:port; calls `done` once (the error's message is its code, such as
+ * ECONNREFUSED), unless `abort` came first.
+ */
+export type Opener<T> = (
+  ip: string,
+  port: number,
+  done: (error: Error | undefined, connection?: T) => void,
+) => { abort(): void };
+
+function socketOpener(connect: (options: net.TcpNetConnectOpts) => net.Socket): Opener<net.Socket> {
+  return (ip, port, done) => {
+    const socket = connect({ host: ip, port, noDelay: true });
+    const failed = (error: NodeJS.ErrnoException) => {
+      socket.destroy();
+      done(new Error(error.code ?? error.message));
+    };
+    socket.once('error', failed);
+    socket.once('connect', () => {
+      socket.off('error', failed);
+      // Errors after this end the connection; whoever splices it cleans up on 'close'.
+      socket.on('error', () => socket.destroy());
+      done(undefined, socket);
+    });
+    return { abort: () => socket.destroy() };
+  };
+}
+
+/** A socket for a tunnel: it reads into splice()'s recycled buffers once spliced. */
+export const tunnelSocket = socketOpener(connectUpstream);
+/** An ordinary socket, read by whoever parses its messages. */
+export const httpSocket = socketOpener(net.connect);

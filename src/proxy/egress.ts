@@ -10,7 +10,15 @@ import {
   parseAuthority,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
-import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
+import {
+  type Dialer,
+  denial,
+  type Opener,
+  type Refusal,
+  removed,
+  type Target,
+  tunnelSocket,
+} from './dial.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
 import { endAndLinger, errorResponseText, writeRawError } from './http-errors.js';
 import {
@@ -26,7 +34,17 @@ import { identify } from './identity.js';
 import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { looksLikeTls, readClientHello, tlsRecordStart } from './peek.js';
-import type { Splice } from './splice.js';
+import {
+  type NativeClient,
+  type NativeListener,
+  type NativeTcp,
+  nativeTcp,
+  nativeTcpUnavailable,
+  type NativeUpstream,
+  type TcpIo,
+  type TcpIoSetting,
+} from './native-tcp.js';
+import { type Splice, type SpliceOptions, splice } from './splice.js';
 import { TlsHelloGuard } from './tls-guard.js';
 import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
 
@@ -49,6 +67,90 @@ export interface ProxyOptions {
   readonly idleTimeoutMs: number;
   /** Destination ports of traffic the kernel redirects to the transparent listener (443, 80). */
   readonly transparentPorts?: { readonly tls: number; readonly http: number };
+  /** `auto` (default): the native relay where it loads; `node`: net.Server and net.Socket. */
+  readonly tcpIo?: TcpIoSetting;
+}
+
+const CONNECT_ESTABLISHED = 'HTTP/1.1 200 Connection Established\r\n\r\n';
+const CONNECT_ESTABLISHED_BYTES = Buffer.from(CONNECT_ESTABLISHED, 'latin1');
+
+/** The client of a CONNECT, on Node's sockets or on the native relay, and how it dials. */
+interface ConnectClient<U> {
+  readonly remoteAddress: string | undefined;
+  /** The client left while its tunnel was being dialled. */
+  readonly gone: boolean;
+  /** Answers with an error and closes. */
+  refuse(
+    status: number,
+    message: string,
+    decision?: Decision,
+    extra?: Record<string, string>,
+  ): void;
+  destroy(): void;
+  readonly open: Opener<U>;
+  closeUpstream(upstream: U): void;
+  /** Sends the 200 and joins client and upstream (client bytes held until released). */
+  splice(upstream: U, options: SpliceOptions): Splice;
+}
+
+function nodeClient(client: net.Socket, early: Buffer): ConnectClient<net.Socket> {
+  return {
+    get remoteAddress() {
+      return client.remoteAddress;
+    },
+    // A client that ended without a byte for the tunnel has nothing to carry.
+    get gone() {
+      return client.destroyed || (client.readableEnded && early.length === 0);
+    },
+    refuse: (status, message, decision, extra) =>
+      writeRawError(client, status, message, decision, extra),
+    destroy: () => client.destroy(),
+    open: tunnelSocket,
+    closeUpstream: (upstream) => upstream.destroy(),
+    splice: (upstream, options) => {
+      client.write(CONNECT_ESTABLISHED);
+      return splice(client, upstream, options);
+    },
+  };
+}
+
+/**
+ * A CONNECT client on the native relay, held in `clients` (the proxy's count of open client
+ * connections) from here until it is refused (then Node answers it), destroyed or its tunnel
+ * closes.
+ */
+function nativeConnectClient(
+  native: NativeTcp,
+  client: NativeClient,
+  clients: Set<NativeClient>,
+): ConnectClient<NativeUpstream> {
+  clients.add(client);
+  const forget = () => clients.delete(client);
+  return {
+    remoteAddress: client.remoteAddress,
+    // Closed by shutdown while it was dialled (the relay never closes a parked client).
+    get gone() {
+      return !clients.has(client);
+    },
+    refuse: (status, message, decision, extra) => {
+      forget();
+      writeRawError(native.adopt(client), status, message, decision, extra);
+    },
+    destroy: () => {
+      forget();
+      native.close(client);
+    },
+    open: native.dial,
+    closeUpstream: (upstream) => native.close(upstream),
+    splice: (upstream, options) =>
+      native.splice(client, upstream, CONNECT_ESTABLISHED_BYTES, {
+        ...options,
+        onClose: (up, down) => {
+          forget();
+          options.onClose(up, down);
+        },
+      }),
+  };
 }
 
 /** How long a client connection may wait between two requests. */
@@ -104,17 +206,26 @@ export class EgressProxy {
   private readonly listeners: ListenerGroup;
   private readonly pool: UpstreamPool;
   private readonly sockets = new Set<net.Socket>();
+  /** The native relay, when it carries this proxy's connections (tcpIo). */
+  private readonly native: NativeTcp | undefined;
+  private readonly nativeListeners: NativeListener[] = [];
+  /** Native clients being decided or carrying a tunnel (adopted ones are in `sockets`). */
+  private readonly nativeClients = new Set<NativeClient>();
+  private readonly stopHearingDefects: (() => void) | undefined;
   private readonly connections = new Set<ClientConnection>();
   private readonly exchangeContext: ExchangeContext;
+  private logged = false;
   /** close() was called: connections finish what they carry and take no new request. */
   draining = false;
 
   constructor(readonly options: ProxyOptions) {
-    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) => {
-      this.sockets.add(socket);
-      socket.once('close', () => this.sockets.delete(socket));
-      this.connections.add(new ClientConnection(this, socket));
-    });
+    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
+      this.accept(socket),
+    );
+    this.native = nativeTcp(options.tcpIo ?? 'auto');
+    this.stopHearingDefects = this.native?.onDefect((error) =>
+      options.logger.error({ err: error }, 'egress request failed'),
+    );
     this.listeners = new ListenerGroup(this.server);
     // Upstream connections of a sandbox whose policy changed are dropped: every new request is
     // decided again anyway, and nothing idles towards a now-denied address.
@@ -133,14 +244,77 @@ export class EgressProxy {
     };
   }
 
+  /** How connections are accepted and tunnels carried, and why when not natively. */
+  get io(): { io: TcpIo; why?: string } {
+    if (this.native !== undefined) return { io: 'native' };
+    return {
+      io: 'node',
+      why: this.options.tcpIo === 'node' ? 'configured' : nativeTcpUnavailable(),
+    };
+  }
+
   /** Listens on one more address; resolves to the bound port. */
-  listen(address: ProxyListen): Promise<number> {
-    return this.listeners.listen(address);
+  async listen(address: ProxyListen): Promise<number> {
+    if (!this.logged) {
+      this.logged = true;
+      this.options.logger.info(this.io, 'proxy listener');
+    }
+    // The native relay binds IP addresses only; a name or a scoped address is left to Node.
+    if (this.native === undefined || net.isIP(address.host) === 0 || address.host.includes('%'))
+      return this.listeners.listen(address);
+    const listener = this.native.listen(
+      address.host,
+      address.port,
+      this.options.handshakeTimeoutMs,
+      (client) => this.onNativeClient(client),
+    );
+    this.nativeListeners.push(listener);
+    return listener.port;
+  }
+
+  /** A connection Node holds: read, head by head, by a ClientConnection. */
+  private accept(socket: net.Socket, firstBytes?: Buffer, waitedMs = 0): void {
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+    this.connections.add(new ClientConnection(this, socket, firstBytes, waitedMs));
+  }
+
+  /**
+   * A natively accepted connection with its first bytes: a CONNECT whose head came whole stays
+   * native; anything else is handed to Node with the bytes read so far, and read as it would
+   * have been there.
+   */
+  private onNativeClient(client: NativeClient): void {
+    const native = this.native!;
+    const bytes = client.firstBytes;
+    const end = bytes.length === 0 ? 'incomplete' : headEnd(bytes, MAX_REQUEST_HEAD_BYTES, 0);
+    const parsed = typeof end === 'number' ? parseRequestHead(bytes.subarray(0, end)) : undefined;
+    if (
+      typeof end !== 'number' ||
+      !parsed?.ok ||
+      parsed.value.method !== 'CONNECT' ||
+      this.draining
+    ) {
+      const socket = native.adopt(client);
+      try {
+        return this.accept(socket, bytes, client.waitedMs);
+      } catch (error) {
+        // Adopted, it is no longer the relay's to close.
+        socket.destroy();
+        throw error;
+      }
+    }
+    const connectClient = nativeConnectClient(native, client, this.nativeClients);
+    this.onConnect(parsed.value, connectClient, bytes.subarray(end)).catch((error: unknown) => {
+      this.options.logger.error({ err: error }, 'egress request failed');
+      connectClient.destroy();
+    });
   }
 
   /** Stops accepting, lets open tunnels and requests finish for up to `drainMs`, then closes. */
   async close(drainMs = 0): Promise<void> {
     this.draining = true;
+    for (const listener of this.nativeListeners.splice(0)) listener.close();
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     const extraClosed = this.listeners.closeExtra();
     for (const connection of this.connections) connection.closeIfIdle();
@@ -149,13 +323,16 @@ export class EgressProxy {
     while (busy() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
     for (const tunnel of this.options.tunnels.all()) tunnel.close();
     for (const socket of this.sockets) socket.destroy();
+    for (const client of this.nativeClients) this.native!.close(client);
+    this.nativeClients.clear();
+    this.stopHearingDefects?.();
     this.pool.closeAll();
     await Promise.all([closed, extraClosed]);
   }
 
   /** Client sockets accepted and not yet closed (whatever they carry now). */
   get openConnections(): number {
-    return this.sockets.size;
+    return this.sockets.size + this.nativeClients.size;
   }
 
   forget(connection: ClientConnection): void {
@@ -225,7 +402,7 @@ export class EgressProxy {
   /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
   private unidentified(
     kind: 'connect' | 'forward',
-    client: net.Socket,
+    client: { readonly remoteAddress: string | undefined },
     destination: string,
     reason: string,
   ): void {
@@ -236,18 +413,17 @@ export class EgressProxy {
     );
   }
 
-  private identify(head: RequestHead, client: net.Socket) {
+  private identify(head: RequestHead, client: { readonly remoteAddress: string | undefined }) {
     const credentials = fieldValues(head.fields, 'proxy-authorization');
     // Two credentials are one too many: neither is picked.
     return identify(this.options.table, credentials.length > 1 ? '' : credentials[0], client);
   }
 
-  async onConnect(head: RequestHead, client: net.Socket, early: Buffer): Promise<void> {
-    client.on('error', () => client.destroy());
+  async onConnect<U>(head: RequestHead, client: ConnectClient<U>, early: Buffer): Promise<void> {
     const who = this.identify(head, client);
     if (!who.ok) {
       this.unidentified('connect', client, head.target, who.reason);
-      return writeRawError(client, 407, who.reason, undefined, {
+      return client.refuse(407, who.reason, undefined, {
         'Proxy-Authenticate': 'Basic realm="moat"',
       });
     }
@@ -256,8 +432,7 @@ export class EgressProxy {
     if (!parsed.ok || parsed.value.port === undefined) {
       this.count('connect', 'invalid');
       const why = parsed.ok ? 'it has no port' : parsed.error;
-      return writeRawError(
-        client,
+      return client.refuse(
         400,
         `CONNECT target ${JSON.stringify(head.target)} must be host:port or [ipv6]:port: ${why}`,
       );
@@ -265,7 +440,7 @@ export class EgressProxy {
     const target = parsed.value as Target;
     const refuse = (refusal: Refusal) => {
       const { status, message, decision } = this.refused('connect', sandbox, target, refusal);
-      writeRawError(client, status, message, decision);
+      client.refuse(status, message, decision);
     };
     const slot = this.slot(sandbox, target);
     if (!slot.ok) return refuse(slot);
@@ -277,45 +452,44 @@ export class EgressProxy {
   }
 
   /** Resolves, dials, decides again and splices a CONNECT tunnel (its slot is held). */
-  private async openTunnel(
+  private async openTunnel<U>(
     sandbox: EnforcedSandbox,
     target: Target,
-    client: net.Socket,
+    client: ConnectClient<U>,
     early: Buffer,
     refuse: (refusal: Refusal) => void,
   ): Promise<void> {
     const plan = await this.options.dialer.plan(sandbox, target);
     if (!plan.ok) return refuse(plan);
-    const connected = await this.options.dialer.connect(target, plan.addresses);
+    const connected = await this.options.dialer.connect(target, plan.addresses, client.open);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
     const dialled: Target = { ...target, ip: connected.ip };
     // The policy may have changed while we dialled: decide once more, then register.
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
-    // A client that ended without a byte for the tunnel left while we dialled: nothing to carry.
-    const abandoned = client.destroyed || (client.readableEnded && early.length === 0);
+    const abandoned = client.gone;
     if (now.verdict === 'deny' || abandoned || !this.options.table.holds(sandbox)) {
-      upstream.destroy();
+      client.closeUpstream(upstream);
       if (now.verdict === 'deny') return refuse(denial(dialled, now));
-      if (abandoned) return void client.destroy();
-      return writeRawError(client, 403, removed(sandbox).message);
+      if (abandoned) return client.destroy();
+      return client.refuse(403, removed(sandbox).message);
     }
     this.count('connect', 'allowed');
     this.options.logger.debug(
       { sandboxID: sandbox.sandboxID, kind: 'connect', destination: formatDestination(dialled) },
       'egress allowed',
     );
-    client.write('HTTP/1.1 200 Connection Established\r\n\r\n');
-    const tunnel = spliceTunnel(this.options, 'connect', sandbox, dialled, client, upstream);
+    const tunnel = spliceTunnel(this.options, 'connect', sandbox, dialled, (options) =>
+      client.splice(upstream, options),
+    );
     if (!this.options.checkServerName) return tunnel.release(early);
-    this.holdUntilChecked(sandbox, dialled, client, early, tunnel);
+    this.holdUntilChecked(sandbox, dialled, early, tunnel);
   }
 
   /** Holds client bytes until the first ones show the tunnel talks to the host CONNECT named. */
   private holdUntilChecked(
     sandbox: EnforcedSandbox,
     target: Target,
-    client: net.Socket,
     head: Buffer,
     tunnel: Splice,
   ): void {
@@ -325,17 +499,21 @@ export class EgressProxy {
       () => finish('no first bytes within the handshake timeout'),
       this.options.handshakeTimeoutMs,
     );
+    const stopHolding = tunnel.hold(
+      (chunk) => {
+        seen = arriving.append(chunk);
+        examine();
+      },
+      // The client left (or the tunnel closed for another reason) before showing its first
+      // bytes: nothing to judge, nothing to count, and no timer left to keep the process alive.
+      () => {
+        clearTimeout(timer);
+        tunnel.close();
+      },
+    );
     const stopWatching = () => {
       clearTimeout(timer);
-      client.off('data', onData);
-      client.off('end', abandoned);
-      client.off('close', stopWatching);
-    };
-    // The client left (or the tunnel closed for another reason) before showing its first bytes:
-    // nothing to judge, nothing to count, and no timer left to keep the process alive.
-    const abandoned = () => {
-      stopWatching();
-      tunnel.close();
+      stopHolding();
     };
     const refuse = (problem: string) => {
       this.options.metrics.proxyDenials.inc({ kind: 'connect', list: 'invalid' });
@@ -368,15 +546,6 @@ export class EgressProxy {
           : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
       tunnel.release(seen, guard, refuse);
     };
-    const onData = (chunk: Buffer) => {
-      seen = arriving.append(chunk);
-      examine();
-    };
-    client.on('data', onData);
-    // Paused since its head was read: bytes sent before the tunnel existed waited there.
-    client.resume();
-    client.once('end', abandoned);
-    client.once('close', stopWatching);
     examine();
   }
 
@@ -477,11 +646,17 @@ class ClientConnection {
   private ended = false;
   private current: Exchange | undefined;
 
+  /**
+   * `firstBytes`: already read (by the native relay), `waitedMs` after the client connected;
+   * the first head is due a handshake timeout after it connected all the same.
+   */
   constructor(
     private readonly proxy: EgressProxy,
     readonly socket: net.Socket,
+    firstBytes?: Buffer,
+    private readonly waitedMs = 0,
   ) {
-    this.inbox = new Inbox(socket);
+    this.inbox = new Inbox(socket, firstBytes);
     socket.on('error', this.onError);
     socket.on('end', this.onEnd);
     socket.on('timeout', this.onTimeout);
@@ -556,7 +731,11 @@ class ClientConnection {
     const { handshakeTimeoutMs } = this.proxy.options;
     // The first head is due a handshake timeout after the client connected; between requests
     // a quiet client may wait KEEP_ALIVE_MS, and a head, once begun, has the handshake timeout.
-    if (this.served === 0) this.headDeadline ??= setTimeout(this.onTimeout, handshakeTimeoutMs);
+    if (this.served === 0)
+      this.headDeadline ??= setTimeout(
+        this.onTimeout,
+        Math.max(0, handshakeTimeoutMs - this.waitedMs),
+      );
     else this.socket.setTimeout(KEEP_ALIVE_MS);
     // A client that does not read its answers gets no more of them (pipelined requests would
     // otherwise queue answers without bound); one that never reads again times out.
@@ -617,7 +796,10 @@ class ClientConnection {
     this.socket.off('close', this.onClose);
     // Stays paused until the tunnel reads it: bytes sent meanwhile wait in the socket.
     const early = this.inbox.detach();
-    void this.proxy.onConnect(parsed.value, this.socket, early).catch(this.failed);
+    this.socket.on('error', () => this.socket.destroy());
+    void this.proxy
+      .onConnect(parsed.value, nodeClient(this.socket, early), early)
+      .catch(this.failed);
   }
 
   /** Sends Moat's own answer to the current request; the next is read only if `keepAlive`. */

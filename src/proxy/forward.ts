@@ -2,7 +2,7 @@ import type net from 'node:net';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
-import { type Dialer, denial, type Refusal, removed, type Target } from './dial.js';
+import { type Dialer, denial, httpSocket, type Refusal, removed, type Target } from './dial.js';
 import { errorResponseText } from './http-errors.js';
 import {
   bodyScanner,
@@ -244,7 +244,7 @@ export class Exchange {
     this.reused = false;
     const { dialer } = this.context;
     const { sandbox, target } = this.request;
-    const connected = await dialer.connect(target, this.addresses, 'http');
+    const connected = await dialer.connect(target, this.addresses, httpSocket);
     if (this.finished) {
       if (connected.ok) connected.socket.destroy();
       return;

@@ -19,8 +19,13 @@ export class Inbox {
   private generation = 0;
   private readonly onData = (chunk: Buffer) => this.offer(chunk);
 
-  constructor(readonly socket: net.Socket) {
+  /** `initial`: bytes already read from the socket (by the native relay), handed out first. */
+  constructor(
+    readonly socket: net.Socket,
+    initial?: Buffer,
+  ) {
     socket.on('data', this.onData);
+    if (initial !== undefined && initial.length > 0) this.keep(initial);
   }
 
   /** Bytes are waiting that no reader has taken yet. */

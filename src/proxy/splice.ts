@@ -21,6 +21,8 @@ export interface TunnelGuard {
   fromClient(chunk: Buffer): Checked;
   /** Sees every upstream chunk before the client does; may let held client bytes go on. */
   fromUpstream?(chunk: Buffer): Checked;
+  /** True once it passes every byte as it is: a relay may stop showing it any. */
+  readonly done?: boolean;
 }
 
 export interface Splice {
@@ -30,6 +32,11 @@ export interface Splice {
    * first; a problem closes the splice after `refused` was told.
    */
   release(initial?: Buffer, guard?: TunnelGuard, refused?: (problem: string) => void): void;
+  /**
+   * Shows the client bytes that arrive before `release` to `onData`; `onGone` is called once if
+   * the client ends or the splice closes first. Returns the function that stops both.
+   */
+  hold(onData: (chunk: Buffer) => void, onGone: () => void): () => void;
   close(): void;
 }
 
@@ -224,6 +231,21 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
         };
       }
       relay(client, upstream, fromClient);
+    },
+    hold(onData, onGone) {
+      const stop = () => {
+        client.off('data', onData).off('end', gone).off('close', gone);
+      };
+      const gone = () => {
+        stop();
+        onGone();
+      };
+      client.on('data', onData);
+      client.once('end', gone);
+      client.once('close', gone);
+      // Paused since its head was read: bytes sent before the tunnel existed waited there.
+      client.resume();
+      return stop;
     },
     close,
   };

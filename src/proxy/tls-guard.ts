@@ -39,6 +39,11 @@ export class TlsHelloGuard implements TunnelGuard {
   /** `problem` says why a ClientHello's server name (undefined: none) is not the tunnel's. */
   constructor(private readonly problem: (name: string | undefined) => string | undefined) {}
 
+  /** The server answered without a retry, or the second ClientHello passed: nothing to hold. */
+  get done(): boolean {
+    return this.state === 'done';
+  }
+
   fromClient(chunk: Buffer): Checked {
     if (this.state === 'done') return { pass: chunk };
     return this.advance(this.held.append(chunk));

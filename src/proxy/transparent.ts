@@ -3,12 +3,13 @@ import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
-import type { Target } from './dial.js';
+import { type Target, tunnelSocket } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
 import { looksLikeTls, peekName } from './peek.js';
 import { TlsHelloGuard } from './tls-guard.js';
+import { splice } from './splice.js';
 import { spliceTunnel } from './tunnels.js';
 
 /**
@@ -132,7 +133,7 @@ export class TransparentProxy {
   ): Promise<void> {
     const { dialer, metrics, logger } = this.options;
     const plan = await dialer.plan(sandbox, target);
-    const connected = plan.ok ? await dialer.connect(target, plan.addresses) : plan;
+    const connected = plan.ok ? await dialer.connect(target, plan.addresses, tunnelSocket) : plan;
     if (!connected.ok) {
       const { decision } = connected;
       metrics.proxyConnections.inc({
@@ -166,13 +167,9 @@ export class TransparentProxy {
       return;
     }
     metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'allowed' });
-    const tunnel = spliceTunnel(
-      this.options,
-      'transparent',
-      sandbox,
-      dialled,
-      client,
-      connected.socket,
+    const upstream = connected.socket;
+    const tunnel = spliceTunnel(this.options, 'transparent', sandbox, dialled, (options) =>
+      splice(client, upstream, options),
     );
     const refused = (problem: string) => {
       metrics.proxyDenials.inc({ kind: 'transparent', list: 'invalid' });

@@ -1,10 +1,9 @@
-import type net from 'node:net';
 import type { Logger } from 'pino';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { MoatMetrics, ProxyKind } from '../metrics/index.js';
 import { type Decision, decide, formatDestination } from '../policy/index.js';
 import type { Target } from './dial.js';
-import { type Splice, splice } from './splice.js';
+import type { Splice, SpliceOptions } from './splice.js';
 
 /** An open connection through Moat, decided for one destination. */
 export interface Tunnel {
@@ -124,20 +123,20 @@ export interface TunnelContext {
 }
 
 /**
- * Splices client and upstream as a registered tunnel: counted, closed when a policy change
- * denies its destination or the sandbox goes, and unregistered when either side closes.
+ * Splices client and upstream (`join` does, with the options given) as a registered tunnel:
+ * counted, closed when a policy change denies its destination or the sandbox goes, and
+ * unregistered when either side closes.
  */
 export function spliceTunnel(
   context: TunnelContext,
   kind: ProxyKind,
   sandbox: EnforcedSandbox,
   target: Target,
-  client: net.Socket,
-  upstream: net.Socket,
+  join: (options: SpliceOptions) => Splice,
 ): Splice {
   const { metrics, logger, tunnels } = context;
   let remove = () => {};
-  const spliced = splice(client, upstream, {
+  const spliced = join({
     idleTimeoutMs: context.idleTimeoutMs,
     onClose: (up, down) => {
       remove();

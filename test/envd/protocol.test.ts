@@ -963,9 +963,10 @@ describe('pause and kill reach every process of the sandbox', () => {
     const marker = `moatmark${randomBytes(6).toString('hex')}`;
     const loop = await start(
       sbx,
-      `: ${marker}; i=0; (while true; do i=$((i+1)); echo $i > /tmp/child; sleep 0.05; done) & while true; do sleep 1; done`,
+      `: ${marker}; i=0; (while true; do i=$((i+1)); echo $i > /tmp/child.next; mv /tmp/child.next /tmp/child; sleep 0.05; done) & while true; do sleep 1; done`,
     );
-    // The client leaves; the process lives on (as in the background).
+    // The count is renamed into place, so a pause between opening and writing the file (which
+    // truncates it) never shows an empty count. The client leaves; the process lives on.
     loop.call.close();
     const runtime = harness.moat.runtime as ProcessRuntime;
     const childFile = path.join(runtime.rootOf(sbx.sandboxID), 'tmp', 'child');

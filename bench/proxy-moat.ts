@@ -11,7 +11,8 @@
  * - one sandbox is registered with a default-allow policy and a known egress secret (this
  *   version has no API to register one); clients send Proxy-Authorization Basic.
  *
- * argv: <origin ip> <lifetime seconds>. Tells the parent `{ ready: proxy port }` over IPC;
+ * argv: <origin ip> <lifetime seconds> [proxy io: auto|node]. Tells the parent
+ * `{ ready: { port, io } }` (the proxy's port and how it carries connections) over IPC;
  * stops cleanly on SIGTERM/SIGINT or when the parent disconnects (so `node --cpu-prof` can
  * write its profile), and after the lifetime at most.
  */
@@ -106,7 +107,7 @@ async function startFakeDns(originIp: string): Promise<number> {
 }
 
 async function main(): Promise<void> {
-  const [originIp, lifetime = '900'] = process.argv.slice(2);
+  const [originIp, lifetime = '900', proxyIo = 'auto'] = process.argv.slice(2);
   if (originIp === undefined) throw new Error('usage: proxy-moat.js <origin ip> [seconds]');
   const dnsPort = await startFakeDns(originIp);
   const scratch = scratchMoatFlags();
@@ -119,6 +120,7 @@ async function main(): Promise<void> {
       'transparent-listen': 'off',
       'proxy-max-tunnels': '100000',
       'log-level': 'warn',
+      'proxy-io': proxyIo,
       ...scratch.flags,
     },
     env: {},
@@ -179,7 +181,7 @@ async function main(): Promise<void> {
       process.send?.({ metrics: counts, memory, readBuffers: readBufferBytes() });
     });
   });
-  process.send?.({ ready: moat.listening.proxy.port });
+  process.send?.({ ready: { port: moat.listening.proxy.port, io: moat.proxy.io.io } });
 }
 
 main().catch((error: unknown) => {

@@ -24,7 +24,8 @@
  *
  * Options: --rounds=5, --seconds=4 (each closed-loop run), --rate=500, --rate-seconds=5,
  * --bulk-mib=1024, --concurrency=32 (tunnels), --connections=32 (GET), --workloads=
- * tunnels,rate,bulk,get, --modes=moat,squid,direct, --strict (exit 1 when a target fails),
+ * tunnels,rate,bulk,get, --modes=moat,squid,direct, --proxy-io=auto|node (Moat's
+ * --proxy-io: the native relay, or Node's sockets), --strict (exit 1 when a target fails),
  * --keep (keep the scratch folder with logs). Diagnostics: --profile (Moat under
  * `node --cpu-prof`, with a summary of where its CPU time went), --node-flags="..." (extra node
  * flags for Moat, e.g. --max-semi-space-size=64), --moat-import=FILE (an extra `--import`
@@ -102,6 +103,7 @@ interface Options {
   readonly modes: readonly Mode[];
   readonly profile: boolean;
   readonly nodeFlags: readonly string[];
+  readonly proxyIo: 'auto' | 'node';
   readonly moatImport: string | undefined;
   readonly keep: boolean;
   readonly strict: boolean;
@@ -121,6 +123,7 @@ function parseOptions(): Options {
       modes: { type: 'string', default: MODES.join(',') },
       profile: { type: 'boolean', default: false },
       'node-flags': { type: 'string', default: '' },
+      'proxy-io': { type: 'string', default: 'auto' },
       'moat-import': { type: 'string' },
       keep: { type: 'boolean', default: false },
       strict: { type: 'boolean', default: false },
@@ -150,6 +153,7 @@ function parseOptions(): Options {
     modes: list('modes', values.modes, MODES),
     profile: values.profile,
     nodeFlags: values['node-flags'].split(/\s+/).filter(Boolean),
+    proxyIo: list('proxy-io', values['proxy-io'], ['auto', 'node'] as const)[0] ?? 'auto',
     moatImport: values['moat-import'],
     keep: values.keep || values.profile,
     strict: values.strict,
@@ -392,9 +396,9 @@ async function run(options: Options, dir: string): Promise<void> {
     ...(options.profile ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : []),
   ];
   const moat = modes.includes('moat')
-    ? await forkReady<number>(
+    ? await forkReady<{ port: number; io: string }>(
         './proxy-moat.js',
-        [ORIGIN_IP, String(lifetime)],
+        [ORIGIN_IP, String(lifetime), options.proxyIo],
         moatFlags,
         moatLog,
         START_TIMEOUT_MS,
@@ -422,7 +426,7 @@ async function run(options: Options, dir: string): Promise<void> {
     squid,
   };
   const vias: Record<Mode, Via> = {
-    moat: { mode: 'moat', proxy: { host: '127.0.0.1', port: moat?.ready ?? 0 } },
+    moat: { mode: 'moat', proxy: { host: '127.0.0.1', port: moat?.ready.port ?? 0 } },
     squid: { mode: 'squid', proxy: { host: '127.0.0.1', port: squid?.port ?? 0 } },
     direct: { mode: 'direct' },
   };
@@ -436,10 +440,12 @@ async function run(options: Options, dir: string): Promise<void> {
         `Content-Length) and a bulk source (port ${origin.ready.bulkPort}; reads "<bytes>\\n", writes them ` +
         'from a repeated 256 KiB buffer, closes).',
       moat
-        ? `- Moat (bench/proxy-moat.ts, 127.0.0.1:${moat.ready}): startMoat with loadConfig defaults ` +
+        ? `- Moat (bench/proxy-moat.ts, 127.0.0.1:${moat.ready.port}): startMoat with loadConfig defaults ` +
           'except --internal-deny 10.0.0.0/8 (loopback reachable), --dns-upstream a fake DNS in ' +
           'the same process (origin.bench.test -> origin, TTL 1 h), --transparent-listen off, ' +
-          '--proxy-max-tunnels 100000, --log-level warn; one sandbox with a default-allow policy, ' +
+          `--proxy-max-tunnels 100000, --log-level warn, --proxy-io ${options.proxyIo} ` +
+          `(carried ${moat.ready.io === 'native' ? 'by the native relay' : "on Node's sockets"}); ` +
+          'one sandbox with a default-allow policy, ' +
           'identified by Proxy-Authorization Basic (sandboxID:egress secret).' +
           (moatFlags.length ? ` Node flags: ${moatFlags.join(' ')}.` : '')
         : '',

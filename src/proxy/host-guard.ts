@@ -4,13 +4,22 @@ import type { Target } from './dial.js';
 import {
   bodyScanner,
   type BodyScanner,
+  fieldTokens,
   fieldValues,
   headEnd,
   MAX_REQUEST_HEAD_BYTES,
+  MAX_RESPONSE_HEAD_BYTES,
   parseRequestHead,
+  parseResponseHead,
   requestFraming,
 } from './http1.js';
 import type { Checked, TunnelGuard } from './splice.js';
+
+const EMPTY = Buffer.alloc(0);
+const joined = (parts: readonly Buffer[]): Buffer =>
+  parts.length === 1 ? parts[0]! : Buffer.concat(parts);
+/** What a client may send after its upgrade request before the origin has answered it. */
+const MAX_HELD_FOR_ANSWER = 64 * 1024;
 
 /**
  * Checks every request a client sends through a plain-HTTP tunnel, not only the first: each
@@ -18,13 +27,30 @@ import type { Checked, TunnelGuard } from './splice.js';
  * absolute-form target (an origin routes by the target's authority before Host, RFC 9112
  * 3.2.2). A head is held back until it is whole and checked, so no byte of a refused one, and
  * nothing that is not HTTP, reaches the origin; bodies pass as they come, skipped by their
- * framing. Protocol upgrades are refused: what follows one could not be read as requests.
+ * framing.
+ *
+ * A tunnel's first request may switch to WebSocket (checked like any other): the client's later
+ * bytes wait until the origin's answer to it shows. 101 ends the watch (what follows is frames
+ * to the origin the checked request chose); any other answer (or none that parses) keeps the
+ * tunnel HTTP and the waiting bytes are checked as requests. Other switches are refused: what
+ * follows h2c, say, carries requests of its own with authorities this guard could not read,
+ * and a later request's answer could only be found by following every earlier one's framing.
  */
 export class RequestStreamGuard implements TunnelGuard {
   /** The start of a head not yet whole (held back). */
   private readonly head = new ArrivingBytes();
   private body: BodyScanner | undefined;
   private problem: string | undefined;
+  private requests = 0;
+  /**
+   * 'http' while requests are checked; 'answer' once a WebSocket upgrade request went on,
+   * until the origin's final answer to it shows; 'switched' after that answer was 101.
+   */
+  private state: 'http' | 'answer' | 'switched' = 'http';
+  /** Client bytes that came while the origin's answer was awaited. */
+  private readonly held = new ArrivingBytes();
+  /** The origin's bytes while its answer is awaited, from the start of a head. */
+  private readonly answer = new ArrivingBytes();
 
   /**
    * `mismatch` says why an authority (a Host value, an absolute-form target's, or undefined for
@@ -32,11 +58,23 @@ export class RequestStreamGuard implements TunnelGuard {
    */
   constructor(private readonly mismatch: (authority: string | undefined) => string | undefined) {}
 
+  /** The origin switched to WebSocket: every byte passes as it is from now on. */
+  get done(): boolean {
+    return this.state === 'switched';
+  }
+
+  /** Only the answer to an upgrade request is read; other upstream bytes need not be shown. */
+  get watchesUpstream(): boolean {
+    return this.state === 'answer';
+  }
+
   /**
    * Takes the next bytes from the client; returns those that may go on to the origin now (held
    * head bytes included once checked), or the problem that ends the tunnel.
    */
   fromClient(chunk: Buffer): Checked {
+    if (this.problem !== undefined) return { problem: this.problem };
+    if (this.state === 'switched') return { pass: chunk };
     const passed: Buffer[] = [];
     let data = chunk;
     while (this.problem === undefined && data.length > 0) {
@@ -51,6 +89,7 @@ export class RequestStreamGuard implements TunnelGuard {
         if (this.body.done) this.body = undefined;
         continue;
       }
+      if (this.state === 'answer') return this.hold(data, passed);
       const scanned = this.head.bytes.length;
       const seen = this.head.append(data);
       const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
@@ -65,7 +104,47 @@ export class RequestStreamGuard implements TunnelGuard {
       data = seen.subarray(end);
     }
     if (this.problem !== undefined) return { problem: this.problem };
-    return { pass: passed.length === 1 ? passed[0]! : Buffer.concat(passed) };
+    return { pass: joined(passed) };
+  }
+
+  /**
+   * Reads the origin's answer to the upgrade request (its bytes go on to the client whatever
+   * this returns); returns the client bytes the answer lets go on.
+   */
+  fromUpstream(chunk: Buffer): Checked {
+    if (this.problem !== undefined) return { problem: this.problem };
+    if (this.state !== 'answer') return { pass: EMPTY };
+    let seen = this.answer.append(chunk);
+    for (;;) {
+      const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES);
+      if (end === 'incomplete') return { pass: EMPTY };
+      const parsed = typeof end === 'number' ? parseResponseHead(seen.subarray(0, end)) : undefined;
+      const status = parsed?.ok === true ? parsed.value.status : undefined;
+      // An interim answer (100 Continue, 103 Early Hints) comes before the one that counts.
+      if (typeof end === 'number' && status !== undefined && status < 200 && status !== 101) {
+        seen = this.answer.restart(seen.subarray(end));
+        continue;
+      }
+      this.answer.restart();
+      const held = this.held.bytes;
+      this.held.restart();
+      if (status === 101) {
+        this.state = 'switched';
+        return { pass: held };
+      }
+      this.state = 'http';
+      return this.fromClient(held);
+    }
+  }
+
+  /**
+   * Keeps client bytes that came while the answer to the upgrade request is awaited; what was
+   * checked before them (the request itself) goes on.
+   */
+  private hold(chunk: Buffer, passed: readonly Buffer[]): Checked {
+    if (this.held.append(chunk).length > MAX_HELD_FOR_ANSWER)
+      this.problem = 'the client sent over 64 KiB before the origin answered its upgrade request';
+    return this.problem === undefined ? { pass: joined(passed) } : { problem: this.problem };
   }
 
   private check(bytes: Buffer): string | undefined {
@@ -83,8 +162,16 @@ export class RequestStreamGuard implements TunnelGuard {
       const byTarget = this.mismatch(absolute[1]!);
       if (byTarget !== undefined) return byTarget;
     }
-    if (head.method === 'CONNECT' || head.fields.some((field) => field.lower === 'upgrade'))
-      return 'a request asks to switch protocols, which this tunnel would no longer see';
+    const first = this.requests++ === 0;
+    if (head.method === 'CONNECT') return 'a request asks to switch protocols (CONNECT)';
+    if (head.fields.some((field) => field.lower === 'upgrade')) {
+      const protocols = fieldTokens(head.fields, 'upgrade');
+      if (protocols.length === 0 || protocols.some((protocol) => protocol !== 'websocket'))
+        return `a request asks to switch protocols to ${JSON.stringify(protocols.join(', '))}: only websocket is let through`;
+      if (!first)
+        return "a request other than the tunnel's first asks to switch protocols: only the first may";
+      this.state = 'answer';
+    }
     const framing = requestFraming(head);
     if (!framing.ok) return `request head: ${framing.message}`;
     this.body = framing.value.kind === 'none' ? undefined : bodyScanner(framing.value);

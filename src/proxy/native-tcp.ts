@@ -231,6 +231,7 @@ class NativeSplice implements Splice {
   private fromClient: ((chunk: Buffer) => Buffer | undefined) | undefined;
   private fromUpstream: ((chunk: Buffer) => void) | undefined;
   private guard: TunnelGuard | undefined;
+  private upstreamWatched = false;
   private readonly id: number;
 
   constructor(
@@ -284,24 +285,34 @@ class NativeSplice implements Splice {
         const held = checked(fromUpstream(chunk));
         if (held !== undefined && held.length > 0) this.addon.send(this.id, 0, held);
       };
-      this.addon.watch(this.id, 1, true);
     }
+    this.followGuard();
     for (const chunk of [initial ?? EMPTY, ...this.held.splice(0)]) this.toUpstream(chunk);
     if (this.closed) return;
     if (this.clientEnded) this.addon.end(this.id, 0);
     else if (guard === undefined) this.addon.watch(this.id, 0, false);
-    else this.stepAsideIfDone();
+    this.followGuard();
   }
 
   /**
-   * A guard that passes everything from now on (a TLS handshake past its checks) stops seeing
-   * bytes: the rest of the tunnel is relayed natively, spliced if it streams.
+   * Shows the guard the bytes it asks for, after each of its calls. One that passes everything
+   * from now on (a TLS handshake past its checks, a switch to WebSocket) sees no more: the rest
+   * of the tunnel is relayed natively, spliced if it streams. Upstream bytes go to one only
+   * while it watches them.
    */
-  private stepAsideIfDone(): void {
-    if (this.closed || this.guard?.done !== true) return;
-    this.guard = this.fromClient = this.fromUpstream = undefined;
-    if (!this.clientEnded) this.addon.watch(this.id, 0, false);
-    this.addon.watch(this.id, 1, false);
+  private followGuard(): void {
+    const guard = this.guard;
+    if (this.closed || guard === undefined) return;
+    if (guard.done === true) {
+      this.guard = this.fromClient = this.fromUpstream = undefined;
+      if (!this.clientEnded) this.addon.watch(this.id, 0, false);
+      if (this.upstreamWatched) this.addon.watch(this.id, 1, false);
+      return;
+    }
+    const watch = this.fromUpstream !== undefined && guard.watchesUpstream !== false;
+    if (watch === this.upstreamWatched) return;
+    this.upstreamWatched = watch;
+    this.addon.watch(this.id, 1, watch);
   }
 
   close(): void {
@@ -325,7 +336,7 @@ class NativeSplice implements Splice {
       if (bytes.length === 0) return void this.addon.end(this.id, 1);
       this.fromUpstream?.(bytes);
       if (!this.closed) this.addon.send(this.id, 1, bytes);
-      return this.stepAsideIfDone();
+      return this.followGuard();
     }
     if (this.onHeld !== undefined) {
       // A held tunnel whose client ended has nothing to carry.
@@ -339,7 +350,7 @@ class NativeSplice implements Splice {
     }
     if (bytes.length === 0) return void this.addon.end(this.id, 0);
     this.toUpstream(bytes);
-    this.stepAsideIfDone();
+    this.followGuard();
   }
 
   private finish(up: number, down: number): void {

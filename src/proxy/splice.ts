@@ -23,6 +23,11 @@ export interface TunnelGuard {
   fromUpstream?(chunk: Buffer): Checked;
   /** True once it passes every byte as it is: a relay may stop showing it any. */
   readonly done?: boolean;
+  /**
+   * False while it has no use for upstream bytes: a relay need not show them (and may relay
+   * them natively). Read again after every call; undefined means true.
+   */
+  readonly watchesUpstream?: boolean;
 }
 
 export interface Splice {
@@ -226,6 +231,7 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
       if (guard?.fromUpstream !== undefined) {
         const fromUpstream = guard.fromUpstream.bind(guard);
         watchUpstream = (chunk) => {
+          if (guard.watchesUpstream === false) return;
           const held = checked(fromUpstream(chunk));
           if (held !== undefined && held.length > 0) upstream.write(held);
         };

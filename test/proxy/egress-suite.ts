@@ -339,9 +339,10 @@ export function egressSuite(io: TcpIoSetting): void {
     });
 
     it('gives no tunnel to a sandbox removed while its destination was being resolved', async () => {
-      // slow.allowed.test is answered after 150 ms; the sandbox goes at 50.
+      // slow.allowed.test is answered 150 ms after it is asked; the sandbox goes once it is.
+      const asked = upstream.asked('slow.allowed.test').length;
       const pending = connectThrough(proxy, `slow.allowed.test:${ssh.port}`, { auth });
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await waitFor(async () => upstream.asked('slow.allowed.test').length > asked);
       moat.table.remove(SANDBOX);
       const { status, body, socket } = await pending;
       socket.destroy();
@@ -376,13 +377,14 @@ export function egressSuite(io: TcpIoSetting): void {
       socket.on('error', () => {});
       await new Promise((resolve) => socket.once('connect', resolve));
       const basic = Buffer.from(auth).toString('base64');
-      // slowweb.allowed.test is answered after 300 ms.
+      // slowweb.allowed.test is answered 300 ms after it is asked.
+      const asked = upstream.asked('slowweb.allowed.test').length;
       socket.write(
         `GET http://slowweb.allowed.test:${web.port}/secret HTTP/1.1\r\nHost: slowweb.allowed.test\r\n` +
           `Proxy-Authorization: Basic ${basic}\r\n\r\n`,
       );
       const answer = readUntil(socket, (text) => text.includes('}'), 2000);
-      await new Promise((resolve) => setTimeout(resolve, 50));
+      await waitFor(async () => upstream.asked('slowweb.allowed.test').length > asked);
       // Paused and resumed: a new record, which its owner then narrows.
       moat.table.remove(SANDBOX);
       moat.table.register(
@@ -564,11 +566,114 @@ export function egressSuite(io: TcpIoSetting): void {
         ).toBe(true);
         expect(
           await closedAfter('GET / HTTP/1.1\r\nHost: port80.allowed.test\r\nUpgrade: x\r\n\r\n'),
-          'an upgrade',
+          'an upgrade to another protocol than WebSocket',
         ).toBe(true);
         expect(port80.requests.map((headers) => headers.host)).toEqual(['port80.allowed.test']);
       } finally {
         await port80.close();
+      }
+    });
+
+    it('lets a tunnel to port 80 switch to WebSocket, holding client bytes until the origin agrees', async (context) => {
+      // An origin that agrees to /ws 100 ms after asked (recording what reaches it meanwhile),
+      // then echoes; any other request gets 426 and the connection stays HTTP.
+      const heads: string[] = [];
+      const early: Buffer[] = [];
+      const REFUSED = 'HTTP/1.1 426 Upgrade Required\r\nContent-Length: 0\r\n\r\n';
+      const SWITCHED =
+        'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
+      const origin = net.createServer((socket) => {
+        socket.on('error', () => {});
+        let state: 'http' | 'agreeing' | 'switched' = 'http';
+        let buffered = Buffer.alloc(0);
+        socket.on('data', (chunk: Buffer) => {
+          if (state === 'switched') return void socket.write(chunk);
+          if (state === 'agreeing') return void early.push(chunk);
+          buffered = Buffer.concat([buffered, chunk]);
+          for (let end; state === 'http' && (end = buffered.indexOf('\r\n\r\n')) >= 0;) {
+            const head = buffered.toString('latin1', 0, end);
+            buffered = buffered.subarray(end + 4);
+            heads.push(head.split('\r\n')[0]!);
+            if (!head.startsWith('GET /ws ')) {
+              socket.write(REFUSED);
+              continue;
+            }
+            state = 'agreeing';
+            if (buffered.length > 0) early.push(buffered);
+            setTimeout(() => {
+              state = 'switched';
+              socket.write(SWITCHED);
+            }, 100);
+          }
+        });
+      });
+      try {
+        await new Promise<void>((resolve, reject) =>
+          origin.once('error', reject).listen(80, '127.0.0.14', resolve),
+        );
+      } catch (error) {
+        console.log(
+          `skipped: cannot listen on port 80 (${(error as NodeJS.ErrnoException).code}); needs root`,
+        );
+        return context.skip();
+      }
+      const upgrade = (path: string, protocol = 'websocket') =>
+        `GET ${path} HTTP/1.1\r\nHost: port80.allowed.test\r\nUpgrade: ${protocol}\r\nConnection: Upgrade\r\n\r\n`;
+      /** Everything a tunnel's socket reads until `bytes` have come, or it closes, or 3 s pass. */
+      const received = (socket: net.Socket, bytes: number) =>
+        new Promise<Buffer>((resolve) => {
+          const chunks: Buffer[] = [];
+          let length = 0;
+          const done = () => {
+            clearTimeout(timer);
+            socket.off('data', onData);
+            resolve(Buffer.concat(chunks));
+          };
+          const onData = (chunk: Buffer) => {
+            chunks.push(chunk);
+            length += chunk.length;
+            if (length >= bytes) done();
+          };
+          const timer = setTimeout(done, 3000);
+          socket.on('data', onData).once('close', done).resume();
+        });
+      try {
+        // Switched: the frame sent with the request reaches the origin only after its 101, and
+        // what follows (4 MiB that are not HTTP) goes both ways unchecked.
+        const tunnel = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+        const frame = Buffer.from([0x82, 0x84, 1, 2, 3, 4, 5, 6, 7, 8]);
+        const answer = received(tunnel.socket, SWITCHED.length + frame.length);
+        tunnel.socket.write(Buffer.concat([Buffer.from(upgrade('/ws')), frame]));
+        expect((await answer).toString('latin1')).toBe(SWITCHED + frame.toString('latin1'));
+        expect(early).toEqual([]);
+        const bulk = Buffer.alloc(4 * 1024 * 1024);
+        for (let i = 0; i < bulk.length; i += 4) bulk.writeUInt32LE((i * 2654435761) >>> 0, i);
+        const echoed = received(tunnel.socket, bulk.length);
+        tunnel.socket.write(bulk);
+        expect((await echoed).equals(bulk)).toBe(true);
+        tunnel.socket.destroy();
+
+        // Refused by the origin: the tunnel stays HTTP. The request held meanwhile is checked
+        // and goes on; a fronted one later closes the tunnel without reaching the origin.
+        const declined = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+        const refusals = received(declined.socket, 2 * REFUSED.length);
+        declined.socket.write(
+          upgrade('/no') + 'GET /next HTTP/1.1\r\nHost: port80.allowed.test\r\n\r\n',
+        );
+        expect((await refusals).toString('latin1')).toBe(REFUSED + REFUSED);
+        const closing = received(declined.socket, Number.MAX_SAFE_INTEGER);
+        declined.socket.write('GET /secret HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+        expect((await closing).length).toBe(0);
+        expect(declined.socket.destroyed).toBe(true);
+        // Another protocol is refused before the origin sees it.
+        const h2c = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+        const closed = received(h2c.socket, Number.MAX_SAFE_INTEGER);
+        h2c.socket.write(upgrade('/ws', 'h2c'));
+        expect((await closed).length).toBe(0);
+        expect(h2c.socket.destroyed).toBe(true);
+        expect(heads).toEqual(['GET /ws HTTP/1.1', 'GET /no HTTP/1.1', 'GET /next HTTP/1.1']);
+      } finally {
+        await new Promise((resolve) => origin.close(resolve));
       }
     });
   });
@@ -791,6 +896,20 @@ export function egressSuite(io: TcpIoSetting): void {
       expect(await readUntil(socket, () => false, 1000)).toBe('');
       expect(socket.destroyed).toBe(true);
       expect(web.requests).toEqual([]);
+    });
+
+    it('lets a plain HTTP connection switch to WebSocket when the origin agrees', async () => {
+      const socket = toTransparent();
+      socket.write(
+        'GET /ws HTTP/1.1\r\nHost: www.allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nframe',
+      );
+      expect(await readUntil(socket, (t) => t.endsWith('frame'))).toMatch(
+        /^HTTP\/1\.1 101 [^]*\r\n\r\nframe$/,
+      );
+      // Frames from now on, whatever they hold.
+      socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      expect(await readUntil(socket, (t) => t.includes('denied'))).toContain('denied.test');
+      socket.destroy();
     });
 
     it('closes connections that name a denied host, name no host, or come from no sandbox', async () => {

@@ -26,6 +26,15 @@ function run(guard: RequestStreamGuard, chunks: readonly string[]) {
   return { problem: undefined, passed };
 }
 const guardOver = (...chunks: string[]) => run(new RequestStreamGuard(mismatch), chunks).problem;
+const UPGRADE =
+  'GET /ws HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
+const SWITCHED =
+  'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
+/** Shows the guard an upstream chunk; the client bytes it lets go on, or its problem. */
+function answer(guard: RequestStreamGuard, text: string) {
+  const checked = guard.fromUpstream(bytes(text));
+  return 'pass' in checked ? checked.pass.toString('latin1') : { problem: checked.problem };
+}
 
 describe('RequestStreamGuard', () => {
   it.each([
@@ -48,10 +57,26 @@ describe('RequestStreamGuard', () => {
     ],
     ['no Host', ['GET / HTTP/1.0\r\n\r\n'], /not site\.test/],
     ['two Hosts', ['GET / HTTP/1.1\r\nHost: site.test\r\nHost: other.test\r\n\r\n'], /two Host/],
+    ['a WebSocket upgrade', [`${UPGRADE}`], undefined],
     [
-      'an upgrade',
-      ['GET / HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket\r\n\r\n'],
-      /switch protocols/,
+      'an upgrade to h2c',
+      ['GET / HTTP/1.1\r\nHost: site.test\r\nUpgrade: h2c\r\n\r\n'],
+      /switch protocols to "h2c": only websocket/,
+    ],
+    [
+      'an upgrade to WebSocket and something else',
+      ['GET / HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket, h2c\r\n\r\n'],
+      /only websocket/,
+    ],
+    [
+      'a WebSocket upgrade after another request',
+      ['GET / HTTP/1.1\r\nHost: site.test\r\n\r\n', UPGRADE],
+      /only the first may/,
+    ],
+    [
+      'a WebSocket upgrade to another host',
+      ['GET /ws HTTP/1.1\r\nHost: other.test\r\nUpgrade: websocket\r\n\r\n'],
+      /other\.test/,
     ],
     [
       'CONNECT',
@@ -206,5 +231,84 @@ describe('RequestStreamGuard', () => {
       ),
       { numRuns: 1000 },
     );
+  });
+});
+
+describe('RequestStreamGuard, a switch to WebSocket', () => {
+  // Bytes that are not HTTP: a masked WebSocket frame, as a client sends them.
+  const FRAME = '\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58';
+
+  it('watches nothing upstream until a tunnel asks to switch', () => {
+    const guard = new RequestStreamGuard(mismatch);
+    expect(guard.watchesUpstream).toBe(false);
+    expect(run(guard, ['GET / HTTP/1.1\r\nHost: site.test\r\n\r\n']).problem).toBeUndefined();
+    expect(guard.watchesUpstream).toBe(false);
+    expect(answer(guard, 'HTTP/1.1 101 Switching Protocols\r\n\r\n')).toBe('');
+    expect(guard.done).toBe(false);
+  });
+
+  it('holds what follows the upgrade request until the origin answers 101, then steps aside', () => {
+    const guard = new RequestStreamGuard(mismatch);
+    expect(run(guard, [UPGRADE + FRAME])).toEqual({ problem: undefined, passed: UPGRADE });
+    expect(guard.watchesUpstream).toBe(true);
+    expect(run(guard, [FRAME]).passed).toBe('');
+    expect(answer(guard, SWITCHED + 'server bytes')).toBe(FRAME + FRAME);
+    expect(guard.done).toBe(true);
+    expect(guard.watchesUpstream).toBe(false);
+    // Frames now, and whatever they hold (here a request to another host) is theirs.
+    const inFrame = 'GET / HTTP/1.1\r\nHost: other.test\r\n\r\n';
+    expect(run(guard, [inFrame])).toEqual({ problem: undefined, passed: inFrame });
+  });
+
+  it('finds the 101 after interim answers, however the answer is cut', () => {
+    const stream =
+      'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n' + SWITCHED;
+    fc.assert(
+      fc.property(fc.array(fc.nat(), { maxLength: 8 }), (cuts) => {
+        const guard = new RequestStreamGuard(mismatch);
+        run(guard, [UPGRADE + FRAME]);
+        let released = '';
+        for (const [from, to] of cutStream(stream.length, cuts).bounds) {
+          released += answer(guard, stream.slice(from, to)) as string;
+          // Switched once the 101's head is whole, not before.
+          expect(guard.done).toBe(to === stream.length);
+        }
+        expect(guard.done).toBe(true);
+        expect(released).toBe(FRAME);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it.each([
+    ['a refusal', 'HTTP/1.1 426 Upgrade Required\r\nContent-Length: 0\r\n\r\n'],
+    ['a plain answer', 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'],
+    ['an answer that is not HTTP', 'SSH-2.0-OpenSSH_9.6\r\n\r\n'],
+  ])('after %s the tunnel stays HTTP: held bytes are checked as requests', (_, refusal) => {
+    const good = 'GET /next HTTP/1.1\r\nHost: site.test\r\n\r\n';
+    const guard = new RequestStreamGuard(mismatch);
+    run(guard, [UPGRADE + good]);
+    expect(answer(guard, refusal)).toBe(good);
+    expect(guard.done).toBe(false);
+    expect(guard.watchesUpstream).toBe(false);
+    expect(run(guard, ['GET / HTTP/1.1\r\nHost: other.test\r\n\r\n']).problem).toMatch(/other/);
+
+    const fronted = new RequestStreamGuard(mismatch);
+    run(fronted, [UPGRADE + 'GET / HTTP/1.1\r\nHost: other.test\r\n\r\n']);
+    expect(answer(fronted, refusal)).toEqual({ problem: expect.stringMatching(/other/) });
+    // A second upgrade on the tunnel is not its first request.
+    const again = new RequestStreamGuard(mismatch);
+    run(again, [UPGRADE]);
+    answer(again, refusal);
+    expect(run(again, [UPGRADE]).problem).toMatch(/only the first may/);
+  });
+
+  it("passes an upgrade request's body before holding, and holds at most 64 KiB", () => {
+    const guard = new RequestStreamGuard(mismatch);
+    const withBody = UPGRADE.replace('\r\n\r\n', '\r\nContent-Length: 4\r\n\r\n') + 'body';
+    expect(run(guard, [withBody + FRAME]).passed).toBe(withBody);
+    expect(run(guard, ['x'.repeat(64 * 1024 - FRAME.length)]).problem).toBeUndefined();
+    expect(run(guard, ['x']).problem).toMatch(/over 64 KiB before the origin answered/);
+    expect(answer(guard, SWITCHED)).toEqual({ problem: expect.stringMatching(/64 KiB/) });
   });
 });

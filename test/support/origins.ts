@@ -2,6 +2,7 @@
 import { createHash } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
+import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import { testCertificate } from '../../bench/lib/certificate.js';
 
@@ -65,6 +66,16 @@ export async function httpEchoOrigin(
         }),
       );
     });
+  });
+  // A WebSocket upgrade is agreed to, and the connection then echoes what it is sent.
+  server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
+    requests.push(req.headers);
+    socket.on('error', () => socket.destroy());
+    socket.write(
+      'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n',
+    );
+    socket.write(head);
+    socket.pipe(socket);
   });
   return { host, port: await listen(server, host, port), close: closer(server), requests };
 }

@@ -465,23 +465,35 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     try {
       // A connection opened while the address was learned (a database session, say) carries on
       // past the TTL: expiry closes the address to new connections only.
+      let printed = '';
       const open = await sandbox.commands.run(
         python(
           [
-            'import socket, time',
+            'import socket, sys',
             `s = socket.create_connection(('brief.test', ${WORLD_PORTS.echo}), timeout=3)`,
             "s.sendall(b'ping'); print(s.recv(4).decode(), flush=True)",
-            'time.sleep(2.5)',
+            // Waits for the test's word (a line on stdin) that the address has expired.
+            'sys.stdin.readline()',
             "s.sendall(b'late'); print(s.recv(4).decode(), flush=True)",
           ].join('\n'),
         ),
-        { background: true },
+        { background: true, stdin: true, onStdout: (data: string) => void (printed += data) },
       );
-      await new Promise((resolve) => setTimeout(resolve, 2500));
-      // By address, without asking DNS again: the firewall let it expire.
-      const expired = await run(sandbox, tcpEcho(address));
-      expect(expired.stdout).toBe('');
-      expect(expired.stderr).toMatch(/Connection refused/);
+      // The name was learned just before the echo came back: the TTL counts from about here.
+      await until(() => printed.includes('ping'), 10_000);
+      const deadline = Date.now() + 3500;
+      // By address, without asking DNS again: open until the firewall lets it expire (the 1 s
+      // TTL and its margin, 2 s in nft's whole seconds), refused after.
+      for (let refused = false; !refused;) {
+        expect(Date.now(), 'learned address still open 3.5 s after it was learned').toBeLessThan(
+          deadline,
+        );
+        const probe = await run(sandbox, tcpEcho(address));
+        refused = /Connection refused/.test(probe.stderr);
+        expect(probe.stdout, probe.stderr).toBe(refused ? '' : 'ping');
+        if (!refused) await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      await sandbox.commands.sendStdin(open.pid, 'expired\n');
       // A cut connection ends the program with an error: its output is the evidence either way.
       const kept = await open.wait().catch((error: CommandExitError) => error);
       expect(kept.stdout, kept.stderr).toBe('ping\nlate\n');
@@ -647,6 +659,12 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         await new Promise((r) => setTimeout(r, 20));
       expect(lines()).toEqual(expect.arrayContaining(['tcp open', 'tls open']));
 
+      // Both still open just before the publish, so the closes below are its doing.
+      expect(
+        lines().filter((l) => l.includes(' closed')),
+        JSON.stringify(printed),
+      ).toEqual([]);
+      const requestedAt = Date.now();
       const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
         body: { allowOut: [`${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
       });
@@ -656,7 +674,12 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       for (const label of ['tcp', 'tls']) {
         const line = lines().find((l) => l.startsWith(`${label} closed `));
         expect(line, JSON.stringify(printed)).toBeDefined();
-        expect(Number(line!.split(' ')[2]) - appliedAt, label).toBeLessThan(100);
+        // time.time() there and Date.now() here read the same clock (CLOCK_REALTIME, one host).
+        // The lower bound proves the close came after the publish was asked for; the upper one
+        // is the 100 ms the platform promises (runs here measure under 50 ms).
+        const closedAt = Number(line!.split(' ')[2]);
+        expect(closedAt, `${label} closed before the publish`).toBeGreaterThanOrEqual(requestedAt);
+        expect(closedAt - appliedAt, label).toBeLessThan(100);
       }
       // The next connection is decided by the new policy.
       expect((await run(sandbox, curl('http://allowed.test/'))).exitCode).toBe(6);

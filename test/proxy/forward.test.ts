@@ -21,6 +21,7 @@ import { type RunningMoat, startMoat } from '../../src/cli/index.js';
 import { loadConfig } from '../../src/config.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { bodyDigest } from '../support/origins.js';
 import {
   type CountingOrigin,
@@ -33,6 +34,7 @@ import {
   type ScriptedOrigin,
   scriptedOrigin,
 } from '../support/raw-http.js';
+import { steadyValue } from '../support/steady.js';
 
 const SANDBOX = 'iforwardsandbox000001';
 const SECRET = 'forward-secret-1';
@@ -64,7 +66,8 @@ let raw: ScriptedOrigin;
 let bad: ScriptedOrigin;
 let fuzz: CountingOrigin;
 const scratch = scratchMoatFlags();
-const clients: RawClient[] = [];
+/** Connections the test opened (raw clients and plain sockets), destroyed after each test. */
+const clients: Array<RawClient | net.Socket> = [];
 
 /** The chunks the raw origin's /chunked response is made of. */
 const CHUNKS = ['Hello, ', 'chunked ', 'world', 'x'.repeat(10_000), '!'];
@@ -518,6 +521,7 @@ describe('malformed request heads', () => {
   it('closes a refused connection whose client keeps sending, soon after the answer', async () => {
     // Half-open: the client keeps its side open after Moat's FIN, and keeps writing.
     const socket = net.connect({ ...proxy, allowHalfOpen: true });
+    clients.push(socket);
     socket.on('error', () => {});
     let closed = false;
     socket.on('close', () => (closed = true));
@@ -891,6 +895,7 @@ describe('what a hostile client or origin cannot do', () => {
 
   it('stops reading pipelined requests from a client that does not read its answers', async () => {
     const socket = net.connect({ host: proxy.host, port: proxy.port });
+    clients.push(socket);
     await new Promise((resolve) => socket.once('connect', resolve));
     socket.pause();
     // Origin-form requests: each gets Moat's own 400, and the connection stays open.
@@ -988,6 +993,7 @@ describe('connections Moat decided to close', () => {
     const sockets = await Promise.all(
       cases.map(async (bytes) => {
         const socket = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
+        clients.push(socket);
         socket.on('error', () => {});
         socket.resume();
         await new Promise((resolve) => socket.once('connect', resolve));
@@ -1016,6 +1022,7 @@ describe('connections Moat decided to close', () => {
     const second = await countingHttpOrigin('127.0.0.36', answer);
     try {
       const socket = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
+      clients.push(socket);
       let received = '';
       socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
       await new Promise((resolve) => socket.once('connect', resolve));
@@ -1045,6 +1052,7 @@ describe('connections Moat decided to close', () => {
     );
     try {
       const socket = net.connect({ host: proxy.host, port: proxy.port, allowHalfOpen: true });
+      clients.push(socket);
       await new Promise((resolve) => socket.once('connect', resolve));
       socket.pause();
       const count = 200;
@@ -1071,8 +1079,12 @@ describe('connections Moat decided to close', () => {
 });
 
 describe('flow control', () => {
-  it('holds a fast origin back while the client does not read, then delivers all 64 MiB', async () => {
-    const total = 64 * MiB;
+  it('holds a fast origin back while the client does not read, then delivers all of it', async () => {
+    // What a stalled client lets through is bounded by the kernel buffers of two loopback
+    // connections (client and origin side) and Moat's own; the origin has 64 MiB more than that
+    // to send, so a relay that read on without bound would pass the bound.
+    const bound = kernelBufferedMax(2) + 4 * MiB;
+    const total = kernelBufferedMax(2) + 64 * MiB;
     let written = 0;
     const flood = await scriptedOrigin('127.0.0.34', (socket) => {
       socket.write(
@@ -1081,25 +1093,35 @@ describe('flow control', () => {
       const chunk = Buffer.alloc(64 * KiB, 0x61);
       const push = () => {
         while (written < total) {
-          written += chunk.length;
-          if (!socket.write(chunk)) return void socket.once('drain', push);
+          const piece = chunk.subarray(0, Math.min(chunk.length, total - written));
+          written += piece.length;
+          if (!socket.write(piece)) return void socket.once('drain', push);
         }
       };
       push();
     });
+    let client: RawClient | undefined;
     try {
-      const client = await connect();
+      client = await connect();
       client.pause();
       client.send(request(url(FLOOD, flood.port, '/flood')));
-      await delay(1000);
-      expect(written, 'bytes the origin could write while the client read nothing').toBeLessThan(
-        16 * MiB,
+      // The origin stops once the buffers are full: no byte more for half a second.
+      const stalled = await steadyValue(() => written, {
+        quietMs: 500,
+        withinMs: 15_000,
+        what: 'bytes the origin wrote to a client that reads nothing',
+      });
+      expect(stalled, 'bytes the origin could write while the client read nothing').toBeLessThan(
+        bound,
       );
-      const response = await client.response({ keepBody: false, timeoutMs: 10_000 });
+      expect(stalled).toBeGreaterThan(0);
+      const response = await client.response({ keepBody: false, timeoutMs: 30_000 });
       expect(response.status).toBe(200);
       expect(response.bodyLength).toBe(total);
       expect(client.unread().length).toBe(0);
     } finally {
+      // Before the origin closes: a client left open would keep Moat's connection to it.
+      client?.destroy();
       await flood.close();
     }
   });

@@ -12,6 +12,8 @@ const KiB = 1024;
 const MiB = 1024 * KiB;
 
 const servers: net.Server[] = [];
+/** Test clients: destroyed after each test, so one that failed leaves no tunnel open. */
+const clients: net.Socket[] = [];
 const nativeListeners: Array<{ close(): void }> = [];
 const native = nativeTcp('auto');
 if (native === undefined)
@@ -25,6 +27,8 @@ const listen = (server: net.Server): Promise<number> => {
 };
 
 afterEach(async () => {
+  // First: a server closes only once its connections have, and an open client keeps its tunnel's.
+  for (const client of clients.splice(0)) client.destroy();
   await Promise.all(
     servers.splice(0).map((server) => new Promise((resolve) => server.close(resolve))),
   );
@@ -215,13 +219,14 @@ async function randomOrigin(down: number, seed: number) {
   return { port: await listen(server), connection };
 }
 
-/** A client of `proxy`, connected and past its preamble. */
+/** A client of `proxy`, connected and past its preamble; destroyed after the test. */
 const connect = (proxy: Splicer, options: { allowHalfOpen?: boolean } = {}) =>
   new Promise<net.Socket>((resolve, reject) => {
     const socket = net.connect({ host: HOST, port: proxy.port, ...options }, () => {
       if (proxy.preamble !== '') socket.write(proxy.preamble);
       resolve(socket);
     });
+    clients.push(socket);
     socket.once('error', reject);
   });
 

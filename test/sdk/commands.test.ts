@@ -104,8 +104,13 @@ describe('background processes', () => {
 
   it('connect attaches to a running pid and sees its later output', async () => {
     const sbx = await sandbox();
-    const handle = await sbx.commands.run('sleep 0.5; echo late; sleep 0.2', { background: true });
+    // Prints only once the test has attached: the file appears after connect resolves.
+    const handle = await sbx.commands.run(
+      'while [ ! -e /home/user/go ]; do sleep 0.05; done; echo late',
+      { background: true },
+    );
     const attached = await sbx.commands.connect(handle.pid);
+    await sbx.files.write('/home/user/go', '');
     const result = await attached.wait();
     expect(result.stdout).toContain('late');
   });

@@ -34,6 +34,14 @@ export class ArrivingBytes {
     return this.bytes;
   }
 
+  /**
+   * Adds a piece whose buffer its caller may reuse once this returns (a pooled read buffer):
+   * nothing kept refers to it.
+   */
+  appendCopy(piece: Buffer): Buffer {
+    return this.length === 0 ? this.restart(Buffer.from(piece)) : this.append(piece);
+  }
+
   /** Starts over from `bytes` (what is left after the front was used), without copying it. */
   restart(bytes: Buffer = EMPTY): Buffer {
     this.storage = bytes;

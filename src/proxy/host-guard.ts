@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { parseAuthority } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import type { Target } from './dial.js';
@@ -16,6 +17,12 @@ import {
 import type { Checked, TunnelGuard } from './splice.js';
 
 const EMPTY = Buffer.alloc(0);
+/** RFC 6455 1.3: the server proves it read the handshake by hashing the key with this. */
+const WEBSOCKET_GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
+const webSocketAccept = (key: string): string =>
+  createHash('sha1')
+    .update(key + WEBSOCKET_GUID)
+    .digest('base64');
 const joined = (parts: readonly Buffer[]): Buffer =>
   parts.length === 1 ? parts[0]! : Buffer.concat(parts);
 /** What a client may send after its upgrade request before the origin has answered it. */
@@ -30,9 +37,10 @@ const MAX_HELD_FOR_ANSWER = 64 * 1024;
  * framing.
  *
  * A tunnel's first request may switch to WebSocket (checked like any other): the client's later
- * bytes wait until the origin's answer to it shows. 101 ends the watch (what follows is frames
- * to the origin the checked request chose); any other answer (or none that parses) keeps the
- * tunnel HTTP and the waiting bytes are checked as requests. Other switches are refused: what
+ * bytes wait until the origin's answer to it shows. A 101 with the Sec-WebSocket-Accept for the
+ * request's key ends the watch (what follows is frames to the origin the checked request
+ * chose); any other answer (or none that parses) keeps the tunnel HTTP and the waiting bytes
+ * are checked as requests. Other switches are refused: what
  * follows h2c, say, carries requests of its own with authorities this guard could not read,
  * and a later request's answer could only be found by following every earlier one's framing.
  */
@@ -51,6 +59,8 @@ export class RequestStreamGuard implements TunnelGuard {
   private readonly held = new ArrivingBytes();
   /** The origin's bytes while its answer is awaited, from the start of a head. */
   private readonly answer = new ArrivingBytes();
+  /** The Sec-WebSocket-Accept that a real switch answers the upgrade request with. */
+  private accept = '';
 
   /**
    * `mismatch` says why an authority (a Host value, an absolute-form target's, or undefined for
@@ -114,21 +124,34 @@ export class RequestStreamGuard implements TunnelGuard {
   fromUpstream(chunk: Buffer): Checked {
     if (this.problem !== undefined) return { problem: this.problem };
     if (this.state !== 'answer') return { pass: EMPTY };
-    let seen = this.answer.append(chunk);
+    let scanned = this.answer.bytes.length;
+    // Upstream reads may land in pooled buffers, reused once the chunk has gone on.
+    let seen = this.answer.appendCopy(chunk);
     for (;;) {
-      const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES);
+      const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES, scanned);
       if (end === 'incomplete') return { pass: EMPTY };
       const parsed = typeof end === 'number' ? parseResponseHead(seen.subarray(0, end)) : undefined;
-      const status = parsed?.ok === true ? parsed.value.status : undefined;
+      const head = parsed?.ok === true ? parsed.value : undefined;
       // An interim answer (100 Continue, 103 Early Hints) comes before the one that counts.
-      if (typeof end === 'number' && status !== undefined && status < 200 && status !== 101) {
+      if (
+        typeof end === 'number' &&
+        head !== undefined &&
+        head.status < 200 &&
+        head.status !== 101
+      ) {
         seen = this.answer.restart(seen.subarray(end));
+        scanned = 0;
         continue;
       }
       this.answer.restart();
       const held = this.held.bytes;
       this.held.restart();
-      if (status === 101) {
+      // Switched only by an answer that proves it read this handshake (RFC 6455 4.2.2): a
+      // canned 101 from an origin that goes on reading HTTP must not end the checks.
+      if (
+        head?.status === 101 &&
+        fieldValues(head.fields, 'sec-websocket-accept').join() === this.accept
+      ) {
         this.state = 'switched';
         return { pass: held };
       }
@@ -170,6 +193,10 @@ export class RequestStreamGuard implements TunnelGuard {
         return `a request asks to switch protocols to ${JSON.stringify(protocols.join(', '))}: only websocket is let through`;
       if (!first)
         return "a request other than the tunnel's first asks to switch protocols: only the first may";
+      const keys = fieldValues(head.fields, 'sec-websocket-key');
+      if (keys.length !== 1 || !fieldTokens(head.fields, 'connection').includes('upgrade'))
+        return 'a WebSocket upgrade request needs one Sec-WebSocket-Key and Connection: Upgrade';
+      this.accept = webSocketAccept(keys[0]!);
       this.state = 'answer';
     }
     const framing = requestFraming(head);

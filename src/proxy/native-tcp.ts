@@ -232,6 +232,8 @@ class NativeSplice implements Splice {
   private fromUpstream: ((chunk: Buffer) => void) | undefined;
   private guard: TunnelGuard | undefined;
   private upstreamWatched = false;
+  /** The client ended while the guard held its bytes for the upstream's answer. */
+  private endHeld = false;
   private readonly id: number;
 
   constructor(
@@ -284,14 +286,21 @@ class NativeSplice implements Splice {
       this.fromUpstream = (chunk) => {
         const held = checked(fromUpstream(chunk));
         if (held !== undefined && held.length > 0) this.addon.send(this.id, 0, held);
+        if (this.endHeld && !this.closed) this.endUpstream();
       };
     }
     this.followGuard();
     for (const chunk of [initial ?? EMPTY, ...this.held.splice(0)]) this.toUpstream(chunk);
     if (this.closed) return;
-    if (this.clientEnded) this.addon.end(this.id, 0);
+    if (this.clientEnded) this.endUpstream();
     else if (guard === undefined) this.addon.watch(this.id, 0, false);
     this.followGuard();
+  }
+
+  /** Passes the client's end on; while the guard holds client bytes for an answer, after them. */
+  private endUpstream(): void {
+    this.endHeld = this.guard?.watchesUpstream === true;
+    if (!this.endHeld) this.addon.end(this.id, 0);
   }
 
   /**
@@ -309,7 +318,7 @@ class NativeSplice implements Splice {
       if (this.upstreamWatched) this.addon.watch(this.id, 1, false);
       return;
     }
-    const watch = this.fromUpstream !== undefined && guard.watchesUpstream !== false;
+    const watch = this.fromUpstream !== undefined && guard.watchesUpstream === true;
     if (watch === this.upstreamWatched) return;
     this.upstreamWatched = watch;
     this.addon.watch(this.id, 1, watch);
@@ -348,7 +357,7 @@ class NativeSplice implements Splice {
       else this.held.push(bytes);
       return;
     }
-    if (bytes.length === 0) return void this.addon.end(this.id, 0);
+    if (bytes.length === 0) return this.endUpstream();
     this.toUpstream(bytes);
     this.followGuard();
   }

@@ -24,8 +24,9 @@ export interface TunnelGuard {
   /** True once it passes every byte as it is: a relay may stop showing it any. */
   readonly done?: boolean;
   /**
-   * False while it has no use for upstream bytes: a relay need not show them (and may relay
-   * them natively). Read again after every call; undefined means true.
+   * True while it awaits the upstream's answer (and may hold client bytes until it shows): a
+   * relay shows it upstream bytes only then, and passes the client's end on only after. Read
+   * again after every call.
    */
   readonly watchesUpstream?: boolean;
 }
@@ -228,15 +229,22 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
       const first = initial !== undefined && fromClient ? fromClient(initial) : initial;
       if (closed) return;
       if (first !== undefined && first.length > 0) upstream.write(first);
+      // The client's end, while the guard holds its bytes for an answer: it goes after them.
+      let endHeld = false;
       if (guard?.fromUpstream !== undefined) {
         const fromUpstream = guard.fromUpstream.bind(guard);
         watchUpstream = (chunk) => {
-          if (guard.watchesUpstream === false) return;
+          if (guard.watchesUpstream !== true) return;
           const held = checked(fromUpstream(chunk));
           if (held !== undefined && held.length > 0) upstream.write(held);
+          if (endHeld && !closed) endUpstream();
         };
       }
-      relay(client, upstream, fromClient);
+      const endUpstream = () => {
+        endHeld = guard?.watchesUpstream === true;
+        if (!endHeld) upstream.end();
+      };
+      relay(client, upstream, fromClient, endUpstream);
     },
     hold(onData, onGone) {
       const stop = () => {
@@ -265,6 +273,7 @@ function relay(
   from: net.Socket,
   to: net.Socket,
   inspect?: (chunk: Buffer) => Buffer | undefined,
+  onEnd: () => void = () => void to.end(),
 ): void {
   let waiting = false;
   const resume = () => {
@@ -280,8 +289,8 @@ function relay(
     to.once('drain', resume);
   });
   // The end may have come and gone before the relay began (a client that wrote and half-closed).
-  if (from.readableEnded) to.end();
-  else from.once('end', () => to.end());
+  if (from.readableEnded) onEnd();
+  else from.once('end', onEnd);
   from.resume();
 }
 

@@ -44,6 +44,11 @@ export class TlsHelloGuard implements TunnelGuard {
     return this.state === 'done';
   }
 
+  /** Only the server's first answer is read (client handshake records wait for it). */
+  get watchesUpstream(): boolean {
+    return this.state === 'answer';
+  }
+
   fromClient(chunk: Buffer): Checked {
     if (this.state === 'done') return { pass: chunk };
     return this.advance(this.held.append(chunk));
@@ -51,7 +56,8 @@ export class TlsHelloGuard implements TunnelGuard {
 
   fromUpstream(chunk: Buffer): Checked {
     if (this.state !== 'answer') return { pass: EMPTY };
-    const seen = this.answer.append(chunk);
+    // Upstream reads may land in pooled buffers, reused once the chunk has gone on.
+    const seen = this.answer.appendCopy(chunk);
     const answer = readServerHello(seen);
     if (answer === 'incomplete' && seen.length <= MAX_PEEK_BYTES) return { pass: EMPTY };
     this.answer.restart();

@@ -575,15 +575,20 @@ export function egressSuite(io: TcpIoSetting): void {
     });
 
     it('lets a tunnel to port 80 switch to WebSocket, holding client bytes until the origin agrees', async (context) => {
-      // An origin that agrees to /ws 100 ms after asked (recording what reaches it meanwhile),
-      // then echoes; any other request gets 426 and the connection stays HTTP.
+      // An origin that answers each request 100 ms after it is asked: /ws with a real switch
+      // (recording what reaches it meanwhile), then echoes; /canned with a 101 that proves
+      // nothing, staying HTTP; anything else with 426.
       const heads: string[] = [];
       const early: Buffer[] = [];
       const REFUSED = 'HTTP/1.1 426 Upgrade Required\r\nContent-Length: 0\r\n\r\n';
+      const CANNED = 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n';
+      const KEY = 'dGhlIHNhbXBsZSBub25jZQ==';
       const SWITCHED =
-        'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
-      const origin = net.createServer((socket) => {
+        'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+        'Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n';
+      const origin = net.createServer({ allowHalfOpen: true }, (socket) => {
         socket.on('error', () => {});
+        socket.on('end', () => setTimeout(() => socket.end(), 300));
         let state: 'http' | 'agreeing' | 'switched' = 'http';
         let buffered = Buffer.alloc(0);
         socket.on('data', (chunk: Buffer) => {
@@ -594,15 +599,12 @@ export function egressSuite(io: TcpIoSetting): void {
             const head = buffered.toString('latin1', 0, end);
             buffered = buffered.subarray(end + 4);
             heads.push(head.split('\r\n')[0]!);
-            if (!head.startsWith('GET /ws ')) {
-              socket.write(REFUSED);
-              continue;
-            }
-            state = 'agreeing';
-            if (buffered.length > 0) early.push(buffered);
+            const agrees = head.startsWith('GET /ws ');
+            if (agrees) state = 'agreeing';
+            if (agrees && buffered.length > 0) early.push(buffered);
             setTimeout(() => {
-              state = 'switched';
-              socket.write(SWITCHED);
+              if (agrees) state = 'switched';
+              socket.write(agrees ? SWITCHED : head.startsWith('GET /canned ') ? CANNED : REFUSED);
             }, 100);
           }
         });
@@ -618,9 +620,12 @@ export function egressSuite(io: TcpIoSetting): void {
         return context.skip();
       }
       const upgrade = (path: string, protocol = 'websocket') =>
-        `GET ${path} HTTP/1.1\r\nHost: port80.allowed.test\r\nUpgrade: ${protocol}\r\nConnection: Upgrade\r\n\r\n`;
+        `GET ${path} HTTP/1.1\r\nHost: port80.allowed.test\r\nUpgrade: ${protocol}\r\n` +
+        `Connection: Upgrade\r\nSec-WebSocket-Key: ${KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n`;
+      const next = (path: string) => `GET ${path} HTTP/1.1\r\nHost: port80.allowed.test\r\n\r\n`;
+      const fronted = 'GET /secret HTTP/1.1\r\nHost: denied.test\r\n\r\n';
       /** Everything a tunnel's socket reads until `bytes` have come, or it closes, or 3 s pass. */
-      const received = (socket: net.Socket, bytes: number) =>
+      const received = (socket: net.Socket, bytes = Number.MAX_SAFE_INTEGER) =>
         new Promise<Buffer>((resolve) => {
           const chunks: Buffer[] = [];
           let length = 0;
@@ -637,41 +642,55 @@ export function egressSuite(io: TcpIoSetting): void {
           const timer = setTimeout(done, 3000);
           socket.on('data', onData).once('close', done).resume();
         });
+      const tunnel = async () =>
+        (await connectThrough(proxy, 'port80.allowed.test:80', { auth })).socket;
       try {
         // Switched: the frame sent with the request reaches the origin only after its 101, and
         // what follows (4 MiB that are not HTTP) goes both ways unchecked.
-        const tunnel = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
+        const switched = await tunnel();
         const frame = Buffer.from([0x82, 0x84, 1, 2, 3, 4, 5, 6, 7, 8]);
-        const answer = received(tunnel.socket, SWITCHED.length + frame.length);
-        tunnel.socket.write(Buffer.concat([Buffer.from(upgrade('/ws')), frame]));
+        const answer = received(switched, SWITCHED.length + frame.length);
+        switched.write(Buffer.concat([Buffer.from(upgrade('/ws')), frame]));
         expect((await answer).toString('latin1')).toBe(SWITCHED + frame.toString('latin1'));
         expect(early).toEqual([]);
         const bulk = Buffer.alloc(4 * 1024 * 1024);
         for (let i = 0; i < bulk.length; i += 4) bulk.writeUInt32LE((i * 2654435761) >>> 0, i);
-        const echoed = received(tunnel.socket, bulk.length);
-        tunnel.socket.write(bulk);
+        const echoed = received(switched, bulk.length);
+        switched.write(bulk);
         expect((await echoed).equals(bulk)).toBe(true);
-        tunnel.socket.destroy();
+        switched.destroy();
 
         // Refused by the origin: the tunnel stays HTTP. The request held meanwhile is checked
         // and goes on; a fronted one later closes the tunnel without reaching the origin.
-        const declined = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
-        const refusals = received(declined.socket, 2 * REFUSED.length);
-        declined.socket.write(
-          upgrade('/no') + 'GET /next HTTP/1.1\r\nHost: port80.allowed.test\r\n\r\n',
-        );
+        const declined = await tunnel();
+        const refusals = received(declined, 2 * REFUSED.length);
+        declined.write(upgrade('/no') + next('/next'));
         expect((await refusals).toString('latin1')).toBe(REFUSED + REFUSED);
-        const closing = received(declined.socket, Number.MAX_SAFE_INTEGER);
-        declined.socket.write('GET /secret HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+        const closing = received(declined);
+        declined.write(fronted);
         expect((await closing).length).toBe(0);
-        expect(declined.socket.destroyed).toBe(true);
+        expect(declined.destroyed).toBe(true);
+        // A client that ends with bytes held: they go on before its end does.
+        const ending = await tunnel();
+        const last = received(ending);
+        ending.end(upgrade('/no') + next('/last'));
+        expect((await last).toString('latin1')).toBe(REFUSED + REFUSED);
+        // A 101 that proves nothing (no Sec-WebSocket-Accept) from an origin that stays HTTP
+        // ends no check.
+        const canned = await tunnel();
+        const cannedAnswer = received(canned);
+        canned.write(upgrade('/canned') + fronted);
+        expect((await cannedAnswer).length).toBe(0);
+        expect(canned.destroyed).toBe(true);
         // Another protocol is refused before the origin sees it.
-        const h2c = await connectThrough(proxy, 'port80.allowed.test:80', { auth });
-        const closed = received(h2c.socket, Number.MAX_SAFE_INTEGER);
-        h2c.socket.write(upgrade('/ws', 'h2c'));
+        const h2c = await tunnel();
+        const closed = received(h2c);
+        h2c.write(upgrade('/ws', 'h2c'));
         expect((await closed).length).toBe(0);
-        expect(h2c.socket.destroyed).toBe(true);
-        expect(heads).toEqual(['GET /ws HTTP/1.1', 'GET /no HTTP/1.1', 'GET /next HTTP/1.1']);
+        expect(h2c.destroyed).toBe(true);
+        expect(heads).toEqual(
+          ['/ws', '/no', '/next', '/no', '/last', '/canned'].map((path) => `GET ${path} HTTP/1.1`),
+        );
       } finally {
         await new Promise((resolve) => origin.close(resolve));
       }
@@ -901,7 +920,8 @@ export function egressSuite(io: TcpIoSetting): void {
     it('lets a plain HTTP connection switch to WebSocket when the origin agrees', async () => {
       const socket = toTransparent();
       socket.write(
-        'GET /ws HTTP/1.1\r\nHost: www.allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nframe',
+        'GET /ws HTTP/1.1\r\nHost: www.allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+          'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\nframe',
       );
       expect(await readUntil(socket, (t) => t.endsWith('frame'))).toMatch(
         /^HTTP\/1\.1 101 [^]*\r\n\r\nframe$/,

@@ -26,10 +26,13 @@ function run(guard: RequestStreamGuard, chunks: readonly string[]) {
   return { problem: undefined, passed };
 }
 const guardOver = (...chunks: string[]) => run(new RequestStreamGuard(mismatch), chunks).problem;
+// The handshake of RFC 6455 1.3, whose accept value the RFC gives for its key.
 const UPGRADE =
-  'GET /ws HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
+  'GET /ws HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+  'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n';
 const SWITCHED =
-  'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n';
+  'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+  'Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n';
 /** Shows the guard an upstream chunk; the client bytes it lets go on, or its problem. */
 function answer(guard: RequestStreamGuard, text: string) {
   const checked = guard.fromUpstream(bytes(text));
@@ -67,6 +70,16 @@ describe('RequestStreamGuard', () => {
       'an upgrade to WebSocket and something else',
       ['GET / HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket, h2c\r\n\r\n'],
       /only websocket/,
+    ],
+    [
+      'a WebSocket upgrade without Sec-WebSocket-Key',
+      ['GET /ws HTTP/1.1\r\nHost: site.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'],
+      /one Sec-WebSocket-Key/,
+    ],
+    [
+      'a WebSocket upgrade without Connection: Upgrade',
+      [UPGRADE.replace('Connection: Upgrade', 'Connection: keep-alive')],
+      /Connection: Upgrade/,
     ],
     [
       'a WebSocket upgrade after another request',
@@ -282,6 +295,11 @@ describe('RequestStreamGuard, a switch to WebSocket', () => {
 
   it.each([
     ['a refusal', 'HTTP/1.1 426 Upgrade Required\r\nContent-Length: 0\r\n\r\n'],
+    ['a 101 without Sec-WebSocket-Accept', 'HTTP/1.1 101 OK\r\n\r\n'],
+    [
+      'a 101 for another key',
+      SWITCHED.replace('s3pPLMBiTxaQ9kYGzzhZRbK+xOo=', 'AAAAAAAAAAAAAAAAAAAAAAAAAAA='),
+    ],
     ['a plain answer', 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'],
     ['an answer that is not HTTP', 'SSH-2.0-OpenSSH_9.6\r\n\r\n'],
   ])('after %s the tunnel stays HTTP: held bytes are checked as requests', (_, refusal) => {
@@ -301,6 +319,17 @@ describe('RequestStreamGuard, a switch to WebSocket', () => {
     run(again, [UPGRADE]);
     answer(again, refusal);
     expect(run(again, [UPGRADE]).problem).toMatch(/only the first may/);
+  });
+
+  it('keeps no reference to an upstream buffer that its caller reuses', () => {
+    const guard = new RequestStreamGuard(mismatch);
+    run(guard, [UPGRADE]);
+    const read = Buffer.from(SWITCHED.slice(0, -2), 'latin1');
+    guard.fromUpstream(read);
+    // A pooled read buffer, overwritten by another tunnel's read before the answer is whole.
+    read.fill('x');
+    guard.fromUpstream(Buffer.from('\r\n', 'latin1'));
+    expect(guard.done).toBe(true);
   });
 
   it("passes an upgrade request's body before holding, and holds at most 64 KiB", () => {

@@ -71,8 +71,12 @@ export async function httpEchoOrigin(
   server.on('upgrade', (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     requests.push(req.headers);
     socket.on('error', () => socket.destroy());
+    const accept = createHash('sha1')
+      .update(`${req.headers['sec-websocket-key']}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`)
+      .digest('base64');
     socket.write(
-      'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n',
+      'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+        `Sec-WebSocket-Accept: ${accept}\r\n\r\n`,
     );
     socket.write(head);
     socket.pipe(socket);

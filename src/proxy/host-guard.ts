@@ -40,9 +40,9 @@ const MAX_HELD_FOR_ANSWER = 64 * 1024;
  * bytes wait until the origin's answer to it shows. A 101 with the Sec-WebSocket-Accept for the
  * request's key ends the watch (what follows is frames to the origin the checked request
  * chose); any other answer (or none that parses) keeps the tunnel HTTP and the waiting bytes
- * are checked as requests. Other switches are refused: what
- * follows h2c, say, carries requests of its own with authorities this guard could not read,
- * and a later request's answer could only be found by following every earlier one's framing.
+ * are checked as requests. Other switches are refused: what follows h2c, say, carries requests
+ * of its own with authorities this guard could not read, and a later request's answer could
+ * only be found by following every earlier one's framing.
  */
 export class RequestStreamGuard implements TunnelGuard {
   /** The start of a head not yet whole (held back). */
@@ -130,16 +130,13 @@ export class RequestStreamGuard implements TunnelGuard {
     for (;;) {
       const end = headEnd(seen, MAX_RESPONSE_HEAD_BYTES, scanned);
       if (end === 'incomplete') return { pass: EMPTY };
-      const parsed = typeof end === 'number' ? parseResponseHead(seen.subarray(0, end)) : undefined;
+      // A head too long or with a bare LF is no answer that switches: undefined.
+      const length = typeof end === 'number' ? end : 0;
+      const parsed = length > 0 ? parseResponseHead(seen.subarray(0, length)) : undefined;
       const head = parsed?.ok === true ? parsed.value : undefined;
       // An interim answer (100 Continue, 103 Early Hints) comes before the one that counts.
-      if (
-        typeof end === 'number' &&
-        head !== undefined &&
-        head.status < 200 &&
-        head.status !== 101
-      ) {
-        seen = this.answer.restart(seen.subarray(end));
+      if (head !== undefined && head.status < 200 && head.status !== 101) {
+        seen = this.answer.restart(seen.subarray(length));
         scanned = 0;
         continue;
       }

@@ -231,6 +231,10 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
       if (first !== undefined && first.length > 0) upstream.write(first);
       // The client's end, while the guard holds its bytes for an answer: it goes after them.
       let endHeld = false;
+      const endUpstream = () => {
+        endHeld = guard?.watchesUpstream === true;
+        if (!endHeld) upstream.end();
+      };
       if (guard?.fromUpstream !== undefined) {
         const fromUpstream = guard.fromUpstream.bind(guard);
         watchUpstream = (chunk) => {
@@ -240,10 +244,6 @@ export function splice(client: net.Socket, upstream: net.Socket, options: Splice
           if (endHeld && !closed) endUpstream();
         };
       }
-      const endUpstream = () => {
-        endHeld = guard?.watchesUpstream === true;
-        if (!endHeld) upstream.end();
-      };
       relay(client, upstream, fromClient, endUpstream);
     },
     hold(onData, onGone) {

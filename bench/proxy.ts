@@ -174,6 +174,10 @@ interface Measured {
   readonly clientCpu: number;
   /** CPU seconds the rest of the machine used during the run (other processes, the kernel). */
   readonly otherCpu: number;
+  /** Machine-wide, CPU seconds the host took for its other guests (steal)... */
+  readonly stolenCpu: number;
+  /** ...and the kernel's deferred network work (softirq), charged to no process. */
+  readonly softirqCpu: number;
   /** Event-loop delay of Moat's process during the run (ms), when the run went through Moat. */
   readonly loop: LoopDelay | undefined;
   /** Connections and requests the origin's HTTP responder saw during the run. */
@@ -230,6 +234,8 @@ async function runJob(
   result: JobResult;
   cpu: number[];
   other: number;
+  stolen: number;
+  softirq: number;
   origin: OriginStats;
   loop: LoopDelay | undefined;
   wall: number;
@@ -255,7 +261,8 @@ async function runJob(
   );
   const wall = (performance.now() - started) / 1000;
   const after = pids.map(cpuSeconds);
-  const machine = machineCpu().busy - machineBefore.busy;
+  const machineAfter = machineCpu();
+  const machine = machineAfter.busy - machineBefore.busy;
   const cpu = after.map((a, i) => a - before[i]!);
   const ours = cpu.reduce((sum, c) => sum + (Number.isFinite(c) ? c : 0), 0);
   const statsAfter = await originStats(procs.origin);
@@ -268,7 +275,10 @@ async function runJob(
   };
   if (reply?.result === undefined)
     throw new Error(`the load client did not answer job ${JSON.stringify(job)}`);
-  return { result: reply.result, cpu, other: Math.max(0, machine - ours), origin, loop, wall };
+  const stolen = machineAfter.stolen - machineBefore.stolen;
+  const softirq = machineAfter.softirq - machineBefore.softirq;
+  const other = Math.max(0, machine - ours);
+  return { result: reply.result, cpu, other, stolen, softirq, origin, loop, wall };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,7 +483,7 @@ async function run(options: Options, dir: string): Promise<void> {
 
   const results: Measured[] = [];
   const measure = async (round: number, workload: Workload, mode: Mode, short: boolean) => {
-    const { result, cpu, other, origin, loop, wall } = await runJob(
+    const { result, cpu, other, stolen, softirq, origin, loop, wall } = await runJob(
       procs,
       jobFor(workload, vias[mode], options, short),
     );
@@ -486,6 +496,8 @@ async function run(options: Options, dir: string): Promise<void> {
       originCpu: cpu[1]!,
       clientCpu: cpu[2]!,
       otherCpu: other,
+      stolenCpu: stolen,
+      softirqCpu: softirq,
       loop,
       originConnections: origin.connections,
       originRequests: origin.requests,
@@ -494,7 +506,8 @@ async function run(options: Options, dir: string): Promise<void> {
     console.log(
       `  ${round === 0 ? 'warm-up' : `round ${round}`} ${workload.padEnd(7)} ${LABEL[mode].padEnd(6)} ${describe(m)} ` +
         `[CPU: proxy ${pct(m.proxyCpu / wall)}, origin ${pct(m.originCpu / wall)}, ` +
-        `client ${pct(m.clientCpu / wall)}, rest of machine ${pct(other / wall)}]` +
+        `client ${pct(m.clientCpu / wall)}, rest of machine ${pct(other / wall)}, ` +
+        `machine-wide: stolen by the host ${pct(stolen / wall)}, softirq ${pct(softirq / wall)}]` +
         (loop
           ? ` [Moat event-loop delay p50 ${ms(loop.p50)} ms, p99 ${ms(loop.p99)} ms, max ${ms(loop.max)} ms]`
           : ''),
@@ -593,6 +606,8 @@ function report(options: Options, results: Measured[]): void {
   const bulkMb = (m: Measured) => figure(m);
   const cpuPerOp = (m: Measured) => m.proxyCpu / operations(m);
   const others = results.map((m) => m.otherCpu / m.wallSeconds).filter(Number.isFinite);
+  const stolen = results.map((m) => m.stolenCpu / m.wallSeconds).filter(Number.isFinite);
+  const softirq = results.map((m) => m.softirqCpu / m.wallSeconds).filter(Number.isFinite);
 
   const rows: string[][] = [];
   const verdicts: Array<{ pass: boolean; text: string }> = [];
@@ -722,7 +737,10 @@ function report(options: Options, results: Measured[]): void {
       `Other load on the machine during the measured runs (CPU not used by the proxy, origin or ` +
         `client; ${cpus().length * 100}% = every CPU): median ${pct(med(others))}, ` +
         `max ${pct(Math.max(...others))}; runs with more than 50%: ${others.filter((o) => o > 0.5).length} ` +
-        `of ${others.length}.`,
+        `of ${others.length}. Machine-wide, CPU stolen by the host (a virtual machine's CPUs serving ` +
+        `other guests; process times may include some of it, and latency tails follow it): median ` +
+        `${pct(med(stolen))}, max ${pct(Math.max(...stolen))}; softirq (the kernel's network work): ` +
+        `median ${pct(med(softirq))}.`,
     ].join('\n'),
   );
 

@@ -267,12 +267,21 @@ export async function machineBusy(ms: number): Promise<number> {
   return b.total === a.total ? 0 : (b.busy - a.busy) / (b.total - a.total);
 }
 
-/** CPU seconds of the whole machine so far: busy (not idle, not iowait) and total. */
-export function machineCpu(): { busy: number; total: number } {
+/**
+ * CPU seconds of the whole machine so far: busy (not idle, not iowait), total, and two parts of
+ * busy that no process is charged for: stolen (a virtual machine's CPUs running its host's
+ * other guests) and softirq (the kernel's deferred network work, loopback TCP included).
+ */
+export function machineCpu(): { busy: number; total: number; stolen: number; softirq: number } {
   const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1);
   // user nice system idle iowait irq softirq steal (guest time is already in user).
   const values = fields.slice(0, 8).map(Number);
   const idle = (values[3] ?? 0) + (values[4] ?? 0);
   const total = values.reduce((a, b) => a + b, 0);
-  return { busy: (total - idle) / CLOCK_TICKS, total: total / CLOCK_TICKS };
+  return {
+    busy: (total - idle) / CLOCK_TICKS,
+    total: total / CLOCK_TICKS,
+    stolen: (values[7] ?? 0) / CLOCK_TICKS,
+    softirq: (values[6] ?? 0) / CLOCK_TICKS,
+  };
 }

@@ -153,7 +153,9 @@ async function main(): Promise<void> {
   process.on('SIGINT', () => void stop());
   // Event-loop delay (how late a timer fires): blocking work and GC pauses show up here. Every
   // 20 ms, not 1: a 1 ms timer would wake Moat 1,000 times a second, a load squid never carries.
-  const loop = monitorEventLoopDelay({ resolution: 20 });
+  // The histogram holds whole intervals between firings; lateness is what exceeds 20 ms.
+  const RESOLUTION_MS = 20;
+  const loop = monitorEventLoopDelay({ resolution: RESOLUTION_MS });
   loop.enable();
   process.on('message', (message) => {
     if (message === 'loop-reset') {
@@ -162,7 +164,7 @@ async function main(): Promise<void> {
       return;
     }
     if (message === 'loop') {
-      const ms = (ns: number) => ns / 1e6;
+      const ms = (ns: number) => Math.max(0, ns / 1e6 - RESOLUTION_MS);
       process.send?.({
         loop: { p50: ms(loop.percentile(50)), p99: ms(loop.percentile(99)), max: ms(loop.max) },
       });

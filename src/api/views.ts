@@ -3,7 +3,6 @@
  * reference service and its SDK use them) and their JSON schemas, which both serialise the
  * replies and document them in /openapi.json.
  */
-import os from 'node:os';
 import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import type { SandboxRecord, SnapshotRecord } from '../sandbox/index.js';
@@ -23,12 +22,12 @@ export interface EgressInfo {
   readonly enforcement: EnforcementMode;
 }
 
-// The process runtime does not size sandboxes: they share the host, and say so.
-const HOST = {
-  cpuCount: os.availableParallelism(),
-  memoryMB: Math.floor(os.totalmem() / 2 ** 20),
-  diskSizeMB: 0,
-};
+/** A sandbox's own bounds (its cgroup and disk), as the reference service reports its VM's. */
+const sizeOf = (r: SandboxRecord) => ({
+  cpuCount: r.limits?.cpuCount ?? 0,
+  memoryMB: r.limits?.memoryMB ?? 0,
+  diskSizeMB: r.limits?.diskSizeMB ?? 0,
+});
 
 /** The reply to create, connect and resume. */
 export const createdView = (r: SandboxRecord) => ({
@@ -49,7 +48,7 @@ export const listedView = (r: SandboxRecord) => ({
   clientID: CLIENT_ID,
   startedAt: new Date(r.startedAt).toISOString(),
   endAt: new Date(r.endAt).toISOString(),
-  ...HOST,
+  ...sizeOf(r),
   metadata: r.metadata,
   state: r.state,
   envdVersion: ENVD_VERSION,

@@ -30,7 +30,6 @@ import {
 } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
 import {
-  bubblewrapWorks,
   NamespaceNetwork,
   namespacesWork,
   ProcessRuntime,
@@ -123,8 +122,7 @@ const GATEWAY_PORTS = { dns: 53, proxy: 3128, transparent: 3129 } as const;
 function chooseNetwork(config: MoatConfig): { network?: NamespaceNetwork; reason?: string } {
   if (config.enforcement === 'proxy') return { reason: '--enforcement proxy' };
   const namespaces = namespacesWork();
-  const bwrap = bubblewrapWorks();
-  const problem = !namespaces.ok ? namespaces.reason : !bwrap.ok ? bwrap.reason : undefined;
+  const problem = namespaces.ok ? undefined : namespaces.reason;
   if (problem !== undefined) {
     if (config.enforcement === 'namespace')
       throw new Error(`--enforcement namespace is not possible here: ${problem}`);
@@ -307,9 +305,12 @@ export async function startMoat(
         transparent: transparent!,
       });
     }
-    const runtime = new ProcessRuntime(config.dataDir, {
+    const runtime = await ProcessRuntime.start(config.dataDir, {
       network,
       proxyOnlyReason,
+      allowUnconfined: config.unconfinedSandboxes,
+      ids: config.sandboxIds,
+      defaultDiskMB: config.sandboxDiskMB,
     });
     undo.push(() => runtime.stop());
     const sources = network
@@ -337,6 +338,15 @@ export async function startMoat(
       now: wallNow,
       environment: (record) =>
         sandboxEnvironment(record, listening.gateway?.proxy ?? listening.proxy),
+      defaultLimits: {
+        cpuCount: config.sandboxCpus,
+        memoryMB: config.sandboxMemoryMB,
+        diskSizeMB: config.sandboxDiskMB,
+        pids: config.sandboxPids,
+      },
+      // Sharing the host's network, a sandbox's processes can reach the sandbox API's listener:
+      // every sandbox then needs its access token (as a secure one does).
+      tokenForEverySandbox: runtime.enforcement === 'proxy',
     });
     // Listeners are up first (their ports go into sandbox environments); until start() has
     // restored the stored sandboxes, the table is empty and every packet is refused.

@@ -534,7 +534,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'unconfined-sandboxes',
     env: 'MOAT_UNCONFINED_SANDBOXES',
     default: 'false',
-    help: 'where sandboxes cannot be confined (not root, no user namespaces or idmapped mounts, no cgroups), run their processes UNCONFINED as Moat\'s own user instead of refusing them: they can read and change whatever Moat can',
+    help: "where sandboxes cannot be confined (not root, no user namespaces or idmapped mounts, no cgroups), run their processes UNCONFINED as Moat's own user instead of refusing them: they can read and change whatever Moat can",
     parse: booleanValue,
   },
   {
@@ -571,7 +571,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'sandbox-disk-mb',
     env: 'MOAT_SANDBOX_DISK_MB',
     default: '10240',
-    help: 'size of the disk holding a sandbox\'s writable layer, MiB (a sparse image: space is taken as written; its diskSizeMB)',
+    help: "size of the disk holding a sandbox's writable layer, MiB (a sparse image: space is taken as written; its diskSizeMB)",
     parse: positiveInteger(16_777_216),
   },
   {

@@ -18,7 +18,9 @@ import {
   AddressPool,
   EnforcementTable,
   KernelEnforcer,
+  listenerGuardRuleset,
   removeHostRuleset,
+  removeListenerGuard,
 } from '../enforce/index.js';
 import { listenMetrics, MoatMetrics } from '../metrics/index.js';
 import {
@@ -32,6 +34,7 @@ import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/
 import {
   NamespaceNetwork,
   namespacesWork,
+  NftSession,
   ProcessRuntime,
   type SandboxRuntime,
 } from '../runtime/index.js';
@@ -110,6 +113,37 @@ function ownAddressCheck(
           unspecified(ip) ||
           (UNSPECIFIED.has(l.host) && (local.has(ip.text) || ip.text.startsWith('127.')))),
     );
+}
+
+/**
+ * Sharing the host's network, sandbox processes could call Moat's platform API, any sandbox's
+ * API and the metrics listener directly: a host nftables table refuses them by their host ids
+ * (enforce/listener-guard.ts). Undefined when sandboxes are unconfined (they have no ids of
+ * their own: `--unconfined-sandboxes` says so at start-up).
+ */
+function guardListeners(
+  runtime: SandboxRuntime,
+  config: MoatConfig,
+):
+  | {
+      update(listeners: ReadonlyArray<HostPort | undefined>): Promise<void>;
+      remove(): Promise<void>;
+    }
+  | undefined {
+  const ids = runtime.sandboxHostIds;
+  if (ids === undefined) return undefined;
+  const table = `moat_guard_${createHash('sha256').update(path.resolve(config.dataDir)).digest('hex').slice(0, 12)}`;
+  const session = new NftSession(undefined, 'the host namespace');
+  return {
+    async update(listeners) {
+      const ports = listeners.flatMap((l) => (l && l.port !== 0 ? [l.port] : []));
+      if (ports.length > 0) await session.run(listenerGuardRuleset({ table, ids, ports }));
+    },
+    async remove() {
+      await session.run(removeListenerGuard(table)).catch(() => undefined);
+      session.close();
+    },
+  };
 }
 
 /** Ports Moat listens on at the gateway address of namespaced sandboxes. */
@@ -344,10 +378,13 @@ export async function startMoat(
         diskSizeMB: config.sandboxDiskMB,
         pids: config.sandboxPids,
       },
-      // Sharing the host's network, a sandbox's processes can reach the sandbox API's listener:
-      // every sandbox then needs its access token (as a secure one does).
-      tokenForEverySandbox: runtime.enforcement === 'proxy',
     });
+    const guard = runtime.enforcement === 'proxy' ? guardListeners(runtime, config) : undefined;
+    if (guard) {
+      // Configured ports now (restored sandboxes run from the next line on), the real ones below.
+      await guard.update([config.apiListen, config.sandboxListen, config.metricsListen]);
+      undo.push(() => guard.remove());
+    }
     // Listeners are up first (their ports go into sandbox environments); until start() has
     // restored the stored sandboxes, the table is empty and every packet is refused.
     await sandboxes.start();
@@ -407,6 +444,7 @@ export async function startMoat(
     if (metricsListener && config.metricsListen) {
       listening.metrics = { ...config.metricsListen, port: metricsListener.port };
     }
+    await guard?.update([listening.api, listening.sandbox, listening.metrics]);
     return {
       config,
       table,
@@ -432,6 +470,7 @@ export async function startMoat(
         await gateway.close();
         await sandboxes.stop();
         await runtime.stop();
+        await guard?.remove();
         if (network) await network.stop(removeHostRuleset(network.hostTable));
         await proxy.close(drainMs);
         await transparent?.close();

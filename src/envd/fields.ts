@@ -20,4 +20,3 @@ export function boolField(message: Message, name: string): boolean {
   if (typeof value !== 'boolean') throw invalid(`${name} must be true or false`);
   return value;
 }
-

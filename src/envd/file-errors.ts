@@ -49,10 +49,16 @@ const BY_ERRNO: Readonly<Record<string, [ConnectCode, number, string]>> = {
 export function fileError(error: unknown, path: string, action: string): ConnectError {
   if (error instanceof ConnectError) return error;
   if (!(error instanceof FileAgentError)) {
-    return new FileError('internal', `cannot ${action} '${path}': ${(error as Error).message}`, 500);
+    return new FileError(
+      'internal',
+      `cannot ${action} '${path}': ${(error as Error).message}`,
+      500,
+    );
   }
   const about =
-    error.path === undefined ? `cannot ${action} '${path}'` : `cannot ${action} '${path}' from '${error.path}'`;
+    error.path === undefined
+      ? `cannot ${action} '${path}'`
+      : `cannot ${action} '${path}' from '${error.path}'`;
   switch (error.code) {
     case 'invalid':
       return invalid(`${about}: ${error.message}`);

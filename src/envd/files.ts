@@ -72,7 +72,9 @@ function metadataOf(rawHeaders: readonly string[]): Metadata {
     }
     bytes += METADATA_PREFIX.length + key.length + value.length;
     if (bytes > MAX_METADATA_BYTES) {
-      throw invalid(`metadata is over ${MAX_METADATA_BYTES} bytes in all (keys with user.e2b., values)`);
+      throw invalid(
+        `metadata is over ${MAX_METADATA_BYTES} bytes in all (keys with user.e2b., values)`,
+      );
     }
     metadata[key] = value;
   }
@@ -214,7 +216,12 @@ async function upload(context: CallContext, url: URL): Promise<void> {
   sendJson(
     context.response,
     200,
-    written.map((view) => ({ name: path.posix.basename(view), type: 'file', path: view, ...values })),
+    written.map((view) => ({
+      name: path.posix.basename(view),
+      type: 'file',
+      path: view,
+      ...values,
+    })),
   );
 }
 

@@ -21,11 +21,7 @@ function depthField(message: Message): number {
 }
 
 /** One file agent call, its failure named by the path the client gave. */
-async function agentCall<T>(
-  action: string,
-  given: string,
-  call: () => Promise<T>,
-): Promise<T> {
+async function agentCall<T>(action: string, given: string, call: () => Promise<T>): Promise<T> {
   try {
     return await call();
   } catch (error) {

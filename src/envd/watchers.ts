@@ -49,7 +49,9 @@ async function openWatch(
   boolField(message, 'allowNetworkMounts');
   const counter = countOf(context);
   if (counter.count >= MAX_WATCHES_PER_SANDBOX) {
-    throw exhausted(`this sandbox already has ${MAX_WATCHES_PER_SANDBOX} open watches; close one first`);
+    throw exhausted(
+      `this sandbox already has ${MAX_WATCHES_PER_SANDBOX} open watches; close one first`,
+    );
   }
   counter.count += 1;
   let released = false;

@@ -111,8 +111,7 @@ export class AgentSocket {
       socket.off('data', onData);
       clearTimeout(timer);
       const hello = frames[0]!.header;
-      const pending =
-        typeof hello.spawn === 'string' ? this.pending.get(hello.spawn) : undefined;
+      const pending = typeof hello.spawn === 'string' ? this.pending.get(hello.spawn) : undefined;
       const token = typeof hello.token === 'string' ? Buffer.from(hello.token) : Buffer.alloc(0);
       if (
         pending === undefined ||

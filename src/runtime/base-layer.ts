@@ -56,7 +56,7 @@ export PATH
 
 /** Lines of a host account file whose id is a system id (below 1000, or nobody's). */
 function systemEntries(file: string, reserved: ReadonlySet<string>): string[] {
-  let text = '';
+  let text: string;
   try {
     text = readFileSync(file, 'utf8');
   } catch {
@@ -143,7 +143,10 @@ export function baseLayerSpec(options: {
     files: {
       ...accountFiles(),
       hostname: { content: 'sandbox\n', mode: 0o644 },
-      hosts: { content: '127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n', mode: 0o644 },
+      hosts: {
+        content: '127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n',
+        mode: 0o644,
+      },
       profile: { content: PROFILE, mode: 0o644 },
       ...(options.resolver
         ? {
@@ -156,4 +159,3 @@ export function baseLayerSpec(options: {
     },
   };
 }
-

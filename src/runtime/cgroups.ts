@@ -75,7 +75,7 @@ async function emptied(folder: string, beforeEachRound: () => Promise<void>): Pr
 function hierarchies(): { v1: Map<string, string>; v2: string | undefined } {
   const v1 = new Map<string, string>();
   let v2: string | undefined;
-  let text = '';
+  let text: string;
   try {
     text = readFileSync('/proc/self/mountinfo', 'utf8');
   } catch {
@@ -245,7 +245,9 @@ class CgroupsV2 implements Cgroups {
         if (events.includes(`frozen ${value}`)) return;
         await delay(5);
       }
-      throw new Error(`the cgroup ${folder} did not ${value === '1' ? 'freeze' : 'thaw'} within 2 s`);
+      throw new Error(
+        `the cgroup ${folder} did not ${value === '1' ? 'freeze' : 'thaw'} within 2 s`,
+      );
     };
     return {
       folders: [folder],

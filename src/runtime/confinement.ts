@@ -65,6 +65,12 @@ export function placeCommand(
   const home = inside(spec.user.home);
   return {
     cwd: inside(spec.cwd),
-    env: { PATH: SANDBOX_PATH, HOME: home, USER: spec.user.name, LOGNAME: spec.user.name, ...spec.env },
+    env: {
+      PATH: SANDBOX_PATH,
+      HOME: home,
+      USER: spec.user.name,
+      LOGNAME: spec.user.name,
+      ...spec.env,
+    },
   };
 }

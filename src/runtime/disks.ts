@@ -21,7 +21,10 @@ function run(file: string, args: readonly string[]): Promise<void> {
   return new Promise((resolve, reject) => {
     execFile(file, args, { timeout: COMMAND_TIMEOUT_MS }, (error, _out, stderr) => {
       if (error === null) resolve();
-      else reject(new Error(`${path.basename(file)} ${args.join(' ')}: ${stderr.trim() || error.message}`));
+      else
+        reject(
+          new Error(`${path.basename(file)} ${args.join(' ')}: ${stderr.trim() || error.message}`),
+        );
     });
   });
 }
@@ -128,22 +131,25 @@ export class Disks {
   }
 
   /** Unmounts every disk (Moat is stopping: the spare goes, sandboxes' disks stay for restore). */
-  async stop(keep: ReadonlySet<string>): Promise<void> {
+  async stop(): Promise<void> {
     const spare = await (this.spare ?? Promise.resolve(undefined));
     this.spare = undefined;
     if (spare !== undefined) await this.remove(spare);
-    for (const id of await this.ids()) if (keep.has(id)) await this.detach(id);
+    for (const id of await this.ids()) await this.detach(id).catch(() => undefined);
   }
 
-  /** Removes disks no sandbox names (spares, and what a crash mid-create left). */
+  /** Removes disks no sandbox names (what a crash mid-create left, spares of an earlier run). */
   async reconcile(keep: ReadonlySet<string>): Promise<string[]> {
-    const unknown = (await this.ids()).filter((id) => !keep.has(id));
+    const spare = await (this.spare ?? Promise.resolve(undefined));
+    const unknown = (await this.ids()).filter((id) => !keep.has(id) && id !== spare);
     for (const id of unknown) await this.remove(id);
     return unknown;
   }
 
   private async ids(): Promise<string[]> {
     const names = await readdir(this.dir).catch(() => [] as string[]);
-    return [...new Set(names.map((n) => n.replace(/\.img$/, '')))].filter((n) => /^d[0-9a-f]{16}$/.test(n));
+    return [...new Set(names.map((n) => n.replace(/\.img$/, '')))].filter((n) =>
+      /^d[0-9a-f]{16}$/.test(n),
+    );
   }
 }

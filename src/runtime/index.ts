@@ -2,6 +2,7 @@
 export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
 export { NamespaceNetwork, type NamespaceNetworkOptions, namespacesWork } from './network.js';
+export { NftSession } from './nft-session.js';
 export {
   BASE_TEMPLATE,
   ProcessRuntime,
@@ -16,7 +17,12 @@ export {
   type SandboxProcess,
   type StartRequest,
 } from './processes.js';
-export type { EnforcementMode, RuntimeSandbox, SandboxEnvironment, SandboxRuntime } from './runtime.js';
+export type {
+  EnforcementMode,
+  RuntimeSandbox,
+  SandboxEnvironment,
+  SandboxRuntime,
+} from './runtime.js';
 export { type IdRangeSetting, IDS_PER_SANDBOX } from './sandbox-ids.js';
 export {
   type EntryInfo,

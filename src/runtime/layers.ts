@@ -34,7 +34,12 @@ function tool(args: readonly string[]): Promise<void> {
       { timeout: TOOL_TIMEOUT_MS, maxBuffer: 1 << 20 },
       (error, _out, stderr) => {
         if (error === null) resolve();
-        else reject(new Error(`layer_tool ${args[0]}: ${stderr.trim().split('\n').at(-1) ?? error.message}`));
+        else
+          reject(
+            new Error(
+              `layer_tool ${args[0]}: ${stderr.trim().split('\n').at(-1) ?? error.message}`,
+            ),
+          );
       },
     );
   });
@@ -97,7 +102,12 @@ export class LayerStore {
    * Flattens a sandbox's writable layer `upper` (owned by the ids from `fromFirst`) over its
    * template's layer into a new layer, and makes it template `key` (replacing any before).
    */
-  async snapshot(key: string, upper: string, fromFirst: number, lower: string | undefined): Promise<void> {
+  async snapshot(
+    key: string,
+    upper: string,
+    fromFirst: number,
+    lower: string | undefined,
+  ): Promise<void> {
     await mkdir(this.layers, { recursive: true, mode: 0o700 });
     const id = `l${randomBytes(8).toString('hex')}`;
     const staging = `${this.layer(id)}.new`;
@@ -161,8 +171,13 @@ export class LayerStore {
   async legacyTemplates(): Promise<Array<{ key: string; folder: string }>> {
     const names = await readdir(this.templates).catch(() => [] as string[]);
     return names
-      .filter((name) => !name.endsWith('.json') && existsSync(path.join(this.templates, name, 'root')))
-      .map((name) => ({ key: decodeURIComponent(name), folder: path.join(this.templates, name, 'root') }));
+      .filter(
+        (name) => !name.endsWith('.json') && existsSync(path.join(this.templates, name, 'root')),
+      )
+      .map((name) => ({
+        key: decodeURIComponent(name),
+        folder: path.join(this.templates, name, 'root'),
+      }));
   }
 
   async removeLegacyTemplate(folder: string): Promise<void> {

@@ -14,7 +14,17 @@
 import { randomBytes } from 'node:crypto';
 import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chown, cp, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import {
+  chown,
+  cp,
+  lstat,
+  mkdir,
+  readdir,
+  readFile,
+  rename,
+  rm,
+  writeFile,
+} from 'node:fs/promises';
 import path from 'node:path';
 import { AgentSocket } from './agent-socket.js';
 import { baseLayerSpec, systemFolders } from './base-layer.js';
@@ -39,7 +49,6 @@ import { Supervisor, type SupervisorConfig } from './supervisor.js';
 export const BASE_TEMPLATE = 'base';
 const HOSTNAME = 'sandbox';
 const NOFILE = 65_536;
-const TTY_GID = 5;
 
 /** Why a sandbox cannot be started here (no confinement and no override). */
 export class SandboxRefused extends Error {
@@ -80,6 +89,19 @@ interface Part {
   readonly target: string;
   /** Below the layers: the host's folder (system folders) or the base layer's part. */
   readonly bottom: { readonly path: string; readonly ids: 'host' | 'store' };
+}
+
+/** Host pids in process group `group` (an unconfined sandbox's processes). */
+async function groupMembers(group: number): Promise<number[]> {
+  const pids: number[] = [];
+  for (const name of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^[0-9]+$/.test(name)) continue;
+    const stat = await readFile(`/proc/${name}/stat`, 'utf8').catch(() => '');
+    // Fields after the command (which may hold spaces): state, ppid, pgrp.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (Number(fields[2]) === group) pids.push(Number(name));
+  }
+  return pids;
 }
 
 export class ProcessRuntime implements SandboxRuntime {
@@ -179,7 +201,6 @@ export class ProcessRuntime implements SandboxRuntime {
         diskProblem === undefined
           ? new Disks(path.join(data, 'disks'), options.defaultDiskMB)
           : undefined;
-      disks?.refill();
       const reasons = {
         confinement: [
           `confined: own user, PID, mount, IPC, UTS and cgroup namespaces; host ids ${ids.first}+${ids.slots * IDS_PER_SANDBOX}; seccomp filter; ${groups.description}`,
@@ -205,6 +226,11 @@ export class ProcessRuntime implements SandboxRuntime {
     }
   }
 
+  get sandboxHostIds(): { first: number; last: number } | undefined {
+    const ids = this.confinedParts?.ids;
+    return ids && { first: ids.first, last: ids.first + ids.slots * IDS_PER_SANDBOX - 1 };
+  }
+
   private folder(sandboxID: string): string {
     return path.join(this.sandboxesDir, sandboxID);
   }
@@ -225,14 +251,35 @@ export class ProcessRuntime implements SandboxRuntime {
     return path.join(path.dirname(this.upperBase(sandboxID, meta)), 'work');
   }
 
+  /** What the sandbox's folder records; undefined when it records nothing (none, or legacy). */
   private async readMeta(sandboxID: string): Promise<SandboxMeta | undefined> {
+    const file = path.join(this.folder(sandboxID), 'sandbox.json');
+    let text: string;
     try {
-      return JSON.parse(
-        await readFile(path.join(this.folder(sandboxID), 'sandbox.json'), 'utf8'),
-      ) as SandboxMeta;
-    } catch {
-      return undefined;
+      text = await readFile(file, 'utf8');
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw error;
     }
+    let meta: unknown;
+    try {
+      meta = JSON.parse(text);
+    } catch {
+      meta = undefined;
+    }
+    const record = meta as Record<string, unknown> | undefined;
+    const nameOrNull = (v: unknown) =>
+      v === null || (typeof v === 'string' && /^[a-z0-9]+$/.test(v));
+    if (
+      typeof record !== 'object' ||
+      record === null ||
+      !Number.isSafeInteger(record.slot) ||
+      !nameOrNull(record.disk) ||
+      !nameOrNull(record.layer)
+    ) {
+      throw new Error(`sandbox ${sandboxID}: ${file} is damaged (not the record this Moat writes)`);
+    }
+    return record as unknown as SandboxMeta;
   }
 
   async create(
@@ -289,9 +336,19 @@ export class ProcessRuntime implements SandboxRuntime {
   private async makeUnconfinedRoot(sandboxID: string, templateKey: string): Promise<void> {
     const root = this.unconfinedRoot(sandboxID);
     if (templateKey !== BASE_TEMPLATE) {
-      const template = path.join(this.dataDir, 'templates', encodeURIComponent(templateKey), 'root');
-      if (!existsSync(template)) throw new Error(`template ${templateKey} has no folder on this node`);
-      await cp(template, root, { recursive: true, preserveTimestamps: true, verbatimSymlinks: true });
+      const template = path.join(
+        this.dataDir,
+        'templates',
+        encodeURIComponent(templateKey),
+        'root',
+      );
+      if (!existsSync(template))
+        throw new Error(`template ${templateKey} has no folder on this node`);
+      await cp(template, root, {
+        recursive: true,
+        preserveTimestamps: true,
+        verbatimSymlinks: true,
+      });
       return;
     }
     for (const user of USERS.values()) await mkdir(path.join(root, user.home), { recursive: true });
@@ -309,13 +366,15 @@ export class ProcessRuntime implements SandboxRuntime {
       await this.launch(sandboxID, env, address, limits, undefined);
       return;
     }
-    const meta = (await this.readMeta(sandboxID)) ?? (await this.adoptLegacySandbox(sandboxID, limits));
+    const meta =
+      (await this.readMeta(sandboxID)) ?? (await this.adoptLegacySandbox(sandboxID, limits));
     const { ids, disks } = this.confinedParts;
     if (!ids.claim(meta.slot, sandboxID)) {
       throw new Error(`sandbox ${sandboxID} has id slot ${meta.slot}, which another sandbox has`);
     }
     if (meta.disk !== null) {
-      if (!disks) throw new Error(`sandbox ${sandboxID} has a disk, and disks cannot be mounted here`);
+      if (!disks)
+        throw new Error(`sandbox ${sandboxID} has a disk, and disks cannot be mounted here`);
       await disks.attach(meta.disk);
     }
     const owner = (await lstat(path.join(this.upperBase(sandboxID, meta), 'root'))).uid;
@@ -372,7 +431,10 @@ export class ProcessRuntime implements SandboxRuntime {
     try {
       if (network) await network.create(sandboxID, address);
       cgroup = meta ? await this.confinedParts!.cgroups.create(sandboxID, limits) : undefined;
-      supervisor = new Supervisor(this.supervisorConfig(sandboxID, limits, meta, cgroup), this.agents);
+      supervisor = new Supervisor(
+        this.supervisorConfig(sandboxID, limits, meta, cgroup),
+        this.agents,
+      );
       await supervisor.ready;
     } catch (error) {
       supervisor?.kill();
@@ -409,6 +471,7 @@ export class ProcessRuntime implements SandboxRuntime {
         },
       }),
       files: new SandboxFiles((user) => launched.role('file', user)),
+      processIds: () => (cgroup ? cgroup.members() : groupMembers(launched.pid ?? -1)),
     });
   }
 
@@ -454,7 +517,8 @@ export class ProcessRuntime implements SandboxRuntime {
       root: path.join(this.folder(sandboxID), 'mnt'),
       scratch: path.join(this.folder(sandboxID), 'scratch'),
       overlays: this.parts.map((part) => {
-        const template = meta.layer === null ? undefined : path.join(layers.layer(meta.layer), part.name);
+        const template =
+          meta.layer === null ? undefined : path.join(layers.layer(meta.layer), part.name);
         const bottom =
           part.bottom.ids === 'host'
             ? part.bottom
@@ -523,7 +587,10 @@ export class ProcessRuntime implements SandboxRuntime {
 
   async destroy(sandboxID: string): Promise<void> {
     await this.release(sandboxID);
-    const meta = this.confinedParts ? await this.readMeta(sandboxID) : undefined;
+    // A damaged record names no disk: that one goes at the next start's reconcile.
+    const meta = this.confinedParts
+      ? await this.readMeta(sandboxID).catch(() => undefined)
+      : undefined;
     if (meta?.disk != null) await this.confinedParts!.disks?.remove(meta.disk);
     await rm(this.folder(sandboxID), { recursive: true, force: true });
     if (meta) this.confinedParts!.ids.release(meta.slot);
@@ -587,8 +654,10 @@ export class ProcessRuntime implements SandboxRuntime {
   private async collectLayers(): Promise<void> {
     const inUse = new Set<string>();
     for (const id of await readdir(this.sandboxesDir).catch(() => [] as string[])) {
-      const layer = (await this.readMeta(id))?.layer;
-      if (layer) inUse.add(layer);
+      // A damaged record might name any layer: then none is removed this time.
+      const meta = await this.readMeta(id).catch(() => null);
+      if (meta === null) return;
+      if (meta?.layer) inUse.add(meta.layer);
     }
     await this.confinedParts!.layers.collect(inUse);
   }
@@ -602,14 +671,18 @@ export class ProcessRuntime implements SandboxRuntime {
       await layers.removeStaging();
       for (const id of leftovers) await this.destroy(id);
       const disksInUse = new Set<string>();
+      let damaged = false;
       for (const id of known) {
-        const meta = await this.readMeta(id);
-        if (meta === undefined) continue;
+        // A damaged record fails that sandbox's restore (which names it), not the start.
+        const meta = await this.readMeta(id).catch(() => null);
+        damaged ||= meta === null;
+        if (!meta) continue;
         // Its ids own its files whether or not it comes back now.
         this.confinedParts.ids.claim(meta.slot, id);
         if (meta.disk) disksInUse.add(meta.disk);
       }
-      await disks?.reconcile(disksInUse);
+      // A damaged record may name any disk: then no disk is removed this time.
+      if (!damaged) await disks?.reconcile(disksInUse);
       disks?.refill();
       await this.collectLayers();
     } else {
@@ -625,12 +698,7 @@ export class ProcessRuntime implements SandboxRuntime {
     if (this.confinedParts) {
       const { cgroups, disks, ids } = this.confinedParts;
       await cgroups.release();
-      const keep = new Set<string>();
-      for (const id of await readdir(this.sandboxesDir).catch(() => [] as string[])) {
-        const disk = (await this.readMeta(id))?.disk;
-        if (disk) keep.add(disk);
-      }
-      await disks?.stop(keep);
+      await disks?.stop();
       await ids.stop();
     }
     await this.agents.close();

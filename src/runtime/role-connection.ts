@@ -87,7 +87,9 @@ export class RoleConnection {
 
   private protocolError(error: Error): void {
     this.socket.destroy();
-    this.end(new FrameError(`the ${this.label} broke the protocol (${error.message}); it was ended`));
+    this.end(
+      new FrameError(`the ${this.label} broke the protocol (${error.message}); it was ended`),
+    );
   }
 
   private end(error: Error): void {

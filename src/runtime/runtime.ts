@@ -20,6 +20,8 @@ export interface SandboxRuntime {
   readonly confined: boolean;
   /** How sandboxes are confined, or why they are not (and whether they are refused). */
   readonly confinementReason: string;
+  /** The host uids (and gids) every sandbox process runs as: undefined when unconfined. */
+  readonly sandboxHostIds: { readonly first: number; readonly last: number } | undefined;
   /**
    * Makes the sandbox from a template (`base` or a snapshot's key) and starts its supervisor;
    * in namespace mode with its own network namespace and `address` (its source address).
@@ -68,4 +70,6 @@ export interface RuntimeSandbox {
   readonly env: SandboxEnvironment;
   readonly limits: SandboxLimits;
   readonly confined: boolean;
+  /** Host pids of every process of the sandbox (its supervisor's included). */
+  processIds(): Promise<number[]>;
 }

@@ -135,7 +135,10 @@ class FileAgent {
       for (const request of this.requests.values()) request.fail(error);
       this.requests.clear();
       for (const onFrame of this.watches.values()) {
-        onFrame({ header: { error: { code: 'EIO', message: error.message } }, payload: Buffer.alloc(0) });
+        onFrame({
+          header: { error: { code: 'EIO', message: error.message } },
+          payload: Buffer.alloc(0),
+        });
       }
       this.watches.clear();
     });
@@ -237,7 +240,9 @@ export class SandboxFiles {
   }
 
   async move(user: string, source: string, destination: string): Promise<EntryInfo> {
-    return entryOf((await (await this.agent(user)).call({ op: 'move', source, destination })).entry);
+    return entryOf(
+      (await (await this.agent(user)).call({ op: 'move', source, destination })).entry,
+    );
   }
 
   async remove(user: string, path: string): Promise<void> {
@@ -308,7 +313,9 @@ export class SandboxFiles {
           } else if (header.end !== undefined) {
             done();
             if (received !== size) {
-              body.destroy(new Error(`the file changed while it was read (${received} of ${size} bytes)`));
+              body.destroy(
+                new Error(`the file changed while it was read (${received} of ${size} bytes)`),
+              );
             } else body.push(null);
           } else {
             received += payload.length;
@@ -341,7 +348,12 @@ export class SandboxFiles {
           path: field.string(reply, 'path'),
           async write(bytes) {
             for (let offset = 0; offset < bytes.length; offset += 1 << 20) {
-              if (!agent.connection.send({ op: 'data', sid }, bytes.subarray(offset, offset + (1 << 20)))) {
+              if (
+                !agent.connection.send(
+                  { op: 'data', sid },
+                  bytes.subarray(offset, offset + (1 << 20)),
+                )
+              ) {
                 await agent.connection.drained();
               }
               if (!agent.connection.alive) throw agent.connection.failure!;
@@ -360,7 +372,8 @@ export class SandboxFiles {
         return reply.paths;
       },
       async abort() {
-        if (agent.connection.alive) await agent.call({ op: 'abort', upload }).catch(() => undefined);
+        if (agent.connection.alive)
+          await agent.call({ op: 'abort', upload }).catch(() => undefined);
       },
     };
   }

@@ -173,7 +173,9 @@ export class Supervisor {
     } else if (event.ev === 'spawn-failed' && typeof event.spawn === 'string') {
       this.agents.cancel(
         event.spawn,
-        new Error(`the ${this.spawns.get(event.spawn) ?? 'role'} could not start: ${String(event.error)}`),
+        new Error(
+          `the ${this.spawns.get(event.spawn) ?? 'role'} could not start: ${String(event.error)}`,
+        ),
       );
     }
   }

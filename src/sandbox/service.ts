@@ -127,11 +127,6 @@ export interface SandboxServiceOptions {
   readonly environment: (record: SandboxRecord) => SandboxEnvironment;
   /** Limits of sandboxes made from the base template (snapshots carry their own). */
   readonly defaultLimits: SandboxLimits;
-  /**
-   * Give every sandbox an access token for its sandbox API, secure or not (its processes share
-   * the host's network with the sandbox API's listener).
-   */
-  readonly tokenForEverySandbox?: boolean;
 }
 
 /** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
@@ -333,7 +328,7 @@ export class SandboxService {
       autoPause: request.autoPause ?? false,
       autoResume: request.autoResume?.enabled ?? false,
       secure,
-      envdAccessToken: secure || this.options.tokenForEverySandbox ? newSecret() : null,
+      envdAccessToken: secure ? newSecret() : null,
       trafficAccessToken: network.allowPublicTraffic ? null : newSecret(),
       egressSecret: newSecret(),
       sourceAddress: source.text,

@@ -44,54 +44,68 @@ def is_temporary(rel):
 
 
 class Watch:
-    def __init__(self, agent, wid, folder_fd, view, recursive, include_entry):
+    """One watched folder (and with `recursive` its subfolders), known by path only.
+
+    No descriptor of a watched folder is kept open: inotify reports a folder's removal only
+    once nothing holds it. Folders are opened for a moment, by their path in the sandbox's
+    view, whenever their entries are looked at.
+    """
+
+    def __init__(self, agent, wid, view, recursive, include_entry):
         self.agent = agent
         self.wid = wid
         self.view = view
         self.recursive = recursive
         self.include_entry = include_entry
         self.fd = sysapi.inotify_init()
-        self.folders = {}  # wd -> (rel, fd of the folder)
+        self.folders = {}  # wd -> rel of the folder
         self.known = {}  # rel -> (ino, mode) of every entry seen
-        self.add_folder('', os.dup(folder_fd), announce=False)
+        try:
+            self.add_folder('', announce=False)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
-    def add_folder(self, rel, fd, announce, events=None):
-        """Watches the opened folder `fd` at `rel` and records (optionally announces) its entries."""
+    def open_folder(self, rel):
+        return self.agent.open(posixpath.join(self.view, rel), os.O_PATH | os.O_DIRECTORY)
+
+    def add_folder(self, rel, announce, events=None):
+        """Watches folder `rel` and records (optionally announces) its entries."""
         if len(self.folders) >= MAX_FOLDERS:
-            os.close(fd)
             raise Exhausted(f'more than {MAX_FOLDERS} folders to watch')
         try:
-            # Through the magic link of the opened folder: the watch is on that very folder.
-            wd = sysapi.inotify_add_watch(self.fd, f'/proc/self/fd/{fd}', FOLDER_MASK)
+            fd = self.open_folder(rel)
         except OSError:
-            os.close(fd)
             if rel == '':
                 raise
-            return
-        self.folders[wd] = (rel, fd)
+            return  # gone again already: its parent's watch reports that
         try:
-            names = sorted(os.listdir(f'/proc/self/fd/{fd}'))
-        except OSError:
-            return
-        for name in names:
-            child = posixpath.join(rel, name) if rel else name
             try:
-                info = os.lstat(name, dir_fd=fd)
+                # Through the magic link of the opened folder: the watch is on that very folder.
+                wd = sysapi.inotify_add_watch(self.fd, f'/proc/self/fd/{fd}', FOLDER_MASK)
             except OSError:
-                continue
-            fresh = child not in self.known
-            self.track(child, info)
-            if announce and fresh and not is_temporary(child):
-                events.append(self.event(child, 'EVENT_TYPE_CREATE', fd, name, info))
-            if self.recursive and st.S_ISDIR(info.st_mode):
-                self.add_child_folder(child, fd, name, announce, events)
-
-    def add_child_folder(self, rel, parent_fd, name, announce, events):
-        try:
-            child_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-        except OSError:
-            return
-        self.add_folder(rel, child_fd, announce, events)
+                if rel == '':
+                    raise
+                return
+            self.folders[wd] = rel
+            try:
+                names = sorted(os.listdir(f'/proc/self/fd/{fd}'))
+            except OSError:
+                return
+            for name in names:
+                child = posixpath.join(rel, name) if rel else name
+                try:
+                    info = os.lstat(name, dir_fd=fd)
+                except OSError:
+                    continue
+                fresh = child not in self.known
+                self.track(child, info)
+                if announce and fresh and not is_temporary(child):
+                    events.append(self.event(child, 'EVENT_TYPE_CREATE', fd, name, info))
+                if self.recursive and st.S_ISDIR(info.st_mode):
+                    self.add_folder(child, announce, events)
+        finally:
+            os.close(fd)
 
     def track(self, rel, info):
         if rel not in self.known and len(self.known) >= MAX_ENTRIES:
@@ -103,10 +117,9 @@ class Watch:
         prefix = rel + '/'
         for name in [k for k in self.known if k == rel or k.startswith(prefix)]:
             del self.known[name]
-        for wd, (folder, fd) in list(self.folders.items()):
+        for wd, folder in list(self.folders.items()):
             if folder == rel or folder.startswith(prefix):
                 sysapi.inotify_rm_watch(self.fd, wd)
-                os.close(fd)
                 del self.folders[wd]
 
     def event(self, rel, kind, folder_fd, name, info=None):
@@ -130,21 +143,33 @@ class Watch:
         events = []
         moved_from = {cookie: name for _, mask, cookie, name in raw if mask & sysapi.IN_MOVED_FROM}
         moved_to = {cookie for _, mask, cookie, _ in raw if mask & sysapi.IN_MOVED_TO}
-        for wd, mask, cookie, name in raw:
-            if mask & sysapi.IN_Q_OVERFLOW:
-                return events, ('exhausted', 'too many changes at once; the watch lost events')
-            folder = self.folders.get(wd)
-            if folder is None:
-                continue
-            rel_folder, folder_fd = folder
-            if mask & (sysapi.IN_DELETE_SELF | sysapi.IN_MOVE_SELF):
-                if rel_folder == '':
+        opened = {}  # rel of a folder -> its descriptor, for this batch
+        try:
+            for wd, mask, cookie, name in raw:
+                if mask & sysapi.IN_Q_OVERFLOW:
+                    return events, ('exhausted', 'too many changes at once; the watch lost events')
+                rel_folder = self.folders.get(wd)
+                if rel_folder is None:
+                    continue
+                if mask & (sysapi.IN_DELETE_SELF | sysapi.IN_MOVE_SELF | sysapi.IN_IGNORED) and rel_folder == '':
                     return events, ('ENOENT', f"the watched folder '{self.view}' was removed")
-                continue
-            if mask & sysapi.IN_IGNORED or not name:
-                continue
-            rel = posixpath.join(rel_folder, name) if rel_folder else name
-            self.apply(rel, mask, cookie, folder_fd, name, moved_from, moved_to, events)
+                if mask & sysapi.IN_IGNORED:
+                    del self.folders[wd]
+                    continue
+                if not name:
+                    continue
+                if rel_folder not in opened:
+                    try:
+                        opened[rel_folder] = self.open_folder(rel_folder)
+                    except OSError:
+                        opened[rel_folder] = None
+                folder_fd = opened[rel_folder]
+                rel = posixpath.join(rel_folder, name) if rel_folder else name
+                self.apply(rel, mask, cookie, folder_fd, name, moved_from, moved_to, events)
+        finally:
+            for fd in opened.values():
+                if fd is not None:
+                    os.close(fd)
         # Consecutive duplicates (a write in several parts) read as one.
         merged = []
         for event in events:
@@ -168,7 +193,7 @@ class Watch:
                 if not temporary:
                     events.append({'name': rel, 'type': 'EVENT_TYPE_REMOVE'})
             return
-        if temporary:
+        if temporary or folder_fd is None:
             return
         try:
             info = os.lstat(name, dir_fd=folder_fd)
@@ -189,7 +214,7 @@ class Watch:
                     events.append(self.event(rel, 'EVENT_TYPE_WRITE', folder_fd, name, info))
             # A folder moved in keeps its content unannounced.
             if self.recursive and st.S_ISDIR(info.st_mode):
-                self.add_child_folder(rel, folder_fd, name, False, events)
+                self.add_folder(rel, False, events)
             return
         if mask & sysapi.IN_CREATE:
             if before is not None and before[0] == info.st_ino:
@@ -197,7 +222,7 @@ class Watch:
             self.track(rel, info)
             events.append(self.event(rel, 'EVENT_TYPE_CREATE', folder_fd, name, info))
             if self.recursive and st.S_ISDIR(info.st_mode):
-                self.add_child_folder(rel, folder_fd, name, True, events)
+                self.add_folder(rel, True, events)
             return
         if mask & sysapi.IN_MODIFY:
             self.track(rel, info)
@@ -210,8 +235,6 @@ class Watch:
                 events.append(self.event(rel, 'EVENT_TYPE_CHMOD', folder_fd, name, info))
 
     def close(self):
-        for _, fd in self.folders.values():
-            os.close(fd)
         self.folders.clear()
         os.close(self.fd)
 
@@ -234,9 +257,9 @@ class Watches:
             if not st.S_ISDIR(os.fstat(fd).st_mode):
                 raise NotADirectoryError(20, 'not a directory', path)
             view = self.agent.view_of(fd)
-            watch = Watch(self.agent, wid, fd, view, bool(message.get('recursive')), bool(message.get('includeEntry')))
         finally:
             os.close(fd)
+        watch = Watch(self.agent, wid, view, bool(message.get('recursive')), bool(message.get('includeEntry')))
         self.by_id[wid] = watch
         self.selector.register(watch.fd, 1, ('watch', wid))
         return {'path': view, 'folders': len(watch.folders)}

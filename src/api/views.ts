@@ -20,6 +20,8 @@ export interface EgressInfo {
   readonly proxy: HostPort;
   readonly dns: HostPort;
   readonly enforcement: EnforcementMode;
+  /** Whether this node's sandboxes are confined (or run unconfined by the operator's override). */
+  readonly confinement: 'confined' | 'unconfined';
 }
 
 /** A sandbox's own bounds (its cgroup and disk), as the reference service reports its VM's. */
@@ -73,6 +75,7 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
     enforcement: egress.enforcement,
     node: r.node ?? null,
   },
+  confinement: egress.confinement,
 });
 
 export const snapshotView = (s: SnapshotRecord) => ({ snapshotID: s.snapshotID, names: s.names });
@@ -179,6 +182,12 @@ export const detailSchema = object({
     },
     'Moat extension: how this sandbox’s egress is identified and enforced',
   ),
+  confinement: {
+    type: 'string',
+    enum: ['confined', 'unconfined'],
+    description:
+      'Moat extension: confined (own namespaces and host ids, seccomp, limits) or unconfined (--unconfined-sandboxes: processes run as Moat’s own user)',
+  },
 });
 
 export const snapshotSchema = object({ snapshotID: string, names: stringList });

@@ -400,6 +400,7 @@ export async function startMoat(
           return listening.gateway?.dns ?? listening.dns;
         },
         enforcement: runtime.enforcement,
+        confinement: runtime.confined ? 'confined' : 'unconfined',
       },
       keys: apiKeys.keys,
       metrics,

@@ -26,6 +26,8 @@ export interface LaunchedCallbacks {
 interface Pending {
   readonly callbacks: LaunchedCallbacks;
   readonly started: { resolve: () => void; reject: (error: Error) => void };
+  /** The launcher said it runs (before that, an ended launcher started nothing). */
+  running: boolean;
 }
 
 export class Launcher {
@@ -47,7 +49,11 @@ export class Launcher {
     if (this.gone) return Promise.reject(this.gone);
     const id = this.nextId++;
     return new Promise<number>((resolve, reject) => {
-      this.commands.set(id, { callbacks, started: { resolve: () => resolve(id), reject } });
+      this.commands.set(id, {
+        callbacks,
+        started: { resolve: () => resolve(id), reject },
+        running: false,
+      });
       this.connection.send({ op: 'start', id, ...command });
     });
   }
@@ -78,6 +84,7 @@ export class Launcher {
     if (command === undefined) return; // a command Moat no longer follows
     switch (header.ev) {
       case 'started':
+        command.running = true;
         command.started.resolve();
         break;
       case 'failed':
@@ -102,13 +109,16 @@ export class Launcher {
     }
   }
 
-  /** The launcher ended: every command it ran is reported ended with it. */
+  /**
+   * The launcher ended: every command it ran is reported ended with it; those it had not yet
+   * started fail to start (their caller may try another launcher).
+   */
   private onGone(error: Error): void {
     if (this.gone) return;
     this.gone = error;
     for (const command of this.commands.values()) {
-      command.started.reject(error);
-      command.callbacks.exit(null, 9);
+      if (command.running) command.callbacks.exit(null, 9);
+      else command.started.reject(error);
     }
     this.commands.clear();
   }

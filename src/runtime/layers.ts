@@ -163,6 +163,14 @@ export class LayerStore {
     await rename(staging, file);
   }
 
+  /** Keys of every template with a manifest. */
+  async templateKeys(): Promise<string[]> {
+    const names = await readdir(this.templates).catch(() => [] as string[]);
+    return names
+      .filter((name) => name.endsWith('.json'))
+      .map((name) => decodeURIComponent(name.slice(0, -'.json'.length)));
+  }
+
   async removeTemplate(key: string): Promise<void> {
     await rm(this.manifest(key), { force: true });
   }

@@ -662,13 +662,19 @@ export class ProcessRuntime implements SandboxRuntime {
     await this.confinedParts!.layers.collect(inUse);
   }
 
-  async reconcile(known: ReadonlySet<string>): Promise<string[]> {
+  async reconcile(
+    known: ReadonlySet<string>,
+    knownTemplates: ReadonlySet<string>,
+  ): Promise<string[]> {
     const present = await readdir(this.sandboxesDir).catch(() => [] as string[]);
     const leftovers = present.filter((id) => !known.has(id));
     if (this.confinedParts) {
       const { cgroups, disks, layers } = this.confinedParts;
       await cgroups.sweep();
       await layers.removeStaging();
+      for (const key of await layers.templateKeys()) {
+        if (!knownTemplates.has(key)) await layers.removeTemplate(key);
+      }
       for (const id of leftovers) await this.destroy(id);
       const disksInUse = new Set<string>();
       let damaged = false;

@@ -60,7 +60,7 @@ function describeEnd(code: number | null, signal: NodeJS.Signals | null): Proces
 
 /** How Moat reaches one process: its number at the sandbox's launcher. */
 interface ProcessIO {
-  readonly launcher: Launcher;
+  launcher: Launcher;
   id: number;
   readonly terminal: boolean;
   stdinOpen: boolean;
@@ -180,25 +180,33 @@ export class ProcessTable {
     });
     const argv = [request.config.cmd, ...request.config.args];
     const pid = this.nextPid++;
-    const launcher = await this.origin.launcher(request.user);
+    let launcher = await this.origin.launcher(request.user);
     const terminal = request.pty !== undefined;
     const io = { launcher, id: 0, terminal, stdinOpen: request.stdin || terminal };
     const started = new SandboxProcess(pid, request.tag, request.config, io);
-    io.id = await launcher.start(
-      {
-        argv,
-        ...placed,
-        stdin: request.stdin,
-        group: this.origin.ownGroups,
-        ...(request.pty ? { pty: request.pty } : {}),
-      },
-      {
-        output: (fd, bytes) =>
-          started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes),
-        exit: (code, signal) =>
-          started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
-      },
-    );
+    const command = {
+      argv,
+      ...placed,
+      stdin: request.stdin,
+      group: this.origin.ownGroups,
+      ...(request.pty ? { pty: request.pty } : {}),
+    };
+    const callbacks = {
+      output: (fd: 1 | 2, bytes: Buffer) =>
+        started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes),
+      exit: (code: number | null, signal: number | null) =>
+        started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
+    };
+    try {
+      io.id = await launcher.start(command, callbacks);
+    } catch (error) {
+      // A launcher that ended just before (killed from inside, or closed for breaking the
+      // protocol) started nothing: once more, on a new one.
+      if (launcher.alive) throw error;
+      launcher = await this.origin.launcher(request.user);
+      Object.assign(io, { launcher });
+      io.id = await launcher.start(command, callbacks);
+    }
     this.running.set(pid, started);
     started.whenEnded(() => this.running.delete(pid));
     return started;

@@ -52,8 +52,11 @@ export interface SandboxRuntime {
   /** Copies the sandbox's files into the template store under `templateKey`. */
   snapshot(sandboxID: string, templateKey: string): Promise<void>;
   removeTemplate(templateKey: string): Promise<void>;
-  /** Removes sandboxes that no record names (left by a crash mid-create). */
-  reconcile(known: ReadonlySet<string>): Promise<string[]>;
+  /**
+   * Removes sandboxes that no record names (left by a crash mid-create), and templates whose
+   * snapshot no record names (a crash between taking it and recording it). Returns the sandboxes.
+   */
+  reconcile(known: ReadonlySet<string>, knownTemplates: ReadonlySet<string>): Promise<string[]>;
   /** Ends every sandbox's processes (Moat is stopping); files stay for the next start. */
   stop(): Promise<void>;
   /** The sandbox's processes and files, while it runs on this host. */

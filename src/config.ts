@@ -439,7 +439,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'enforcement',
     env: 'MOAT_ENFORCEMENT',
     default: 'auto',
-    help: 'namespace: each sandbox in its own network namespace with a generated nftables firewall (root, iproute2, nftables, bubblewrap); proxy: sandboxes share the host network and only programs that use the proxy variables are held; auto: namespace where it works, else proxy',
+    help: 'namespace: each sandbox in its own network namespace with a generated nftables firewall (root, iproute2, nftables, confined sandboxes); proxy: sandboxes share the host network and only programs that use the proxy variables are held; auto: namespace where it works, else proxy',
     parse: oneOf<EnforcementSetting>(['auto', 'namespace', 'proxy']),
   },
   {

@@ -22,6 +22,8 @@ export interface SandboxLimits {
 export interface SandboxCgroup {
   /** Folders whose cgroup.procs the supervisor writes its pid to. */
   readonly folders: readonly string[];
+  /** Sets the bounds (before the sandbox's own processes start). */
+  limit(limits: SandboxLimits): Promise<void>;
   freeze(): Promise<void>;
   thaw(): Promise<void>;
   /** Host pids of every process inside. */
@@ -32,7 +34,11 @@ export interface SandboxCgroup {
 
 export interface Cgroups {
   readonly description: string;
-  create(sandboxID: string, limits: SandboxLimits): Promise<SandboxCgroup>;
+  /**
+   * Makes a cgroup named `name` (any name unique in this Moat: one is made ahead of the sandbox
+   * that will use it, so that joining it is not on the way of a create).
+   */
+  make(name: string): Promise<SandboxCgroup>;
   /** Ends and removes every cgroup an earlier run of this Moat left; returns how many. */
   sweep(): Promise<number>;
   /** Removes this Moat's own folders once its sandboxes' cgroups are gone. */
@@ -136,21 +142,23 @@ class CgroupsV1 implements Cgroups {
     return path.join(this.mounts.get(controller)!, 'moat', this.scope);
   }
 
-  async create(sandboxID: string, limits: SandboxLimits): Promise<SandboxCgroup> {
-    const folder = (c: string) => path.join(this.scopeFolder(c), sandboxID);
+  async make(name: string): Promise<SandboxCgroup> {
+    const folder = (c: string) => path.join(this.scopeFolder(c), name);
     for (const controller of CONTROLLERS) await mkdir(folder(controller), { recursive: true });
-    const memory = folder('memory');
-    const bytes = String(limits.memoryMB * 2 ** 20);
-    await writeFile(path.join(memory, 'memory.limit_in_bytes'), bytes);
-    // With swap accounting, swap counts too: the bound is on memory plus swap.
-    const swap = path.join(memory, 'memory.memsw.limit_in_bytes');
-    if (existsSync(swap)) await writeFile(swap, bytes);
-    await writeFile(path.join(folder('pids'), 'pids.max'), String(limits.pids));
-    await writeFile(path.join(folder('cpu'), 'cpu.cfs_period_us'), String(CPU_PERIOD_US));
-    await writeFile(
-      path.join(folder('cpu'), 'cpu.cfs_quota_us'),
-      String(Math.round(limits.cpuCount * CPU_PERIOD_US)),
-    );
+    const limit = async (limits: SandboxLimits) => {
+      const memory = folder('memory');
+      const bytes = String(limits.memoryMB * 2 ** 20);
+      await writeFile(path.join(memory, 'memory.limit_in_bytes'), bytes);
+      // With swap accounting, swap counts too: the bound is on memory plus swap.
+      const swap = path.join(memory, 'memory.memsw.limit_in_bytes');
+      if (existsSync(swap)) await writeFile(swap, bytes);
+      await writeFile(path.join(folder('pids'), 'pids.max'), String(limits.pids));
+      await writeFile(path.join(folder('cpu'), 'cpu.cfs_period_us'), String(CPU_PERIOD_US));
+      await writeFile(
+        path.join(folder('cpu'), 'cpu.cfs_quota_us'),
+        String(Math.round(limits.cpuCount * CPU_PERIOD_US)),
+      );
+    };
     const freezer = folder('freezer');
     const setState = async (state: 'FROZEN' | 'THAWED') => {
       const file = path.join(freezer, 'freezer.state');
@@ -164,6 +172,7 @@ class CgroupsV1 implements Cgroups {
     };
     return {
       folders: CONTROLLERS.map(folder),
+      limit,
       freeze: () => setState('FROZEN'),
       thaw: () => setState('THAWED'),
       members: () => procs(freezer),
@@ -226,18 +235,20 @@ class CgroupsV2 implements Cgroups {
     }
   }
 
-  async create(sandboxID: string, limits: SandboxLimits): Promise<SandboxCgroup> {
+  async make(name: string): Promise<SandboxCgroup> {
     await this.delegate();
-    const folder = path.join(this.base, sandboxID);
+    const folder = path.join(this.base, name);
     await mkdir(folder, { recursive: true });
-    await writeFile(path.join(folder, 'memory.max'), String(limits.memoryMB * 2 ** 20));
-    const swap = path.join(folder, 'memory.swap.max');
-    if (existsSync(swap)) await writeFile(swap, '0');
-    await writeFile(path.join(folder, 'pids.max'), String(limits.pids));
-    await writeFile(
-      path.join(folder, 'cpu.max'),
-      `${Math.round(limits.cpuCount * CPU_PERIOD_US)} ${CPU_PERIOD_US}`,
-    );
+    const limit = async (limits: SandboxLimits) => {
+      await writeFile(path.join(folder, 'memory.max'), String(limits.memoryMB * 2 ** 20));
+      const swap = path.join(folder, 'memory.swap.max');
+      if (existsSync(swap)) await writeFile(swap, '0');
+      await writeFile(path.join(folder, 'pids.max'), String(limits.pids));
+      await writeFile(
+        path.join(folder, 'cpu.max'),
+        `${Math.round(limits.cpuCount * CPU_PERIOD_US)} ${CPU_PERIOD_US}`,
+      );
+    };
     const freeze = async (value: '0' | '1') => {
       await writeFile(path.join(folder, 'cgroup.freeze'), value);
       for (let i = 0; i < 400; i++) {
@@ -251,6 +262,7 @@ class CgroupsV2 implements Cgroups {
     };
     return {
       folders: [folder],
+      limit,
       freeze: () => freeze('1'),
       thaw: () => freeze('0'),
       members: () => procs(folder),

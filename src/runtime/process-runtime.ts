@@ -11,25 +11,21 @@
  * Unconfined (only with --unconfined-sandboxes, where confinement is impossible) a sandbox is a
  * folder `<data>/sandboxes/<id>/root` and processes run on the host as Moat's user.
  */
-import { randomBytes } from 'node:crypto';
-import { createHash } from 'node:crypto';
+import type { ChildProcess } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import {
-  chown,
-  cp,
-  lstat,
-  mkdir,
-  readdir,
-  readFile,
-  rename,
-  rm,
-  writeFile,
-} from 'node:fs/promises';
+import { cp, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { AgentSocket } from './agent-socket.js';
 import { baseLayerSpec, systemFolders } from './base-layer.js';
 import { type Cgroups, findCgroups, type SandboxCgroup, type SandboxLimits } from './cgroups.js';
-import { confinementWorks, placeCommand, type SandboxUser, USERS } from './confinement.js';
+import {
+  confinementWorks,
+  DEFAULT_USER,
+  placeCommand,
+  type SandboxUser,
+  USERS,
+} from './confinement.js';
 import { Disks, disksProblem } from './disks.js';
 import { LayerStore } from './layers.js';
 import { Launcher } from './launcher.js';
@@ -44,7 +40,13 @@ import type {
 } from './runtime.js';
 import { SandboxFiles } from './sandbox-files.js';
 import { IDS_PER_SANDBOX, type IdRangeSetting, SandboxIds } from './sandbox-ids.js';
-import { Supervisor, type SupervisorConfig } from './supervisor.js';
+import {
+  type EarlyConfig,
+  spawnSupervisor,
+  Supervisor,
+  type SupervisorConfig,
+  SupervisorSpares,
+} from './supervisor.js';
 
 export const BASE_TEMPLATE = 'base';
 const HOSTNAME = 'sandbox';
@@ -83,6 +85,13 @@ interface Live extends RuntimeSandbox {
   frozen: boolean;
 }
 
+/** A supervisor made ahead of its sandbox, with the cgroup and id slot it has joined. */
+interface Spare {
+  readonly child: ChildProcess;
+  readonly slot: number | undefined;
+  readonly cgroup: SandboxCgroup | undefined;
+}
+
 /** The parts of a sandbox's file system, each an overlay: name in a layer, and mount point. */
 interface Part {
   readonly name: string;
@@ -112,6 +121,7 @@ export class ProcessRuntime implements SandboxRuntime {
   private readonly sandboxesDir: string;
   private readonly live = new Map<string, Live>();
   private readonly parts: Part[];
+  private readonly spares: SupervisorSpares<Spare>;
 
   private constructor(
     private readonly dataDir: string,
@@ -137,6 +147,13 @@ export class ProcessRuntime implements SandboxRuntime {
     this.enforcementReason = options.network
       ? `each sandbox in its own network namespace, a /30 link each from ${options.network.pool}, firewall generated into nftables`
       : `sandboxes share the host network; egress is enforced for programs that use the injected proxy variables${options.proxyOnlyReason ? ` (no network namespaces: ${options.proxyOnlyReason})` : ''}`;
+    this.spares = new SupervisorSpares<Spare>(
+      () => this.makeSpare(),
+      async (spare) => {
+        if (spare.slot !== undefined) this.confinedParts?.ids.release(spare.slot);
+        await spare.cgroup?.remove().catch(() => undefined);
+      },
+    );
     this.parts = [
       { name: 'root', target: '/', bottom: { path: '', ids: 'store' } },
       { name: 'etc', target: '/etc', bottom: { path: '', ids: 'store' } },
@@ -226,6 +243,33 @@ export class ProcessRuntime implements SandboxRuntime {
     }
   }
 
+  /** A supervisor for a sandbox to come: its own cgroup and id slot, joined and mapped. */
+  private async makeSpare(): Promise<Spare> {
+    if (!this.confinedParts)
+      return {
+        child: spawnSupervisor({ cgroups: [], ids: null }),
+        slot: undefined,
+        cgroup: undefined,
+      };
+    const { ids, cgroups } = this.confinedParts;
+    const slot = ids.allocate(`spare ${randomBytes(4).toString('hex')}`);
+    try {
+      const cgroup = await cgroups.make(`c${randomBytes(8).toString('hex')}`);
+      return { child: spawnSupervisor(this.earlyConfig(slot, cgroup)), slot, cgroup };
+    } catch (error) {
+      ids.release(slot);
+      throw error;
+    }
+  }
+
+  private earlyConfig(slot: number, cgroup: SandboxCgroup): EarlyConfig {
+    const { ids } = this.confinedParts!;
+    return {
+      cgroups: cgroup.folders,
+      ids: { host: ids.hostFirst(slot), store: ids.storeFirst, count: IDS_PER_SANDBOX },
+    };
+  }
+
   get sandboxHostIds(): { first: number; last: number } | undefined {
     const ids = this.confinedParts?.ids;
     return ids && { first: ids.first, last: ids.first + ids.slots * IDS_PER_SANDBOX - 1 };
@@ -295,41 +339,29 @@ export class ProcessRuntime implements SandboxRuntime {
     await mkdir(folder, { recursive: true, mode: 0o700 });
     if (!this.confinedParts) {
       await this.makeUnconfinedRoot(sandboxID, templateKey);
-      await this.launch(sandboxID, env, address, limits, undefined);
+      await this.launch(sandboxID, env, address, limits, undefined, await this.spares.take());
       return;
     }
     const { ids, layers, disks } = this.confinedParts;
     const layer = templateKey === BASE_TEMPLATE ? null : await layers.templateLayer(templateKey);
     if (layer === undefined) throw new Error(`template ${templateKey} has no layer on this node`);
-    const slot = ids.allocate(sandboxID);
+    const spare = await this.spares.take();
+    const slot = spare.slot!;
+    ids.assign(slot, sandboxID);
     let disk: string | null = null;
     try {
       disk = disks ? await disks.create(limits.diskSizeMB) : null;
       const meta: SandboxMeta = { slot, disk, layer };
-      await this.prepareLayer(sandboxID, meta);
+      // Its writable layer's folders are made by its supervisor.
       await writeFile(path.join(folder, 'sandbox.json'), JSON.stringify(meta), { mode: 0o600 });
-      await this.launch(sandboxID, env, address, limits, meta);
+      await this.launch(sandboxID, env, address, limits, meta, spare);
     } catch (error) {
+      spare.child.kill('SIGKILL');
+      await spare.cgroup?.remove().catch(() => undefined);
       if (disk !== null) await disks?.remove(disk).catch(() => undefined);
       ids.release(slot);
       await rm(folder, { recursive: true, force: true });
       throw error;
-    }
-  }
-
-  /** The sandbox's empty writable layer: one upper and one work folder per part, its root's. */
-  private async prepareLayer(sandboxID: string, meta: SandboxMeta): Promise<void> {
-    const owner = this.confinedParts!.ids.hostFirst(meta.slot);
-    for (const base of [this.upperBase(sandboxID, meta), this.workBase(sandboxID, meta)]) {
-      await mkdir(base, { recursive: true, mode: 0o700 });
-      for (const part of this.parts) {
-        const folder = path.join(base, part.name);
-        await mkdir(folder, { recursive: true, mode: 0o755 });
-        await chown(folder, owner, owner);
-      }
-    }
-    for (const name of ['mnt', 'scratch']) {
-      await mkdir(path.join(this.folder(sandboxID), name), { recursive: true, mode: 0o700 });
     }
   }
 
@@ -363,7 +395,7 @@ export class ProcessRuntime implements SandboxRuntime {
   ): Promise<void> {
     if (this.refusal !== undefined) throw new SandboxRefused(this.refusal);
     if (!this.confinedParts) {
-      await this.launch(sandboxID, env, address, limits, undefined);
+      await this.launch(sandboxID, env, address, limits, undefined, await this.spares.take());
       return;
     }
     const meta =
@@ -383,7 +415,19 @@ export class ProcessRuntime implements SandboxRuntime {
         `sandbox ${sandboxID}'s files belong to host id ${owner}, not to its slot's ${ids.hostFirst(meta.slot)} (was --sandbox-ids changed?)`,
       );
     }
-    await this.launch(sandboxID, env, address, limits, meta);
+    // Its slot is its own: no spare (made for another slot) fits; one is made for it now.
+    const cgroup = await this.confinedParts.cgroups.make(`c${randomBytes(8).toString('hex')}`);
+    const spare = {
+      child: spawnSupervisor(this.earlyConfig(meta.slot, cgroup)),
+      slot: meta.slot,
+      cgroup,
+    };
+    try {
+      await this.launch(sandboxID, env, address, limits, meta, spare);
+    } catch (error) {
+      await cgroup.remove().catch(() => undefined);
+      throw error;
+    }
   }
 
   /** A sandbox folder from before confinement (`root/`, every file Moat's) as a layer of its own. */
@@ -394,8 +438,8 @@ export class ProcessRuntime implements SandboxRuntime {
     const slot = ids.allocate(sandboxID);
     const disk = disks ? await disks.create(limits.diskSizeMB) : null;
     const meta: SandboxMeta = { slot, disk, layer: null };
-    await this.prepareLayer(sandboxID, meta);
     const upper = this.upperBase(sandboxID, meta);
+    await mkdir(upper, { recursive: true, mode: 0o700 });
     // The legacy folder becomes the root part of the sandbox's writable layer, owned by its ids.
     const adopted = path.join(upper, `.adopt-${randomBytes(4).toString('hex')}`);
     await layers.adoptInto(adopted, ids.hostFirst(slot), legacy);
@@ -417,33 +461,41 @@ export class ProcessRuntime implements SandboxRuntime {
     }
   }
 
-  /** Starts the sandbox's supervisor (and namespace, cgroup) and waits until it is built. */
+  /**
+   * Configures the sandbox's supervisor (a spare, already in its cgroup with its user
+   * namespaces made), with its network namespace, and waits until the sandbox is built.
+   */
   private async launch(
     sandboxID: string,
     env: SandboxEnvironment,
     address: string,
     limits: SandboxLimits,
     meta: SandboxMeta | undefined,
+    spare: Spare,
   ): Promise<void> {
     const network = this.options.network;
-    let cgroup: SandboxCgroup | undefined;
+    const cgroup = spare.cgroup;
     let supervisor: Supervisor | undefined;
     try {
       if (network) await network.create(sandboxID, address);
-      cgroup = meta ? await this.confinedParts!.cgroups.create(sandboxID, limits) : undefined;
+      await cgroup?.limit(limits);
       supervisor = new Supervisor(
         this.supervisorConfig(sandboxID, limits, meta, cgroup),
         this.agents,
+        spare.child,
       );
       await supervisor.ready;
     } catch (error) {
       supervisor?.kill();
+      spare.child.kill('SIGKILL');
       await supervisor?.exited;
       await cgroup?.remove().catch(() => undefined);
       await network?.destroy(sandboxID);
       throw error;
     }
     const launched = supervisor;
+    // Most sandboxes run a command as `user` first: its launcher starts while create answers.
+    launched.role('proc', DEFAULT_USER.name).catch(() => undefined);
     const launchers = new Map<unknown, Launcher>();
     const hostRoot = meta ? undefined : this.unconfinedRoot(sandboxID);
     this.live.set(sandboxID, {
@@ -694,12 +746,15 @@ export class ProcessRuntime implements SandboxRuntime {
     } else {
       for (const id of leftovers) await this.destroy(id);
     }
+    // The first spare supervisor, now that the sweep of leftover cgroups is done.
+    this.spares.refill();
     return leftovers;
   }
 
   /** Ends every sandbox's processes (Moat is stopping); their files stay for the next start. */
   async stop(): Promise<void> {
     await Promise.all([...this.live.keys()].map((id) => this.release(id)));
+    await this.spares.stop();
     await this.options.network?.sweep();
     if (this.confinedParts) {
       const { cgroups, disks, ids } = this.confinedParts;

@@ -109,6 +109,11 @@ export class SandboxIds {
     return true;
   }
 
+  /** Hands a slot on to its new owner (a spare's slot to the sandbox that took the spare). */
+  assign(slot: number, owner: string): void {
+    this.owners.set(slot, owner);
+  }
+
   /** The sandbox's files are gone: its ids may go to another sandbox. */
   release(slot: number): void {
     this.owners.delete(slot);

@@ -17,6 +17,7 @@ export const LAYER_TOOL = path.join(SUPERVISOR_DIR, 'layer_tool.py');
 /** Lines a supervisor writes to Moat are a few hundred bytes; more is a broken supervisor. */
 const MAX_LINE = 64 << 10;
 const READY_TIMEOUT_MS = 30_000;
+const REFILL_DELAY_MS = 50;
 
 export type RoleKind = 'proc' | 'file';
 
@@ -54,8 +55,72 @@ export function supervisorProblem(): string | undefined {
   return undefined;
 }
 
+/** What a supervisor does before its sandbox exists (see supervisor/main.py). */
+export interface EarlyConfig {
+  /** Cgroup folders to join (confined). */
+  readonly cgroups: readonly string[];
+  /** The sandbox's host ids, for its user namespaces (confined), or null. */
+  readonly ids: { readonly host: number; readonly store: number; readonly count: number } | null;
+}
+
+/** A supervisor process, done with `early`, waiting for its sandbox's configuration on stdin. */
+export function spawnSupervisor(early: EarlyConfig): ChildProcess {
+  const child = spawn(PYTHON, ['-I', '-S', '-B', SUPERVISOR, JSON.stringify(early)], {
+    cwd: '/',
+    env: {},
+    // Its own process group: unconfined, the group holds every process of the sandbox.
+    detached: true,
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  child.on('error', () => undefined);
+  child.stdin!.on('error', () => undefined);
+  return child;
+}
+
+/**
+ * One sandbox's supervisor made ahead of its sandbox: Python's start-up, the cgroup joins (the
+ * kernel waits for an RCU grace period on each) and the user namespaces are paid before a
+ * create asks, not during it. `make` gives the spare what it needs (a cgroup, a slot of ids);
+ * `discard` takes that back from a spare nobody took.
+ */
+export class SupervisorSpares<T extends { readonly child: ChildProcess }> {
+  private spare: Promise<T> | undefined;
+  private stopped = false;
+
+  constructor(
+    private readonly make: () => Promise<T>,
+    private readonly discard: (spare: T) => Promise<void>,
+  ) {}
+
+  /** The spare (or a new one where there is none, or it died); the next is made soon. */
+  async take(): Promise<T> {
+    const pending = this.spare;
+    this.spare = undefined;
+    // A little later: the sandbox that takes this one is starting its first command now.
+    setTimeout(() => this.refill(), REFILL_DELAY_MS).unref();
+    const spare = await pending?.catch(() => undefined);
+    if (spare !== undefined && spare.child.exitCode === null && spare.child.signalCode === null) {
+      return spare;
+    }
+    if (spare !== undefined) await this.discard(spare);
+    return this.make();
+  }
+
+  refill(): void {
+    if (this.spare === undefined && !this.stopped) this.spare = this.make();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    const spare = await this.spare?.catch(() => undefined);
+    this.spare = undefined;
+    if (spare === undefined) return;
+    spare.child.kill('SIGKILL');
+    await this.discard(spare);
+  }
+}
+
 export class Supervisor {
-  private readonly child: ChildProcess;
   private readonly roles = new Map<string, Promise<RoleConnection>>();
   private readonly spawns = new Map<string, string>();
   private stderr = '';
@@ -74,14 +139,9 @@ export class Supervisor {
   constructor(
     private readonly config: SupervisorConfig,
     private readonly agents: AgentSocket,
+    /** A process from SupervisorSpares, not yet configured. */
+    private readonly child: ChildProcess,
   ) {
-    this.child = spawn(PYTHON, ['-I', '-S', '-B', SUPERVISOR], {
-      cwd: '/',
-      env: {},
-      // Its own process group: unconfined, the group holds every process of the sandbox.
-      detached: true,
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
     this.ready.catch(() => undefined);
     const timer = setTimeout(
       () => this.fail(new Error(`not built within ${READY_TIMEOUT_MS / 1000} s`)),

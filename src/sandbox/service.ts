@@ -182,10 +182,7 @@ export class SandboxService {
       .filter((record) => this.isLocal(record));
     // First clear what a previous run left (roots never recorded, processes that outlived it).
     const templates = new Set((await this.snapshots()).map((s) => s.snapshotID));
-    for (const id of await runtime.reconcile(
-      new Set(records.map((r) => r.sandboxID)),
-      templates,
-    )) {
+    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)), templates)) {
       this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
     }
     // Every address still valid is taken back first, so a new one never collides with it.

@@ -54,12 +54,18 @@ describe.skipIf(skip)('a symlink at the top of the sandbox never exposes the hos
           expect(probe.code, `${link}${hostPath}`).not.toBe(0);
         }
       }
-      expect(await runShell(target, `cat /hostroot${victim}/victim.txt`)).toMatchObject({ code: 1 });
+      expect(await runShell(target, `cat /hostroot${victim}/victim.txt`)).toMatchObject({
+        code: 1,
+      });
     };
     await seeThrough(sandbox);
     await harness.runtime.snapshot(sandbox.sandboxID, 'confinement-top-links');
     const made = await harness.sandbox({}, 'confinement-top-links');
-    expect((await shell(made, 'readlink /hostroot /up')).split('\n')).toEqual(['/', '../../..', '']);
+    expect((await shell(made, 'readlink /hostroot /up')).split('\n')).toEqual([
+      '/',
+      '../../..',
+      '',
+    ]);
     await seeThrough(made);
     victimUntouched();
   });
@@ -101,7 +107,11 @@ describe.skipIf(skip)('racing the file API with symlink swaps never reaches the 
         sandbox.files.move('root', through, '/home/user/race/moved.txt'),
         sandbox.files.move('root', '/home/user/race/own.txt', '/home/user/race/d/planted.txt'),
         sandbox.files.read('root', through).then((file) => file.body.resume()),
-        sandbox.files.compose('root', ['/home/user/race/own.txt'], '/home/user/race/d/composed.txt'),
+        sandbox.files.compose(
+          'root',
+          ['/home/user/race/own.txt'],
+          '/home/user/race/d/composed.txt',
+        ),
         (async () => {
           const upload = await sandbox.files.upload('root');
           try {

@@ -45,10 +45,7 @@ const python = (code: string, user = 'user') =>
 describe.skipIf(skip)('no sandbox process is the host root or owns anything outside', () => {
   it('every process in the sandbox runs as host ids of its own slot, never 0', async () => {
     // Keep a process of each user alive while the ids are read from the host.
-    const sleepers = [
-      shell(sandbox, 'sleep 2'),
-      shell(sandbox, 'sleep 2', { user: 'root' }),
-    ];
+    const sleepers = [shell(sandbox, 'sleep 2'), shell(sandbox, 'sleep 2', { user: 'root' })];
     await new Promise((resolve) => setTimeout(resolve, 300));
     const range = harness.runtime.sandboxHostIds!;
     const hostPidns = readlinkSync('/proc/self/ns/pid');
@@ -92,7 +89,9 @@ describe.skipIf(skip)('no sandbox process is the host root or owns anything outs
     await shell(sandbox, 'echo mine > /home/user/owned.txt');
     await asRoot('echo root > /root/owned.txt');
     const range = harness.runtime.sandboxHostIds!;
-    const userFile = statSync(hostPathOf(harness.dataDir, sandbox.sandboxID, '/home/user/owned.txt'));
+    const userFile = statSync(
+      hostPathOf(harness.dataDir, sandbox.sandboxID, '/home/user/owned.txt'),
+    );
     const rootFile = statSync(hostPathOf(harness.dataDir, sandbox.sandboxID, '/root/owned.txt'));
     expect(userFile.uid - rootFile.uid).toBe(1000);
     expect(rootFile.uid).toBeGreaterThanOrEqual(range.first + IDS_PER_SANDBOX);
@@ -106,7 +105,9 @@ describe.skipIf(skip)('no sandbox process is the host root or owns anything outs
     const shadow = await asRoot('cat /etc/shadow');
     for (const line of shadow.trim().split('\n')) expect(line.split(':')[1]).toBe('*');
     if (existsSync('/etc/shadow')) {
-      const hostRoot = readFileSync('/etc/shadow', 'utf8').split('\n').find((l) => l.startsWith('root:'));
+      const hostRoot = readFileSync('/etc/shadow', 'utf8')
+        .split('\n')
+        .find((l) => l.startsWith('root:'));
       expect(shadow).not.toContain(hostRoot!);
     }
     // Nothing the host keeps out of other users' reach is in the sandbox's /etc.
@@ -124,7 +125,7 @@ describe.skipIf(skip)('no sandbox process is the host root or owns anything outs
   it('/proc/sys cannot be opened for writing, by the user or by root (nothing is written)', async () => {
     const code =
       "import os\nfor p in ['/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches', '/proc/sysrq-trigger']:\n" +
-      "    try:\n        fd = os.open(p, os.O_WRONLY)\n    except OSError as e:\n        print(p, e.errno)\n" +
+      '    try:\n        fd = os.open(p, os.O_WRONLY)\n    except OSError as e:\n        print(p, e.errno)\n' +
       '    else:\n        os.close(fd)\n        print(p, "OPENED")\n';
     for (const user of ['user', 'root']) {
       const result = await python(code, user);

@@ -50,16 +50,19 @@ print(json.dumps(out))
 `;
 
 describe.skipIf(skip)('no sandbox process can take or trace its launcher', () => {
-  it.each(['user', 'root'])('as %s: its launcher’s descriptors, memory and ptrace are refused', async (user) => {
-    if (process.arch !== 'x64') return; // syscall numbers are x86_64's
-    const result = await runShell(sandbox, 'exec python3 -c "$1"', { user, args: [PROBE] });
-    const out = JSON.parse(result.stdout) as Record<string, unknown>;
-    expect(out['list fds'], JSON.stringify(out)).not.toBe('ok');
-    expect(out['open its socket']).not.toBe('ok');
-    expect(out['read its memory']).not.toBe('ok');
-    expect((out.pidfd_getfd as unknown[]).every((r) => r !== true)).toBe(true);
-    expect(out.ptrace).not.toBe(true);
-  });
+  it.each(['user', 'root'])(
+    'as %s: its launcher’s descriptors, memory and ptrace are refused',
+    async (user) => {
+      if (process.arch !== 'x64') return; // syscall numbers are x86_64's
+      const result = await runShell(sandbox, 'exec python3 -c "$1"', { user, args: [PROBE] });
+      const out = JSON.parse(result.stdout) as Record<string, unknown>;
+      expect(out['list fds'], JSON.stringify(out)).not.toBe('ok');
+      expect(out['open its socket']).not.toBe('ok');
+      expect(out['read its memory']).not.toBe('ok');
+      expect((out.pidfd_getfd as unknown[]).every((r) => r !== true)).toBe(true);
+      expect(out.ptrace).not.toBe(true);
+    },
+  );
 
   it('a launcher killed from inside is started again for the next command', async () => {
     const killed = await runShell(sandbox, 'kill -9 $PPID; sleep 5');

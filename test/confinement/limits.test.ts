@@ -73,23 +73,19 @@ describe.skipIf(skip)('limits per sandbox', () => {
   it('CPU time is bounded by the sandbox’s CPU count', async () => {
     const sandbox = await harness.sandbox({ cpuCount: 1 });
     // Two spinning processes for 1.5 s of wall time: with one CPU they get 1.5 s of CPU between them.
-    const result = await shell(
-      sandbox,
-      'exec python3 -c "$1"',
-      {
-        args: [
-          'import os, time\n' +
-            'for _ in range(2):\n' +
-            '    if os.fork() == 0:\n' +
-            '        end = time.time() + 1.5\n' +
-            '        while time.time() < end: pass\n' +
-            '        os._exit(0)\n' +
-            'os.wait(); os.wait()\n' +
-            't = os.times()\n' +
-            'print(t.children_user + t.children_system)',
-        ],
-      },
-    );
+    const result = await shell(sandbox, 'exec python3 -c "$1"', {
+      args: [
+        'import os, time\n' +
+          'for _ in range(2):\n' +
+          '    if os.fork() == 0:\n' +
+          '        end = time.time() + 1.5\n' +
+          '        while time.time() < end: pass\n' +
+          '        os._exit(0)\n' +
+          'os.wait(); os.wait()\n' +
+          't = os.times()\n' +
+          'print(t.children_user + t.children_system)',
+      ],
+    });
     expect(Number(result.trim())).toBeLessThan(1.5 * 1.25);
   }, 20_000);
 
@@ -111,7 +107,7 @@ describe.skipIf(skip)('limits per sandbox', () => {
 
   it('sees its disk as the size of its own file system', async () => {
     const sandbox = await harness.sandbox({ diskSizeMB: 100 });
-    const total = Number((await shell(sandbox, "df -m --output=size /home/user | tail -1")).trim());
+    const total = Number((await shell(sandbox, 'df -m --output=size /home/user | tail -1')).trim());
     expect(total).toBeGreaterThan(80);
     expect(total).toBeLessThanOrEqual(100);
   });

@@ -54,15 +54,28 @@ describe.skipIf(skip)('proxy mode: no sandbox process reaches Moat’s own liste
     const sandbox = moat.moat.runtime.sandbox(created.sandboxID)!;
     const { listening } = moat.moat;
     const reach = async (port: number, user = 'user') =>
-      (await runShell(sandbox, 'exec python3 -c "$1" "$2"', { user, args: [CONNECT, String(port)] })).stdout.trim();
+      (
+        await runShell(sandbox, 'exec python3 -c "$1" "$2"', {
+          user,
+          args: [CONNECT, String(port)],
+        })
+      ).stdout.trim();
     for (const user of ['user', 'root']) {
-      expect(await reach(listening.api.port, user), `${user}: platform API`).toMatch(/^(reset|refused)$/);
-      expect(await reach(listening.sandbox.port, user), `${user}: sandbox API`).toMatch(/^(reset|refused)$/);
-      expect(await reach(listening.metrics!.port, user), `${user}: metrics`).toMatch(/^(reset|refused)$/);
+      expect(await reach(listening.api.port, user), `${user}: platform API`).toMatch(
+        /^(reset|refused)$/,
+      );
+      expect(await reach(listening.sandbox.port, user), `${user}: sandbox API`).toMatch(
+        /^(reset|refused)$/,
+      );
+      expect(await reach(listening.metrics!.port, user), `${user}: metrics`).toMatch(
+        /^(reset|refused)$/,
+      );
       expect(await reach(listening.proxy.port, user), `${user}: egress proxy`).toBe('answered');
     }
     // From the host, the same listeners answer.
-    expect((await fetch(`http://127.0.0.1:${listening.sandbox.port}/health`)).status).toBeLessThan(500);
+    expect((await fetch(`http://127.0.0.1:${listening.sandbox.port}/health`)).status).toBeLessThan(
+      500,
+    );
     // The proxy answers for the policy (a name no rule allows, under an open policy, is dialled
     // and fails; either way it is Moat's proxy that answered).
     const viaProxy = await shell(
@@ -96,7 +109,10 @@ describe.skipIf(skip)('proxy mode: no sandbox process reaches Moat’s own liste
   });
 
   it('reports its own limits and that it is confined', async () => {
-    const detail = (await moat.api.get(`/sandboxes/${created.sandboxID}`)).body as Record<string, unknown>;
+    const detail = (await moat.api.get(`/sandboxes/${created.sandboxID}`)).body as Record<
+      string,
+      unknown
+    >;
     expect(detail).toMatchObject({
       cpuCount: 1,
       memoryMB: 300,

@@ -53,10 +53,9 @@ async function start(): Promise<{ child: ServeChild; api: ApiClient }> {
 async function snapshotContent(): Promise<{ files: number; marker: string }> {
   const made = await Sandbox.create(NAME, { timeoutMs: 60_000 });
   try {
-    const out = await made.commands.run(
-      'ls /home/user/tree | wc -l; cat /home/user/tree/marker',
-      { timeoutMs: 20_000 },
-    );
+    const out = await made.commands.run('ls /home/user/tree | wc -l; cat /home/user/tree/marker', {
+      timeoutMs: 20_000,
+    });
     const [files, marker] = out.stdout.trim().split('\n');
     return { files: Number(files), marker: marker! };
   } finally {

@@ -1,13 +1,19 @@
-"""The sandbox supervisor: Moat starts one per sandbox (`python3 -I -S -B main.py`).
+"""The sandbox supervisor: Moat starts one per sandbox (`python3 -I -S -B main.py EARLY`).
 
 It runs as the host's root in the host's mount namespace and never looks at the sandbox's
-files itself. Moat writes one JSON line of configuration on its stdin; it then
+files itself. Moat starts it ahead of the sandbox that will use it, with what can be done early
+as a JSON argument (EARLY: the cgroup folders, the sandbox's host ids), so that little is left
+when a create asks. At once it
 
 1. makes itself undumpable and dies with Moat (no process of the sandbox can take its file
-   descriptors), joins the sandbox's cgroups and, in namespace mode, its network namespace;
-2. makes two user namespaces: the sandbox's own (its ids 0..count-1 are the host ids given to
-   this sandbox) and one that shows Moat's stored layers (kept under the store ids) as the
-   sandbox's ids;
+   descriptors), joins the sandbox's cgroups and makes two user namespaces: the sandbox's own
+   (its ids 0..count-1 are the host ids given to this sandbox) and one that shows Moat's stored
+   layers (kept under the store ids) as the sandbox's ids.
+
+Then Moat writes one JSON line of configuration on its stdin, and it
+
+2. makes the sandbox's writable layer folders and, in namespace mode, joins its network
+   namespace;
 3. forks the sandbox's init (sandbox_init.py) into new PID, IPC, UTS and cgroup namespaces;
 4. brokers roles: for each `{"op":"spawn","spawn","token","role","user"}` line from Moat it
    connects to Moat's agent socket, introduces itself with the spawn's number and token and
@@ -32,6 +38,11 @@ import sysapi  # noqa: E402
 
 # Nothing is imported once the sandbox's file system is in place.
 sys.path.clear()
+
+# Moat may start this process ahead of its sandbox, to have it ready: from the first moment it
+# dies with Moat and keeps its descriptors to itself.
+sysapi.prctl(sysapi.PR_SET_PDEATHSIG, signal.SIGKILL)
+sysapi.prctl(sysapi.PR_SET_DUMPABLE, 0)
 
 
 def emit(event):
@@ -64,11 +75,9 @@ def user_namespace(inside, outside, count):
             os.close(fd)
 
 
-def prepare(config):
-    """Steps 1 and 2; returns the two user namespace descriptors (or -1 unconfined)."""
-    sysapi.prctl(sysapi.PR_SET_PDEATHSIG, signal.SIGKILL)
-    sysapi.prctl(sysapi.PR_SET_DUMPABLE, 0)
-    if config['mode'] != 'confined':
+def early(pre):
+    """Step 1, before there is a sandbox: returns the two user namespace descriptors (or -1)."""
+    if pre.get('ids') is None:
         return -1, -1
     # Spared by the sandbox's OOM killer where the host lets us (CAP_SYS_RESOURCE).
     try:
@@ -76,18 +85,34 @@ def prepare(config):
             adj.write('-1000')
     except PermissionError:
         pass
-    for folder in config['cgroups']:
+    for folder in pre['cgroups']:
         with open(os.path.join(folder, 'cgroup.procs'), 'w') as procs:
             procs.write(str(os.getpid()))
+    ids = pre['ids']
+    sandbox_ns = user_namespace(0, ids['host'], ids['count'])
+    store_ns = user_namespace(ids['store'], ids['host'], ids['count'])
+    return sandbox_ns, store_ns
+
+
+def prepare(config):
+    """Step 2, for this sandbox."""
+    if config['mode'] != 'confined':
+        return
+    ids = config['ids']
+    # The writable layer: an upper and a work folder per part, owned by the sandbox's root.
+    for folder in [config['root'], config['scratch']]:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    for overlay in config['overlays']:
+        for folder in (overlay['upper'], overlay['work']):
+            if not os.path.isdir(folder):
+                os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+                os.mkdir(folder, 0o755)
+                os.chown(folder, ids['host'], ids['host'])
     if config.get('netns'):
         fd = os.open(config['netns'], os.O_RDONLY | os.O_CLOEXEC)
         sysapi.setns(fd, sysapi.CLONE_NEWNET)
         os.close(fd)
-    ids = config['ids']
-    sandbox_ns = user_namespace(0, ids['host'], ids['count'])
-    store_ns = user_namespace(ids['store'], ids['host'], ids['count'])
     sysapi.unshare(sysapi.CLONE_NEWPID | sysapi.CLONE_NEWIPC | sysapi.CLONE_NEWUTS | sysapi.CLONE_NEWCGROUP)
-    return sandbox_ns, store_ns
 
 
 def spawn(config, broker, request):
@@ -107,9 +132,17 @@ def spawn(config, broker, request):
 
 
 def main():
-    config = json.loads(sys.stdin.buffer.readline())
     try:
-        sandbox_ns, store_ns = prepare(config)
+        sandbox_ns, store_ns = early(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
+    except BaseException as error:  # noqa: BLE001 - every failure is reported to Moat
+        emit({'ev': 'failed', 'error': f'{type(error).__name__}: {error}'})
+        return 1
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 0  # a spare Moat no longer needs
+    config = json.loads(line)
+    try:
+        prepare(config)
         supervisor_end, init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         init = os.fork()
     except BaseException as error:  # noqa: BLE001 - every failure is reported to Moat

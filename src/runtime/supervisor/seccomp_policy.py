@@ -63,6 +63,9 @@ def available():
 def load():
     """Installs the filter on this process (inherited by everything it starts). Needs no_new_privs."""
     policy = seccomp.SyscallFilter(seccomp.ALLOW)
+    # A binary tree of system call numbers instead of a list: every allowed call pays a few
+    # comparisons, not one per rule.
+    policy.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
     deny = seccomp.ERRNO(errno.EPERM)
     for name in DENIED:
         policy.add_rule(deny, name)

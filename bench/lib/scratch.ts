@@ -37,6 +37,8 @@ export function removeMoatFolder(dir: string): void {
     }
     rmdirQuietly(folder);
   }
+  // The socket its sandboxes' roles reached it on (ProcessRuntime: agents-<scope>.sock).
+  rmSync(`/run/moat/agents-${scope}.sock`, { force: true });
 }
 
 function safeReaddir(folder: string): string[] {

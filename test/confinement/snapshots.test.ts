@@ -39,7 +39,7 @@ async function start(): Promise<{ child: ServeChild; api: ApiClient }> {
     ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
     ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${upstream.port}`],
   ]);
-  const at = await child.started();
+  const at = await child.started(60_000);
   Object.assign(process.env, {
     E2B_API_URL: `http://${at.api}`,
     E2B_SANDBOX_URL: `http://${at.sandbox}`,

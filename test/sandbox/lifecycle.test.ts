@@ -4,7 +4,7 @@
  * transitions and store failure. Moat runs in-process; HTTP goes over loopback sockets.
  */
 import { existsSync } from 'node:fs';
-import { readFile, writeFile } from 'node:fs/promises';
+import { readFile, rename } from 'node:fs/promises';
 import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -361,10 +361,12 @@ describe('restore failure', () => {
     const [broken, healthy] = await Promise.all([create({}, first), create({}, first)]);
     await inside(broken!.sandboxID, 'echo still here > /home/user/kept.txt', first);
     await shutdown(first);
-    // The record of the sandbox's folder is damaged: restore fails.
-    const record = path.join(folderOf(broken!.sandboxID, first), 'sandbox.json');
-    const intact = await readFile(record, 'utf8');
-    await writeFile(record, 'not a record');
+    // Its disk image is gone when Moat starts again: restore fails (and keeps its record).
+    const meta = JSON.parse(
+      await readFile(path.join(folderOf(broken!.sandboxID, first), 'sandbox.json'), 'utf8'),
+    ) as { disk: string };
+    const image = path.join(first.dataDir, 'disks', `${meta.disk}.img`);
+    await rename(image, `${image}.away`);
 
     const second = await launch({ clock: { now: START + 1000 }, dataDir: first.dataDir });
     try {
@@ -380,10 +382,10 @@ describe('restore failure', () => {
       expect(error).toBeInstanceOf(SandboxError);
       expect((error as SandboxError).status).toBe(503);
       expect((error as SandboxError).message).toContain(broken!.sandboxID);
-      expect((error as SandboxError).message).toContain('sandbox.json');
+      expect((error as SandboxError).message).toContain('disk image');
       expect(await stateOf(broken!.sandboxID, second)).toBe('paused');
 
-      await writeFile(record, intact);
+      await rename(`${image}.away`, image);
       const resumed = await second.moat.sandboxes.connect(broken!.sandboxID, 60);
       expect(resumed.resumed).toBe(true);
       expect(await stateOf(broken!.sandboxID, second)).toBe('running');

@@ -22,11 +22,12 @@
  * fails).
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { pino } from 'pino';
 import { type RunningMoat, startMoat } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
-import { bubblewrapWorks, namespacesWork } from '../src/runtime/index.js';
+import { confinementWorks, namespacesWork } from '../src/runtime/index.js';
 import { printHeading, runInScratchFolder } from './lib/procs.js';
 import { scratchMoatFlags } from './lib/scratch.js';
 import { formatMs, markdownTable, percentileRow } from './lib/table.js';
@@ -295,10 +296,10 @@ const { values } = parseArgs({
   options: { keep: { type: 'boolean' }, strict: { type: 'boolean' } },
 });
 const namespaces = namespacesWork();
-const bwrap = bubblewrapWorks();
-if (!namespaces.ok || !bwrap.ok) {
+const confinement = confinementWorks(os.tmpdir());
+if (!namespaces.ok || !confinement.ok) {
   console.log(
-    `bench:netns needs network namespaces: ${namespaces.ok ? bwrap.reason : namespaces.reason}`,
+    `bench:netns needs network namespaces and confined sandboxes: ${namespaces.ok ? confinement.reason : namespaces.reason}`,
   );
 } else {
   await runInScratchFolder('bench:netns', 'moat-bench-netns-', values.keep ?? false, (dir) =>

@@ -33,22 +33,12 @@
  * SIGTERM, and when this process dies. Options: --keep (keep the scratch folder), --strict
  * (exit 1 when a target fails), --profile (run Moat under node --cpu-prof and summarise it).
  */
-import { type ChildProcess, spawn, type SpawnOptions } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn, type SpawnOptions } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, writeSync } from 'node:fs';
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Sandbox } from 'e2b';
-import {
-  bubblewrap,
-  bubblewrapWorks,
-  type Confinement,
-  DEFAULT_USER,
-  identityFiles,
-  unconfined,
-  USERS,
-} from '../src/runtime/confinement.js';
-import { FreezerCgroup } from '../src/runtime/containment.js';
 import { cpuSeconds, printHeading, runInScratchFolder, stopChildren, track } from './lib/procs.js';
 import { startMoatServe } from './lib/moat-serve.js';
 import { summariseProfile } from './lib/profile.js';
@@ -56,6 +46,7 @@ import { formatBytes, formatInt, formatMs, formatRatio, markdownTable } from './
 import { nowNs } from './lib/timing.js';
 
 const HOST = '127.0.0.1';
+const BWRAP = '/usr/bin/bwrap';
 const API_KEY = 'bench-sandbox-api-key-0123456789';
 const DOMAIN = 'moat.bench.test';
 const SANDBOXES = 100;
@@ -147,73 +138,57 @@ const spawnOptions = (cwd: string, env: Record<string, string>): SpawnOptions =>
   stdio: ['pipe', 'pipe', 'pipe'],
 });
 
-/**
- * A folder laid out like a sandbox root of the base template (each user's home, /tmp, the
- * identity files Moat binds over /etc/passwd, /etc/group and /etc/profile), for the peers.
- */
-async function sandboxLikeRoot(dir: string): Promise<string> {
-  const root = join(dir, 'peer-root');
-  for (const user of USERS.values()) await mkdir(join(root, user.home), { recursive: true });
-  await mkdir(join(root, 'tmp'), { recursive: true });
-  await mkdir(join(root, '.moat'), { recursive: true });
-  for (const [name, text] of Object.entries(identityFiles())) {
-    await writeFile(join(root, '.moat', name), text);
+/** Whether bubblewrap can make its namespaces here (it needs user namespaces). */
+function bubblewrapWorks(): string | undefined {
+  if (!existsSync(BWRAP)) return `${BWRAP} is not installed (Debian package bubblewrap)`;
+  try {
+    execFileSync(BWRAP, ['--unshare-user', '--unshare-pid', '--ro-bind', '/', '/', '/bin/true'], {
+      stdio: 'ignore',
+      timeout: SPAWN_TIMEOUT_MS,
+    });
+    return undefined;
+  } catch (error) {
+    return `bwrap cannot make namespaces here: ${(error as Error).message}`;
   }
-  return root;
 }
 
 /**
- * The peers: the command unconfined (Moat's fallback launch: HOME an empty folder, as in a
- * sandbox, so that no host dotfiles are read) and, where bwrap works, inside bubblewrap (Moat's
- * launch); each also wrapped to join a freezer cgroup as Moat does, where one can be made.
+ * The peers: the command directly (HOME an empty folder, so that no host dotfiles are read),
+ * the floor of starting it at all; and the same inside a fresh bubblewrap sandbox (own user and
+ * PID namespaces, the host's system folders read-only, a home of its own), what a well-known
+ * confinement tool pays to start one sandboxed command from nothing.
  */
-async function peers(
-  dir: string,
-): Promise<{ list: Peer[]; notes: string[]; close: () => Promise<void> }> {
-  const spec = {
-    root: await sandboxLikeRoot(dir),
-    user: DEFAULT_USER,
-    cwd: DEFAULT_USER.home,
-    env: {},
-    argv: COMMAND,
-  };
+async function peers(dir: string): Promise<{ list: Peer[]; notes: string[] }> {
+  const home = join(dir, 'peer-home');
+  await mkdir(home, { recursive: true });
+  const env = { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: home, USER: 'user' };
+  const list: Peer[] = [{ label: 'bash', argv: COMMAND, options: spawnOptions(home, env) }];
   const notes: string[] = [];
-  const confinements: Array<[string, Confinement]> = [['bash', unconfined]];
-  const works = bubblewrapWorks();
-  if (works.ok) confinements.push(['bwrap', bubblewrap]);
-  else notes.push(`the bwrap peers are left out: ${works.reason}`);
-  // A scope of its own, so that Moat's cgroups and this one never meet.
-  const scope = `bench-sandbox-${process.pid}`;
-  const cgroup = FreezerCgroup.available() ? FreezerCgroup.for(scope, 'peers') : undefined;
-  if (!cgroup) notes.push('no writable freezer cgroup here: the "+ cgroup" peers are left out');
-  const list: Peer[] = [];
-  for (const [label, confinement] of confinements) {
-    const launch = confinement.launch(spec);
-    const options = spawnOptions(launch.cwd, launch.env);
-    list.push({ label, argv: launch.argv, options });
-    if (cgroup) list.push({ label: `${label} + cgroup`, argv: cgroup.wrap(launch.argv), options });
-  }
-  const close = async () => {
-    if (!cgroup) return;
-    await cgroup.killAll();
-    await FreezerCgroup.release(scope);
-  };
-  return { list, notes, close };
+  const problem = bubblewrapWorks();
+  if (problem === undefined) {
+    const binds = ['/usr', '/bin', '/lib', '/lib64', '/etc'].flatMap((folder) =>
+      existsSync(folder) ? ['--ro-bind', folder, folder] : [],
+    );
+    list.push({
+      label: 'bwrap',
+      argv: [
+        BWRAP,
+        ...['--unshare-user', '--uid', '1000', '--unshare-pid', '--unshare-ipc', '--unshare-uts'],
+        ...binds,
+        ...['--bind', home, '/home/user', '--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp'],
+        ...['--chdir', '/home/user', '--setenv', 'HOME', '/home/user', '--'],
+        ...COMMAND,
+      ],
+      options: spawnOptions('/', env),
+    });
+  } else notes.push(`the bwrap peer is left out: ${problem}`);
+  return { list, notes };
 }
 
 const PEER_TEXT: Readonly<Record<string, string>> = {
-  bash:
-    `\`${COMMAND.join(' ')}\` directly, launched as Moat launches it unconfined (HOME and cwd ` +
-    'the empty /home/user of a folder laid out like a sandbox root; with HOME=/root the ' +
-    "host's own dotfiles would be read)",
-  'bash + cgroup':
-    'that, wrapped as Moat wraps every command to join a freezer cgroup first ' +
-    '(`sh -c \'echo $$ > cgroup.procs && exec "$@"\'`)',
+  bash: `\`${COMMAND.join(' ')}\` directly, own process group, stdio pipes, HOME an empty folder (with HOME=/root the host's own dotfiles would be read)`,
   bwrap:
-    'the command inside bubblewrap with the arguments Moat uses (its launch function, user ' +
-    '`user`, cwd /home/user, on that folder)',
-  'bwrap + cgroup':
-    "that, wrapped to join a freezer cgroup: what starting Moat's launcher costs, once per sandbox and user",
+    'the command in a fresh bubblewrap sandbox: own user, PID, IPC and UTS namespaces, /usr /bin /lib /lib64 /etc read-only, a home and /tmp of its own',
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -312,7 +287,7 @@ async function run(dir: string, strict: boolean, profile: boolean): Promise<void
     E2B_API_KEY: API_KEY,
     E2B_DOMAIN: DOMAIN,
   });
-  const { list: peerList, notes, close: closePeers } = await peers(dir);
+  const { list: peerList, notes } = await peers(dir);
   const samples: Samples = {
     createToFirst: [],
     create: [],
@@ -325,17 +300,13 @@ async function run(dir: string, strict: boolean, profile: boolean): Promise<void
     cpu: { moat: 0, client: 0, runs: 0 },
   };
   const wall = nowNs();
-  try {
-    for (let i = 0; i < WARMUP; i++) {
-      await oneSandbox(moat.pid, undefined);
-      await runPeers(peerList, PEER_RUNS_PER_SANDBOX);
-    }
-    for (let i = 0; i < SANDBOXES; i++) {
-      await oneSandbox(moat.pid, samples);
-      await runPeers(peerList, PEER_RUNS_PER_SANDBOX, samples);
-    }
-  } finally {
-    await closePeers();
+  for (let i = 0; i < WARMUP; i++) {
+    await oneSandbox(moat.pid, undefined);
+    await runPeers(peerList, PEER_RUNS_PER_SANDBOX);
+  }
+  for (let i = 0; i < SANDBOXES; i++) {
+    await oneSandbox(moat.pid, samples);
+    await runPeers(peerList, PEER_RUNS_PER_SANDBOX, samples);
   }
   const wallSeconds = sinceMs(wall) / 1000;
   const memory = readFileSync(`/proc/${moat.pid}/status`, 'utf8');

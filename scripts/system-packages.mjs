@@ -1,24 +1,54 @@
 #!/usr/bin/env node
 /**
  * Installs the Debian packages Moat uses when they are missing and this machine allows it
- * (root with apt-get): bubblewrap confines sandbox processes, python3 runs the launcher that
- * starts them, iproute2 and nftables give each sandbox its own network namespace and firewall.
- * Without bubblewrap Moat runs with weaker isolation, without iproute2 and nftables it enforces
- * through the proxy only, and says so at start-up; without python3 sandboxes cannot start
- * processes. This script says why it did not install.
+ * (root with apt-get): python3 and python3-seccomp run each sandbox's supervisor (namespaces,
+ * layers, seccomp filter), e2fsprogs and mount make and mount its disk, iproute2 and nftables
+ * give each sandbox its own network namespace and firewall; bubblewrap is the peer
+ * `npm run bench:sandbox` measures. Without the first, Moat refuses sandboxes (unless started
+ * with --unconfined-sandboxes); without iproute2 and nftables it enforces through the proxy only;
+ * it says so at start-up. This script says why it did not install.
  * Run by `npm start` (prestart) and by the test suite's global set-up.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 
+/** Whether Debian's python3 imports `module` (from its own dist-packages too). */
+const pythonHas = (module) =>
+  existsSync('/usr/bin/python3') &&
+  spawnSync(
+    '/usr/bin/python3',
+    ['-c', `import sys; sys.path.append('/usr/lib/python3/dist-packages'); import ${module}`],
+    { stdio: 'ignore', timeout: 10_000 },
+  ).status === 0;
+
 const PACKAGES = [
-  { name: 'python3-minimal', provides: '/usr/bin/python3', for: 'the in-sandbox process launcher' },
-  { name: 'bubblewrap', provides: '/usr/bin/bwrap', for: 'sandbox process confinement' },
-  { name: 'iproute2', provides: '/usr/sbin/ip', for: 'per-sandbox network namespaces' },
-  { name: 'nftables', provides: '/usr/sbin/nft', for: 'per-sandbox firewall rules' },
+  { name: 'python3', present: () => pythonHas('ctypes'), for: 'sandbox supervisors' },
+  {
+    name: 'python3-seccomp',
+    present: () => pythonHas('seccomp'),
+    for: "sandboxes' seccomp filter",
+  },
+  { name: 'e2fsprogs', present: () => existsSync('/sbin/mkfs.ext4'), for: 'sandbox disks' },
+  { name: 'mount', present: () => existsSync('/bin/mount'), for: 'sandbox disks' },
+  {
+    name: 'iproute2',
+    present: () => existsSync('/usr/sbin/ip'),
+    for: 'per-sandbox network namespaces',
+  },
+  {
+    name: 'nftables',
+    present: () => existsSync('/usr/sbin/nft'),
+    for: 'per-sandbox firewall rules',
+  },
+  {
+    name: 'bubblewrap',
+    present: () => existsSync('/usr/bin/bwrap'),
+    for: 'the bench:sandbox peer',
+    benchOnly: true,
+  },
 ];
 
-const missing = PACKAGES.filter((p) => !existsSync(p.provides));
+const missing = PACKAGES.filter((p) => !p.present());
 if (missing.length === 0) process.exit(0);
 const names = missing.map((p) => p.name);
 const why = missing.map((p) => `${p.name} (${p.for})`).join(', ');

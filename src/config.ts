@@ -15,6 +15,7 @@ import {
 } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
 import type { TcpIoSetting } from './proxy/index.js';
+import { type IdRangeSetting, IDS_PER_SANDBOX } from './runtime/index.js';
 
 export interface HostPort {
   readonly host: string;
@@ -66,6 +67,15 @@ export interface MoatConfig {
   readonly metricsListen: HostPort | undefined;
   /** Where sandboxes, snapshots, the store and the generated API key live. */
   readonly dataDir: string;
+  /** Start sandboxes unconfined where they cannot be confined (loudly named on purpose). */
+  readonly unconfinedSandboxes: boolean;
+  /** Host ids for sandboxes: `auto` or a first id and a number of 65,536-id slots. */
+  readonly sandboxIds: IdRangeSetting;
+  /** Limits of sandboxes made from the base template (snapshots keep their sandbox's). */
+  readonly sandboxCpus: number;
+  readonly sandboxMemoryMB: number;
+  readonly sandboxDiskMB: number;
+  readonly sandboxPids: number;
   /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
   readonly namespace: string;
   /** `file` (the embedded store in the data folder) or a `redis://` URL shared by many nodes. */
@@ -193,6 +203,26 @@ const ipv4Range =
     }
     return cidr;
   };
+
+/** `auto`, or `FIRST+SLOTS`: host ids FIRST.. in SLOTS slots of 65,536 (slot 0 owns stored layers). */
+const idRange = (text: string): Result<IdRangeSetting> => {
+  if (text === 'auto') return { ok: true, value: 'auto' };
+  const match = /^([0-9]{1,10})\+([0-9]{1,6})$/.exec(text);
+  const first = Number(match?.[1]);
+  const slots = Number(match?.[2]);
+  if (
+    match === null ||
+    first < IDS_PER_SANDBOX ||
+    slots < 2 ||
+    first + slots * IDS_PER_SANDBOX > 2 ** 32 - 2
+  ) {
+    return {
+      ok: false,
+      error: `expected auto or FIRST+SLOTS (a first host id of at least ${IDS_PER_SANDBOX}, 2 or more slots of ${IDS_PER_SANDBOX} ids, all below 2^32-1), got ${JSON.stringify(text)}`,
+    };
+  }
+  return { ok: true, value: { first, slots } };
+};
 
 const storeLocation = (text: string): Result<string> => {
   if (text === 'file') return { ok: true, value: text };
@@ -409,7 +439,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'enforcement',
     env: 'MOAT_ENFORCEMENT',
     default: 'auto',
-    help: 'namespace: each sandbox in its own network namespace with a generated nftables firewall (root, iproute2, nftables, bubblewrap); proxy: sandboxes share the host network and only programs that use the proxy variables are held; auto: namespace where it works, else proxy',
+    help: 'namespace: each sandbox in its own network namespace with a generated nftables firewall (root, iproute2, nftables, confined sandboxes); proxy: sandboxes share the host network and only programs that use the proxy variables are held; auto: namespace where it works, else proxy',
     parse: oneOf<EnforcementSetting>(['auto', 'namespace', 'proxy']),
   },
   {
@@ -497,6 +527,61 @@ export const SETTINGS: readonly AnySetting[] = [
       text.trim() === ''
         ? { ok: false, error: 'expected a folder path, got an empty string' }
         : { ok: true, value: text },
+  },
+  {
+    key: 'unconfinedSandboxes',
+    metavar: 'true|false',
+    flag: 'unconfined-sandboxes',
+    env: 'MOAT_UNCONFINED_SANDBOXES',
+    default: 'false',
+    help: "where sandboxes cannot be confined (not root, no user namespaces or idmapped mounts, no cgroups), run their processes UNCONFINED as Moat's own user instead of refusing them: they can read and change whatever Moat can",
+    parse: booleanValue,
+  },
+  {
+    key: 'sandboxIds',
+    metavar: 'auto|FIRST+SLOTS',
+    flag: 'sandbox-ids',
+    env: 'MOAT_SANDBOX_IDS',
+    default: 'auto',
+    help: `host uids and gids for sandboxes: FIRST+SLOTS takes SLOTS slots of ${IDS_PER_SANDBOX} ids from FIRST (slot 0 owns stored layers, each sandbox one slot); auto takes a free range of 1024 slots from 2^30, remembered in the data folder`,
+    show: (value) => (value === 'auto' ? 'auto' : `${value.first}+${value.slots}`),
+    parse: idRange,
+  },
+  {
+    key: 'sandboxCpus',
+    metavar: 'N',
+    flag: 'sandbox-cpus',
+    env: 'MOAT_SANDBOX_CPUS',
+    default: '2',
+    help: 'CPU time of a sandbox made from the base template, in CPUs (cgroup cpu quota; its cpuCount)',
+    parse: positiveInteger(256),
+  },
+  {
+    key: 'sandboxMemoryMB',
+    metavar: 'MB',
+    flag: 'sandbox-memory-mb',
+    env: 'MOAT_SANDBOX_MEMORY_MB',
+    default: '1024',
+    help: 'memory of a sandbox made from the base template, MiB: over it the kernel kills inside that sandbox only (its memoryMB)',
+    parse: positiveInteger(4_194_304),
+  },
+  {
+    key: 'sandboxDiskMB',
+    metavar: 'MB',
+    flag: 'sandbox-disk-mb',
+    env: 'MOAT_SANDBOX_DISK_MB',
+    default: '10240',
+    help: "size of the disk holding a sandbox's writable layer, MiB (a sparse image: space is taken as written; its diskSizeMB)",
+    parse: positiveInteger(16_777_216),
+  },
+  {
+    key: 'sandboxPids',
+    metavar: 'N',
+    flag: 'sandbox-pids',
+    env: 'MOAT_SANDBOX_PIDS',
+    default: '2048',
+    help: 'processes and threads a sandbox may have at once',
+    parse: positiveInteger(4_194_304),
   },
   {
     key: 'namespace',

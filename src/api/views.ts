@@ -3,7 +3,6 @@
  * reference service and its SDK use them) and their JSON schemas, which both serialise the
  * replies and document them in /openapi.json.
  */
-import os from 'node:os';
 import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import type { SandboxRecord, SnapshotRecord } from '../sandbox/index.js';
@@ -21,14 +20,16 @@ export interface EgressInfo {
   readonly proxy: HostPort;
   readonly dns: HostPort;
   readonly enforcement: EnforcementMode;
+  /** Whether this node's sandboxes are confined (or run unconfined by the operator's override). */
+  readonly confinement: 'confined' | 'unconfined';
 }
 
-// The process runtime does not size sandboxes: they share the host, and say so.
-const HOST = {
-  cpuCount: os.availableParallelism(),
-  memoryMB: Math.floor(os.totalmem() / 2 ** 20),
-  diskSizeMB: 0,
-};
+/** A sandbox's own bounds (its cgroup and disk), as the reference service reports its VM's. */
+const sizeOf = (r: SandboxRecord) => ({
+  cpuCount: r.limits?.cpuCount ?? 0,
+  memoryMB: r.limits?.memoryMB ?? 0,
+  diskSizeMB: r.limits?.diskSizeMB ?? 0,
+});
 
 /** The reply to create, connect and resume. */
 export const createdView = (r: SandboxRecord) => ({
@@ -49,7 +50,7 @@ export const listedView = (r: SandboxRecord) => ({
   clientID: CLIENT_ID,
   startedAt: new Date(r.startedAt).toISOString(),
   endAt: new Date(r.endAt).toISOString(),
-  ...HOST,
+  ...sizeOf(r),
   metadata: r.metadata,
   state: r.state,
   envdVersion: ENVD_VERSION,
@@ -74,6 +75,7 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
     enforcement: egress.enforcement,
     node: r.node ?? null,
   },
+  confinement: egress.confinement,
 });
 
 export const snapshotView = (s: SnapshotRecord) => ({ snapshotID: s.snapshotID, names: s.names });
@@ -180,6 +182,12 @@ export const detailSchema = object({
     },
     'Moat extension: how this sandbox’s egress is identified and enforced',
   ),
+  confinement: {
+    type: 'string',
+    enum: ['confined', 'unconfined'],
+    description:
+      'Moat extension: confined (own namespaces and host ids, seccomp, limits) or unconfined (--unconfined-sandboxes: processes run as Moat’s own user)',
+  },
 });
 
 export const snapshotSchema = object({ snapshotID: string, names: stringList });

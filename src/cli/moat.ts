@@ -18,7 +18,9 @@ import {
   AddressPool,
   EnforcementTable,
   KernelEnforcer,
+  listenerGuardRuleset,
   removeHostRuleset,
+  removeListenerGuard,
 } from '../enforce/index.js';
 import { listenMetrics, MoatMetrics } from '../metrics/index.js';
 import {
@@ -30,9 +32,9 @@ import {
 } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
 import {
-  bubblewrapWorks,
   NamespaceNetwork,
   namespacesWork,
+  NftSession,
   ProcessRuntime,
   type SandboxRuntime,
 } from '../runtime/index.js';
@@ -113,6 +115,37 @@ function ownAddressCheck(
     );
 }
 
+/**
+ * Sharing the host's network, sandbox processes could call Moat's platform API, any sandbox's
+ * API and the metrics listener directly: a host nftables table refuses them by their host ids
+ * (enforce/listener-guard.ts). Undefined when sandboxes are unconfined (they have no ids of
+ * their own: `--unconfined-sandboxes` says so at start-up).
+ */
+function guardListeners(
+  runtime: SandboxRuntime,
+  config: MoatConfig,
+):
+  | {
+      update(listeners: ReadonlyArray<HostPort | undefined>): Promise<void>;
+      remove(): Promise<void>;
+    }
+  | undefined {
+  const ids = runtime.sandboxHostIds;
+  if (ids === undefined) return undefined;
+  const table = `moat_guard_${createHash('sha256').update(path.resolve(config.dataDir)).digest('hex').slice(0, 12)}`;
+  const session = new NftSession(undefined, 'the host namespace');
+  return {
+    async update(listeners) {
+      const ports = listeners.flatMap((l) => (l && l.port !== 0 ? [l.port] : []));
+      if (ports.length > 0) await session.run(listenerGuardRuleset({ table, ids, ports }));
+    },
+    async remove() {
+      await session.run(removeListenerGuard(table)).catch(() => undefined);
+      session.close();
+    },
+  };
+}
+
 /** Ports Moat listens on at the gateway address of namespaced sandboxes. */
 const GATEWAY_PORTS = { dns: 53, proxy: 3128, transparent: 3129 } as const;
 
@@ -123,8 +156,7 @@ const GATEWAY_PORTS = { dns: 53, proxy: 3128, transparent: 3129 } as const;
 function chooseNetwork(config: MoatConfig): { network?: NamespaceNetwork; reason?: string } {
   if (config.enforcement === 'proxy') return { reason: '--enforcement proxy' };
   const namespaces = namespacesWork();
-  const bwrap = bubblewrapWorks();
-  const problem = !namespaces.ok ? namespaces.reason : !bwrap.ok ? bwrap.reason : undefined;
+  const problem = namespaces.ok ? undefined : namespaces.reason;
   if (problem !== undefined) {
     if (config.enforcement === 'namespace')
       throw new Error(`--enforcement namespace is not possible here: ${problem}`);
@@ -307,9 +339,12 @@ export async function startMoat(
         transparent: transparent!,
       });
     }
-    const runtime = new ProcessRuntime(config.dataDir, {
+    const runtime = await ProcessRuntime.start(config.dataDir, {
       network,
       proxyOnlyReason,
+      allowUnconfined: config.unconfinedSandboxes,
+      ids: config.sandboxIds,
+      defaultDiskMB: config.sandboxDiskMB,
     });
     undo.push(() => runtime.stop());
     const sources = network
@@ -337,7 +372,19 @@ export async function startMoat(
       now: wallNow,
       environment: (record) =>
         sandboxEnvironment(record, listening.gateway?.proxy ?? listening.proxy),
+      defaultLimits: {
+        cpuCount: config.sandboxCpus,
+        memoryMB: config.sandboxMemoryMB,
+        diskSizeMB: config.sandboxDiskMB,
+        pids: config.sandboxPids,
+      },
     });
+    const guard = runtime.enforcement === 'proxy' ? guardListeners(runtime, config) : undefined;
+    if (guard) {
+      // Configured ports now (restored sandboxes run from the next line on), the real ones below.
+      await guard.update([config.apiListen, config.sandboxListen, config.metricsListen]);
+      undo.push(() => guard.remove());
+    }
     // Listeners are up first (their ports go into sandbox environments); until start() has
     // restored the stored sandboxes, the table is empty and every packet is refused.
     await sandboxes.start();
@@ -353,6 +400,7 @@ export async function startMoat(
           return listening.gateway?.dns ?? listening.dns;
         },
         enforcement: runtime.enforcement,
+        confinement: runtime.confined ? 'confined' : 'unconfined',
       },
       keys: apiKeys.keys,
       metrics,
@@ -397,6 +445,7 @@ export async function startMoat(
     if (metricsListener && config.metricsListen) {
       listening.metrics = { ...config.metricsListen, port: metricsListener.port };
     }
+    await guard?.update([listening.api, listening.sandbox, listening.metrics]);
     return {
       config,
       table,
@@ -422,6 +471,7 @@ export async function startMoat(
         await gateway.close();
         await sandboxes.stop();
         await runtime.stop();
+        await guard?.remove();
         if (network) await network.stop(removeHostRuleset(network.hostTable));
         await proxy.close(drainMs);
         await transparent?.close();

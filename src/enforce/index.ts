@@ -17,3 +17,4 @@ export {
   type KernelEnforcerOptions,
 } from './kernel.js';
 export { type KernelLayout, type LearnedElement, removeHostRuleset } from './kernel-rules.js';
+export { type ListenerGuard, listenerGuardRuleset, removeListenerGuard } from './listener-guard.js';

@@ -3,5 +3,6 @@
  * REST routes /health, /envs, /files, /files/compose.
  */
 export type { EnvdSandbox } from './context.js';
-export { SandboxApi, sendSandboxError } from './server.js';
-export { signatureMatches } from './files.js';
+export { sendSandboxError } from './file-errors.js';
+export { SandboxApi } from './server.js';
+export { signatureMatches } from './signed-urls.js';

@@ -3,14 +3,7 @@
  * Output goes to whoever is attached; a client that goes away leaves the process running (as
  * the reference daemon does), and Connect-Timeout-Ms ends it.
  */
-import { stat } from 'node:fs/promises';
-import {
-  resolveInSandbox,
-  type ProcessEnd,
-  type ProcessTable,
-  type SandboxProcess,
-  SandboxPathError,
-} from '../runtime/index.js';
+import type { ProcessEnd, ProcessTable, SandboxProcess } from '../runtime/index.js';
 import { ConnectError, EnvelopeReader, type ServerStream } from './connect.js';
 import type { CallContext, Method } from './context.js';
 
@@ -168,14 +161,12 @@ function follow(
 async function checkCwd(cwd: unknown, context: CallContext): Promise<string | undefined> {
   if (cwd === undefined || cwd === '') return undefined;
   if (typeof cwd !== 'string') throw invalid('process.cwd must be a string');
-  try {
-    const resolved = await resolveInSandbox(context.sandbox.runtime.root, cwd, context.user);
-    if (!(await stat(resolved.host)).isDirectory()) throw new Error('not a folder');
-    return resolved.view;
-  } catch (error) {
-    if (error instanceof SandboxPathError) throw invalid(error.message);
-    throw invalid(`cwd '${cwd}' does not exist`);
-  }
+  // Looked at inside the sandbox, as the user the command runs as.
+  const entry = await context.sandbox.runtime.files
+    .stat(context.user.name, cwd, true)
+    .catch(() => undefined);
+  if (entry?.type !== 'FILE_TYPE_DIRECTORY') throw invalid(`cwd '${cwd}' does not exist`);
+  return entry.path;
 }
 
 function stringMap(value: unknown, field: string): Record<string, string> {

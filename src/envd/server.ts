@@ -19,6 +19,7 @@ import {
   ServerStream,
 } from './connect.js';
 import type { CallContext, EnvdSandbox, Method } from './context.js';
+import { sendSandboxError } from './file-errors.js';
 import { handleCompose, handleFiles } from './files.js';
 import { FILESYSTEM_METHODS } from './filesystem-service.js';
 import { PROCESS_METHODS } from './process-service.js';
@@ -30,21 +31,6 @@ const SERVICES: Readonly<Record<string, Readonly<Record<string, Method>>>> = {
 
 /** Requests larger than this are refused (uploads go through /files, which streams). */
 const MAX_RPC_BODY = 4 << 20;
-
-/** The seed's sandbox error body: `{message, code, sandboxID}`. */
-export function sendSandboxError(
-  response: ServerResponse,
-  status: number,
-  message: string,
-  sandboxID: string,
-): void {
-  const body = JSON.stringify({ message, code: status, sandboxID });
-  response.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
-  });
-  response.end(body);
-}
 
 const tokenMatches = (given: string, expected: string) => {
   const a = Buffer.from(given);

@@ -1,8 +1,14 @@
-/** What a sandbox is on this host: its root folder and the processes started in it. */
-export { bubblewrapWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
+/** What a sandbox is on this host: its supervisor, its files and the processes started in it. */
+export type { SandboxLimits } from './cgroups.js';
+export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
 export { NamespaceNetwork, type NamespaceNetworkOptions, namespacesWork } from './network.js';
-export { type ResolvedPath, resolveInSandbox, SandboxPathError, sandboxView } from './paths.js';
-export { BASE_TEMPLATE, ProcessRuntime, type ProcessRuntimeOptions } from './process-runtime.js';
+export { NftSession } from './nft-session.js';
+export {
+  BASE_TEMPLATE,
+  ProcessRuntime,
+  type ProcessRuntimeOptions,
+  SandboxRefused,
+} from './process-runtime.js';
 export {
   type OutputStream,
   type ProcessConfig,
@@ -17,3 +23,12 @@ export type {
   SandboxEnvironment,
   SandboxRuntime,
 } from './runtime.js';
+export { type IdRangeSetting, IDS_PER_SANDBOX } from './sandbox-ids.js';
+export {
+  type EntryInfo,
+  type FileEvent,
+  type FileEventType,
+  FileAgentError,
+  type SandboxFiles,
+  type WatchHandle,
+} from './sandbox-files.js';

@@ -1,12 +1,10 @@
 /**
- * Moat's side of a sandbox launcher (see launcher-source.ts): one long-lived process per sandbox
- * and user, inside the sandbox, that forks the sandbox's commands on request and relays their
- * output.
+ * Moat's side of a sandbox launcher (supervisor/launcher.py): the process role of one user,
+ * inside the sandbox, that forks the sandbox's commands on request and relays their output.
+ * Its frames are checked field by field; one that is wrong ends the launcher (RoleConnection).
  */
-import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-
-export const PYTHON = '/usr/bin/python3';
+import { field, FrameError, type FrameHeader } from './frames.js';
+import type { RoleConnection } from './role-connection.js';
 
 export interface LaunchCommand {
   readonly argv: readonly string[];
@@ -25,58 +23,21 @@ export interface LaunchedCallbacks {
   exit(code: number | null, signal: number | null): void;
 }
 
-type LauncherEvent =
-  | { ev: 'started'; id: number }
-  | { ev: 'failed'; id: number; error: string }
-  | { ev: 'out'; id: number; fd: 1 | 2; data: string }
-  | { ev: 'exit'; id: number; code?: number; signal?: number };
-
 interface Pending {
   readonly callbacks: LaunchedCallbacks;
   readonly started: { resolve: () => void; reject: (error: Error) => void };
+  /** The launcher said it runs (before that, an ended launcher started nothing). */
+  running: boolean;
 }
 
 export class Launcher {
   private nextId = 1;
   private readonly commands = new Map<number, Pending>();
-  private buffered = '';
   private gone: Error | undefined;
-  private markExited: () => void = () => undefined;
-  /** Resolves once the launcher process is gone (killed with its sandbox, or stopped). */
-  readonly exited = new Promise<void>((resolve) => (this.markExited = resolve));
 
-  private constructor(private readonly child: ChildProcess) {
-    child.stdout!.setEncoding('utf8').on('data', (chunk: string) => this.onData(chunk));
-    child.stderr!.resume();
-    child.stdin!.on('error', () => undefined);
-    child.on('close', (code, signal) =>
-      this.onGone(new Error(`the sandbox launcher ended (${signal ?? `exit ${code}`})`)),
-    );
-    child.on('error', (error) => this.onGone(error));
-  }
-
-  /** Starts a launcher with the argv/env/cwd its confinement and containment give. */
-  static spawn(launch: { argv: string[]; env: Record<string, string>; cwd: string }): Launcher {
-    if (!existsSync(PYTHON)) {
-      throw new Error(
-        `${PYTHON} is needed to start sandbox processes (Debian package python3-minimal)`,
-      );
-    }
-    const [file, ...args] = launch.argv as [string, ...string[]];
-    return new Launcher(
-      spawn(file, args, {
-        cwd: launch.cwd,
-        env: launch.env,
-        // Its own process group: without a freezer cgroup, signals to the group reach everything
-        // it started.
-        detached: true,
-        stdio: ['pipe', 'pipe', 'pipe'],
-      }),
-    );
-  }
-
-  get pid(): number | undefined {
-    return this.child.pid;
+  constructor(private readonly connection: RoleConnection) {
+    connection.onFrame(({ header, payload }) => this.onEvent(header, payload));
+    void connection.closed.then((error) => this.onGone(error));
   }
 
   get alive(): boolean {
@@ -88,75 +49,76 @@ export class Launcher {
     if (this.gone) return Promise.reject(this.gone);
     const id = this.nextId++;
     return new Promise<number>((resolve, reject) => {
-      this.commands.set(id, { callbacks, started: { resolve: () => resolve(id), reject } });
-      this.send({ op: 'start', id, ...command });
+      this.commands.set(id, {
+        callbacks,
+        started: { resolve: () => resolve(id), reject },
+        running: false,
+      });
+      this.connection.send({ op: 'start', id, ...command });
     });
   }
 
   write(id: number, bytes: Buffer): void {
-    this.send({ op: 'stdin', id, data: bytes.toString('base64') });
+    this.connection.send({ op: 'stdin', id }, bytes);
   }
 
   closeStdin(id: number): void {
-    this.send({ op: 'close', id });
+    this.connection.send({ op: 'close', id });
   }
 
   resize(id: number, cols: number, rows: number): void {
-    this.send({ op: 'resize', id, cols, rows });
+    this.connection.send({ op: 'resize', id, cols, rows });
   }
 
   signal(id: number, signal: 'SIGTERM' | 'SIGKILL'): void {
-    this.send({ op: 'signal', id, signal: signal === 'SIGKILL' ? 9 : 15 });
+    this.connection.send({ op: 'signal', id, signal: signal === 'SIGKILL' ? 9 : 15 });
   }
 
-  /** Closing its stdin ends the launcher (and, with it gone, nothing new starts). */
   stop(): void {
-    this.child.stdin!.end();
+    this.connection.close();
   }
 
-  private send(message: object): void {
-    if (!this.gone) this.child.stdin!.write(`${JSON.stringify(message)}\n`);
-  }
-
-  private onData(chunk: string): void {
-    this.buffered += chunk;
-    let newline: number;
-    while ((newline = this.buffered.indexOf('\n')) >= 0) {
-      const line = this.buffered.slice(0, newline);
-      this.buffered = this.buffered.slice(newline + 1);
-      if (line !== '') this.onEvent(JSON.parse(line) as LauncherEvent);
-    }
-  }
-
-  private onEvent(event: LauncherEvent): void {
-    const command = this.commands.get(event.id);
-    if (command === undefined) return;
-    switch (event.ev) {
+  private onEvent(header: FrameHeader, payload: Buffer): void {
+    const id = field.int(header, 'id');
+    const command = this.commands.get(id);
+    if (command === undefined) return; // a command Moat no longer follows
+    switch (header.ev) {
       case 'started':
+        command.running = true;
         command.started.resolve();
         break;
       case 'failed':
-        this.commands.delete(event.id);
-        command.started.reject(new Error(event.error));
+        this.commands.delete(id);
+        command.started.reject(new Error(field.string(header, 'error').slice(0, 4000)));
         break;
-      case 'out':
-        command.callbacks.output(event.fd, Buffer.from(event.data, 'base64'));
+      case 'out': {
+        const fd = field.int(header, 'fd');
+        if (fd !== 1 && fd !== 2) throw new FrameError(`output fd ${fd} is neither 1 nor 2`);
+        command.callbacks.output(fd, payload);
         break;
+      }
       case 'exit':
-        this.commands.delete(event.id);
-        command.callbacks.exit(event.code ?? null, event.signal ?? null);
+        this.commands.delete(id);
+        command.callbacks.exit(
+          header.code === undefined ? null : field.int(header, 'code'),
+          header.signal === undefined ? null : field.int(header, 'signal'),
+        );
         break;
+      default:
+        throw new FrameError(`unknown launcher event ${JSON.stringify(header.ev)}`);
     }
   }
 
-  /** The launcher died (killed with its sandbox): every command it ran ended with it. */
+  /**
+   * The launcher ended: every command it ran is reported ended with it; those it had not yet
+   * started fail to start (their caller may try another launcher).
+   */
   private onGone(error: Error): void {
     if (this.gone) return;
     this.gone = error;
-    this.markExited();
     for (const command of this.commands.values()) {
-      command.started.reject(error);
-      command.callbacks.exit(null, 9);
+      if (command.running) command.callbacks.exit(null, 9);
+      else command.started.reject(error);
     }
     this.commands.clear();
   }

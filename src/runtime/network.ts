@@ -11,15 +11,12 @@
  */
 import { execFile, execFileSync } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { readdir, writeFile } from 'node:fs/promises';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
-import { processRuns } from '../process-alive.js';
+import { RangeLock } from './range-lock.js';
 
 const IP = '/usr/sbin/ip';
 const NETNS_DIR = '/run/netns';
-/** Which Moat holds which pool: two Moats on one gateway address would undo each other. */
-const POOL_LOCKS = '/run/moat';
-const heldHere = new Set<string>();
 const COMMAND_TIMEOUT_MS = 10_000;
 
 export interface NamespaceNetworkOptions {
@@ -110,8 +107,8 @@ export class NamespaceNetwork {
   private readonly base: number;
   private readonly links = new Map<string, Link>();
   private readonly hostFirewall: NftSession;
-  /** This instance holds the pool; only then does `stop` undo anything on the host. */
-  private locked = false;
+  /** Two Moats on one gateway address would undo each other: one pool per Moat. */
+  private readonly lock: RangeLock;
 
   constructor(private readonly options: NamespaceNetworkOptions) {
     this.base = toWord(options.pool.network);
@@ -121,6 +118,15 @@ export class NamespaceNetwork {
     this.namespacePrefix = `moat-${options.scope}-`;
     this.hostTable = `moat_${options.scope}`;
     this.hostFirewall = new NftSession(undefined, 'the host namespace');
+    const size = 2 ** (32 - options.pool.prefixLength);
+    this.lock = new RangeLock(
+      'pool',
+      this.base,
+      this.base + size - 1,
+      `the namespace pool ${this.pool}`,
+      'give each Moat on a host its own, disjoint --namespace-pool',
+      (start, end) => `${toText(start)}/${32 - Math.log2(end - start + 1)}`,
+    );
   }
 
   /** The pool, as CIDR text. */
@@ -139,7 +145,7 @@ export class NamespaceNetwork {
    * namespace an earlier run of this Moat left (their processes did not survive it).
    */
   async prepare(): Promise<string[]> {
-    await this.lockPool();
+    await this.lock.acquire();
     const removed = await this.sweep();
     await writeFile('/proc/sys/net/ipv4/ip_forward', '1\n');
     await run(IP, ['addr', 'replace', `${this.gateway}/32`, 'dev', 'lo']);
@@ -240,69 +246,12 @@ export class NamespaceNetwork {
 
   /** Removes the sandboxes' namespaces, the host's table and the gateway address. */
   async stop(removeHostRules: string): Promise<void> {
-    if (!this.locked) return;
+    if (!this.lock.isHeld) return;
     await this.sweep();
     await this.hostFirewall.run(removeHostRules).catch(() => undefined);
     this.hostFirewall.close();
     await run(IP, ['addr', 'del', `${this.gateway}/32`, 'dev', 'lo']).catch(() => undefined);
-    heldHere.delete(this.lockFile);
-    this.locked = false;
-    await rm(this.lockFile, { force: true });
-  }
-
-  private get lockFile(): string {
-    return `${POOL_LOCKS}/pool-${this.options.pool.network}-${this.options.pool.prefixLength}.pid`;
-  }
-
-  private async lockPool(): Promise<void> {
-    const file = this.lockFile;
-    const refuse = (holder: string) =>
-      new Error(
-        `the namespace pool ${this.pool} is in use by another Moat (${holder}); give each Moat on a host its own --namespace-pool`,
-      );
-    if (heldHere.has(file)) throw refuse('in this process');
-    await mkdir(POOL_LOCKS, { recursive: true, mode: 0o700 });
-    try {
-      await writeFile(file, `${process.pid}\n`, { flag: 'wx', mode: 0o600 });
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
-      const holder = Number.parseInt(await readFile(file, 'utf8').catch(() => ''), 10);
-      if (holder !== process.pid && processRuns(holder)) throw refuse(`process ${holder}`);
-      await writeFile(file, `${process.pid}\n`, { mode: 0o600 });
-    }
-    heldHere.add(file);
-    this.locked = true;
-    // Another Moat's pool that overlaps this one would route the same addresses two ways.
-    const overlapping = await this.overlappingHolder().catch(() => undefined);
-    if (overlapping !== undefined) {
-      heldHere.delete(file);
-      this.locked = false;
-      await rm(file, { force: true });
-      throw new Error(
-        `the namespace pool ${this.pool} overlaps ${overlapping}; give each Moat on a host its own, disjoint --namespace-pool`,
-      );
-    }
-  }
-
-  /** A live Moat's pool (other than this one's) that shares addresses with this pool. */
-  private async overlappingHolder(): Promise<string | undefined> {
-    const { network, prefixLength } = this.options.pool;
-    const range = (base: number, length: number) => {
-      const size = 2 ** (32 - length);
-      return [base, base + size - 1] as const;
-    };
-    const [start, end] = range(toWord(network), prefixLength);
-    for (const name of await readdir(POOL_LOCKS)) {
-      const match = /^pool-(\d+\.\d+\.\d+\.\d+)-(\d+)\.pid$/.exec(name);
-      const file = `${POOL_LOCKS}/${name}`;
-      if (match === null || file === this.lockFile) continue;
-      const [otherStart, otherEnd] = range(toWord(match[1]!), Number(match[2]));
-      if (otherEnd < start || otherStart > end) continue;
-      const holder = Number.parseInt(await readFile(file, 'utf8').catch(() => ''), 10);
-      if (heldHere.has(file) || (holder !== process.pid && processRuns(holder)))
-        return `${match[1]}/${match[2]}, held by ${heldHere.has(file) ? 'this process' : `process ${holder}`}`;
-    }
-    return undefined;
+    await this.lock.release();
   }
 
   private async removeNamespace(namespace: string, hostLink: string): Promise<void> {

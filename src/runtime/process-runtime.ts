@@ -1,95 +1,329 @@
-import { createHash } from 'node:crypto';
-import { cp, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+/**
+ * The embedded runtime: a sandbox is a supervisor (supervisor/main.py) that builds it and brings
+ * its roles to Moat, a cgroup, a disk holding its writable layer, a slot of host ids, and in
+ * namespace mode a network namespace.
+ *
+ *   <data>/sandboxes/<id>/sandbox.json   its slot, disk and template layer (for restore)
+ *   <data>/sandboxes/<id>/mnt, scratch   empty folders the supervisor mounts on, in the sandbox's
+ *                                        own mount namespace only
+ *   <data>/disks/<disk>/{upper,work}/    its writable layer, one folder per part (root, etc...)
+ *
+ * Unconfined (only with --unconfined-sandboxes, where confinement is impossible) a sandbox is a
+ * folder `<data>/sandboxes/<id>/root` and processes run on the host as Moat's user.
+ */
+import type { ChildProcess } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { cp, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { AgentSocket } from './agent-socket.js';
+import { baseLayerSpec, systemFolders } from './base-layer.js';
+import { type Cgroups, findCgroups, type SandboxCgroup, type SandboxLimits } from './cgroups.js';
 import {
-  bubblewrap,
-  bubblewrapWorks,
-  type Confinement,
-  identityFiles,
-  inNetworkNamespace,
-  unconfined,
+  confinementWorks,
+  DEFAULT_USER,
+  placeCommand,
+  type SandboxUser,
   USERS,
 } from './confinement.js';
-import { type Containment, FreezerCgroup, ProcessGroups } from './containment.js';
+import { Disks, disksProblem } from './disks.js';
+import { LayerStore } from './layers.js';
+import { Launcher } from './launcher.js';
 import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
+import { LOCK_DIR } from './range-lock.js';
 import type {
   EnforcementMode,
   RuntimeSandbox,
   SandboxEnvironment,
   SandboxRuntime,
 } from './runtime.js';
-
-/** The writable areas every sandbox root has: each user's home and /tmp. */
-const SKELETON = [...[...USERS.values()].map((u) => u.home.slice(1)), 'tmp'];
+import { SandboxFiles } from './sandbox-files.js';
+import { IDS_PER_SANDBOX, type IdRangeSetting, SandboxIds } from './sandbox-ids.js';
+import {
+  type EarlyConfig,
+  spawnSupervisor,
+  Supervisor,
+  type SupervisorConfig,
+  SupervisorSpares,
+} from './supervisor.js';
 
 export const BASE_TEMPLATE = 'base';
+const HOSTNAME = 'sandbox';
+const NOFILE = 65_536;
+
+/** Why a sandbox cannot be started here (no confinement and no override). */
+export class SandboxRefused extends Error {
+  override readonly name = 'SandboxRefused';
+}
 
 export interface ProcessRuntimeOptions {
-  /** Run processes unconfined even where bubblewrap works (tests of the fallback). */
-  readonly confine?: boolean;
-  /**
-   * Give each sandbox its own network namespace (needs bubblewrap: unconfined processes would
-   * run as root inside the namespace and could rewrite its firewall).
-   */
+  /** Give each sandbox its own network namespace. */
   readonly network?: NamespaceNetwork;
   /** Why there is no network namespace per sandbox, for start-up output. */
   readonly proxyOnlyReason?: string;
+  /** Run sandboxes unconfined where they cannot be confined (--unconfined-sandboxes). */
+  readonly allowUnconfined: boolean;
+  /** Host ids for sandboxes (--sandbox-ids). */
+  readonly ids: IdRangeSetting;
+  /** Size of a sandbox's disk when its limits do not say (--sandbox-disk-mb). */
+  readonly defaultDiskMB: number;
 }
 
-/**
- * The embedded runtime: a sandbox is a folder under `<dataDir>/sandboxes/<id>/root` holding its
- * writable areas, made from `<dataDir>/templates/<key>/root` (the built-in `base` template is
- * the empty skeleton), and the processes started in it.
- */
+/** What a sandbox's folder records, so that a restart can take it back. */
+interface SandboxMeta {
+  readonly slot: number;
+  readonly disk: string | null;
+  readonly layer: string | null;
+}
+
+interface Live extends RuntimeSandbox {
+  readonly supervisor: Supervisor;
+  readonly cgroup: SandboxCgroup | undefined;
+  readonly meta: SandboxMeta | undefined;
+  /** Paused (a snapshot freezes it too, and thaws only what it froze). */
+  frozen: boolean;
+}
+
+/** A supervisor made ahead of its sandbox, with the cgroup and id slot it has joined. */
+interface Spare {
+  readonly child: ChildProcess;
+  readonly slot: number | undefined;
+  readonly cgroup: SandboxCgroup | undefined;
+}
+
+/** The parts of a sandbox's file system, each an overlay: name in a layer, and mount point. */
+interface Part {
+  readonly name: string;
+  readonly target: string;
+  /** Below the layers: the host's folder (system folders) or the base layer's part. */
+  readonly bottom: { readonly path: string; readonly ids: 'host' | 'store' };
+}
+
+/** Host pids in process group `group` (an unconfined sandbox's processes). */
+async function groupMembers(group: number): Promise<number[]> {
+  const pids: number[] = [];
+  for (const name of await readdir('/proc').catch(() => [] as string[])) {
+    if (!/^[0-9]+$/.test(name)) continue;
+    const stat = await readFile(`/proc/${name}/stat`, 'utf8').catch(() => '');
+    // Fields after the command (which may hold spaces): state, ppid, pgrp.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (Number(fields[2]) === group) pids.push(Number(name));
+  }
+  return pids;
+}
+
 export class ProcessRuntime implements SandboxRuntime {
   readonly enforcement: EnforcementMode;
   readonly enforcementReason: string;
   readonly confined: boolean;
   readonly confinementReason: string;
-  private readonly confinement: Confinement;
-  private readonly useFreezer: boolean;
   private readonly sandboxesDir: string;
-  private readonly templates: string;
-  private readonly live = new Map<string, RuntimeSandbox>();
-  /** Names this Moat's cgroups apart from other Moats' on the host. */
-  private readonly scope: string;
-  private readonly network: NamespaceNetwork | undefined;
+  private readonly live = new Map<string, Live>();
+  private readonly parts: Part[];
+  private readonly spares: SupervisorSpares<Spare>;
 
-  constructor(dataDir: string, options: ProcessRuntimeOptions = {}) {
-    this.sandboxesDir = path.resolve(dataDir, 'sandboxes');
-    this.templates = path.resolve(dataDir, 'templates');
-    this.scope = createHash('sha256').update(path.resolve(dataDir)).digest('hex').slice(0, 16);
-    const bwrap =
-      options.confine === false ? { ok: false, reason: 'switched off' } : bubblewrapWorks();
-    this.confinement = bwrap.ok ? bubblewrap : unconfined;
-    this.confined = bwrap.ok;
-    if (options.network && !bwrap.ok) {
-      throw new Error(
-        `network namespaces need confined processes, and ${bwrap.reason}; run with --enforcement proxy`,
+  private constructor(
+    private readonly dataDir: string,
+    private readonly options: ProcessRuntimeOptions,
+    private readonly agents: AgentSocket,
+    /** Set when sandboxes are confined. */
+    private readonly confinedParts:
+      | {
+          readonly ids: SandboxIds;
+          readonly cgroups: Cgroups;
+          readonly layers: LayerStore;
+          readonly disks: Disks | undefined;
+        }
+      | undefined,
+    /** Why sandboxes are refused; undefined when they start (confined or by the override). */
+    private readonly refusal: string | undefined,
+    reasons: { confinement: string },
+  ) {
+    this.sandboxesDir = path.join(dataDir, 'sandboxes');
+    this.confined = confinedParts !== undefined;
+    this.confinementReason = reasons.confinement;
+    this.enforcement = options.network ? 'namespace' : 'proxy';
+    this.enforcementReason = options.network
+      ? `each sandbox in its own network namespace, a /30 link each from ${options.network.pool}, firewall generated into nftables`
+      : `sandboxes share the host network; egress is enforced for programs that use the injected proxy variables${options.proxyOnlyReason ? ` (no network namespaces: ${options.proxyOnlyReason})` : ''}`;
+    this.spares = new SupervisorSpares<Spare>(
+      () => this.makeSpare(),
+      async (spare) => {
+        if (spare.slot !== undefined) this.confinedParts?.ids.release(spare.slot);
+        await spare.cgroup?.remove().catch(() => undefined);
+      },
+    );
+    this.parts = [
+      { name: 'root', target: '/', bottom: { path: '', ids: 'store' } },
+      { name: 'etc', target: '/etc', bottom: { path: '', ids: 'store' } },
+      ...systemFolders().map((folder) => ({
+        name: folder.path.replaceAll('/', '.'),
+        target: `/${folder.path}`,
+        bottom: { path: `/${folder.path}`, ids: 'host' as const },
+      })),
+    ];
+  }
+
+  /**
+   * Finds out whether sandboxes can be confined here and prepares what they need: the id range,
+   * cgroups, disks, the base layer, the agent socket. Where they cannot be confined, sandboxes
+   * are refused unless `allowUnconfined`.
+   */
+  static async start(dataDir: string, options: ProcessRuntimeOptions): Promise<ProcessRuntime> {
+    const data = path.resolve(dataDir);
+    await mkdir(data, { recursive: true, mode: 0o700 });
+    // Names this Moat's cgroups and agent socket apart from other Moats' on the host.
+    const scope = createHash('sha256').update(data).digest('hex').slice(0, 16);
+    const probe = confinementWorks(data);
+    const cgroups = probe.ok ? findCgroups(scope) : undefined;
+    const problem = !probe.ok
+      ? probe.reason
+      : cgroups && 'problem' in cgroups
+        ? cgroups.problem
+        : undefined;
+    const socketDir = process.getuid?.() === 0 ? LOCK_DIR : path.join(data, 'run');
+    const agents = await AgentSocket.listen(path.join(socketDir, `agents-${scope}.sock`));
+    if (problem !== undefined) {
+      if (options.network) {
+        await agents.close();
+        throw new Error(
+          `network namespaces need confined sandboxes, and sandboxes cannot be confined here: ${problem}; run with --enforcement proxy`,
+        );
+      }
+      const reasons = {
+        confinement: options.allowUnconfined
+          ? `UNCONFINED (--unconfined-sandboxes): ${problem}; sandbox processes run as Moat's own user and can read and change whatever Moat can`
+          : `sandboxes are refused: they cannot be confined here (${problem}); --unconfined-sandboxes runs them unconfined`,
+      };
+      return new ProcessRuntime(
+        data,
+        options,
+        agents,
+        undefined,
+        options.allowUnconfined ? undefined : reasons.confinement,
+        reasons,
       );
     }
-    this.network = options.network;
-    this.enforcement = this.network ? 'namespace' : 'proxy';
-    this.enforcementReason = this.network
-      ? `each sandbox in its own network namespace, a /30 link each from ${options.network!.pool}, firewall generated into nftables`
-      : `sandboxes share the host network; egress is enforced for programs that use the injected proxy variables${options.proxyOnlyReason ? ` (no network namespaces: ${options.proxyOnlyReason})` : ''}`;
-    this.useFreezer = FreezerCgroup.available();
-    this.confinementReason = [
-      bwrap.ok ? bwrap.reason : `unconfined (${bwrap.reason}): processes see the host's files`,
-      this.useFreezer
-        ? 'a freezer cgroup per sandbox'
-        : 'process groups (no writable cgroup freezer: a process that leaves its group escapes pause and kill)',
-    ].join('; ');
+    const { cgroups: groups } = cgroups as { cgroups: Cgroups };
+    let ids: SandboxIds | undefined;
+    try {
+      ids = await SandboxIds.acquire(options.ids, data);
+      const layers = new LayerStore(data, ids.storeFirst, IDS_PER_SANDBOX);
+      await layers.buildBase(
+        baseLayerSpec({ idCount: IDS_PER_SANDBOX, resolver: options.network?.gateway }),
+      );
+      const diskProblem = disksProblem();
+      const disks =
+        diskProblem === undefined
+          ? new Disks(path.join(data, 'disks'), options.defaultDiskMB)
+          : undefined;
+      const reasons = {
+        confinement: [
+          `confined: own user, PID, mount, IPC, UTS and cgroup namespaces; host ids ${ids.first}+${ids.slots * IDS_PER_SANDBOX}; seccomp filter; ${groups.description}`,
+          disks
+            ? 'a disk image per sandbox bounds its writable layer'
+            : `no disk bound (${diskProblem}): the writable layer can grow to the host's free space`,
+        ].join('; '),
+      };
+      const runtime = new ProcessRuntime(
+        data,
+        options,
+        agents,
+        { ids, cgroups: groups, layers, disks },
+        undefined,
+        reasons,
+      );
+      await runtime.adoptLegacyTemplates();
+      return runtime;
+    } catch (error) {
+      await ids?.stop();
+      await agents.close();
+      throw error;
+    }
   }
 
-  rootOf(sandboxID: string): string {
-    return path.join(this.sandboxesDir, sandboxID, 'root');
+  /** A supervisor for a sandbox to come: its own cgroup and id slot, joined and mapped. */
+  private async makeSpare(): Promise<Spare> {
+    if (!this.confinedParts)
+      return {
+        child: spawnSupervisor({ cgroups: [], ids: null }),
+        slot: undefined,
+        cgroup: undefined,
+      };
+    const { ids, cgroups } = this.confinedParts;
+    const slot = ids.allocate(`spare ${randomBytes(4).toString('hex')}`);
+    try {
+      const cgroup = await cgroups.make(`c${randomBytes(8).toString('hex')}`);
+      return { child: spawnSupervisor(this.earlyConfig(slot, cgroup)), slot, cgroup };
+    } catch (error) {
+      ids.release(slot);
+      throw error;
+    }
   }
 
-  private templateRoot(templateKey: string): string {
-    // Keys like `team/alias:tag` become one path segment; encodeURIComponent escapes `/`.
-    return path.join(this.templates, encodeURIComponent(templateKey), 'root');
+  private earlyConfig(slot: number, cgroup: SandboxCgroup): EarlyConfig {
+    const { ids } = this.confinedParts!;
+    return {
+      cgroups: cgroup.folders,
+      ids: { host: ids.hostFirst(slot), store: ids.storeFirst, count: IDS_PER_SANDBOX },
+    };
+  }
+
+  get sandboxHostIds(): { first: number; last: number } | undefined {
+    const ids = this.confinedParts?.ids;
+    return ids && { first: ids.first, last: ids.first + ids.slots * IDS_PER_SANDBOX - 1 };
+  }
+
+  private folder(sandboxID: string): string {
+    return path.join(this.sandboxesDir, sandboxID);
+  }
+
+  /** The host folder of an unconfined sandbox's files (its `/`). */
+  private unconfinedRoot(sandboxID: string): string {
+    return path.join(this.folder(sandboxID), 'root');
+  }
+
+  private upperBase(sandboxID: string, meta: SandboxMeta): string {
+    const { disks } = this.confinedParts!;
+    return meta.disk !== null && disks
+      ? path.join(disks.folder(meta.disk), 'upper')
+      : path.join(this.folder(sandboxID), 'upper');
+  }
+
+  private workBase(sandboxID: string, meta: SandboxMeta): string {
+    return path.join(path.dirname(this.upperBase(sandboxID, meta)), 'work');
+  }
+
+  /** What the sandbox's folder records; undefined when it records nothing (none, or legacy). */
+  private async readMeta(sandboxID: string): Promise<SandboxMeta | undefined> {
+    const file = path.join(this.folder(sandboxID), 'sandbox.json');
+    let text: string;
+    try {
+      text = await readFile(file, 'utf8');
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw error;
+    }
+    let meta: unknown;
+    try {
+      meta = JSON.parse(text);
+    } catch {
+      meta = undefined;
+    }
+    const record = meta as Record<string, unknown> | undefined;
+    const nameOrNull = (v: unknown) =>
+      v === null || (typeof v === 'string' && /^[a-z0-9]+$/.test(v));
+    if (
+      typeof record !== 'object' ||
+      record === null ||
+      !Number.isSafeInteger(record.slot) ||
+      !nameOrNull(record.disk) ||
+      !nameOrNull(record.layer)
+    ) {
+      throw new Error(`sandbox ${sandboxID}: ${file} is damaged (not the record this Moat writes)`);
+    }
+    return record as unknown as SandboxMeta;
   }
 
   async create(
@@ -97,46 +331,264 @@ export class ProcessRuntime implements SandboxRuntime {
     templateKey: string,
     env: SandboxEnvironment,
     address: string,
+    limits: SandboxLimits,
   ): Promise<void> {
-    const root = this.rootOf(sandboxID);
-    await rm(path.dirname(root), { recursive: true, force: true });
-    if (templateKey === BASE_TEMPLATE) {
-      for (const area of SKELETON) await mkdir(path.join(root, area), { recursive: true });
-    } else {
-      await cp(this.templateRoot(templateKey), root, {
+    if (this.refusal !== undefined) throw new SandboxRefused(this.refusal);
+    const folder = this.folder(sandboxID);
+    await rm(folder, { recursive: true, force: true });
+    await mkdir(folder, { recursive: true, mode: 0o700 });
+    if (!this.confinedParts) {
+      await this.makeUnconfinedRoot(sandboxID, templateKey);
+      await this.launch(sandboxID, env, address, limits, undefined, await this.spares.take());
+      return;
+    }
+    const { ids, layers, disks } = this.confinedParts;
+    const layer = templateKey === BASE_TEMPLATE ? null : await layers.templateLayer(templateKey);
+    if (layer === undefined) throw new Error(`template ${templateKey} has no layer on this node`);
+    const spare = await this.spares.take();
+    const slot = spare.slot!;
+    ids.assign(slot, sandboxID);
+    let disk: string | null = null;
+    try {
+      disk = disks ? await disks.create(limits.diskSizeMB) : null;
+      const meta: SandboxMeta = { slot, disk, layer };
+      // Its writable layer's folders are made by its supervisor.
+      await writeFile(path.join(folder, 'sandbox.json'), JSON.stringify(meta), { mode: 0o600 });
+      await this.launch(sandboxID, env, address, limits, meta, spare);
+    } catch (error) {
+      spare.child.kill('SIGKILL');
+      await spare.cgroup?.remove().catch(() => undefined);
+      if (disk !== null) await disks?.remove(disk).catch(() => undefined);
+      ids.release(slot);
+      await rm(folder, { recursive: true, force: true });
+      throw error;
+    }
+  }
+
+  private async makeUnconfinedRoot(sandboxID: string, templateKey: string): Promise<void> {
+    const root = this.unconfinedRoot(sandboxID);
+    if (templateKey !== BASE_TEMPLATE) {
+      const template = path.join(
+        this.dataDir,
+        'templates',
+        encodeURIComponent(templateKey),
+        'root',
+      );
+      if (!existsSync(template))
+        throw new Error(`template ${templateKey} has no folder on this node`);
+      await cp(template, root, {
         recursive: true,
         preserveTimestamps: true,
         verbatimSymlinks: true,
       });
+      return;
     }
-    await this.restore(sandboxID, env, address);
+    for (const user of USERS.values()) await mkdir(path.join(root, user.home), { recursive: true });
+    await mkdir(path.join(root, 'tmp'), { recursive: true });
   }
 
-  async restore(sandboxID: string, env: SandboxEnvironment, address: string): Promise<void> {
-    const root = this.rootOf(sandboxID);
-    // What the sandbox sees as /etc/passwd, /etc/group, /etc/profile and (in its own network
-    // namespace) /etc/resolv.conf: its own, not the host's.
-    await mkdir(path.join(root, '.moat'), { recursive: true });
-    const resolver = this.network?.gateway;
-    for (const [name, text] of Object.entries(identityFiles(resolver))) {
-      await writeFile(path.join(root, '.moat', name), text);
+  async restore(
+    sandboxID: string,
+    env: SandboxEnvironment,
+    address: string,
+    limits: SandboxLimits,
+  ): Promise<void> {
+    if (this.refusal !== undefined) throw new SandboxRefused(this.refusal);
+    if (!this.confinedParts) {
+      await this.launch(sandboxID, env, address, limits, undefined, await this.spares.take());
+      return;
     }
-    let confinement = this.confinement;
-    if (this.network) {
-      await this.network.create(sandboxID, address);
-      confinement = inNetworkNamespace(confinement, this.network.namespaceOf(sandboxID)!);
+    const meta =
+      (await this.readMeta(sandboxID)) ?? (await this.adoptLegacySandbox(sandboxID, limits));
+    const { ids, disks } = this.confinedParts;
+    if (!ids.claim(meta.slot, sandboxID)) {
+      throw new Error(`sandbox ${sandboxID} has id slot ${meta.slot}, which another sandbox has`);
     }
-    const containment: Containment = this.useFreezer
-      ? FreezerCgroup.for(this.scope, sandboxID)
-      : new ProcessGroups();
+    if (meta.disk !== null) {
+      if (!disks)
+        throw new Error(`sandbox ${sandboxID} has a disk, and disks cannot be mounted here`);
+      await disks.attach(meta.disk);
+    }
+    const owner = (await lstat(path.join(this.upperBase(sandboxID, meta), 'root'))).uid;
+    if (owner !== ids.hostFirst(meta.slot)) {
+      throw new Error(
+        `sandbox ${sandboxID}'s files belong to host id ${owner}, not to its slot's ${ids.hostFirst(meta.slot)} (was --sandbox-ids changed?)`,
+      );
+    }
+    // Its slot is its own: no spare (made for another slot) fits; one is made for it now.
+    const cgroup = await this.confinedParts.cgroups.make(`c${randomBytes(8).toString('hex')}`);
+    const spare = {
+      child: spawnSupervisor(this.earlyConfig(meta.slot, cgroup)),
+      slot: meta.slot,
+      cgroup,
+    };
+    try {
+      await this.launch(sandboxID, env, address, limits, meta, spare);
+    } catch (error) {
+      await cgroup.remove().catch(() => undefined);
+      throw error;
+    }
+  }
+
+  /** A sandbox folder from before confinement (`root/`, every file Moat's) as a layer of its own. */
+  private async adoptLegacySandbox(sandboxID: string, limits: SandboxLimits): Promise<SandboxMeta> {
+    const legacy = this.unconfinedRoot(sandboxID);
+    if (!existsSync(legacy)) throw new Error(`sandbox ${sandboxID} has no files on this node`);
+    const { ids, disks, layers } = this.confinedParts!;
+    const slot = ids.allocate(sandboxID);
+    const disk = disks ? await disks.create(limits.diskSizeMB) : null;
+    const meta: SandboxMeta = { slot, disk, layer: null };
+    const upper = this.upperBase(sandboxID, meta);
+    await mkdir(upper, { recursive: true, mode: 0o700 });
+    // The legacy folder becomes the root part of the sandbox's writable layer, owned by its ids.
+    const adopted = path.join(upper, `.adopt-${randomBytes(4).toString('hex')}`);
+    await layers.adoptInto(adopted, ids.hostFirst(slot), legacy);
+    await rm(path.join(upper, 'root'), { recursive: true, force: true });
+    await rename(path.join(adopted, 'root'), path.join(upper, 'root'));
+    await rm(adopted, { recursive: true, force: true });
+    await writeFile(path.join(this.folder(sandboxID), 'sandbox.json'), JSON.stringify(meta), {
+      mode: 0o600,
+    });
+    await rm(legacy, { recursive: true, force: true });
+    return meta;
+  }
+
+  private async adoptLegacyTemplates(): Promise<void> {
+    const { layers } = this.confinedParts!;
+    for (const { key, folder } of await layers.legacyTemplates()) {
+      await layers.adoptLegacy(key, folder);
+      await layers.removeLegacyTemplate(folder);
+    }
+  }
+
+  /**
+   * Configures the sandbox's supervisor (a spare, already in its cgroup with its user
+   * namespaces made), with its network namespace, and waits until the sandbox is built.
+   */
+  private async launch(
+    sandboxID: string,
+    env: SandboxEnvironment,
+    address: string,
+    limits: SandboxLimits,
+    meta: SandboxMeta | undefined,
+    spare: Spare,
+  ): Promise<void> {
+    const network = this.options.network;
+    const cgroup = spare.cgroup;
+    let supervisor: Supervisor | undefined;
+    try {
+      if (network) await network.create(sandboxID, address);
+      await cgroup?.limit(limits);
+      supervisor = new Supervisor(
+        this.supervisorConfig(sandboxID, limits, meta, cgroup),
+        this.agents,
+        spare.child,
+      );
+      await supervisor.ready;
+    } catch (error) {
+      supervisor?.kill();
+      spare.child.kill('SIGKILL');
+      await supervisor?.exited;
+      await cgroup?.remove().catch(() => undefined);
+      await network?.destroy(sandboxID);
+      throw error;
+    }
+    const launched = supervisor;
+    // Most sandboxes run a command as `user` first: its launcher starts while create answers.
+    launched.role('proc', DEFAULT_USER.name).catch(() => undefined);
+    const launchers = new Map<unknown, Launcher>();
+    const hostRoot = meta ? undefined : this.unconfinedRoot(sandboxID);
     this.live.set(sandboxID, {
       sandboxID,
-      root,
       env,
+      limits,
+      confined: meta !== undefined,
       // Its ports: on the host's loopback when it shares the host's network.
-      address: this.network ? address : '127.0.0.1',
-      processes: new ProcessTable(root, () => env, confinement, containment),
+      address: network ? address : '127.0.0.1',
+      supervisor: launched,
+      cgroup,
+      meta,
+      frozen: false,
+      processes: new ProcessTable(() => env, {
+        ownGroups: meta !== undefined,
+        place: (spec) => placeCommand(spec, hostRoot),
+        launcher: async (user: SandboxUser) => {
+          const connection = await launched.role('proc', user.name);
+          let launcher = launchers.get(connection);
+          if (launcher === undefined || !launcher.alive) {
+            launcher = new Launcher(connection);
+            launchers.set(connection, launcher);
+          }
+          return launcher;
+        },
+      }),
+      files: new SandboxFiles((user) => launched.role('file', user)),
+      processIds: () => (cgroup ? cgroup.members() : groupMembers(launched.pid ?? -1)),
     });
+  }
+
+  private supervisorConfig(
+    sandboxID: string,
+    limits: SandboxLimits,
+    meta: SandboxMeta | undefined,
+    cgroup: SandboxCgroup | undefined,
+  ): SupervisorConfig {
+    const users = Object.fromEntries(
+      [...USERS.values()].map((u) => [u.name, { uid: u.uid, gid: u.uid, home: u.home }]),
+    );
+    const common = {
+      sandboxID,
+      socket: this.agents.path,
+      hostname: HOSTNAME,
+      users,
+      limits: { nofile: NOFILE },
+      shmBytes: Math.max(64, Math.floor(limits.memoryMB / 2)) * 2 ** 20,
+    };
+    if (meta === undefined) {
+      return {
+        ...common,
+        mode: 'unconfined',
+        netns: null,
+        cgroups: [],
+        ids: { host: process.getuid?.() ?? 0, store: 0, count: 1 },
+        root: this.unconfinedRoot(sandboxID),
+        scratch: this.folder(sandboxID),
+        overlays: [],
+        seccomp: false,
+      };
+    }
+    const { ids, layers } = this.confinedParts!;
+    const upper = this.upperBase(sandboxID, meta);
+    const work = this.workBase(sandboxID, meta);
+    return {
+      ...common,
+      mode: 'confined',
+      netns: this.options.network?.namespaceOf(sandboxID) ?? null,
+      cgroups: cgroup!.folders,
+      ids: { host: ids.hostFirst(meta.slot), store: ids.storeFirst, count: IDS_PER_SANDBOX },
+      root: path.join(this.folder(sandboxID), 'mnt'),
+      scratch: path.join(this.folder(sandboxID), 'scratch'),
+      overlays: this.parts.map((part) => {
+        const template =
+          meta.layer === null ? undefined : path.join(layers.layer(meta.layer), part.name);
+        const bottom =
+          part.bottom.ids === 'host'
+            ? part.bottom
+            : { path: path.join(layers.base, part.name), ids: 'store' as const };
+        return {
+          target: part.target,
+          lowers: [
+            ...(template !== undefined && existsSync(template)
+              ? [{ path: template, ids: 'store' as const }]
+              : []),
+            bottom,
+          ],
+          upper: path.join(upper, part.name),
+          work: path.join(work, part.name),
+        };
+      }),
+      seccomp: true,
+    };
   }
 
   sandbox(sandboxID: string): RuntimeSandbox | undefined {
@@ -144,60 +596,172 @@ export class ProcessRuntime implements SandboxRuntime {
   }
 
   async pause(sandboxID: string): Promise<void> {
-    await this.live.get(sandboxID)?.processes.pause();
+    const live = this.live.get(sandboxID);
+    if (live === undefined) return;
+    if (live.cgroup) await live.cgroup.freeze();
+    else this.signalGroup(live, 'SIGSTOP');
+    live.frozen = true;
   }
 
   async resume(sandboxID: string): Promise<void> {
-    await this.live.get(sandboxID)?.processes.resume();
+    const live = this.live.get(sandboxID);
+    if (live === undefined) return;
+    if (live.cgroup) await live.cgroup.thaw();
+    else this.signalGroup(live, 'SIGCONT');
+    live.frozen = false;
   }
 
+  /** Unconfined, every process of the sandbox is in its supervisor's process group. */
+  private signalGroup(live: Live, signal: NodeJS.Signals): void {
+    const pid = live.supervisor.pid;
+    if (pid === undefined) return;
+    try {
+      process.kill(-pid, signal);
+    } catch {
+      // Already gone.
+    }
+  }
+
+  /** Ends every process of the sandbox and takes down its namespace; its files stay. */
   async release(sandboxID: string): Promise<void> {
-    await this.live.get(sandboxID)?.processes.killAll();
+    const live = this.live.get(sandboxID);
+    if (live === undefined) {
+      await this.options.network?.destroy(sandboxID);
+      return;
+    }
     this.live.delete(sandboxID);
-    await this.network?.destroy(sandboxID);
+    if (!live.cgroup) this.signalGroup(live, 'SIGKILL');
+    live.supervisor.kill();
+    await live.cgroup?.remove();
+    await live.supervisor.exited;
+    await this.options.network?.destroy(sandboxID);
   }
 
   async destroy(sandboxID: string): Promise<void> {
     await this.release(sandboxID);
-    await rm(path.join(this.sandboxesDir, sandboxID), { recursive: true, force: true });
-  }
-
-  async snapshot(sandboxID: string, templateKey: string): Promise<void> {
-    const target = path.dirname(this.templateRoot(templateKey));
-    const staging = `${target}.tmp`;
-    await rm(staging, { recursive: true, force: true });
-    await cp(this.rootOf(sandboxID), path.join(staging, 'root'), {
-      recursive: true,
-      preserveTimestamps: true,
-      verbatimSymlinks: true,
-      filter: (source) => path.basename(source) !== '.moat',
-    });
-    // Replace a previous snapshot of the same name only once the new copy is complete.
-    await rm(target, { recursive: true, force: true });
-    await mkdir(this.templates, { recursive: true });
-    await rename(staging, target);
-  }
-
-  async removeTemplate(templateKey: string): Promise<void> {
-    await rm(path.dirname(this.templateRoot(templateKey)), { recursive: true, force: true });
-  }
-
-  async reconcile(known: ReadonlySet<string>): Promise<string[]> {
-    if (this.useFreezer) await FreezerCgroup.sweep(this.scope);
-    const present = await readdir(this.sandboxesDir).catch(() => [] as string[]);
-    const leftovers = present.filter((id) => !known.has(id));
-    for (const id of leftovers) await this.destroy(id);
-    return leftovers;
+    // A damaged record names no disk: that one goes at the next start's reconcile.
+    const meta = this.confinedParts
+      ? await this.readMeta(sandboxID).catch(() => undefined)
+      : undefined;
+    if (meta?.disk != null) await this.confinedParts!.disks?.remove(meta.disk);
+    await rm(this.folder(sandboxID), { recursive: true, force: true });
+    if (meta) this.confinedParts!.ids.release(meta.slot);
+    if (meta?.layer != null) await this.collectLayers();
   }
 
   /**
-   * Ends every sandbox's processes and removes their namespaces (Moat is stopping); roots stay
-   * for the next start, which makes the namespaces again.
+   * Copies the sandbox's files into template `templateKey` (replacing one of that name only
+   * once the copy is complete). A running sandbox is frozen meanwhile, so the copy is of one
+   * moment.
    */
+  async snapshot(sandboxID: string, templateKey: string): Promise<void> {
+    const live = this.live.get(sandboxID);
+    if (!this.confinedParts) {
+      await this.unconfinedSnapshot(sandboxID, templateKey);
+      return;
+    }
+    const meta = live?.meta ?? (await this.readMeta(sandboxID));
+    if (meta === undefined) throw new Error(`sandbox ${sandboxID} has no files on this node`);
+    const { ids, layers } = this.confinedParts;
+    const freeze = live !== undefined && !live.frozen ? live.cgroup : undefined;
+    await freeze?.freeze();
+    try {
+      await layers.snapshot(
+        templateKey,
+        this.upperBase(sandboxID, meta),
+        ids.hostFirst(meta.slot),
+        meta.layer ?? undefined,
+      );
+    } finally {
+      await freeze?.thaw();
+    }
+    await this.collectLayers();
+  }
+
+  private async unconfinedSnapshot(sandboxID: string, templateKey: string): Promise<void> {
+    const target = path.join(this.dataDir, 'templates', encodeURIComponent(templateKey));
+    const staging = `${target}.${randomBytes(4).toString('hex')}.new`;
+    await cp(this.unconfinedRoot(sandboxID), path.join(staging, 'root'), {
+      recursive: true,
+      preserveTimestamps: true,
+      verbatimSymlinks: true,
+    });
+    const retired = `${target}.${randomBytes(4).toString('hex')}.old`;
+    await rename(target, retired).catch(() => undefined);
+    await rename(staging, target);
+    await rm(retired, { recursive: true, force: true });
+  }
+
+  async removeTemplate(templateKey: string): Promise<void> {
+    if (!this.confinedParts) {
+      const target = path.join(this.dataDir, 'templates', encodeURIComponent(templateKey));
+      await rm(target, { recursive: true, force: true });
+      return;
+    }
+    await this.confinedParts.layers.removeTemplate(templateKey);
+    await this.collectLayers();
+  }
+
+  /** Removes layers no template and no sandbox on this node names. */
+  private async collectLayers(): Promise<void> {
+    const inUse = new Set<string>();
+    for (const id of await readdir(this.sandboxesDir).catch(() => [] as string[])) {
+      // A damaged record might name any layer: then none is removed this time.
+      const meta = await this.readMeta(id).catch(() => null);
+      if (meta === null) return;
+      if (meta?.layer) inUse.add(meta.layer);
+    }
+    await this.confinedParts!.layers.collect(inUse);
+  }
+
+  async reconcile(
+    known: ReadonlySet<string>,
+    knownTemplates: ReadonlySet<string>,
+  ): Promise<string[]> {
+    const present = await readdir(this.sandboxesDir).catch(() => [] as string[]);
+    const leftovers = present.filter((id) => !known.has(id));
+    if (this.confinedParts) {
+      const { cgroups, disks, layers } = this.confinedParts;
+      await cgroups.sweep();
+      await layers.removeStaging();
+      for (const key of await layers.templateKeys()) {
+        if (!knownTemplates.has(key)) await layers.removeTemplate(key);
+      }
+      for (const id of leftovers) await this.destroy(id);
+      const disksInUse = new Set<string>();
+      let damaged = false;
+      for (const id of known) {
+        // A damaged record fails that sandbox's restore (which names it), not the start.
+        const meta = await this.readMeta(id).catch(() => null);
+        damaged ||= meta === null;
+        if (!meta) continue;
+        // Its ids own its files whether or not it comes back now.
+        this.confinedParts.ids.claim(meta.slot, id);
+        if (meta.disk) disksInUse.add(meta.disk);
+      }
+      // A damaged record may name any disk: then no disk is removed this time.
+      if (!damaged) await disks?.reconcile(disksInUse);
+      disks?.refill();
+      await this.collectLayers();
+    } else {
+      for (const id of leftovers) await this.destroy(id);
+    }
+    // The first spare supervisor, now that the sweep of leftover cgroups is done.
+    this.spares.refill();
+    return leftovers;
+  }
+
+  /** Ends every sandbox's processes (Moat is stopping); their files stay for the next start. */
   async stop(): Promise<void> {
-    await Promise.all([...this.live.values()].map((s) => s.processes.killAll()));
-    this.live.clear();
-    await this.network?.sweep();
-    if (this.useFreezer) await FreezerCgroup.release(this.scope);
+    await Promise.all([...this.live.keys()].map((id) => this.release(id)));
+    await this.spares.stop();
+    await this.options.network?.sweep();
+    if (this.confinedParts) {
+      const { cgroups, disks, ids } = this.confinedParts;
+      await cgroups.release();
+      await disks?.stop();
+      await ids.stop();
+    }
+    await this.agents.close();
   }
 }

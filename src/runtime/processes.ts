@@ -4,10 +4,8 @@
  */
 import { EventEmitter } from 'node:events';
 import os from 'node:os';
-import type { Confinement, SandboxUser } from './confinement.js';
-import type { Containment } from './containment.js';
-import { Launcher, PYTHON } from './launcher.js';
-import { LAUNCHER_SOURCE } from './launcher-source.js';
+import type { SandboxUser } from './confinement.js';
+import type { Launcher } from './launcher.js';
 
 export interface ProcessConfig {
   readonly cmd: string;
@@ -62,7 +60,7 @@ function describeEnd(code: number | null, signal: NodeJS.Signals | null): Proces
 
 /** How Moat reaches one process: its number at the sandbox's launcher. */
 interface ProcessIO {
-  readonly launcher: Launcher;
+  launcher: Launcher;
   id: number;
   readonly terminal: boolean;
   stdinOpen: boolean;
@@ -151,81 +149,66 @@ const signalName = (signal: number): NodeJS.Signals =>
   (Object.entries(os.constants.signals).find(([, n]) => n === signal)?.[0] ??
     'SIGKILL') as NodeJS.Signals;
 
-/**
- * The processes of one sandbox. Commands and terminals go through a launcher per user that runs
- * inside the sandbox (started on first use, again if it died).
- */
+/** How a sandbox's commands are started: its launchers and where a command runs. */
+export interface ProcessOrigin {
+  /** The launcher of `user`, started on first use and again if it ended. */
+  launcher(user: SandboxUser): Promise<Launcher>;
+  /** Working folder and environment of a command as its launcher uses them. */
+  place(spec: { user: SandboxUser; cwd: string; env: Readonly<Record<string, string>> }): {
+    cwd: string;
+    env: Record<string, string>;
+  };
+  /** Whether each command leads its own process group (signals then reach its children). */
+  readonly ownGroups: boolean;
+}
+
+/** The processes of one sandbox. Commands and terminals go through a launcher per user. */
 export class ProcessTable {
   private readonly running = new Map<number, SandboxProcess>();
-  private readonly launchers = new Map<string, Launcher>();
   private nextPid = 1000;
 
   constructor(
-    private readonly root: string,
     private readonly sandboxEnv: () => Readonly<Record<string, string>>,
-    private readonly confinement: Confinement,
-    private readonly containment: Containment,
+    private readonly origin: ProcessOrigin,
   ) {}
 
   async start(request: StartRequest): Promise<SandboxProcess> {
-    const spec = {
-      root: this.root,
+    const placed = this.origin.place({
       user: request.user,
       cwd: request.config.cwd ?? request.user.home,
       env: { ...this.sandboxEnv(), ...request.config.envs },
-    };
+    });
     const argv = [request.config.cmd, ...request.config.args];
     const pid = this.nextPid++;
-    const started = await this.launch(pid, request, { argv, ...this.confinement.place(spec) });
-    this.running.set(pid, started);
-    started.whenEnded(() => this.running.delete(pid));
-    return started;
-  }
-
-  private launcherFor(user: SandboxUser): Launcher {
-    const current = this.launchers.get(user.name);
-    if (current?.alive) return current;
-    const launch = this.confinement.launch({
-      root: this.root,
-      user,
-      cwd: user.home,
-      env: {},
-      argv: [PYTHON, '-c', LAUNCHER_SOURCE],
-    });
-    const launcher = Launcher.spawn({ ...launch, argv: this.containment.wrap(launch.argv) });
-    const pid = launcher.pid;
-    if (pid !== undefined) {
-      this.containment.track(pid);
-      // Forget it once gone: its pid may be reused by an unrelated process group.
-      void launcher.exited.then(() => this.containment.untrack(pid));
-    }
-    this.launchers.set(user.name, launcher);
-    return launcher;
-  }
-
-  private async launch(
-    pid: number,
-    request: StartRequest,
-    placed: { argv: string[]; cwd: string; env: Record<string, string> },
-  ): Promise<SandboxProcess> {
-    const launcher = this.launcherFor(request.user);
+    let launcher = await this.origin.launcher(request.user);
     const terminal = request.pty !== undefined;
     const io = { launcher, id: 0, terminal, stdinOpen: request.stdin || terminal };
     const started = new SandboxProcess(pid, request.tag, request.config, io);
-    io.id = await launcher.start(
-      {
-        ...placed,
-        stdin: request.stdin,
-        group: this.containment.ownGroups,
-        ...(request.pty ? { pty: request.pty } : {}),
-      },
-      {
-        output: (fd, bytes) =>
-          started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes),
-        exit: (code, signal) =>
-          started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
-      },
-    );
+    const command = {
+      argv,
+      ...placed,
+      stdin: request.stdin,
+      group: this.origin.ownGroups,
+      ...(request.pty ? { pty: request.pty } : {}),
+    };
+    const callbacks = {
+      output: (fd: 1 | 2, bytes: Buffer) =>
+        started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes),
+      exit: (code: number | null, signal: number | null) =>
+        started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
+    };
+    try {
+      io.id = await launcher.start(command, callbacks);
+    } catch (error) {
+      // A launcher that ended just before (killed from inside, or closed for breaking the
+      // protocol) started nothing: once more, on a new one.
+      if (launcher.alive) throw error;
+      launcher = await this.origin.launcher(request.user);
+      Object.assign(io, { launcher });
+      io.id = await launcher.start(command, callbacks);
+    }
+    this.running.set(pid, started);
+    started.whenEnded(() => this.running.delete(pid));
     return started;
   }
 
@@ -239,18 +222,5 @@ export class ProcessTable {
 
   byTag(tag: string): SandboxProcess | undefined {
     return this.list().find((p) => p.tag === tag);
-  }
-
-  pause(): Promise<void> {
-    return this.containment.pause();
-  }
-
-  resume(): Promise<void> {
-    return this.containment.resume();
-  }
-
-  async killAll(): Promise<void> {
-    for (const launcher of this.launchers.values()) launcher.stop();
-    await this.containment.killAll();
   }
 }

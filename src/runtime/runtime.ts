@@ -2,7 +2,9 @@
  * What a sandbox is on this host. The lifecycle (src/sandbox) drives a runtime through this
  * interface and never touches files or processes itself.
  */
+import type { SandboxLimits } from './cgroups.js';
 import type { ProcessTable } from './processes.js';
+import type { SandboxFiles } from './sandbox-files.js';
 
 export type EnforcementMode = 'namespace' | 'proxy';
 
@@ -14,48 +16,63 @@ export interface SandboxRuntime {
   readonly enforcement: EnforcementMode;
   /** Why that mode, for start-up output (e.g. why namespaces are unavailable). */
   readonly enforcementReason: string;
-  /** Processes run in their own namespaces, seeing only the sandbox's root as writable. */
+  /** Sandboxes are confined (their own namespaces, ids, file system, seccomp filter, limits). */
   readonly confined: boolean;
-  /** How processes are confined, for start-up output. */
+  /** How sandboxes are confined, or why they are not (and whether they are refused). */
   readonly confinementReason: string;
+  /** The host uids (and gids) every sandbox process runs as: undefined when unconfined. */
+  readonly sandboxHostIds: { readonly first: number; readonly last: number } | undefined;
   /**
-   * Makes the sandbox's root from a template (`base` or a snapshot's key) and, in namespace
-   * mode, its network namespace with `address` (its source address) on its link.
+   * Makes the sandbox from a template (`base` or a snapshot's key) and starts its supervisor;
+   * in namespace mode with its own network namespace and `address` (its source address).
    */
   create(
     sandboxID: string,
     templateKey: string,
     env: SandboxEnvironment,
     address: string,
+    limits: SandboxLimits,
   ): Promise<void>;
-  /** Takes back a sandbox whose root survived a restart (its processes did not). */
-  restore(sandboxID: string, env: SandboxEnvironment, address: string): Promise<void>;
+  /** Takes back a sandbox whose files survived a restart (its processes did not). */
+  restore(
+    sandboxID: string,
+    env: SandboxEnvironment,
+    address: string,
+    limits: SandboxLimits,
+  ): Promise<void>;
   pause(sandboxID: string): Promise<void>;
   resume(sandboxID: string): Promise<void>;
   /**
-   * Ends every process of the sandbox and takes down its network namespace; the root stays, so
+   * Ends every process of the sandbox and takes down its network namespace; its files stay, so
    * a later restore takes the sandbox back. Idempotent.
    */
   release(sandboxID: string): Promise<void>;
-  /** Ends every process of the sandbox and removes its root. Idempotent. */
+  /** Ends every process of the sandbox and removes its files. Idempotent. */
   destroy(sandboxID: string): Promise<void>;
-  /** Copies the sandbox's writable root into the template store under `templateKey`. */
+  /** Copies the sandbox's files into the template store under `templateKey`. */
   snapshot(sandboxID: string, templateKey: string): Promise<void>;
   removeTemplate(templateKey: string): Promise<void>;
-  /** Removes sandbox roots that no record names (left by a crash mid-create). */
-  reconcile(known: ReadonlySet<string>): Promise<string[]>;
-  /** Ends every sandbox's processes (Moat is stopping); roots stay for the next start. */
+  /**
+   * Removes sandboxes that no record names (left by a crash mid-create), and templates whose
+   * snapshot no record names (a crash between taking it and recording it). Returns the sandboxes.
+   */
+  reconcile(known: ReadonlySet<string>, knownTemplates: ReadonlySet<string>): Promise<string[]>;
+  /** Ends every sandbox's processes (Moat is stopping); files stay for the next start. */
   stop(): Promise<void>;
-  /** The sandbox's root folder and processes, while it exists on this host. */
+  /** The sandbox's processes and files, while it runs on this host. */
   sandbox(sandboxID: string): RuntimeSandbox | undefined;
 }
 
 export interface RuntimeSandbox {
   readonly sandboxID: string;
-  /** Host folder that is `/` of the sandbox's own view. */
-  readonly root: string;
   /** Where its ports are reached from the host. */
   readonly address: string;
   readonly processes: ProcessTable;
+  /** Its files, as its own users reach them (every operation runs inside the sandbox). */
+  readonly files: SandboxFiles;
   readonly env: SandboxEnvironment;
+  readonly limits: SandboxLimits;
+  readonly confined: boolean;
+  /** Host pids of every process of the sandbox (its supervisor's included). */
+  processIds(): Promise<number[]>;
 }

@@ -2,6 +2,7 @@
  * What the store holds for sandboxes and snapshots, and the checks that a loaded record is one
  * of ours: a record that does not fit stops start-up with its key named, never dropped.
  */
+import type { SandboxLimits } from '../runtime/index.js';
 import type { JsonValue } from '../store/index.js';
 
 export const SANDBOXES = 'sandboxes';
@@ -40,6 +41,8 @@ export interface SandboxRecord {
   readonly metadata: Readonly<Record<string, string>>;
   readonly envVars: Readonly<Record<string, string>>;
   readonly network: NetworkSettings;
+  /** Its cgroup and disk bounds (absent in records from before limits: the defaults apply). */
+  readonly limits?: SandboxLimits;
   /** The node that hosts it, when many nodes share a store (absent: this node). */
   readonly node?: string;
 }
@@ -56,6 +59,8 @@ export interface SnapshotRecord {
   /** The sandbox it was taken from. */
   readonly sandboxID: string;
   readonly createdAt: number;
+  /** The limits of the sandbox it was taken from: what sandboxes made from it get. */
+  readonly limits?: SandboxLimits;
   /** The node whose data folder holds its files, when many nodes share a store. */
   readonly node?: string;
 }
@@ -73,6 +78,10 @@ const fits = (value: unknown, shape: Shape) =>
   typeof value === 'object' &&
   value !== null &&
   Object.entries(shape).every(([key, check]) => check((value as Record<string, unknown>)[key]));
+
+const isCount = (v: unknown) => Number.isSafeInteger(v) && (v as number) > 0;
+const LIMITS: Shape = { cpuCount: isCount, memoryMB: isCount, diskSizeMB: isCount, pids: isCount };
+const isLimits = (v: unknown) => v === undefined || fits(v, LIMITS);
 
 const NETWORK: Shape = {
   allowOut: isStringList,
@@ -99,6 +108,7 @@ const SANDBOX: Shape = {
   metadata: isStringMap,
   envVars: isStringMap,
   network: (v) => fits(v, NETWORK),
+  limits: isLimits,
   node: (v) => v === undefined || isString(v),
 };
 
@@ -110,6 +120,7 @@ const SNAPSHOT: Shape = {
   names: isStringList,
   sandboxID: isString,
   createdAt: isTime,
+  limits: isLimits,
   node: (v) => v === undefined || isString(v),
 };
 

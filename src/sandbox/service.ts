@@ -14,8 +14,19 @@ import {
   parseNetworkConfig,
   type Policy,
 } from '../policy/index.js';
-import { BASE_TEMPLATE, type SandboxEnvironment, type SandboxRuntime } from '../runtime/index.js';
-import { type Store, type StoreChange, StoreUnavailableError } from '../store/index.js';
+import {
+  BASE_TEMPLATE,
+  type SandboxEnvironment,
+  type SandboxLimits,
+  SandboxRefused,
+  type SandboxRuntime,
+} from '../runtime/index.js';
+import {
+  type JsonValue,
+  type Store,
+  type StoreChange,
+  StoreUnavailableError,
+} from '../store/index.js';
 import { NAME_PART, newSandboxID, newSecret, randomName } from './ids.js';
 import { type Order, type Page, paginate } from './pages.js';
 import {
@@ -114,6 +125,8 @@ export interface SandboxServiceOptions {
   readonly now?: () => number;
   /** The variables every process of the sandbox gets: its `envVars`, proxy settings... */
   readonly environment: (record: SandboxRecord) => SandboxEnvironment;
+  /** Limits of sandboxes made from the base template (snapshots carry their own). */
+  readonly defaultLimits: SandboxLimits;
 }
 
 /** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
@@ -165,10 +178,11 @@ export class SandboxService {
   async start(): Promise<void> {
     const { sources, runtime, table } = this.options;
     const records = (await this.store.list(SANDBOXES))
-      .map(([key, value]) => readSandbox(value, key))
+      .map(([key, value]) => this.read(value, key))
       .filter((record) => this.isLocal(record));
     // First clear what a previous run left (roots never recorded, processes that outlived it).
-    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)))) {
+    const templates = new Set((await this.snapshots()).map((s) => s.snapshotID));
+    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)), templates)) {
       this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
     }
     // Every address still valid is taken back first, so a new one never collides with it.
@@ -221,7 +235,12 @@ export class SandboxService {
   ): Promise<string | undefined> {
     const { runtime, kernel } = this.options;
     try {
-      await runtime.restore(record.sandboxID, this.options.environment(record), address.text);
+      await runtime.restore(
+        record.sandboxID,
+        this.options.environment(record),
+        address.text,
+        this.limitsOf(record),
+      );
       await kernel?.install(record.sandboxID, address, policy);
       this.unrestored.delete(record.sandboxID);
       return undefined;
@@ -297,6 +316,7 @@ export class SandboxService {
       );
     }
     const template = await this.resolveTemplate(request.templateID);
+    const limits = template.limits ?? this.options.defaultLimits;
     const now = this.now();
     const source = sources.allocate();
     const record: SandboxRecord = {
@@ -316,13 +336,14 @@ export class SandboxService {
       metadata: request.metadata ?? {},
       envVars: request.envVars ?? {},
       network,
+      limits,
       ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
     };
     const id = record.sandboxID;
     try {
       // Under the template's key so that deleting the template cannot race the copy.
       await this.queue.run(templateKey(template.id), () =>
-        runtime.create(id, template.id, this.options.environment(record), source.text),
+        runtime.create(id, template.id, this.options.environment(record), source.text, limits),
       );
       // Fail closed: a sandbox whose firewall cannot be written is not started.
       await this.options.kernel?.install(id, source, policy);
@@ -330,7 +351,7 @@ export class SandboxService {
     } catch (error) {
       sources.release(source);
       await runtime.destroy(id).catch(() => undefined);
-      if (error instanceof KernelEnforcementError)
+      if (error instanceof KernelEnforcementError || error instanceof SandboxRefused)
         throw new SandboxError(503, `the sandbox was not created: ${error.message}`);
       throw error;
     }
@@ -346,7 +367,7 @@ export class SandboxService {
   async get(sandboxID: string): Promise<SandboxRecord> {
     const stored = await this.store.get(SANDBOXES, sandboxID);
     if (stored === undefined) throw notFound(sandboxID);
-    const record = readSandbox(stored, sandboxID);
+    const record = this.read(stored, sandboxID);
     // A sandbox whose node stopped sending heartbeats is gone with it.
     if (!this.onLiveNode(record)) throw notFound(sandboxID);
     return record;
@@ -360,7 +381,7 @@ export class SandboxService {
 
   async list(query: SandboxQuery): Promise<Page<SandboxRecord>> {
     const records = (await this.store.list(SANDBOXES))
-      .map(([key, value]) => readSandbox(value, key))
+      .map(([key, value]) => this.read(value, key))
       .filter((record) => this.onLiveNode(record));
     const matching = records.filter(
       (r) =>
@@ -555,7 +576,7 @@ export class SandboxService {
     const cluster = this.options.cluster;
     if (cluster === undefined) return [];
     const gone = (await this.store.list(SANDBOXES))
-      .map(([key, value]) => readSandbox(value, key))
+      .map(([key, value]) => this.read(value, key))
       .filter((record) => !this.onLiveNode(record));
     if (gone.length === 0) return [];
     await this.write(gone.map((r) => ({ collection: SANDBOXES, key: r.sandboxID, value: null })));
@@ -591,6 +612,7 @@ export class SandboxService {
         ...naming,
         sandboxID,
         createdAt: this.now(),
+        limits: this.limitsOf(record),
         ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
       };
       await this.queue.run(templateKey(snapshot.snapshotID), async () => {
@@ -642,7 +664,7 @@ export class SandboxService {
     for (const snapshot of matching) {
       await this.queue.run(templateKey(snapshot.snapshotID), async () => {
         const users = (await this.store.list(SANDBOXES))
-          .map(([k, value]) => readSandbox(value, k))
+          .map(([k, value]) => this.read(value, k))
           .filter((r) => r.templateID === snapshot.snapshotID)
           .map((r) => r.sandboxID);
         if (users.length > 0) {
@@ -669,7 +691,7 @@ export class SandboxService {
         this.queue.run(id, async () => {
           const stored = await this.store.get(SANDBOXES, id);
           if (stored === undefined) return;
-          const record = readSandbox(stored, id);
+          const record = this.read(stored, id);
           if (record.state !== 'running') return;
           if (record.endAt > this.now()) {
             this.expiry.set(id, record.endAt);
@@ -851,15 +873,31 @@ export class SandboxService {
     return (await this.resolveTemplate(templateID)).node;
   }
 
+  /** A sandbox's limits: its record's, or (for records from before limits) the defaults. */
+  private limitsOf(record: SandboxRecord): SandboxLimits {
+    return record.limits ?? this.options.defaultLimits;
+  }
+
+  /** A stored sandbox record, with the default limits where it has none. */
+  private read(value: JsonValue, key: string): SandboxRecord {
+    const record = readSandbox(value, key);
+    return record.limits ? record : { ...record, limits: this.options.defaultLimits };
+  }
+
   private async resolveTemplate(
     id: string,
-  ): Promise<{ id: string; alias: string | null; node?: string }> {
+  ): Promise<{ id: string; alias: string | null; node?: string; limits?: SandboxLimits }> {
     if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
     for (const key of this.templateCandidates(id)) {
       const stored = await this.store.get(TEMPLATES, key);
       if (stored === undefined) continue;
       const snapshot = readSnapshot(stored, key);
-      return { id: snapshot.snapshotID, alias: snapshot.alias, node: snapshot.node };
+      return {
+        id: snapshot.snapshotID,
+        alias: snapshot.alias,
+        node: snapshot.node,
+        ...(snapshot.limits ? { limits: snapshot.limits } : {}),
+      };
     }
     throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
   }

@@ -5,7 +5,7 @@
  * cut off by the kill, either outcome), and enforce exactly what it stored.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, expect, it } from 'vitest';
@@ -13,6 +13,7 @@ import { Prng } from '../../bench/lib/prng.js';
 import { udpQuery } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { MOAT_BIN } from '../support/moat.js';
+import { removeMoatFolder } from '../../bench/lib/scratch.js';
 
 const API_KEY = 'durability-test-key-0123456789';
 const ALL_TRAFFIC = '0.0.0.0/0';
@@ -329,7 +330,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await moat?.kill();
   await zone.stop();
-  rmSync(hostDir, { recursive: true, force: true });
+  removeMoatFolder(hostDir);
 });
 
 it('keeps every acknowledged create and network update across SIGKILL, and enforces what it stored', async () => {

@@ -224,6 +224,7 @@ describe('create and detail', () => {
           enforcement: 'proxy',
           node: null,
         },
+        confinement: expect.stringMatching(/^(confined|unconfined)$/),
       });
     }
   });

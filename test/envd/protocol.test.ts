@@ -10,10 +10,9 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ProcessRuntime } from '../../src/runtime/index.js';
 import { type ApiMoat, type Created, startApiMoat } from '../support/api-client.js';
+import { hostPathOf } from '../support/sandbox-shell.js';
 import {
   type Frame,
   type HttpReply,
@@ -968,8 +967,7 @@ describe('pause and kill reach every process of the sandbox', () => {
     // The count is renamed into place, so a pause between opening and writing the file (which
     // truncates it) never shows an empty count. The client leaves; the process lives on.
     loop.call.close();
-    const runtime = harness.moat.runtime as ProcessRuntime;
-    const childFile = path.join(runtime.rootOf(sbx.sandboxID), 'tmp', 'child');
+    const childFile = hostPathOf(harness.moat.config.dataDir, sbx.sandboxID, '/tmp/child');
     const read = () => (existsSync(childFile) ? readFileSync(childFile, 'utf8').trim() : '');
     await expect.poll(() => Number(read()), { timeout: 5000 }).toBeGreaterThan(2);
     expect(hostProcesses().filter((line) => line.includes(marker)).length).toBeGreaterThanOrEqual(

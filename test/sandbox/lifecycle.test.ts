@@ -4,17 +4,17 @@
  * transitions and store failure. Moat runs in-process; HTTP goes over loopback sockets.
  */
 import { existsSync } from 'node:fs';
-import { readFile, rm, writeFile } from 'node:fs/promises';
+import { readFile, rename } from 'node:fs/promises';
 import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Prng } from '../../bench/lib/prng.js';
 import { type RunningMoat, startMoat } from '../../src/cli/index.js';
 import { decide, parseDestination } from '../../src/policy/index.js';
-import type { ProcessRuntime } from '../../src/runtime/index.js';
 import { type CreateRequest, SandboxError, type SandboxRecord } from '../../src/sandbox/index.js';
 import { API_KEY, testMoatConfig } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { shell } from '../support/sandbox-shell.js';
 
 const START = 1_900_000_000_000;
 const RULES = { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] };
@@ -138,8 +138,11 @@ async function expectEnforcedAsStored(id: string, running = shared): Promise<voi
   expect(verdict(id, 'denied.test', running)).toBe('deny');
 }
 
-const rootOf = (id: string, running = shared) =>
-  (running.moat.runtime as ProcessRuntime).rootOf(id);
+/** The sandbox's folder in the data folder (its files and record: gone when it is). */
+const folderOf = (id: string, running = shared) => path.join(running.dataDir, 'sandboxes', id);
+/** A shell command inside a running sandbox; its stdout. */
+const inside = (id: string, script: string, running = shared) =>
+  shell(running.moat.runtime.sandbox(id)!, script);
 
 describe('expiry', () => {
   it('defaults to 15 s and expires at endAt exactly, not before', async () => {
@@ -158,12 +161,12 @@ describe('expiry', () => {
   it('kills on expiry: 404 from get and GET, out of the table, root removed', async () => {
     const record = await create({ timeout: 30 });
     expect(shared.moat.table.get(record.sandboxID)).toBeDefined();
-    expect(existsSync(rootOf(record.sandboxID))).toBe(true);
+    expect(existsSync(folderOf(record.sandboxID))).toBe(true);
     await advance(30);
     await refused(shared.moat.sandboxes.get(record.sandboxID), 404);
     expect(shared.moat.table.get(record.sandboxID)).toBeUndefined();
     expect((await api(shared.moat, 'GET', `/sandboxes/${record.sandboxID}`)).status).toBe(404);
-    expect(existsSync(rootOf(record.sandboxID))).toBe(false);
+    expect(existsSync(folderOf(record.sandboxID))).toBe(false);
   });
 
   it('pauses on expiry with autoPause: paused, out of the table, listed as paused', async () => {
@@ -174,7 +177,7 @@ describe('expiry', () => {
     expect(shared.moat.table.get(record.sandboxID)).toBeUndefined();
     const listed = await api<Reply[]>(shared.moat, 'GET', '/v2/sandboxes?state=paused');
     expect(listed.body!.map((s) => s.sandboxID)).toContain(record.sandboxID);
-    expect(existsSync(rootOf(record.sandboxID))).toBe(true);
+    expect(existsSync(folderOf(record.sandboxID))).toBe(true);
   });
 
   it.each([
@@ -278,21 +281,21 @@ describe('state conflicts', () => {
     await shared.moat.sandboxes.pause(id);
     expect((await api(shared.moat, 'DELETE', `/sandboxes/${id}`)).status).toBe(204);
     expect(await stateOf(id)).toBe('gone');
-    expect(existsSync(rootOf(id))).toBe(false);
+    expect(existsSync(folderOf(id))).toBe(false);
   });
 });
 
 describe('snapshots', () => {
   it('copies the files into sandboxes made from it; delete is refused while one uses it', async () => {
     const source = await create({ timeout: 600 });
-    const file = path.join('home', 'user', 'notes.txt');
-    await writeFile(path.join(rootOf(source.sandboxID), file), 'kept in the snapshot');
+    await inside(source.sandboxID, 'printf "kept in the snapshot" > /home/user/notes.txt');
     const snapshot = await shared.moat.sandboxes.createSnapshot(source.sandboxID, 'notes');
     expect(snapshot.snapshotID).toBe('moat/notes:default');
     const made = await api(shared.moat, 'POST', '/sandboxes', { templateID: 'notes' });
     expect(made.status).toBe(201);
-    const copy = path.join(rootOf(made.body!.sandboxID), file);
-    expect(await readFile(copy, 'utf8')).toBe('kept in the snapshot');
+    expect(await inside(made.body!.sandboxID, 'cat /home/user/notes.txt')).toBe(
+      'kept in the snapshot',
+    );
     const refusal = await api(shared.moat, 'DELETE', '/templates/notes');
     expect(refusal.status).toBe(409);
     expect(refusal.body!.message).toContain(made.body!.sandboxID);
@@ -356,20 +359,20 @@ describe('restore failure', () => {
   it('leaves a sandbox that cannot come back paused with its files; the rest start; resuming retries', async () => {
     const first = await launch({ clock: { now: START } });
     const [broken, healthy] = await Promise.all([create({}, first), create({}, first)]);
-    const brokenRoot = rootOf(broken!.sandboxID, first);
-    await writeFile(path.join(brokenRoot, 'kept.txt'), 'still here');
+    await inside(broken!.sandboxID, 'echo still here > /home/user/kept.txt', first);
     await shutdown(first);
-    // Where the runtime writes the sandbox's own /etc files, a file now stands: restore fails.
-    const blocker = path.join(brokenRoot, '.moat');
-    await rm(blocker, { recursive: true, force: true });
-    await writeFile(blocker, 'not a folder');
+    // Its disk image is gone when Moat starts again: restore fails (and keeps its record).
+    const meta = JSON.parse(
+      await readFile(path.join(folderOf(broken!.sandboxID, first), 'sandbox.json'), 'utf8'),
+    ) as { disk: string };
+    const image = path.join(first.dataDir, 'disks', `${meta.disk}.img`);
+    await rename(image, `${image}.away`);
 
     const second = await launch({ clock: { now: START + 1000 }, dataDir: first.dataDir });
     try {
       expect(await stateOf(broken!.sandboxID, second)).toBe('paused');
       expect(second.moat.table.get(broken!.sandboxID)).toBeUndefined();
       expect(second.moat.runtime.sandbox(broken!.sandboxID)).toBeUndefined();
-      expect(await readFile(path.join(brokenRoot, 'kept.txt'), 'utf8')).toBe('still here');
       expect(await stateOf(healthy!.sandboxID, second)).toBe('running');
       await expectEnforcedAsStored(healthy!.sandboxID, second);
 
@@ -379,14 +382,17 @@ describe('restore failure', () => {
       expect(error).toBeInstanceOf(SandboxError);
       expect((error as SandboxError).status).toBe(503);
       expect((error as SandboxError).message).toContain(broken!.sandboxID);
-      expect((error as SandboxError).message).toContain('.moat');
+      expect((error as SandboxError).message).toContain('disk image');
       expect(await stateOf(broken!.sandboxID, second)).toBe('paused');
 
-      await rm(blocker);
+      await rename(`${image}.away`, image);
       const resumed = await second.moat.sandboxes.connect(broken!.sandboxID, 60);
       expect(resumed.resumed).toBe(true);
       expect(await stateOf(broken!.sandboxID, second)).toBe('running');
       expect(second.moat.runtime.sandbox(broken!.sandboxID)).toBeDefined();
+      expect(await inside(broken!.sandboxID, 'cat /home/user/kept.txt', second)).toBe(
+        'still here\n',
+      );
       await expectEnforcedAsStored(broken!.sandboxID, second);
     } finally {
       await shutdown(second);

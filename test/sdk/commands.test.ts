@@ -180,7 +180,7 @@ describe('ingress and hosts', () => {
     const headers = { 'e2b-traffic-access-token': sbx.trafficAccessToken! };
     await expect
       .poll(async () => (await viaHost(harness.sandboxUrl, host, { headers })).body, {
-        timeout: 5000,
+        timeout: 15_000,
       })
       .toBe('ok');
     expect((await viaHost(harness.sandboxUrl, host)).status).toBe(403);

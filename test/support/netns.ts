@@ -1,13 +1,29 @@
-/** Whether kernel enforcement can be tested here: root, iproute2, nftables and bubblewrap. */
-import { bubblewrapWorks, namespacesWork } from '../../src/runtime/index.js';
+/** Whether kernel enforcement can be tested here: root, iproute2, nftables and confinement. */
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { confinementWorks, namespacesWork } from '../../src/runtime/index.js';
+
+/** Why confined sandboxes cannot run here (printed once per suite); undefined when they can. */
+export function confinementSkipReason(suite: string): string | undefined {
+  const folder = mkdtempSync(path.join(os.tmpdir(), 'moat-probe-'));
+  try {
+    const works = confinementWorks(folder);
+    if (!works.ok) console.warn(`${suite}: skipped: ${works.reason}`);
+    return works.ok ? undefined : works.reason;
+  } finally {
+    rmSync(folder, { recursive: true, force: true });
+  }
+}
 
 /** Why namespace tests cannot run on this machine, printed once per suite; undefined when they can. */
 export function namespaceSkipReason(suite: string): string | undefined {
   const namespaces = namespacesWork();
-  const bwrap = bubblewrapWorks();
-  const reason = !namespaces.ok ? namespaces.reason : !bwrap.ok ? bwrap.reason : undefined;
-  if (reason !== undefined) console.warn(`${suite}: skipped: ${reason}`);
-  return reason;
+  if (!namespaces.ok) {
+    console.warn(`${suite}: skipped: ${namespaces.reason}`);
+    return namespaces.reason;
+  }
+  return confinementSkipReason(suite);
 }
 
 export { hostNetworkLines } from '../../bench/lib/world.js';

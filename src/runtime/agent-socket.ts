@@ -1,0 +1,131 @@
+/**
+ * Where sandbox roles reach Moat: a Unix socket in a folder only root may enter. A sandbox's
+ * supervisor (host root, outside the sandbox) connects once per role, says which spawn it
+ * answers with the one-time token Moat gave it, and hands the connection to the sandbox's init.
+ * No sandbox process can see the socket: it is in none of their mount namespaces.
+ */
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { mkdir, rm } from 'node:fs/promises';
+import net from 'node:net';
+import path from 'node:path';
+import { FrameReader } from './frames.js';
+import { RoleConnection } from './role-connection.js';
+
+const HELLO_TIMEOUT_MS = 10_000;
+/** A hello is a few dozen bytes; a connection that sends more without one is dropped. */
+const MAX_HELLO_BYTES = 4096;
+
+interface Pending {
+  readonly token: Buffer;
+  readonly label: string;
+  readonly resolve: (connection: RoleConnection) => void;
+  readonly reject: (error: Error) => void;
+  readonly timer: NodeJS.Timeout;
+}
+
+export class AgentSocket {
+  private readonly pending = new Map<string, Pending>();
+  private nextSpawn = 1;
+
+  private constructor(
+    private readonly server: net.Server,
+    readonly path: string,
+  ) {
+    server.on('connection', (socket) => this.greet(socket));
+  }
+
+  /** Listens at `file` (its folder is made, mode 0700; a stale socket there is replaced). */
+  static async listen(file: string): Promise<AgentSocket> {
+    await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
+    await rm(file, { force: true });
+    const server = net.createServer();
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(file, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    return new AgentSocket(server, file);
+  }
+
+  /**
+   * A spawn that a supervisor will answer: its number and token (to send to the supervisor),
+   * and the connection once it arrives (rejected after a timeout).
+   */
+  expect(label: string): { spawn: string; token: string; connection: Promise<RoleConnection> } {
+    const spawn = String(this.nextSpawn++);
+    const token = randomBytes(32).toString('hex');
+    const connection = new Promise<RoleConnection>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(spawn);
+        reject(new Error(`the ${label} did not connect within ${HELLO_TIMEOUT_MS / 1000} s`));
+      }, HELLO_TIMEOUT_MS);
+      timer.unref();
+      this.pending.set(spawn, { token: Buffer.from(token), label, resolve, reject, timer });
+    });
+    return { spawn, token, connection };
+  }
+
+  /** Gives up on a spawn (its supervisor said it failed). */
+  cancel(spawn: string, error: Error): void {
+    const pending = this.pending.get(spawn);
+    if (pending === undefined) return;
+    this.pending.delete(spawn);
+    clearTimeout(pending.timer);
+    pending.reject(error);
+  }
+
+  async close(): Promise<void> {
+    for (const spawn of [...this.pending.keys()]) {
+      this.cancel(spawn, new Error('Moat is stopping'));
+    }
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+    await rm(this.path, { force: true });
+  }
+
+  private greet(socket: net.Socket): void {
+    const reader = new FrameReader();
+    let received = 0;
+    const drop = () => socket.destroy();
+    const timer = setTimeout(drop, HELLO_TIMEOUT_MS);
+    socket.on('error', drop);
+    const onData = (chunk: Buffer) => {
+      received += chunk.length;
+      let frames;
+      try {
+        frames = reader.push(chunk);
+      } catch {
+        drop();
+        return;
+      }
+      if (frames.length === 0) {
+        if (received > MAX_HELLO_BYTES) drop();
+        return;
+      }
+      // A role speaks only when spoken to: anything behind the hello breaks the protocol.
+      if (frames.length > 1) {
+        drop();
+        return;
+      }
+      socket.off('data', onData);
+      clearTimeout(timer);
+      const hello = frames[0]!.header;
+      const pending = typeof hello.spawn === 'string' ? this.pending.get(hello.spawn) : undefined;
+      const token = typeof hello.token === 'string' ? Buffer.from(hello.token) : Buffer.alloc(0);
+      if (
+        pending === undefined ||
+        token.length !== pending.token.length ||
+        !timingSafeEqual(token, pending.token)
+      ) {
+        drop();
+        return;
+      }
+      this.pending.delete(hello.spawn as string);
+      clearTimeout(pending.timer);
+      socket.off('error', drop);
+      pending.resolve(new RoleConnection(socket, pending.label));
+    };
+    socket.on('data', onData);
+  }
+}

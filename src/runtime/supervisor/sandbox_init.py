@@ -1,0 +1,226 @@
+"""The sandbox's init: process 1 of the sandbox's PID namespace.
+
+It starts as host root (so that what it mounts is locked against the sandbox), builds the
+sandbox's file system in a mount namespace of its own, pivots into it, then enters the
+sandbox's user namespace and a fresh mount namespace owned by it: every mount made before is
+now locked (cannot be unmounted or made writable from inside). It then keeps only the
+capabilities a sandbox's root may have, sets no_new_privs, loads the seccomp filter, and from
+then on forks the sandbox's roles (launchers and file agents) on the supervisor's request,
+and reaps every orphan of the sandbox.
+"""
+import json
+import os
+import resource
+import selectors
+import signal
+import socket
+
+import files
+import launcher
+import seccomp_policy
+import sysapi
+
+# What a sandbox's root may do, as in Docker's default set (CAP_* numbers): chown, dac_override,
+# fowner, fsetid, kill, setgid, setuid, setpcap, net_bind_service, sys_chroot, mknod,
+# audit_write, setfcap. Not: sys_admin (mount), sys_ptrace, net_admin, net_raw, sys_module...
+ROOT_CAPABILITIES = frozenset([0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 27, 29, 31])
+PROC_READ_ONLY = ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs']
+PROC_MASKED = ['kcore', 'keys', 'timer_list', 'sched_debug', 'latency_stats']
+DEVICES = ['null', 'zero', 'full', 'random', 'urandom', 'tty']
+BASE_FLAGS = sysapi.MS_NOSUID | sysapi.MS_NODEV
+
+
+def escape(path):
+    """A path as one overlay mount option value."""
+    return path.replace('\\', '\\\\').replace(':', '\\:').replace(',', '\\,')
+
+
+def bind(source, target, flags):
+    sysapi.mount(source, target, None, sysapi.MS_BIND)
+    sysapi.mount(None, target, None, sysapi.MS_REMOUNT | sysapi.MS_BIND | flags)
+
+
+def build_root(config, sandbox_ns, store_ns):
+    """Mounts the sandbox's file system at config['root'] (in this mount namespace only)."""
+    root = config['root']
+    scratch = config['scratch']
+    sysapi.mount('tmpfs', scratch, 'tmpfs', BASE_FLAGS | sysapi.MS_NOEXEC, 'mode=700,size=64k')
+    layer = 0
+    for overlay in config['overlays']:
+        lowers = []
+        for lower in overlay['lowers']:
+            layer += 1
+            point = os.path.join(scratch, str(layer))
+            os.mkdir(point, 0o700)
+            namespace = sandbox_ns if lower['ids'] == 'host' else store_ns
+            fd = sysapi.idmapped_clone(lower['path'], namespace, read_only=True)
+            try:
+                sysapi.move_mount(fd, point)
+            finally:
+                os.close(fd)
+            lowers.append(escape(point))
+        options = ','.join(
+            [
+                f"lowerdir={':'.join(lowers)}",
+                f"upperdir={escape(overlay['upper'])}",
+                f"workdir={escape(overlay['work'])}",
+                'redirect_dir=off',
+                'index=off',
+                'metacopy=off',
+            ]
+        )
+        sysapi.mount('overlay', os.path.join(root, overlay['target'].lstrip('/')), 'overlay', BASE_FLAGS, options)
+    build_dev(os.path.join(root, 'dev'), config)
+    build_proc(os.path.join(root, 'proc'))
+
+
+def build_dev(dev, config):
+    sysapi.mount('tmpfs', dev, 'tmpfs', sysapi.MS_NOSUID | sysapi.MS_NOEXEC, 'mode=755,size=64k')
+    for name in DEVICES:
+        target = os.path.join(dev, name)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+        bind(f'/dev/{name}', target, sysapi.MS_NOSUID | sysapi.MS_NOEXEC)
+    os.mkdir(os.path.join(dev, 'pts'), 0o755)
+    tty_gid = config['ids']['host'] + 5
+    sysapi.mount('devpts', os.path.join(dev, 'pts'), 'devpts', sysapi.MS_NOSUID | sysapi.MS_NOEXEC, f'newinstance,ptmxmode=0666,mode=620,gid={tty_gid}')
+    os.symlink('pts/ptmx', os.path.join(dev, 'ptmx'))
+    os.mkdir(os.path.join(dev, 'shm'), 0o1777)
+    sysapi.mount('tmpfs', os.path.join(dev, 'shm'), 'tmpfs', BASE_FLAGS, f"mode=1777,size={config['shmBytes']},uid={config['ids']['host']},gid={config['ids']['host']}")
+    for name, target in [('fd', '/proc/self/fd'), ('stdin', '/proc/self/fd/0'), ('stdout', '/proc/self/fd/1'), ('stderr', '/proc/self/fd/2')]:
+        os.symlink(target, os.path.join(dev, name))
+    os.chmod(dev, 0o755)
+
+
+def build_proc(proc):
+    sysapi.mount('proc', proc, 'proc', BASE_FLAGS | sysapi.MS_NOEXEC)
+    for name in PROC_READ_ONLY:
+        target = os.path.join(proc, name)
+        if os.path.exists(target):
+            sysapi.mount(target, target, None, sysapi.MS_BIND | sysapi.MS_REC)
+            sysapi.mount(None, target, None, sysapi.MS_REMOUNT | sysapi.MS_BIND | sysapi.MS_RDONLY | BASE_FLAGS | sysapi.MS_NOEXEC)
+    for name in PROC_MASKED:
+        target = os.path.join(proc, name)
+        if os.path.exists(target):
+            sysapi.mount('/dev/null', target, None, sysapi.MS_BIND)
+
+
+def enter_root(root):
+    os.chdir(root)
+    sysapi.pivot_root('.', '.')
+    sysapi.umount('.', sysapi.MNT_DETACH)
+    os.chdir('/')
+
+
+def confine(config, sandbox_ns):
+    """Becomes the sandbox's root: its user namespace, a locked mount namespace, bounded limits."""
+    sysapi.setns(sandbox_ns, sysapi.CLONE_NEWUSER)
+    os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    # Copied from a namespace owned by the host's root: every mount is locked from here on.
+    sysapi.unshare(sysapi.CLONE_NEWNS)
+    # Only ever lowered: raising a hard limit needs a capability no sandbox has.
+    nofile = min(config['limits']['nofile'], resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sysapi.limit_bounding_set(ROOT_CAPABILITIES)
+    sysapi.set_capabilities(ROOT_CAPABILITIES)
+
+
+def start_role(config, message, sock, confined):
+    """The forked role: takes the user's identity and serves Moat on `sock` until it closes."""
+    user = config['users'][message['user']]
+    uid, gid = user['uid'], user['gid']
+    if confined:
+        # The bounding set first (while CAP_SETPCAP is effective), then the identity: a change to
+        # a uid other than 0 empties the effective and permitted sets.
+        sysapi.limit_bounding_set(ROOT_CAPABILITIES if uid == 0 else frozenset())
+        os.setgroups([gid])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        root = '/'
+        home = user['home']
+    else:
+        root = config['root']
+        home = user['home']
+    try:
+        os.chdir(os.path.join(root, home.lstrip('/')))
+    except OSError:
+        os.chdir(root)
+    os.environ.clear()
+    if message['role'] == 'proc':
+        launcher.serve(sock)
+    else:
+        files.serve(sock, root, home, message['user'], not confined)
+
+
+def serve_roles(config, broker, confined):
+    """Forks a role for each socket the supervisor passes; reaps every child and orphan."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(broker, selectors.EVENT_READ, 'broker')
+    selector.register(wake_r, selectors.EVENT_READ, 'wake')
+    while True:
+        for key, _ in selector.select():
+            if key.data == 'wake':
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                reap()
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(broker, 4096, 1)
+            except InterruptedError:
+                continue
+            if not data:
+                os._exit(0)
+            message = json.loads(data)
+            for fd in fds:
+                if os.fork() == 0:
+                    try:
+                        signal.set_wakeup_fd(-1)
+                        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                        broker.close()
+                        os.close(wake_r)
+                        os.close(wake_w)
+                        start_role(config, message, fd, confined)
+                    finally:
+                        os._exit(0)
+                os.close(fd)
+
+
+def reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def run(config, broker, sandbox_ns, store_ns):
+    """Process 1 of the sandbox (confined) or the role forker (unconfined); never returns."""
+    confined = config['mode'] == 'confined'
+    try:
+        sysapi.prctl(sysapi.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if confined:
+            sysapi.sethostname(config['hostname'])
+            sysapi.unshare(sysapi.CLONE_NEWNS)
+            sysapi.mount(None, '/', None, sysapi.MS_REC | sysapi.MS_PRIVATE)
+            build_root(config, sandbox_ns, store_ns)
+            enter_root(config['root'])
+            confine(config, sandbox_ns)
+            os.close(sandbox_ns)
+            os.close(store_ns)
+        sysapi.prctl(sysapi.PR_SET_NO_NEW_PRIVS, 1)
+        if config['seccomp']:
+            seccomp_policy.load()
+    except BaseException as error:  # noqa: BLE001 - the supervisor reports every failure
+        broker.sendall(json.dumps({'ev': 'failed', 'error': f'{type(error).__name__}: {error}'}).encode())
+        os._exit(1)
+    broker.sendall(json.dumps({'ev': 'ready'}).encode())
+    serve_roles(config, broker, confined)

@@ -4,7 +4,13 @@ import { ArrivingBytes } from '../arriving-bytes.js';
 import { warnEvery } from '../warn-every.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
-import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
+import {
+  type CanonicalName,
+  canonicalName,
+  decide,
+  type HostAddresses,
+  parseIP,
+} from '../policy/index.js';
 import { listenOn } from './listen.js';
 import {
   batchedUdpUnavailable,
@@ -41,6 +47,8 @@ export interface DnsInterceptorOptions {
   readonly maxLearnTtl: number;
   /** Queries per second per sandbox (token bucket, burst of the same size). */
   readonly rateLimit: number;
+  /** The host itself, the gateway and sandbox links: stripped from answers, whatever the policy. */
+  readonly host: HostAddresses;
   readonly now: () => number;
   /** TCP connections idle longer than this are closed (RFC 7766 section 6.2.3). */
   readonly tcpIdleTimeoutMs?: number;
@@ -291,7 +299,11 @@ export class DnsInterceptor {
     const policy = sandbox.policy;
     const refused = new Set<number>();
     for (const { index, ip } of answer.addresses) {
-      if (decide(policy, { host: name, ip }).verdict === 'deny') refused.add(index);
+      if (
+        this.options.host.decide(ip) !== undefined ||
+        decide(policy, { host: name, ip }).verdict === 'deny'
+      )
+        refused.add(index);
     }
     // Learn before the answer is released: the client may connect the moment it has it.
     const opened: LearnedElement[] = [];

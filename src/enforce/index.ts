@@ -17,3 +17,4 @@ export {
   type KernelEnforcerOptions,
 } from './kernel.js';
 export { type KernelLayout, type LearnedElement, removeHostRuleset } from './kernel-rules.js';
+export { HOST_REFRESH_MS, HostWatch, type HostWatchOptions } from './host-watch.js';

@@ -25,6 +25,8 @@ export interface KernelLayout {
   readonly ports: { readonly dns: number; readonly proxy: number; readonly transparent: number };
   /** The range every sandbox link comes from; none of it is a destination. */
   readonly pool: CIDR;
+  /** TCP ports of the host itself that the operator opened to sandboxes (--allow-host-ports). */
+  readonly hostPorts: readonly number[];
   readonly internal: InternalDenyList;
   /** Host-side names of sandbox links start with this (nft matches `prefix*`). */
   readonly linkPrefix: string;
@@ -208,6 +210,12 @@ export function hostRuleset(layout: KernelLayout): string {
         `iifname ${links} ct state established,related accept`,
         `iifname ${links} ip daddr ${gw} udp dport ${dns} accept`,
         `iifname ${links} ip daddr ${gw} tcp dport { ${[...new Set([dns, proxy, transparent])].join(', ')} } accept`,
+        // Host ports the operator opened: the sandbox's own firewall decides them by its policy
+        // (and drops the gateway and every link, which are not the host's services).
+        ...(layout.hostPorts.length > 0
+          ? [`iifname ${links} tcp dport { ${layout.hostPorts.join(', ')} } accept`]
+          : []),
+        // Everything else addressed to the host, on any of its addresses: it is never a destination.
         `iifname ${links} drop`,
       ]),
       chain('between_sandboxes', [

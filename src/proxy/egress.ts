@@ -12,6 +12,7 @@ import {
 import { ArrivingBytes } from '../arriving-bytes.js';
 import {
   type Dialer,
+  type Dialled,
   denial,
   type Opener,
   type Refusal,
@@ -464,7 +465,7 @@ export class EgressProxy {
     const connected = await this.options.dialer.connect(target, plan.addresses, client.open);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
-    const dialled: Target = { ...target, ip: connected.ip };
+    const dialled: Dialled = { ...target, ip: connected.ip };
     // The policy may have changed while we dialled: decide once more, then register.
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
     const abandoned = client.gone;

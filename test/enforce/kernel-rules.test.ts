@@ -49,6 +49,7 @@ const LAYOUT: KernelLayout = {
   gateway: ip('10.216.0.1'),
   ports: { dns: 53, proxy: 3128, transparent: 3129 },
   pool: unwrap(parseCIDR('10.216.0.0/24')),
+  hostPorts: [],
   internal: INTERNAL,
   linkPrefix: 'mtabc123-',
   hostTable: 'moat_abc123',
@@ -366,6 +367,14 @@ describe('kernel rules: the host table', () => {
     expect(removeHostRuleset('moat_abc123')).toBe(
       'table inet moat_abc123; delete table inet moat_abc123',
     );
+  });
+
+  it("accepts the host ports the operator opened, and nothing else of the host's", () => {
+    const chains = tableOf(hostRuleset({ ...LAYOUT, hostPorts: [8080, 9000] })).chains;
+    expect(chains.from_sandboxes!.slice(-2)).toEqual([
+      'iifname "mtabc123-*" tcp dport { 8080, 9000 } accept',
+      'iifname "mtabc123-*" drop',
+    ]);
   });
 });
 
@@ -696,7 +705,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
 
   it('takes the host table, and its removal twice', () => {
     nft(hostRuleset(LAYOUT));
-    nft(hostRuleset(LAYOUT));
+    nft(hostRuleset({ ...LAYOUT, hostPorts: [8080] }));
     const tables = () =>
       execFileSync(NSENTER, [`--net=/run/netns/${namespace}`, NFT, 'list', 'tables'], {
         encoding: 'utf8',

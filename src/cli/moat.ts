@@ -260,6 +260,7 @@ export async function startMoat(
     logger,
     checkServerName: config.proxyCheckServerName,
     maxTunnelsPerSandbox: config.proxyMaxTunnels,
+    sourceIsProof: network !== undefined,
     handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
     idleTimeoutMs: config.proxyIdleTimeoutMs,
     transparentPorts: options.transparentPorts,

@@ -31,7 +31,7 @@ import {
   type RequestHead,
   requestFraming,
 } from './http1.js';
-import { identify } from './identity.js';
+import { type Identity, identify } from './identity.js';
 import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { looksLikeTls, readClientHello, tlsRecordStart } from './peek.js';
@@ -63,6 +63,11 @@ export interface ProxyOptions {
   /** Close CONNECT tunnels whose TLS SNI (or port-80 Host) names another host than CONNECT did. */
   readonly checkServerName: boolean;
   readonly maxTunnelsPerSandbox: number;
+  /**
+   * A sandbox's source address proves who it is (namespace mode): a credential must be that
+   * sandbox's own. Otherwise (sandboxes share the host network) the credential identifies.
+   */
+  readonly sourceIsProof: boolean;
   /** Time a client has to send its request head, or its first tunnel bytes when they are checked. */
   readonly handshakeTimeoutMs: number;
   readonly idleTimeoutMs: number;
@@ -400,30 +405,45 @@ export class EgressProxy {
     };
   }
 
-  /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
+  /**
+   * Traffic no sandbox owns, or a sandbox's with another's credential: counted and logged
+   * (never with the credential it carried).
+   */
   private unidentified(
     kind: 'connect' | 'forward',
     client: { readonly remoteAddress: string | undefined },
     destination: string,
-    reason: string,
+    who: Identity & { ok: false },
   ): void {
     this.count(kind, 'unauthenticated');
-    this.options.logger.info(
-      { kind, client: client.remoteAddress, destination, reason },
-      'egress refused: no sandbox identified',
-    );
+    const { reason, sandbox } = who;
+    if (sandbox === undefined)
+      this.options.logger.info(
+        { kind, client: client.remoteAddress, destination, reason },
+        'egress refused: no sandbox identified',
+      );
+    else
+      this.options.logger.warn(
+        { sandboxID: sandbox.sandboxID, kind, client: client.remoteAddress, destination, reason },
+        "egress refused: a sandbox sent another sandbox's credential",
+      );
   }
 
   private identify(head: RequestHead, client: { readonly remoteAddress: string | undefined }) {
     const credentials = fieldValues(head.fields, 'proxy-authorization');
     // Two credentials are one too many: neither is picked.
-    return identify(this.options.table, credentials.length > 1 ? '' : credentials[0], client);
+    return identify(
+      this.options.table,
+      credentials.length > 1 ? '' : credentials[0],
+      client,
+      this.options.sourceIsProof,
+    );
   }
 
   async onConnect<U>(head: RequestHead, client: ConnectClient<U>, early: Buffer): Promise<void> {
     const who = this.identify(head, client);
     if (!who.ok) {
-      this.unidentified('connect', client, head.target, who.reason);
+      this.unidentified('connect', client, head.target, who);
       return client.refuse(407, who.reason, undefined, {
         'Proxy-Authenticate': 'Basic realm="moat"',
       });
@@ -585,7 +605,7 @@ export class EgressProxy {
     }
     const who = this.identify(head, client);
     if (!who.ok) {
-      this.unidentified('forward', client, url, who.reason);
+      this.unidentified('forward', client, url, who);
       return answer(407, who.reason, undefined, { 'Proxy-Authenticate': 'Basic realm="moat"' });
     }
     const sandbox = who.sandbox;

@@ -47,7 +47,7 @@ export class TransparentProxy {
   private accept(client: net.Socket): void {
     const { logger, metrics } = this.options;
     client.on('error', () => client.destroy());
-    const who = identify(this.options.table, undefined, client);
+    const who = identify(this.options.table, undefined, client, this.options.sourceIsProof);
     if (!who.ok) {
       metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'unauthenticated' });
       client.destroy();

@@ -157,7 +157,7 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
-  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, open connections of this policy, learned, deny', () => {
+  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, direct web connections to denied addresses, open connections of this policy, learned, deny', () => {
     expect(table.chains.outbound).toEqual([
       'type filter hook output priority filter',
       'policy drop',
@@ -171,6 +171,7 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr @internal4 drop',
       'ip daddr 10.216.0.0/24 drop',
       'ip daddr @allow4 accept',
+      'tcp dport { 80, 443 } ip daddr @deny4 reject with tcp reset',
       'ct state established,related jump this_policy',
       'ip daddr @learned4 goto learned_open',
       'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
@@ -189,8 +190,24 @@ describe('kernel rules: the sandbox table', () => {
       'type filter hook input priority filter',
       'policy drop',
       'iifname "lo" accept',
-      'ct state established,related accept',
+      'ct state established,related jump arriving',
       'ip saddr 10.216.0.5 meta l4proto tcp ct state new accept',
+    ]);
+  });
+
+  it('decides answers by where their connection went, as the outbound chain would now', () => {
+    expect(table.chains.arriving).toEqual([
+      'ct direction original accept',
+      'ct status dnat accept',
+      'ip saddr 10.216.0.1 accept',
+      'ct original ip daddr @internal4 drop',
+      'ct original ip daddr 10.216.0.0/24 drop',
+      'ct original ip daddr @allow4 accept',
+      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 drop',
+      'jump this_policy',
+      'ct original ip daddr @learned4 accept',
+      'ct original ip daddr @deny4 drop',
+      'accept',
     ]);
   });
 

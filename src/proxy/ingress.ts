@@ -17,7 +17,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { endAndLinger } from './http-errors.js';
-import { isHopByHop } from './http1.js';
+import { foldsToConnectionField, isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
 
 export interface IngressTarget {
@@ -74,6 +74,8 @@ function endToEnd(headers: IncomingHttpHeaders, keepUpgrade: boolean): OutgoingH
   const out: OutgoingHttpHeaders = Object.create(null);
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined || named.has(name) || name === 'transfer-encoding') continue;
+    // Node's parser takes `Transfer_Encoding` as any other field; the sandbox's server may not.
+    if (foldsToConnectionField(name)) continue;
     if (isHopByHop(name) && !(name === 'upgrade' && keepUpgrade)) continue;
     out[name] = value;
   }

@@ -736,6 +736,23 @@ export function egressSuite(io: TcpIoSetting): void {
       expect(warnings).not.toContain('MaxListenersExceededWarning');
     });
 
+    it('refuses a header whose name folds into a framing one, before any byte leaves', async () => {
+      // Beside the Content-Length Moat frames by, an origin that reads "_" as "-" would see a
+      // chunked body end where Moat saw none, and the rest as a request of its own.
+      const socket = net.connect(proxy);
+      const credential = Buffer.from(auth).toString('base64');
+      socket.write(
+        `POST http://allowed.test:${web.port}/ HTTP/1.1\r\nHost: allowed.test\r\n` +
+          `Proxy-Authorization: Basic ${credential}\r\nContent-Length: 5\r\n` +
+          'Transfer_Encoding: chunked\r\n\r\n0\r\n\r\n',
+      );
+      const answer = await readUntil(socket, (t) => t.includes('}'));
+      socket.destroy();
+      expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+      expect(answer).toContain('Transfer_Encoding would read as transfer-encoding');
+      expect(web.requests).toEqual([]);
+    });
+
     it('answers 407 without identity and 400 for origin-form requests', async () => {
       const anonymous = await proxyGet(`http://allowed.test:${web.port}/`);
       expect(anonymous.status).toBe(407);

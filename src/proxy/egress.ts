@@ -34,7 +34,7 @@ import {
 import { type Identity, identify } from './identity.js';
 import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
-import { looksLikeTls, readClientHello, tlsRecordStart } from './peek.js';
+import { looksLikeTls, readClientHello, startsLikeHttp, tlsRecordStart } from './peek.js';
 import {
   type NativeClient,
   type NativeListener,
@@ -181,8 +181,9 @@ function serverNameProblem(target: Target, named: string | undefined): string | 
 
 /**
  * Reads the first bytes of a tunnel: 'tls' for a ClientHello naming the host CONNECT named,
- * 'http' for plain bytes to port 80 (each request is checked), 'ok' for other plain bytes, or
- * why the tunnel must close.
+ * 'http' for plain HTTP (every request is checked: on port 80 any plain bytes, elsewhere bytes
+ * that start like a request, since origins route plain HTTP by Host on any port), 'ok' for
+ * other plain bytes, or why the tunnel must close.
  */
 function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' | 'tls' | string {
   const tls = looksLikeTls(data[0]!);
@@ -192,7 +193,9 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' |
     const record = tlsRecordStart(data);
     if (record === 'wait') return 'wait';
     if (record) return `its first bytes are a TLS record of type ${data[0]}, not a ClientHello`;
-    return target.port === 80 ? 'http' : 'ok';
+    if (target.port === 80) return 'http';
+    const http = startsLikeHttp(data, MAX_REQUEST_HEAD_BYTES);
+    return http === 'wait' ? 'wait' : http ? 'http' : 'ok';
   }
   const hello = readClientHello(data);
   if (hello.status === 'incomplete') return 'wait';

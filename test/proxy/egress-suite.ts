@@ -208,8 +208,9 @@ export function egressSuite(io: TcpIoSetting): void {
       });
       expect(status).toBe(200);
       expect(await readUntil(socket, (t) => t.includes('\r\n'))).toBe('SSH-2.0-origin\r\n');
-      socket.write('ping');
-      expect(await readUntil(socket, (t) => t.includes('ping'))).toBe('ping');
+      // A whole line: bytes that could still begin an HTTP request line wait until it ends.
+      socket.write('ping\n');
+      expect(await readUntil(socket, (t) => t.includes('ping'))).toBe('ping\n');
       socket.destroy();
     });
 
@@ -223,9 +224,9 @@ export function egressSuite(io: TcpIoSetting): void {
         `CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n` +
           `Proxy-Authorization: Basic ${credentials}\r\n\r\nEARLY-`,
       );
-      setTimeout(() => socket.write('LATE'), 30);
-      const seen = await readUntil(socket, (text) => text.includes('EARLY-LATE'));
-      expect(seen).toMatch(/^HTTP\/1\.1 200 [^]*SSH-2\.0-origin\r\nEARLY-LATE$/);
+      setTimeout(() => socket.write('LATE\n'), 30);
+      const seen = await readUntil(socket, (text) => text.includes('EARLY-LATE\n'));
+      expect(seen).toMatch(/^HTTP\/1\.1 200 [^]*SSH-2\.0-origin\r\nEARLY-LATE\n$/);
       socket.destroy();
     });
 
@@ -508,13 +509,29 @@ export function egressSuite(io: TcpIoSetting): void {
       socket.destroy();
     });
 
-    it('passes bytes that are not TLS through unchecked on ports other than 80', async () => {
-      const { socket, status } = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+    it('checks the Host header of plain HTTP on any port, as origins route it by Host there too', async () => {
+      const fronted = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+      expect(fronted.status).toBe(200);
+      fronted.socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      expect(await readUntil(fronted.socket, () => false, 500)).toBe('');
+      expect(fronted.socket.destroyed).toBe(true);
+      expect(web.requests).toEqual([]);
+      const named = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+      named.socket.write(`GET / HTTP/1.1\r\nHost: allowed.test:${web.port}\r\n\r\n`);
+      expect(await readUntil(named.socket, (t) => t.includes('}'))).toContain('200 OK');
+      named.socket.destroy();
+    });
+
+    it('passes other plain protocols unchecked once their first line shows they are not HTTP', async () => {
+      const { socket, status } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, {
+        auth,
+      });
       expect(status).toBe(200);
-      socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
-      expect(await readUntil(socket, (t) => t.includes('"host":"denied.test"'))).toContain(
-        '200 OK',
-      );
+      await readUntil(socket, (t) => t.includes('\r\n'));
+      // A command line of a text protocol, then what would be a request: the tunnel is not
+      // HTTP, and an origin that speaks HTTP refused its first line already.
+      socket.write('SET key value\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      expect(await readUntil(socket, (t) => t.includes('denied.test'))).toContain('SET key value');
       socket.destroy();
     });
 
@@ -787,8 +804,8 @@ export function egressSuite(io: TcpIoSetting): void {
         SANDBOX,
         policy({ allowOut: ['ssh.allowed.test'], denyOut: ['0.0.0.0/0'] }),
       );
-      socket.write('still');
-      expect(await readUntil(socket, (t) => t.includes('still'))).toBe('still');
+      socket.write('still\n');
+      expect(await readUntil(socket, (t) => t.includes('still'))).toBe('still\n');
       socket.destroy();
     });
 

@@ -293,9 +293,11 @@ export class DnsInterceptor {
     query: Query,
     limit: number,
   ): Buffer | Promise<Buffer> {
-    const { minLearnTtl, maxLearnTtl, now } = this.options;
-    const elapsed = Math.floor((now() - answer.storedAt) / 1000);
-    const ttls = answer.ttls.map((ttl) => Math.max(0, ttl - elapsed));
+    const { minLearnTtl, maxLearnTtl } = this.options;
+    // The TTLs as the upstream gave them, however long the answer has been cached: counted
+    // down, they would tell one sandbox when another asked for the same name (and answers
+    // may outlive the upstream's TTL by one TTL at most, the cost of that).
+    const ttls = answer.ttls;
     const policy = sandbox.policy;
     const refused = new Set<number>();
     for (const { index, ip } of answer.addresses) {
@@ -329,11 +331,11 @@ export class DnsInterceptor {
     );
   }
 
-  /** The answer as this client gets it: TTLs aged, refused addresses left out. */
+  /** The answer as this client gets it: refused addresses left out. */
   private encode(
     name: CanonicalName,
     answer: CachedAnswer,
-    ttls: number[],
+    ttls: readonly number[],
     refused: ReadonlySet<number>,
     query: Query,
     limit: number,

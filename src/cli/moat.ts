@@ -80,12 +80,9 @@ interface Listening {
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
 
-/**
- * A host port the operator opened must not be one of Moat's own listeners: nothing a sandbox
- * does reaches Moat through Moat (ports asked as 0 are known only once bound).
- */
-function checkHostPorts(config: MoatConfig, listening: Listening): void {
-  const own = [
+/** Every listener of Moat's. */
+const ownListeners = (listening: Listening): HostPort[] =>
+  [
     listening.dns,
     listening.proxy,
     listening.api,
@@ -94,7 +91,13 @@ function checkHostPorts(config: MoatConfig, listening: Listening): void {
     listening.metrics,
     ...Object.values(listening.gateway ?? {}),
   ].flatMap((at) => (at === undefined ? [] : [at]));
-  const taken = own.find((at) => config.allowHostPorts.has(at.port));
+
+/**
+ * A host port the operator opened must not be one of Moat's own listeners: nothing a sandbox
+ * does reaches Moat through Moat (ports asked as 0 are known only once bound).
+ */
+function checkHostPorts(config: MoatConfig, listening: Listening): void {
+  const taken = ownListeners(listening).find((at) => config.allowHostPorts.has(at.port));
   if (taken !== undefined)
     throw new Error(
       `--allow-host-ports names ${taken.port}, where Moat itself listens (${formatHostPort(taken)}); Moat's own listeners are never opened to sandboxes`,
@@ -372,6 +375,7 @@ export async function startMoat(
       logger,
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
+      moatPorts: () => new Set(ownListeners(listening).map((at) => at.port)),
       elsewhere: async (sandboxID) => {
         if (cluster === undefined || !SANDBOX_ID.test(sandboxID)) return undefined;
         const node = await sandboxes.nodeOf(sandboxID).catch(() => undefined);

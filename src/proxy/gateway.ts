@@ -19,6 +19,12 @@ export interface GatewaySandbox {
   readonly address: string;
   readonly trafficToken: string | null;
   readonly maskRequestHost: string | null;
+  /**
+   * The only ports ingress may reach, where the sandbox's address is the host's own loopback
+   * (sandboxes share the host network): those its own processes listen on, never one of Moat's
+   * listeners. Undefined where the address is the sandbox's alone (its own namespace).
+   */
+  readonly ingressPorts?: () => Promise<ReadonlySet<number>>;
 }
 
 export interface SandboxGatewayOptions<S extends GatewaySandbox> {
@@ -123,6 +129,8 @@ export class SandboxGateway<S extends GatewaySandbox> {
         await this.options.serveApi(request, response, sandbox);
         return;
       }
+      const closed = await this.notIngress(sandbox, route.port);
+      if (closed !== undefined) return sendSandboxError(response, 502, closed, sandbox.sandboxID);
       this.options.ingress.request(request, response, this.target(sandbox, route.port));
     } catch (error) {
       this.options.logger.error(
@@ -169,7 +177,19 @@ export class SandboxGateway<S extends GatewaySandbox> {
       );
       return;
     }
+    const closed = await this.notIngress(sandbox, route.port).catch(
+      (error: Error) => `cannot read the ports of sandbox ${sandbox.sandboxID}: ${error.message}`,
+    );
+    if (closed !== undefined)
+      return this.options.ingress.refuse(socket, 502, closed, route.sandboxID);
     this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));
+  }
+
+  /** Why `port` of `sandbox` is no ingress target; undefined when it is one. */
+  private async notIngress(sandbox: S, port: number): Promise<string | undefined> {
+    if (sandbox.ingressPorts === undefined || (await sandbox.ingressPorts()).has(port))
+      return undefined;
+    return `no process of sandbox ${sandbox.sandboxID} listens on port ${port}`;
   }
 
   private target(sandbox: S, port: number): IngressTarget {

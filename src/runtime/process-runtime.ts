@@ -11,6 +11,7 @@ import {
   USERS,
 } from './confinement.js';
 import { type Containment, FreezerCgroup, ProcessGroups } from './containment.js';
+import { listeningPortsOf } from './listening-ports.js';
 import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
 import type {
@@ -129,13 +130,16 @@ export class ProcessRuntime implements SandboxRuntime {
     const containment: Containment = this.useFreezer
       ? FreezerCgroup.for(this.scope, sandboxID)
       : new ProcessGroups();
+    const processes = new ProcessTable(root, () => env, confinement, containment);
     this.live.set(sandboxID, {
       sandboxID,
       root,
       env,
       // Its ports: on the host's loopback when it shares the host's network.
       address: this.network ? address : '127.0.0.1',
-      processes: new ProcessTable(root, () => env, confinement, containment),
+      processes,
+      // Every process of the sandbox runs below one of its launchers.
+      listeningPorts: () => listeningPortsOf(processes.launcherPids()),
     });
   }
 

@@ -233,6 +233,13 @@ export class ProcessTable {
     return [...this.running.values()];
   }
 
+  /** The host pids of the launchers still running (every command runs below one). */
+  launcherPids(): number[] {
+    return [...this.launchers.values()].flatMap((launcher) =>
+      launcher.alive && launcher.pid !== undefined ? [launcher.pid] : [],
+    );
+  }
+
   byPid(pid: number): SandboxProcess | undefined {
     return this.running.get(pid);
   }

@@ -58,4 +58,9 @@ export interface RuntimeSandbox {
   readonly address: string;
   readonly processes: ProcessTable;
   readonly env: SandboxEnvironment;
+  /**
+   * The TCP ports the sandbox's own processes listen on (from their sockets), where ingress
+   * may go when the sandbox shares the host's network: nothing else of the host.
+   */
+  listeningPorts(): Promise<ReadonlySet<number>>;
 }

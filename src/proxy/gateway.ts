@@ -119,7 +119,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
         const node =
           route.kind === 'sandbox' ? await this.options.elsewhere?.(route.sandboxID) : undefined;
         if (node !== undefined && route.kind === 'sandbox') {
-          this.options.ingress.request(request, response, relayTo(node, route.sandboxID));
+          await this.options.ingress.request(request, response, relayTo(node, route.sandboxID));
         } else if (route.kind === 'signed')
           sendSandboxError(response, 401, 'the signature matches no sandbox', '');
         else sendSandboxError(response, 502, NOT_RUNNING, route.sandboxID);
@@ -129,9 +129,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
         await this.options.serveApi(request, response, sandbox);
         return;
       }
-      const closed = await this.notIngress(sandbox, route.port);
-      if (closed !== undefined) return sendSandboxError(response, 502, closed, sandbox.sandboxID);
-      this.options.ingress.request(request, response, this.target(sandbox, route.port));
+      await this.options.ingress.request(request, response, this.target(sandbox, route.port));
     } catch (error) {
       this.options.logger.error(
         { err: error, sandboxID: route.kind === 'sandbox' ? route.sandboxID : undefined },
@@ -164,7 +162,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
     if (sandbox === undefined) {
       const node = await this.options.elsewhere?.(route.sandboxID).catch(() => undefined);
       if (node !== undefined)
-        this.options.ingress.upgrade(request, socket, head, relayTo(node, route.sandboxID));
+        await this.options.ingress.upgrade(request, socket, head, relayTo(node, route.sandboxID));
       else this.options.ingress.refuse(socket, 502, NOT_RUNNING, route.sandboxID);
       return;
     }
@@ -177,26 +175,21 @@ export class SandboxGateway<S extends GatewaySandbox> {
       );
       return;
     }
-    const closed = await this.notIngress(sandbox, route.port).catch(
-      (error: Error) => `cannot read the ports of sandbox ${sandbox.sandboxID}: ${error.message}`,
-    );
-    if (closed !== undefined)
-      return this.options.ingress.refuse(socket, 502, closed, route.sandboxID);
-    this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));
-  }
-
-  /** Why `port` of `sandbox` is no ingress target; undefined when it is one. */
-  private async notIngress(sandbox: S, port: number): Promise<string | undefined> {
-    if (sandbox.ingressPorts === undefined || (await sandbox.ingressPorts()).has(port))
-      return undefined;
-    return `no process of sandbox ${sandbox.sandboxID} listens on port ${port}`;
+    await this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));
   }
 
   private target(sandbox: S, port: number): IngressTarget {
+    const { ingressPorts, sandboxID } = sandbox;
     return {
-      sandboxID: sandbox.sandboxID,
+      sandboxID,
       host: sandbox.address,
       port,
+      closed:
+        ingressPorts &&
+        (async () =>
+          (await ingressPorts()).has(port)
+            ? undefined
+            : `no process of sandbox ${sandboxID} listens on port ${port}`),
       trafficToken: sandbox.trafficToken,
       maskRequestHost: sandbox.maskRequestHost,
     };

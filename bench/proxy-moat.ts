@@ -107,13 +107,17 @@ async function startFakeDns(originIp: string): Promise<number> {
 }
 
 async function main(): Promise<void> {
-  const [originIp, lifetime = '900', proxyIo = 'auto'] = process.argv.slice(2);
-  if (originIp === undefined) throw new Error('usage: proxy-moat.js <origin ip> [seconds]');
+  const [originIp, lifetime = '900', proxyIo = 'auto', originPorts = 'none'] =
+    process.argv.slice(2);
+  if (originIp === undefined)
+    throw new Error('usage: proxy-moat.js <origin ip> [seconds] [proxy io] [origin ports]');
   const dnsPort = await startFakeDns(originIp);
   const scratch = scratchMoatFlags();
   const loaded = loadConfig({
     flags: {
       'internal-deny': '10.0.0.0/8',
+      // The origin is on this host's loopback: only its ports are opened, as an operator would.
+      'allow-host-ports': originPorts,
       'dns-listen': '127.0.0.1:0',
       'dns-upstream': `127.0.0.1:${dnsPort}`,
       'proxy-listen': '127.0.0.1:0',

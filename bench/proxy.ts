@@ -408,7 +408,12 @@ async function run(options: Options, dir: string): Promise<void> {
   const moat = modes.includes('moat')
     ? await forkReady<{ port: number; io: string }>(
         './proxy-moat.js',
-        [ORIGIN_IP, String(lifetime), options.proxyIo],
+        [
+          ORIGIN_IP,
+          String(lifetime),
+          options.proxyIo,
+          `${origin.ready.httpPort},${origin.ready.bulkPort}`,
+        ],
         moatFlags,
         moatLog,
         START_TIMEOUT_MS,
@@ -451,7 +456,8 @@ async function run(options: Options, dir: string): Promise<void> {
         'from a repeated 256 KiB buffer, closes).',
       moat
         ? `- Moat (bench/proxy-moat.ts, 127.0.0.1:${moat.ready.port}): startMoat with loadConfig defaults ` +
-          'except --internal-deny 10.0.0.0/8 (loopback reachable), --dns-upstream a fake DNS in ' +
+          "except --internal-deny 10.0.0.0/8 and --allow-host-ports the origin's two ports " +
+          '(the loopback origin reachable), --dns-upstream a fake DNS in ' +
           'the same process (origin.bench.test -> origin, TTL 1 h), --transparent-listen off, ' +
           `--proxy-max-tunnels 100000, --log-level warn, --proxy-io ${options.proxyIo} ` +
           `(carried ${moat.ready.io === 'native' ? 'by the native relay' : "on Node's sockets"}); ` +

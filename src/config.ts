@@ -29,6 +29,8 @@ export const formatHostPort = (a: HostPort): string =>
 export interface MoatConfig {
   /** Destinations no sandbox rule can open (the hard internal deny list). */
   readonly internalDeny: readonly InternalRange[];
+  /** TCP ports of the host itself that sandboxes' policies may open (none by default). */
+  readonly allowHostPorts: ReadonlySet<number>;
   /** Entries allowed in each of allowOut and denyOut. */
   readonly maxPolicyEntries: number;
   readonly logLevel: string;
@@ -237,6 +239,18 @@ const storeLocation = (text: string): Result<string> => {
     : { ok: false, error: `expected "file" or a redis:// URL, got the scheme ${url.protocol}` };
 };
 
+/** `none`, or TCP ports separated by commas. */
+function portList(text: string): Result<ReadonlySet<number>> {
+  if (text.trim() === 'none') return { ok: true, value: new Set() };
+  const ports = new Set<number>();
+  for (const [index, raw] of text.split(',').entries()) {
+    const port = positiveInteger(65535)(raw.trim());
+    if (!port.ok) return { ok: false, error: `port ${index + 1}: ${port.error}, or "none"` };
+    ports.add(port.value);
+  }
+  return { ok: true, value: ports };
+}
+
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
 const showOptional = (value: HostPort | undefined): string =>
@@ -256,6 +270,16 @@ export const SETTINGS: readonly AnySetting[] = [
     help: 'the hard internal deny list: comma-separated CIDRs, "none", or "default" (loopback, private, link-local/metadata, CGNAT, multicast, reserved, NAT64/6to4/Teredo, ULA...)',
     show: (ranges) => (ranges.length === 0 ? 'none' : ranges.map((r) => r.entry)),
     parse: parseInternalDenyList,
+  },
+  {
+    key: 'allowHostPorts',
+    metavar: 'PORTS',
+    flag: 'allow-host-ports',
+    env: 'MOAT_ALLOW_HOST_PORTS',
+    default: 'none',
+    help: 'TCP ports of the host itself (any of its addresses) that sandboxes may reach, where their policies allow the address; comma-separated, or "none". Moat\'s own listeners, the gateway and sandbox links are never reachable',
+    show: (ports) => (ports.size === 0 ? 'none' : [...ports]),
+    parse: portList,
   },
   {
     key: 'maxPolicyEntries',

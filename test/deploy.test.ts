@@ -963,7 +963,8 @@ describe('metric names against real /metrics', () => {
       localAddress: source,
     });
     expect(allowed.status).toBe(200);
-    allowed.socket.write('ping');
+    // A whole line: bytes that could still begin an HTTP request wait until their line ends.
+    allowed.socket.write('ping\n');
     expect(await readUntil(allowed.socket, (t) => t.includes('ping'))).toContain('ping');
     allowed.socket.destroy();
     expect((await api.delete(`/sandboxes/${id}`)).status).toBe(204);
@@ -978,8 +979,10 @@ describe('metric names against real /metrics', () => {
       ...LOOPBACK_FLAGS,
       'dns-upstream': `127.0.0.1:${upstream.port}`,
       'api-keys': KEY,
-      // The origin is on loopback, which the default internal list denies.
+      // The origin is on loopback, which the default internal list denies and which is the
+      // host's own: its port is opened as an operator would.
       'internal-deny': '10.0.0.0/8',
+      'allow-host-ports': String(origin.port),
     };
     moat = await startMoat(moatConfig({}, { flags }), pino({ level: 'silent' }), {
       defaultMetrics: true,

@@ -450,7 +450,9 @@ describe('moat serve start-up and stop', () => {
   });
 
   it('stops within 3 s, "moat stopped" last, with a CONNECT tunnel that never sent a byte', async () => {
-    const { child, at } = await startServe(['--internal-deny', '10.0.0.0/8']);
+    const { child, at } = await startServe([
+      ...['--internal-deny', '10.0.0.0/8', '--allow-host-ports', String(origin.port)],
+    ]);
     expect(child.stdout).toMatch(
       nativeTcpUnavailable() === undefined
         ? /^moat: egress proxy .*; native relay\)$/m
@@ -471,13 +473,11 @@ describe('moat serve start-up and stop', () => {
 
 describe('secrets never reach the log', () => {
   it('a debug-level run through a full scenario logs denies with their facts and no secret', async () => {
-    // Loopback is not internal here, so the allowed destination (the echo origin) is reachable;
-    // 10.0.0.0/8 stays internal for the internal-list deny.
+    // Loopback is not internal here and the echo origin's port of this host is opened, so the
+    // allowed destination is reachable; 10.0.0.0/8 stays internal for the internal-list deny.
     const { child, at } = await startServe([
-      '--log-level',
-      'debug',
-      '--internal-deny',
-      '10.0.0.0/8',
+      ...['--log-level', 'debug', '--internal-deny', '10.0.0.0/8'],
+      ...['--allow-host-ports', String(origin.port)],
     ]);
     const apiKey = at.generatedKey;
     expect(apiKey, child.output()).toMatch(/^moat_/);
@@ -498,7 +498,11 @@ describe('secrets never reach the log', () => {
           ...(token ? { 'e2b-traffic-access-token': token } : {}),
         },
       });
-    expect((await ingress(trafficAccessToken)).status).toBe(200);
+    // The origin is the host's, not a process of the sandbox: with the token, ingress says so;
+    // without it, it says nothing about the sandbox's ports.
+    const admitted = await ingress(trafficAccessToken);
+    expect(admitted.status).toBe(502);
+    expect(admitted.text).toContain(`no process of sandbox ${sandboxID} listens on port`);
     expect((await ingress(null)).status).toBe(403);
 
     // Policy: only allowed.moat.test; then denied (name, internal address, forward), allowed.

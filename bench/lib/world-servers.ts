@@ -1,7 +1,8 @@
 /**
  * The origin servers of a test "world" network namespace (see world.ts), run inside it:
  * HTTP on 80, HTTPS on 443 (certificate from MOAT_WORLD_KEY / MOAT_WORLD_CERT), a TCP echo on
- * 7000, a UDP echo on 7001, and listeners that only record who reached them on TCP 853 (DNS over
+ * 7000, a UDP echo on 7001, a UDP talker on 7002 (a datagram to it is answered by a stream of
+ * them), and listeners that only record who reached them on TCP 853 (DNS over
  * TLS) and UDP/TCP 53 (a resolver other than Moat). Every event is one JSON line on stdout;
  * "ready" comes once everything listens.
  */
@@ -10,7 +11,17 @@ import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
 
-export const WORLD_PORTS = { http: 80, https: 443, echo: 7000, udpEcho: 7001, dot: 853, dns: 53 };
+export const WORLD_PORTS = {
+  http: 80,
+  https: 443,
+  echo: 7000,
+  udpEcho: 7001,
+  udpTalk: 7002,
+  dot: 853,
+  dns: 53,
+};
+/** The talker's stream: a datagram every 10 ms, 400 in all (4 s). */
+const TALK = { everyMs: 10, datagrams: 400 };
 
 const event = (fields: Record<string, unknown>) =>
   process.stdout.write(`${JSON.stringify(fields)}\n`);
@@ -55,6 +66,16 @@ async function main(): Promise<void> {
     const udpEcho = dgram.createSocket('udp4');
     udpEcho.on('message', (message, from) => udpEcho.send(message, from.port, from.address));
     await new Promise<void>((resolve) => udpEcho.bind(WORLD_PORTS.udpEcho, address, resolve));
+    // A peer that keeps sending whatever the other side does (a stream, a game, QUIC).
+    const talker = dgram.createSocket('udp4');
+    talker.on('message', (_message, from) => {
+      let sent = 0;
+      const timer = setInterval(() => {
+        if (++sent > TALK.datagrams) return clearInterval(timer);
+        talker.send(`${sent} ${Date.now()}`, from.port, from.address);
+      }, TALK.everyMs);
+    });
+    await new Promise<void>((resolve) => talker.bind(WORLD_PORTS.udpTalk, address, resolve));
   }
   const dns = dgram.createSocket('udp4');
   dns.on('message', (_message, from) => event({ event: 'dns-udp', from: from.address }));

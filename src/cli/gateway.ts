@@ -19,6 +19,8 @@ export interface GatewayParts {
   readonly logger: Logger;
   readonly connectTimeoutMs: number;
   readonly idleTimeoutMs: number;
+  /** Ports Moat itself listens on: never an ingress target, whatever a sandbox listens on. */
+  readonly moatPorts: () => ReadonlySet<number>;
   /** The sandbox listener of the node hosting a sandbox that is not here (many nodes). */
   readonly elsewhere?: (sandboxID: string) => Promise<{ host: string; port: number } | undefined>;
 }
@@ -49,6 +51,15 @@ export function createSandboxGateway(parts: GatewayParts): {
       address: live.address,
       trafficToken: record.trafficAccessToken,
       maskRequestHost: record.network.maskRequestHost,
+      // Its address is the host's loopback: only its own listening ports are its.
+      ingressPorts:
+        runtime.enforcement === 'proxy'
+          ? async () => {
+              const own = parts.moatPorts();
+              const listening = await live.listeningPorts();
+              return new Set([...listening].filter((port) => !own.has(port)));
+            }
+          : undefined,
       envd: {
         sandboxID,
         accessToken: record.envdAccessToken,

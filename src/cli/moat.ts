@@ -17,6 +17,8 @@ import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dn
 import {
   AddressPool,
   EnforcementTable,
+  HOST_REFRESH_MS,
+  HostWatch,
   KernelEnforcer,
   listenerGuardRuleset,
   removeHostRuleset,
@@ -24,10 +26,9 @@ import {
 } from '../enforce/index.js';
 import { listenMetrics, MoatMetrics } from '../metrics/index.js';
 import {
-  type CIDR,
   compileInternalDenyList,
+  type HostAddresses,
   type InternalDenyList,
-  type IPAddress,
   parseIP,
 } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
@@ -81,37 +82,27 @@ interface Listening {
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
 
+/** Every listener of Moat's. */
+const ownListeners = (listening: Listening): HostPort[] =>
+  [
+    listening.dns,
+    listening.proxy,
+    listening.api,
+    listening.sandbox,
+    listening.transparent,
+    listening.metrics,
+    ...Object.values(listening.gateway ?? {}),
+  ].flatMap((at) => (at === undefined ? [] : [at]));
+
 /**
- * Moat's own listeners and sandbox links are never dialled: a sandbox must not reach Moat, or
- * another sandbox, through Moat.
+ * A host port the operator opened must not be one of Moat's own listeners: nothing a sandbox
+ * does reaches Moat through Moat (ports asked as 0 are known only once bound).
  */
-function ownAddressCheck(
-  listeners: () => HostPort[],
-  links: CIDR | undefined,
-): (ip: IPAddress, port: number) => boolean {
-  const local = new Set(
-    Object.values(os.networkInterfaces())
-      .flat()
-      .map((i) => i?.address),
-  );
-  const linkBase = links?.words[0];
-  const linkMask = links
-    ? links.prefixLength === 0
-      ? 0
-      : (~0 << (32 - links.prefixLength)) >>> 0
-    : 0;
-  // Connecting to an unspecified address (0.0.0.0, ::) reaches this host: Linux takes it for a
-  // local one, whatever the listener is bound to.
-  const unspecified = (ip: IPAddress) =>
-    ip.version === 4 ? ip.words[0]! >>> 24 === 0 : ip.words.every((w) => w === 0);
-  return (ip, port) =>
-    (linkBase !== undefined && ip.version === 4 && (ip.words[0]! & linkMask) >>> 0 === linkBase) ||
-    listeners().some(
-      (l) =>
-        l.port === port &&
-        (l.host === ip.text ||
-          unspecified(ip) ||
-          (UNSPECIFIED.has(l.host) && (local.has(ip.text) || ip.text.startsWith('127.')))),
+function checkHostPorts(config: MoatConfig, listening: Listening): void {
+  const taken = ownListeners(listening).find((at) => config.allowHostPorts.has(at.port));
+  if (taken !== undefined)
+    throw new Error(
+      `--allow-host-ports names ${taken.port}, where Moat itself listens (${formatHostPort(taken)}); Moat's own listeners are never opened to sandboxes`,
     );
 }
 
@@ -205,6 +196,12 @@ export interface StartOptions {
   readonly defaultMetrics?: boolean;
   /** Origin ports behind the transparent listener (tests use unprivileged ones). */
   readonly transparentPorts?: { readonly tls: number; readonly http: number };
+  /**
+   * What is the host, instead of this host's interfaces as they come and go: tests whose
+   * origins sit on this host's loopback, and are about something else, pass a host without
+   * interfaces (compileHostAddresses([])).
+   */
+  readonly hostAddresses?: HostAddresses;
 }
 
 export async function startMoat(
@@ -224,6 +221,19 @@ export async function startMoat(
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
   const { network, reason: proxyOnlyReason } = chooseNetwork(config);
+  const watch =
+    options.hostAddresses === undefined
+      ? new HostWatch({
+          sandboxLinks: network ? config.namespacePool : undefined,
+          openPorts: config.allowHostPorts,
+          onPolling: (why) =>
+            logger.warn(
+              { why, everyMs: HOST_REFRESH_MS },
+              "the host's addresses are re-read on a timer",
+            ),
+        })
+      : undefined;
+  const host = options.hostAddresses ?? watch!;
   // Set once the gateway's ports are known; the DNS interceptor opens learned addresses with it.
   let kernel: KernelEnforcer | undefined;
   const upstream = new UpstreamClient(config.dnsUpstream, {
@@ -249,6 +259,7 @@ export async function startMoat(
     maxLearnTtl: config.dnsMaxTtl,
     rateLimit: config.dnsRateLimit,
     udpIo: config.dnsUdpIo,
+    host,
     now,
     onLearn: network
       ? (sandboxID, learned) => kernel?.learn(sandboxID, learned) ?? Promise.resolve()
@@ -263,27 +274,19 @@ export async function startMoat(
     metrics: config.metricsListen,
     gateway: undefined,
   };
-  const tunnels = new TunnelRegistry(table);
+  const dialer = new Dialer({
+    resolver: new HostResolver(cache),
+    connectTimeoutMs: config.proxyConnectTimeoutMs,
+    host,
+    onDial: (seconds) => metrics.proxyDialDuration.observe(seconds),
+  });
+  const tunnels = new TunnelRegistry(table, (sandbox, target) =>
+    dialer.check(sandbox, target, target.ip),
+  );
   metrics.countTunnelsWith(
     () => tunnels.size,
     () => tunnels.countsBySandbox(),
   );
-  const dialer = new Dialer({
-    resolver: new HostResolver(cache),
-    connectTimeoutMs: config.proxyConnectTimeoutMs,
-    isOwnListener: ownAddressCheck(
-      () => [
-        listening.dns,
-        listening.proxy,
-        listening.api,
-        listening.sandbox,
-        ...(listening.transparent ? [listening.transparent] : []),
-        ...(listening.metrics ? [listening.metrics] : []),
-      ],
-      network ? config.namespacePool : undefined,
-    ),
-    onDial: (seconds) => metrics.proxyDialDuration.observe(seconds),
-  });
   const proxyOptions = {
     table,
     dialer,
@@ -292,6 +295,7 @@ export async function startMoat(
     logger,
     checkServerName: config.proxyCheckServerName,
     maxTunnelsPerSandbox: config.proxyMaxTunnels,
+    sourceIsProof: network !== undefined,
     handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
     idleTimeoutMs: config.proxyIdleTimeoutMs,
     transparentPorts: options.transparentPorts,
@@ -305,6 +309,8 @@ export async function startMoat(
   // Whatever started is stopped again if a later step fails (a port in use, a damaged store),
   // so a failed start leaves no listener open and no store lock held.
   const undo: Array<() => Promise<unknown>> = [];
+  watch?.start();
+  undo.push(async () => watch?.stop());
   try {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
     const store = await openStore(config, logger, metrics);
@@ -417,6 +423,7 @@ export async function startMoat(
       logger,
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
+      moatPorts: () => new Set(ownListeners(listening).map((at) => at.port)),
       elsewhere: async (sandboxID) => {
         if (cluster === undefined || !SANDBOX_ID.test(sandboxID)) return undefined;
         const node = await sandboxes.nodeOf(sandboxID).catch(() => undefined);
@@ -444,8 +451,10 @@ export async function startMoat(
       : undefined;
     if (metricsListener && config.metricsListen) {
       listening.metrics = { ...config.metricsListen, port: metricsListener.port };
+      undo.push(() => metricsListener.close());
     }
     await guard?.update([listening.api, listening.sandbox, listening.metrics]);
+    checkHostPorts(config, listening);
     return {
       config,
       table,
@@ -477,6 +486,7 @@ export async function startMoat(
         await transparent?.close();
         await dns.stop();
         await store.close();
+        watch?.stop();
       },
     };
   } catch (error) {
@@ -541,6 +551,7 @@ async function startGateway(
         transparent: listening.gateway.transparent.port,
       },
       pool: config.namespacePool,
+      hostPorts: [...config.allowHostPorts],
       internal: parts.internal,
       linkPrefix: network.linkPrefix,
       hostTable: network.hostTable,

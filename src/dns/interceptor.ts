@@ -4,7 +4,13 @@ import { ArrivingBytes } from '../arriving-bytes.js';
 import { warnEvery } from '../warn-every.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
-import { type CanonicalName, canonicalName, decide, parseIP } from '../policy/index.js';
+import {
+  type CanonicalName,
+  canonicalName,
+  decide,
+  type HostAddresses,
+  parseIP,
+} from '../policy/index.js';
 import { listenOn } from './listen.js';
 import {
   batchedUdpUnavailable,
@@ -41,6 +47,8 @@ export interface DnsInterceptorOptions {
   readonly maxLearnTtl: number;
   /** Queries per second per sandbox (token bucket, burst of the same size). */
   readonly rateLimit: number;
+  /** The host itself, the gateway and sandbox links: stripped from answers, whatever the policy. */
+  readonly host: HostAddresses;
   readonly now: () => number;
   /** TCP connections idle longer than this are closed (RFC 7766 section 6.2.3). */
   readonly tcpIdleTimeoutMs?: number;
@@ -285,13 +293,19 @@ export class DnsInterceptor {
     query: Query,
     limit: number,
   ): Buffer | Promise<Buffer> {
-    const { minLearnTtl, maxLearnTtl, now } = this.options;
-    const elapsed = Math.floor((now() - answer.storedAt) / 1000);
-    const ttls = answer.ttls.map((ttl) => Math.max(0, ttl - elapsed));
+    const { minLearnTtl, maxLearnTtl } = this.options;
+    // The TTLs as the upstream gave them, however long the answer has been cached: counted
+    // down, they would tell one sandbox when another asked for the same name (and answers
+    // may outlive the upstream's TTL by one TTL at most, the cost of that).
+    const ttls = answer.ttls;
     const policy = sandbox.policy;
     const refused = new Set<number>();
     for (const { index, ip } of answer.addresses) {
-      if (decide(policy, { host: name, ip }).verdict === 'deny') refused.add(index);
+      if (
+        this.options.host.decide(ip) !== undefined ||
+        decide(policy, { host: name, ip }).verdict === 'deny'
+      )
+        refused.add(index);
     }
     // Learn before the answer is released: the client may connect the moment it has it.
     const opened: LearnedElement[] = [];
@@ -317,11 +331,11 @@ export class DnsInterceptor {
     );
   }
 
-  /** The answer as this client gets it: TTLs aged, refused addresses left out. */
+  /** The answer as this client gets it: refused addresses left out. */
   private encode(
     name: CanonicalName,
     answer: CachedAnswer,
-    ttls: number[],
+    ttls: readonly number[],
     refused: ReadonlySet<number>,
     query: Query,
     limit: number,

@@ -17,4 +17,5 @@ export {
   type KernelEnforcerOptions,
 } from './kernel.js';
 export { type KernelLayout, type LearnedElement, removeHostRuleset } from './kernel-rules.js';
+export { HOST_REFRESH_MS, HostWatch, type HostWatchOptions } from './host-watch.js';
 export { type ListenerGuard, listenerGuardRuleset, removeListenerGuard } from './listener-guard.js';

@@ -13,7 +13,9 @@
  * with the policy's generation (a conntrack mark, a new one at every publish), and its
  * later packets pass on that mark while the policy stands: a database session outlives the TTL
  * of the name it was opened by, as it would behind any stateful firewall. A publish changes the
- * generation, so every open connection is decided again at its next packet by the new policy.
+ * generation, so every open connection is decided again by the new policy: at the sandbox's
+ * next packet on it, and at every packet that arrives on it (the `arriving` chain decides those
+ * by the connection's original destination), from the moment the transaction is in.
  */
 import { randomInt } from 'node:crypto';
 import type { CIDR, InternalDenyList, IPAddress, Policy } from '../policy/index.js';
@@ -25,6 +27,8 @@ export interface KernelLayout {
   readonly ports: { readonly dns: number; readonly proxy: number; readonly transparent: number };
   /** The range every sandbox link comes from; none of it is a destination. */
   readonly pool: CIDR;
+  /** TCP ports of the host itself that the operator opened to sandboxes (--allow-host-ports). */
+  readonly hostPorts: readonly number[];
   readonly internal: InternalDenyList;
   /** Host-side names of sandbox links start with this (nft matches `prefix*`). */
   readonly linkPrefix: string;
@@ -115,6 +119,10 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     'ip daddr @internal4 drop',
     `ip daddr ${layout.pool.text} drop`,
     'ip daddr @allow4 accept',
+    // A direct web connection to an address the rules deny can only be one opened before this
+    // policy (new ones go to the transparent listener, which reads their name): its name was
+    // never read, so it is cut, whatever name its address was learned for.
+    `tcp dport ${redirected} ip daddr @deny4 reject with tcp reset`,
     // Open connections through a learned address outlive its expiry, not a publish (see top).
     'ct state established,related jump this_policy',
     'ip daddr @learned4 goto learned_open',
@@ -125,8 +133,28 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
   const ingress = [
     'type filter hook input priority filter; policy drop',
     'iifname "lo" accept',
-    'ct state established,related accept',
+    'ct state established,related jump arriving',
     `ip saddr ${link.host.text} meta l4proto tcp ct state new accept`,
+  ];
+  // What arrives on a connection the sandbox opened is decided as the sandbox's next packet to
+  // that destination would be (the connection's original destination, as the outbound chain
+  // saw it): so a publish stops a peer the new policy denies from sending more (a UDP peer
+  // keeps sending whatever the sandbox does), in the same transaction as the new sets.
+  const arriving = [
+    // Connections Moat's ingress opened from the host's end of the link.
+    'ct direction original accept',
+    // Through Moat (DNS or the transparent listener, which decide and close them themselves),
+    // or to Moat's own listeners on the gateway.
+    'ct status dnat accept',
+    `ip saddr ${gw} accept`,
+    'ct original ip daddr @internal4 drop',
+    `ct original ip daddr ${layout.pool.text} drop`,
+    'ct original ip daddr @allow4 accept',
+    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr @deny4 drop`,
+    'jump this_policy',
+    'ct original ip daddr @learned4 accept',
+    'ct original ip daddr @deny4 drop',
+    'accept',
   ];
   const chain = (name: string, rules: string[]) => `chain ${name} { ${rules.join('; ')}; }`;
   return [
@@ -134,7 +162,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, ...GENERATION_CHAINS.map((name) => `chain ${name} { }`), chain('to_moat', redirect), chain('outbound', egress), chain('inbound', ingress)].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, ...GENERATION_CHAINS.map((name) => `chain ${name} { }`), chain('to_moat', redirect), chain('outbound', egress), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
   ].join('; ');
 }
 
@@ -208,6 +236,12 @@ export function hostRuleset(layout: KernelLayout): string {
         `iifname ${links} ct state established,related accept`,
         `iifname ${links} ip daddr ${gw} udp dport ${dns} accept`,
         `iifname ${links} ip daddr ${gw} tcp dport { ${[...new Set([dns, proxy, transparent])].join(', ')} } accept`,
+        // Host ports the operator opened: the sandbox's own firewall decides them by its policy
+        // (and drops the gateway and every link, which are not the host's services).
+        ...(layout.hostPorts.length > 0
+          ? [`iifname ${links} tcp dport { ${layout.hostPorts.join(', ')} } accept`]
+          : []),
+        // Everything else addressed to the host, on any of its addresses: it is never a destination.
         `iifname ${links} drop`,
       ]),
       chain('between_sandboxes', [

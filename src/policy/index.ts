@@ -12,6 +12,12 @@ export {
   parsePort,
 } from './destination.js';
 export { type CanonicalName, canonicalName, type Host, parseHost } from './host.js';
+export {
+  compileHostAddresses,
+  type HostAddresses,
+  type HostAddressOptions,
+  type InterfaceAddress,
+} from './host-addresses.js';
 export { DEFAULT_INTERNAL_DENY, type InternalRange, parseInternalDenyList } from './internal.js';
 export { lintPolicy } from './lint.js';
 export {

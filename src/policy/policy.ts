@@ -12,7 +12,15 @@ import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NetworkRules, type Rule } from './rules.js';
 
-export type DecisionList = 'allowOut' | 'denyOut' | 'internal' | 'learned' | 'default' | 'invalid';
+export type DecisionList =
+  | 'allowOut'
+  | 'denyOut'
+  | 'internal'
+  | 'learned'
+  | 'default'
+  | 'invalid'
+  /** The host itself, the gateway or another sandbox (see host-addresses.ts). */
+  | 'host';
 
 export interface Decision {
   readonly verdict: 'allow' | 'deny';

@@ -6,12 +6,15 @@ import {
   type Destination,
   decide,
   formatDestination,
+  type HostAddresses,
   type IPAddress,
 } from '../policy/index.js';
 import { connectUpstream } from './splice.js';
 
 /** A destination with its port known (the proxy always knows it). */
 export type Target = Destination & { readonly port: number };
+/** A target with the address it was dialled at. */
+export type Dialled = Target & { readonly ip: IPAddress };
 
 /** A refusal, carrying the HTTP status and a message that names the destination. */
 export interface Refusal {
@@ -28,19 +31,12 @@ export interface DialerOptions {
   readonly resolver: HostResolver;
   readonly connectTimeoutMs: number;
   /**
-   * True when ip:port is Moat's own: one of its listeners (self-connection) or an address of a
-   * sandbox link (sandboxes never reach each other through the proxy). Never dialled.
+   * The host itself (its addresses, Moat's listeners on them), the gateway and sandbox links:
+   * denied before any policy, never dialled.
    */
-  readonly isOwnListener: (ip: IPAddress, port: number) => boolean;
+  readonly host: HostAddresses;
   readonly onDial?: (seconds: number) => void;
 }
-
-const SELF: Decision = Object.freeze({
-  verdict: 'deny',
-  list: 'internal',
-  rule: null,
-  reason: "the address is Moat's own (one of its listeners or a sandbox link)",
-});
 
 /** The refusal for work whose sandbox went away (or away and back, a new record) meanwhile. */
 export const removed = (sandbox: EnforcedSandbox): Refusal => ({
@@ -100,9 +96,10 @@ export class Dialer {
     return { ok: true, addresses: allowed };
   }
 
-  /** The decision for one address of a target, including the self-connection guard. */
+  /** The decision for one address of a target: the host first, then the sandbox's policy. */
   check(sandbox: EnforcedSandbox, target: Target, ip: IPAddress): Decision {
-    if (this.options.isOwnListener(ip, target.port)) return SELF;
+    const host = this.options.host.decide(ip, target.port);
+    if (host !== undefined) return host;
     // Learned addresses count only for a bare address; a named host is decided by its name.
     const learned = target.host === undefined ? sandbox.learned : undefined;
     return decide(sandbox.policy, { host: target.host, ip, port: target.port }, learned);

@@ -12,6 +12,7 @@ import {
 import { ArrivingBytes } from '../arriving-bytes.js';
 import {
   type Dialer,
+  type Dialled,
   denial,
   type Opener,
   type Refusal,
@@ -30,10 +31,10 @@ import {
   type RequestHead,
   requestFraming,
 } from './http1.js';
-import { identify } from './identity.js';
+import { type Identity, identify } from './identity.js';
 import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
-import { looksLikeTls, readClientHello, tlsRecordStart } from './peek.js';
+import { looksLikeTls, readClientHello, startsLikeHttp, tlsRecordStart } from './peek.js';
 import {
   type NativeClient,
   type NativeListener,
@@ -62,6 +63,11 @@ export interface ProxyOptions {
   /** Close CONNECT tunnels whose TLS SNI (or port-80 Host) names another host than CONNECT did. */
   readonly checkServerName: boolean;
   readonly maxTunnelsPerSandbox: number;
+  /**
+   * A sandbox's source address proves who it is (namespace mode): a credential must be that
+   * sandbox's own. Otherwise (sandboxes share the host network) the credential identifies.
+   */
+  readonly sourceIsProof: boolean;
   /** Time a client has to send its request head, or its first tunnel bytes when they are checked. */
   readonly handshakeTimeoutMs: number;
   readonly idleTimeoutMs: number;
@@ -175,8 +181,9 @@ function serverNameProblem(target: Target, named: string | undefined): string | 
 
 /**
  * Reads the first bytes of a tunnel: 'tls' for a ClientHello naming the host CONNECT named,
- * 'http' for plain bytes to port 80 (each request is checked), 'ok' for other plain bytes, or
- * why the tunnel must close.
+ * 'http' for plain HTTP (every request is checked: on port 80 any plain bytes, elsewhere bytes
+ * that start like a request, since origins route plain HTTP by Host on any port), 'ok' for
+ * other plain bytes, or why the tunnel must close.
  */
 function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' | 'tls' | string {
   const tls = looksLikeTls(data[0]!);
@@ -186,7 +193,9 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' |
     const record = tlsRecordStart(data);
     if (record === 'wait') return 'wait';
     if (record) return `its first bytes are a TLS record of type ${data[0]}, not a ClientHello`;
-    return target.port === 80 ? 'http' : 'ok';
+    if (target.port === 80) return 'http';
+    const http = startsLikeHttp(data, MAX_REQUEST_HEAD_BYTES);
+    return http === 'wait' ? 'wait' : http ? 'http' : 'ok';
   }
   const hello = readClientHello(data);
   if (hello.status === 'incomplete') return 'wait';
@@ -399,30 +408,45 @@ export class EgressProxy {
     };
   }
 
-  /** Traffic no sandbox owns: counted and logged (never with the credential it carried). */
+  /**
+   * Traffic no sandbox owns, or a sandbox's with another's credential: counted and logged
+   * (never with the credential it carried).
+   */
   private unidentified(
     kind: 'connect' | 'forward',
     client: { readonly remoteAddress: string | undefined },
     destination: string,
-    reason: string,
+    who: Identity & { ok: false },
   ): void {
     this.count(kind, 'unauthenticated');
-    this.options.logger.info(
-      { kind, client: client.remoteAddress, destination, reason },
-      'egress refused: no sandbox identified',
-    );
+    const { reason, sandbox } = who;
+    if (sandbox === undefined)
+      this.options.logger.info(
+        { kind, client: client.remoteAddress, destination, reason },
+        'egress refused: no sandbox identified',
+      );
+    else
+      this.options.logger.warn(
+        { sandboxID: sandbox.sandboxID, kind, client: client.remoteAddress, destination, reason },
+        "egress refused: a sandbox sent another sandbox's credential",
+      );
   }
 
   private identify(head: RequestHead, client: { readonly remoteAddress: string | undefined }) {
     const credentials = fieldValues(head.fields, 'proxy-authorization');
     // Two credentials are one too many: neither is picked.
-    return identify(this.options.table, credentials.length > 1 ? '' : credentials[0], client);
+    return identify(
+      this.options.table,
+      credentials.length > 1 ? '' : credentials[0],
+      client,
+      this.options.sourceIsProof,
+    );
   }
 
   async onConnect<U>(head: RequestHead, client: ConnectClient<U>, early: Buffer): Promise<void> {
     const who = this.identify(head, client);
     if (!who.ok) {
-      this.unidentified('connect', client, head.target, who.reason);
+      this.unidentified('connect', client, head.target, who);
       return client.refuse(407, who.reason, undefined, {
         'Proxy-Authenticate': 'Basic realm="moat"',
       });
@@ -464,7 +488,7 @@ export class EgressProxy {
     const connected = await this.options.dialer.connect(target, plan.addresses, client.open);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
-    const dialled: Target = { ...target, ip: connected.ip };
+    const dialled: Dialled = { ...target, ip: connected.ip };
     // The policy may have changed while we dialled: decide once more, then register.
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
     const abandoned = client.gone;
@@ -584,7 +608,7 @@ export class EgressProxy {
     }
     const who = this.identify(head, client);
     if (!who.ok) {
-      this.unidentified('forward', client, url, who.reason);
+      this.unidentified('forward', client, url, who);
       return answer(407, who.reason, undefined, { 'Proxy-Authenticate': 'Basic realm="moat"' });
     }
     const sandbox = who.sandbox;

@@ -19,6 +19,12 @@ export interface GatewaySandbox {
   readonly address: string;
   readonly trafficToken: string | null;
   readonly maskRequestHost: string | null;
+  /**
+   * The only ports ingress may reach, where the sandbox's address is the host's own loopback
+   * (sandboxes share the host network): those its own processes listen on, never one of Moat's
+   * listeners. Undefined where the address is the sandbox's alone (its own namespace).
+   */
+  readonly ingressPorts?: () => Promise<ReadonlySet<number>>;
 }
 
 export interface SandboxGatewayOptions<S extends GatewaySandbox> {
@@ -113,7 +119,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
         const node =
           route.kind === 'sandbox' ? await this.options.elsewhere?.(route.sandboxID) : undefined;
         if (node !== undefined && route.kind === 'sandbox') {
-          this.options.ingress.request(request, response, relayTo(node, route.sandboxID));
+          await this.options.ingress.request(request, response, relayTo(node, route.sandboxID));
         } else if (route.kind === 'signed')
           sendSandboxError(response, 401, 'the signature matches no sandbox', '');
         else sendSandboxError(response, 502, NOT_RUNNING, route.sandboxID);
@@ -123,7 +129,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
         await this.options.serveApi(request, response, sandbox);
         return;
       }
-      this.options.ingress.request(request, response, this.target(sandbox, route.port));
+      await this.options.ingress.request(request, response, this.target(sandbox, route.port));
     } catch (error) {
       this.options.logger.error(
         { err: error, sandboxID: route.kind === 'sandbox' ? route.sandboxID : undefined },
@@ -156,7 +162,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
     if (sandbox === undefined) {
       const node = await this.options.elsewhere?.(route.sandboxID).catch(() => undefined);
       if (node !== undefined)
-        this.options.ingress.upgrade(request, socket, head, relayTo(node, route.sandboxID));
+        await this.options.ingress.upgrade(request, socket, head, relayTo(node, route.sandboxID));
       else this.options.ingress.refuse(socket, 502, NOT_RUNNING, route.sandboxID);
       return;
     }
@@ -169,14 +175,21 @@ export class SandboxGateway<S extends GatewaySandbox> {
       );
       return;
     }
-    this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));
+    await this.options.ingress.upgrade(request, socket, head, this.target(sandbox, route.port));
   }
 
   private target(sandbox: S, port: number): IngressTarget {
+    const { ingressPorts, sandboxID } = sandbox;
     return {
-      sandboxID: sandbox.sandboxID,
+      sandboxID,
       host: sandbox.address,
       port,
+      closed:
+        ingressPorts &&
+        (async () =>
+          (await ingressPorts()).has(port)
+            ? undefined
+            : `no process of sandbox ${sandboxID} listens on port ${port}`),
       trafficToken: sandbox.trafficToken,
       maskRequestHost: sandbox.maskRequestHost,
     };

@@ -108,7 +108,13 @@ function parseFields(lines: readonly string[]): Parsed<HeaderField[]> | string {
     const value = line.slice(colon + 1).replace(/^[ \t]+|[ \t]+$/g, '');
     if (line.includes('\r') || !FIELD_VALUE.test(value))
       return fail(400, `header ${name} holds a control character`);
-    fields.push({ name, lower: name.toLowerCase(), value });
+    const lower = name.toLowerCase();
+    if (foldsToConnectionField(lower))
+      return fail(
+        400,
+        `header ${name} would read as ${lower.replaceAll('_', '-')} to a server that folds "_" into "-"`,
+      );
+    fields.push({ name, lower, value });
   }
   return { ok: true, value: fields };
 }
@@ -255,6 +261,18 @@ export function isHopByHop(lower: string): boolean {
 
 /** Fields that say where a body ends: written by Moat from the framing it checked. */
 const FRAMING_FIELDS = new Set(['content-length', 'transfer-encoding']);
+
+/**
+ * A field name (lower case) with `_` that some servers (CGI, PHP, nginx with
+ * underscores_in_headers) read as a framing or hop-by-hop field once `_` becomes `-`:
+ * `Transfer_Encoding` beside the Content-Length Moat frames by would split one request in two
+ * there. Such a name is never forwarded.
+ */
+export function foldsToConnectionField(lower: string): boolean {
+  if (!lower.includes('_')) return false;
+  const folded = lower.replaceAll('_', '-');
+  return isHopByHop(folded) || FRAMING_FIELDS.has(folded);
+}
 
 /**
  * The fields to forward: without hop-by-hop fields and those the Connection field names,

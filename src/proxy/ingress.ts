@@ -17,7 +17,7 @@ import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { endAndLinger } from './http-errors.js';
-import { isHopByHop } from './http1.js';
+import { foldsToConnectionField, isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
 
 export interface IngressTarget {
@@ -34,6 +34,11 @@ export interface IngressTarget {
    * goes on as it came (Host, traffic token), for that node to route and check.
    */
   readonly relay?: boolean;
+  /**
+   * Why the port is no target of this sandbox's (502), asked once the traffic token passed
+   * (a client without it learns nothing of the sandbox's ports); undefined when it is one.
+   */
+  readonly closed?: () => Promise<string | undefined>;
 }
 
 export interface IngressOptions {
@@ -74,6 +79,8 @@ function endToEnd(headers: IncomingHttpHeaders, keepUpgrade: boolean): OutgoingH
   const out: OutgoingHttpHeaders = Object.create(null);
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined || named.has(name) || name === 'transfer-encoding') continue;
+    // Node's parser takes `Transfer_Encoding` as any other field; the sandbox's server may not.
+    if (foldsToConnectionField(name)) continue;
     if (isHopByHop(name) && !(name === 'upgrade' && keepUpgrade)) continue;
     out[name] = value;
   }
@@ -232,10 +239,16 @@ export class IngressProxy {
   }
 
   /** Proxies one HTTP request (bodies streamed both ways, with backpressure). */
-  request(request: IncomingMessage, response: ServerResponse, target: IngressTarget): void {
+  async request(
+    request: IncomingMessage,
+    response: ServerResponse,
+    target: IngressTarget,
+  ): Promise<void> {
     const log = this.logger(target);
     if (!this.admitted(request, target, log))
       return sendSandboxError(response, 403, this.forbidden(request, target), target.sandboxID);
+    const closed = await this.closedPort(target, log);
+    if (closed !== undefined) return sendSandboxError(response, 502, closed, target.sandboxID);
     let gone = false;
     const upstream = this.dial(request, target, false, log, {
       refuse: (status, message) => sendSandboxError(response, status, message, target.sandboxID),
@@ -269,11 +282,18 @@ export class IngressProxy {
   }
 
   /** Proxies an Upgrade request (WebSocket or other): checks as above, then splices raw bytes. */
-  upgrade(request: IncomingMessage, socket: Duplex, head: Buffer, target: IngressTarget): void {
+  async upgrade(
+    request: IncomingMessage,
+    socket: Duplex,
+    head: Buffer,
+    target: IngressTarget,
+  ): Promise<void> {
     const log = this.logger(target);
     socket.on('error', () => socket.destroy());
     if (!this.admitted(request, target, log))
       return this.refuse(socket, 403, this.forbidden(request, target), target.sandboxID);
+    const closed = await this.closedPort(target, log);
+    if (closed !== undefined) return this.refuse(socket, 502, closed, target.sandboxID);
     if (!(socket instanceof net.Socket)) {
       // Node's servers always hand over a net.Socket (or a TLSSocket, which is one).
       log.error('ingress upgrade on a stream that is not a socket');
@@ -345,6 +365,18 @@ export class IngressProxy {
 
   private logger(target: IngressTarget): Logger {
     return this.options.logger.child({ sandboxID: target.sandboxID, port: target.port });
+  }
+
+  /** Why the target's port is not the sandbox's (logged); undefined when it is, or unchecked. */
+  private async closedPort(target: IngressTarget, log: Logger): Promise<string | undefined> {
+    const closed = await target
+      .closed?.()
+      .catch(
+        (error: Error) => `cannot read the ports of sandbox ${target.sandboxID}: ${error.message}`,
+      );
+    if (closed !== undefined)
+      log.info({ reason: closed }, 'ingress refused: not a port of the sandbox');
+    return closed;
   }
 
   /** The traffic token check. The token itself is never logged. */

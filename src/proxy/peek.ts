@@ -169,6 +169,29 @@ export function readServerHello(data: Buffer): 'incomplete' | 'retry' | 'other' 
   return random.equals(HELLO_RETRY_RANDOM) ? 'retry' : 'other';
 }
 
+const TOKEN_BYTE = /[!#$%&'*+\-.^_`|~0-9A-Za-z]/;
+const isTokenByte = (byte: number) => TOKEN_BYTE.test(String.fromCharCode(byte));
+
+/**
+ * Whether a client's first bytes are an HTTP/1.x request, whatever the port: a first line that
+ * starts with a method and a space (empty lines before it, which servers skip, included) and
+ * ends with an HTTP version. 'wait' until its first line is whole, but no longer than `limit`
+ * bytes: a start like a request that runs on past that counts as one (the head limit refuses
+ * it). Other protocols' first bytes (binary ones, SSH's banner, RESP, SMTP's EHLO) are not.
+ */
+export function startsLikeHttp(data: Buffer, limit: number): boolean | 'wait' {
+  let i = 0;
+  while (i < data.length && (data[i] === 0x0d || data[i] === 0x0a)) i++;
+  const method = i;
+  while (i < data.length && isTokenByte(data[i]!)) i++;
+  if (i === data.length) return data.length > limit || 'wait';
+  if (i === method || data[i] !== 0x20) return method > 0;
+  const lineEnd = data.indexOf(0x0a, i);
+  if (lineEnd < 0) return data.length > limit || 'wait';
+  const line = data.toString('latin1', i, lineEnd).replace(/\r$/, '');
+  return / HTTP\/\d+\.\d+$/.test(line);
+}
+
 /**
  * Reads the Host header of a plain HTTP/1.x request head (exactly one Host allowed). `scanned`:
  * how many bytes an earlier call saw without finding the head's end (they are not searched again).

@@ -3,7 +3,7 @@ import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
-import { type Target, tunnelSocket } from './dial.js';
+import { type Dialled, type Target, tunnelSocket } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
@@ -47,7 +47,7 @@ export class TransparentProxy {
   private accept(client: net.Socket): void {
     const { logger, metrics } = this.options;
     client.on('error', () => client.destroy());
-    const who = identify(this.options.table, undefined, client);
+    const who = identify(this.options.table, undefined, client, this.options.sourceIsProof);
     if (!who.ok) {
       metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'unauthenticated' });
       client.destroy();
@@ -155,7 +155,7 @@ export class TransparentProxy {
       client.destroy();
       return;
     }
-    const dialled: Target = { ...target, ip: connected.ip };
+    const dialled: Dialled = { ...target, ip: connected.ip };
     // Decided again: the policy may have changed, or the sandbox gone, while we dialled.
     if (
       client.destroyed ||

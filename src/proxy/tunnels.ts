@@ -1,15 +1,15 @@
 import type { Logger } from 'pino';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { MoatMetrics, ProxyKind } from '../metrics/index.js';
-import { type Decision, decide, formatDestination } from '../policy/index.js';
-import type { Target } from './dial.js';
+import { type Decision, formatDestination } from '../policy/index.js';
+import type { Dialled } from './dial.js';
 import type { Splice, SpliceOptions } from './splice.js';
 
 /** An open connection through Moat, decided for one destination. */
 export interface Tunnel {
   /** The sandbox record it was decided for (a paused and resumed sandbox is a new record). */
   readonly sandbox: EnforcedSandbox;
-  readonly target: Target;
+  readonly target: Dialled;
   /** Closes both sides; `decision` says why when a policy change denied it. */
   close(decision?: Decision): void;
 }
@@ -22,7 +22,14 @@ export interface Tunnel {
 export class TunnelRegistry {
   private readonly bySandbox = new Map<string, Set<Tunnel>>();
 
-  constructor(private readonly table: EnforcementTable) {
+  /**
+   * `check` decides a tunnel's destination for its sandbox as a new one would be (the Dialer's
+   * check: the host first, then the policy by the tunnel's name, or its address).
+   */
+  constructor(
+    private readonly table: EnforcementTable,
+    private readonly check: (sandbox: EnforcedSandbox, target: Dialled) => Decision,
+  ) {
     table.subscribe((event) => {
       if (event.type === 'published') this.recheck(event.sandboxID);
       else this.closeAll(event.sandboxID);
@@ -100,12 +107,7 @@ export class TunnelRegistry {
     const set = this.bySandbox.get(sandboxID);
     if (sandbox === undefined || set === undefined) return;
     for (const tunnel of [...set]) {
-      const { target } = tunnel;
-      const decision = decide(
-        sandbox.policy,
-        target,
-        target.host === undefined ? sandbox.learned : undefined,
-      );
+      const decision = this.check(sandbox, tunnel.target);
       if (decision.verdict === 'deny') tunnel.close(decision);
     }
   }
@@ -131,7 +133,7 @@ export function spliceTunnel(
   context: TunnelContext,
   kind: ProxyKind,
   sandbox: EnforcedSandbox,
-  target: Target,
+  target: Dialled,
   join: (options: SpliceOptions) => Splice,
 ): Splice {
   const { metrics, logger, tunnels } = context;

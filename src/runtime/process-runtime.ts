@@ -29,6 +29,7 @@ import {
 import { Disks, disksProblem } from './disks.js';
 import { LayerStore } from './layers.js';
 import { Launcher } from './launcher.js';
+import { listeningPortsOf } from './listening-ports.js';
 import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
 import { LOCK_DIR } from './range-lock.js';
@@ -498,6 +499,7 @@ export class ProcessRuntime implements SandboxRuntime {
     launched.role('proc', DEFAULT_USER.name).catch(() => undefined);
     const launchers = new Map<unknown, Launcher>();
     const hostRoot = meta ? undefined : this.unconfinedRoot(sandboxID);
+    const processIds = () => (cgroup ? cgroup.members() : groupMembers(launched.pid ?? -1));
     this.live.set(sandboxID, {
       sandboxID,
       env,
@@ -523,7 +525,8 @@ export class ProcessRuntime implements SandboxRuntime {
         },
       }),
       files: new SandboxFiles((user) => launched.role('file', user)),
-      processIds: () => (cgroup ? cgroup.members() : groupMembers(launched.pid ?? -1)),
+      processIds,
+      listeningPorts: async () => listeningPortsOf(await processIds()),
     });
   }
 

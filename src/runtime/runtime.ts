@@ -75,4 +75,9 @@ export interface RuntimeSandbox {
   readonly confined: boolean;
   /** Host pids of every process of the sandbox (its supervisor's included). */
   processIds(): Promise<number[]>;
+  /**
+   * The TCP ports the sandbox's own processes listen on (from their sockets), where ingress
+   * may go when the sandbox shares the host's network: nothing else of the host.
+   */
+  listeningPorts(): Promise<ReadonlySet<number>>;
 }

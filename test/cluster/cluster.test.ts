@@ -58,7 +58,9 @@ describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
     ...['--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
     ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
     ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
-    ...['--enforcement', 'proxy', '--internal-deny', 'none', ...extra],
+    // The origin is this host's: its port is opened as an operator would.
+    ...['--enforcement', 'proxy', '--internal-deny', 'none'],
+    ...['--allow-host-ports', String(origin.port), ...extra],
   ];
   const start = async (id: 'a' | 'b' | 'c') => {
     const direct = `redis://127.0.0.1:${REDIS_PORT}`;

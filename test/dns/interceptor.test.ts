@@ -265,8 +265,9 @@ describe('answers and learning', () => {
     expect(first.rcode).toBe('NXDOMAIN');
     expect(first.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 60 });
     dns.clock.now += 20_000;
+    // From the cache, as first received: a count-down would date the first question.
     const cached = await udpQuery(dns.port, SOURCE, 'nope.test');
-    expect(cached.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 40 });
+    expect(cached.authorities?.[0]).toMatchObject({ type: 'SOA', ttl: 60 });
     expect(upstream.asked('nope.test')).toHaveLength(1);
   });
 
@@ -284,14 +285,18 @@ describe('answers and learning', () => {
     expect(dns.table.get(SANDBOX)!.learned.size).toBe(0);
   });
 
-  it('serves repeats from the cache with TTLs counted down, learning again per sandbox', async () => {
+  it("serves repeats from the cache with the TTL as first received, so no sandbox can date another's question", async () => {
     await udpQuery(dns.port, SOURCE, 'api.allowed.test');
     dns.clock.now += 20_000;
     const other = 'isandbox0000000000002';
     dns.table.register(other, { sourceAddress: ip('127.77.0.3'), egressSecret: 'x' }, ALLOW_TEST);
     const reply = await udpQuery(dns.port, '127.77.0.3', 'api.allowed.test');
     expect(upstream.asked('api.allowed.test')).toHaveLength(1);
-    expect(reply.answers?.[0]?.ttl).toBe(100);
+    // 20 s after the first sandbox asked, the answer says what the upstream said: 120 s, not
+    // the 100 that would tell the other sandbox someone asked 20 s ago.
+    expect(reply.answers?.[0]?.ttl).toBe(120);
+    // Learned per sandbox, for the TTL it was told.
+    dns.clock.now += 119_000;
     expect(dns.table.get(other)!.learned.names(ip('93.184.216.8'))).toEqual(['api.allowed.test']);
   });
 

@@ -49,6 +49,7 @@ const LAYOUT: KernelLayout = {
   gateway: ip('10.216.0.1'),
   ports: { dns: 53, proxy: 3128, transparent: 3129 },
   pool: unwrap(parseCIDR('10.216.0.0/24')),
+  hostPorts: [],
   internal: INTERNAL,
   linkPrefix: 'mtabc123-',
   hostTable: 'moat_abc123',
@@ -156,7 +157,7 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
-  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, open connections of this policy, learned, deny', () => {
+  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, direct web connections to denied addresses, open connections of this policy, learned, deny', () => {
     expect(table.chains.outbound).toEqual([
       'type filter hook output priority filter',
       'policy drop',
@@ -170,6 +171,7 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr @internal4 drop',
       'ip daddr 10.216.0.0/24 drop',
       'ip daddr @allow4 accept',
+      'tcp dport { 80, 443 } ip daddr @deny4 reject with tcp reset',
       'ct state established,related jump this_policy',
       'ip daddr @learned4 goto learned_open',
       'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
@@ -188,8 +190,24 @@ describe('kernel rules: the sandbox table', () => {
       'type filter hook input priority filter',
       'policy drop',
       'iifname "lo" accept',
-      'ct state established,related accept',
+      'ct state established,related jump arriving',
       'ip saddr 10.216.0.5 meta l4proto tcp ct state new accept',
+    ]);
+  });
+
+  it('decides answers by where their connection went, as the outbound chain would now', () => {
+    expect(table.chains.arriving).toEqual([
+      'ct direction original accept',
+      'ct status dnat accept',
+      'ip saddr 10.216.0.1 accept',
+      'ct original ip daddr @internal4 drop',
+      'ct original ip daddr 10.216.0.0/24 drop',
+      'ct original ip daddr @allow4 accept',
+      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 drop',
+      'jump this_policy',
+      'ct original ip daddr @learned4 accept',
+      'ct original ip daddr @deny4 drop',
+      'accept',
     ]);
   });
 
@@ -366,6 +384,14 @@ describe('kernel rules: the host table', () => {
     expect(removeHostRuleset('moat_abc123')).toBe(
       'table inet moat_abc123; delete table inet moat_abc123',
     );
+  });
+
+  it("accepts the host ports the operator opened, and nothing else of the host's", () => {
+    const chains = tableOf(hostRuleset({ ...LAYOUT, hostPorts: [8080, 9000] })).chains;
+    expect(chains.from_sandboxes!.slice(-2)).toEqual([
+      'iifname "mtabc123-*" tcp dport { 8080, 9000 } accept',
+      'iifname "mtabc123-*" drop',
+    ]);
   });
 });
 
@@ -696,7 +722,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
 
   it('takes the host table, and its removal twice', () => {
     nft(hostRuleset(LAYOUT));
-    nft(hostRuleset(LAYOUT));
+    nft(hostRuleset({ ...LAYOUT, hostPorts: [8080] }));
     const tables = () =>
       execFileSync(NSENTER, [`--net=/run/netns/${namespace}`, NFT, 'list', 'tables'], {
         encoding: 'utf8',

@@ -689,6 +689,135 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
+  it("refuses a sandbox that sends another sandbox's proxy credential (407, counted)", async () => {
+    const [mine, theirs] = await Promise.all([
+      sandboxWith({ network: { denyOut: ['0.0.0.0/0'] } }),
+      sandboxWith({ network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } }),
+    ]);
+    const refused = async () =>
+      (await harness.moat.metrics.proxyConnections.get()).values.find(
+        (v) => v.labels.kind === 'forward' && v.labels.verdict === 'unauthenticated',
+      )?.value ?? 0;
+    try {
+      const theirProxy = (await run(theirs, 'printf %s "$HTTP_PROXY"')).stdout;
+      expect(theirProxy).toContain(theirs.sandboxId);
+      const before = await refused();
+      // Their credential, from my address: my address says who I am.
+      const borrowed = await run(
+        mine,
+        `curl -sS -o /dev/null -w '%{http_code}' --proxy '${theirProxy}' http://allowed.test/`,
+      );
+      expect(borrowed.stdout, borrowed.stderr).toBe('407');
+      expect(await refused()).toBe(before + 1);
+      // Theirs works for them.
+      const own = await run(theirs, `curl -sS --proxy "$HTTP_PROXY" http://allowed.test/`);
+      expect(own.stdout, own.stderr).toBe('world http host=allowed.test\n');
+    } finally {
+      await Promise.all([mine.kill(), theirs.kill()]);
+    }
+  });
+
+  /** Runs a program that prints `open`, then a line per event, in the background. */
+  async function watching(sandbox: Sandbox, code: string) {
+    let printed = '';
+    const handle = await sandbox.commands.run(python(code), {
+      background: true,
+      onStdout: (data: string) => void (printed += data),
+    });
+    const lines = () => printed.split('\n').filter((line) => line !== '');
+    await until(() => lines().includes('open'), 10_000);
+    return { handle, lines };
+  }
+
+  it('cuts a direct web connection whose Host a tightened policy no longer allows, within 100 ms', async () => {
+    // Opened under an open policy to an address shared by allowed.test and fronted.test (a
+    // CDN), naming fronted.test; then only allowed.test is allowed. The address stays learned
+    // for allowed.test, but this connection never named it.
+    const sandbox = await sandboxWith({});
+    try {
+      const request = "b'GET / HTTP/1.1\\r\\nHost: fronted.test\\r\\n\\r\\n'";
+      const { handle, lines } = await watching(
+        sandbox,
+        [
+          'import socket, time',
+          `s = socket.create_connection(('allowed.test', ${WORLD_PORTS.http}), timeout=5)`,
+          `s.sendall(${request}); assert b'host=fronted.test' in s.recv(4096)`,
+          "print('open', flush=True)",
+          'end = time.time() + 5',
+          'try:',
+          '  while time.time() < end:',
+          `    s.sendall(${request})`,
+          '    if not s.recv(4096): break',
+          '    time.sleep(0.005)',
+          '  else:',
+          "    print('still open after 5 s', flush=True); exit()",
+          'except OSError: pass',
+          "print('closed', int(time.time() * 1000), flush=True)",
+        ].join('\n'),
+      );
+      const requestedAt = Date.now();
+      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
+      });
+      const appliedAt = Date.now();
+      expect(put.status, put.text).toBe(204);
+      await handle.wait().catch(() => undefined);
+      const closed = lines().find((line) => line.startsWith('closed '));
+      expect(closed, lines().join('\n')).toBeDefined();
+      const closedAt = Number(closed!.split(' ')[1]);
+      expect(closedAt).toBeGreaterThanOrEqual(requestedAt);
+      expect(closedAt - appliedAt).toBeLessThan(100);
+      // allowed.test itself still works, by its name (through the transparent listener now).
+      const allowed = await run(sandbox, curl('http://allowed.test/'));
+      expect(allowed.stdout, allowed.stderr).toBe('world http host=allowed.test\n');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('lets nothing more arrive from a UDP peer once a publish denies it', async () => {
+    const sandbox = await sandboxWith({});
+    try {
+      // The world's talker answers one datagram with 400, one every 10 ms.
+      const { handle, lines } = await watching(
+        sandbox,
+        [
+          'import socket, time',
+          's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)',
+          `s.connect(('${DENIED_IP}', ${WORLD_PORTS.udpTalk})); s.send(b'go')`,
+          's.recv(64)',
+          "print('open', flush=True)",
+          'end = time.time() + 2',
+          'while time.time() < end:',
+          '  try:',
+          '    s.recv(64); print(int(time.time() * 1000), flush=True)',
+          '  except OSError: pass',
+          "print('done', flush=True)",
+        ].join('\n'),
+      );
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      const requestedAt = Date.now();
+      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { allowOut: [`${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
+      });
+      const appliedAt = Date.now();
+      expect(put.status, put.text).toBe(204);
+      await handle.wait();
+      const arrivals = lines()
+        .filter((line) => /^\d+$/.test(line))
+        .map(Number);
+      expect(arrivals.filter((at) => at < requestedAt).length).toBeGreaterThan(5);
+      // The talker went on for about 2 s more; none of it got in once the PUT was answered.
+      const late = arrivals.filter((at) => at > appliedAt);
+      expect(late, `last arrival ${Math.max(...arrivals) - appliedAt} ms after the 204`).toEqual(
+        [],
+      );
+      expect(lines()).toContain('done');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it('leaves no namespace or link behind a killed sandbox', async () => {
     const network = harness.moat.network!;
     const sandbox = await sandboxWith({});

@@ -8,7 +8,12 @@ import { nativeTcp, nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
 import { type RunningMoat, startMoat } from '../../src/cli/index.js';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { loadConfig } from '../../src/config.js';
-import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import {
+  compileHostAddresses,
+  compilePolicy,
+  parseIP,
+  parseNetworkConfig,
+} from '../../src/policy/index.js';
 import { udpQuery } from '../support/dns-client.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { FakeDns } from '../support/fake-dns.js';
@@ -53,8 +58,16 @@ export function egressSuite(io: TcpIoSetting): void {
   let proxy: { host: string; port: number };
   const scratch = scratchMoatFlags();
 
-  /** Moat on free loopback ports, resolving through the fake upstream, origins behind its transparent listener. */
-  async function startTestMoat(flags: Record<string, string>): Promise<RunningMoat> {
+  /**
+   * Moat on free loopback ports, resolving through the fake upstream, origins behind its
+   * transparent listener. The origins are on this host's loopback, so unless `host` is
+   * 'this host', Moat is told the host has no interfaces (the suite is about everything else;
+   * 'the host is never a destination' below is about this).
+   */
+  async function startTestMoat(
+    flags: Record<string, string>,
+    host: 'no interfaces' | 'this host' = 'no interfaces',
+  ): Promise<RunningMoat> {
     const config = loadConfig({
       flags: {
         'dns-listen': '127.0.0.1:0',
@@ -69,6 +82,7 @@ export function egressSuite(io: TcpIoSetting): void {
     if (!config.ok) throw new Error(config.error);
     return startMoat(config.value, pino({ level: 'silent' }), {
       defaultMetrics: false,
+      hostAddresses: host === 'this host' ? undefined : compileHostAddresses([]),
       transparentPorts: { tls: secure.port, http: web.port },
     });
   }
@@ -194,8 +208,9 @@ export function egressSuite(io: TcpIoSetting): void {
       });
       expect(status).toBe(200);
       expect(await readUntil(socket, (t) => t.includes('\r\n'))).toBe('SSH-2.0-origin\r\n');
-      socket.write('ping');
-      expect(await readUntil(socket, (t) => t.includes('ping'))).toBe('ping');
+      // A whole line: bytes that could still begin an HTTP request line wait until it ends.
+      socket.write('ping\n');
+      expect(await readUntil(socket, (t) => t.includes('ping'))).toBe('ping\n');
       socket.destroy();
     });
 
@@ -209,9 +224,9 @@ export function egressSuite(io: TcpIoSetting): void {
         `CONNECT ${authority} HTTP/1.1\r\nHost: ${authority}\r\n` +
           `Proxy-Authorization: Basic ${credentials}\r\n\r\nEARLY-`,
       );
-      setTimeout(() => socket.write('LATE'), 30);
-      const seen = await readUntil(socket, (text) => text.includes('EARLY-LATE'));
-      expect(seen).toMatch(/^HTTP\/1\.1 200 [^]*SSH-2\.0-origin\r\nEARLY-LATE$/);
+      setTimeout(() => socket.write('LATE\n'), 30);
+      const seen = await readUntil(socket, (text) => text.includes('EARLY-LATE\n'));
+      expect(seen).toMatch(/^HTTP\/1\.1 200 [^]*SSH-2\.0-origin\r\nEARLY-LATE\n$/);
       socket.destroy();
     });
 
@@ -305,23 +320,6 @@ export function egressSuite(io: TcpIoSetting): void {
       const { status, body } = await connectThrough(proxy, `closed.allowed.test:${port}`, { auth });
       expect(status).toBe(502);
       expect(JSON.parse(body).message).toContain(`closed.allowed.test:${port}`);
-    });
-
-    it("never dials Moat's own listeners", async () => {
-      moat.table.publish(SANDBOX, policy({ allowOut: ['127.0.0.0/8'], denyOut: ['0.0.0.0/0'] }));
-      const { status, body } = await connectThrough(proxy, `127.0.0.1:${proxy.port}`, { auth });
-      expect(status).toBe(403);
-      expect(JSON.parse(body).message).toContain("the address is Moat's own (one of its listeners");
-    });
-
-    it("never dials Moat's own listeners through an unspecified address (0.0.0.0 is this host)", async () => {
-      // Default allow: 0.0.0.0/8 is not in this test's narrowed internal list.
-      moat.table.publish(SANDBOX, policy({}));
-      for (const authority of [`0.0.0.0:${proxy.port}`, `[::ffff:0.0.0.0]:${proxy.port}`]) {
-        const { status, body } = await connectThrough(proxy, authority, { auth });
-        expect(status, authority).toBe(403);
-        expect(JSON.parse(body).message).toContain("the address is Moat's own");
-      }
     });
 
     it('opens no tunnel for a client that ended while its destination was being resolved', async () => {
@@ -511,13 +509,29 @@ export function egressSuite(io: TcpIoSetting): void {
       socket.destroy();
     });
 
-    it('passes bytes that are not TLS through unchecked on ports other than 80', async () => {
-      const { socket, status } = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+    it('checks the Host header of plain HTTP on any port, as origins route it by Host there too', async () => {
+      const fronted = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+      expect(fronted.status).toBe(200);
+      fronted.socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      expect(await readUntil(fronted.socket, () => false, 500)).toBe('');
+      expect(fronted.socket.destroyed).toBe(true);
+      expect(web.requests).toEqual([]);
+      const named = await connectThrough(proxy, `allowed.test:${web.port}`, { auth });
+      named.socket.write(`GET / HTTP/1.1\r\nHost: allowed.test:${web.port}\r\n\r\n`);
+      expect(await readUntil(named.socket, (t) => t.includes('}'))).toContain('200 OK');
+      named.socket.destroy();
+    });
+
+    it('passes other plain protocols unchecked once their first line shows they are not HTTP', async () => {
+      const { socket, status } = await connectThrough(proxy, `ssh.allowed.test:${ssh.port}`, {
+        auth,
+      });
       expect(status).toBe(200);
-      socket.write('GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
-      expect(await readUntil(socket, (t) => t.includes('"host":"denied.test"'))).toContain(
-        '200 OK',
-      );
+      await readUntil(socket, (t) => t.includes('\r\n'));
+      // A command line of a text protocol, then what would be a request: the tunnel is not
+      // HTTP, and an origin that speaks HTTP refused its first line already.
+      socket.write('SET key value\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n');
+      expect(await readUntil(socket, (t) => t.includes('denied.test'))).toContain('SET key value');
       socket.destroy();
     });
 
@@ -739,6 +753,23 @@ export function egressSuite(io: TcpIoSetting): void {
       expect(warnings).not.toContain('MaxListenersExceededWarning');
     });
 
+    it('refuses a header whose name folds into a framing one, before any byte leaves', async () => {
+      // Beside the Content-Length Moat frames by, an origin that reads "_" as "-" would see a
+      // chunked body end where Moat saw none, and the rest as a request of its own.
+      const socket = net.connect(proxy);
+      const credential = Buffer.from(auth).toString('base64');
+      socket.write(
+        `POST http://allowed.test:${web.port}/ HTTP/1.1\r\nHost: allowed.test\r\n` +
+          `Proxy-Authorization: Basic ${credential}\r\nContent-Length: 5\r\n` +
+          'Transfer_Encoding: chunked\r\n\r\n0\r\n\r\n',
+      );
+      const answer = await readUntil(socket, (t) => t.includes('}'));
+      socket.destroy();
+      expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+      expect(answer).toContain('Transfer_Encoding would read as transfer-encoding');
+      expect(web.requests).toEqual([]);
+    });
+
     it('answers 407 without identity and 400 for origin-form requests', async () => {
       const anonymous = await proxyGet(`http://allowed.test:${web.port}/`);
       expect(anonymous.status).toBe(407);
@@ -773,8 +804,8 @@ export function egressSuite(io: TcpIoSetting): void {
         SANDBOX,
         policy({ allowOut: ['ssh.allowed.test'], denyOut: ['0.0.0.0/0'] }),
       );
-      socket.write('still');
-      expect(await readUntil(socket, (t) => t.includes('still'))).toBe('still');
+      socket.write('still\n');
+      expect(await readUntil(socket, (t) => t.includes('still'))).toBe('still\n');
       socket.destroy();
     });
 
@@ -944,6 +975,170 @@ export function egressSuite(io: TcpIoSetting): void {
       expect(
         await closedWithout('GET / HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n', '127.77.0.201'),
       ).toBe(true);
+    });
+  });
+
+  describe('the host is never a destination', () => {
+    // Loopback is this host's, and no longer internal here: what stands between a sandbox and
+    // the host's own services (the origins of this suite among them) is the host check alone.
+    const HOST_SANDBOX = 'ihostsandbox000000001';
+    const hostAuth = `${HOST_SANDBOX}:host-secret`;
+    let own: ReturnType<typeof scratchMoatFlags>;
+    let guarded: RunningMoat;
+    const hostPolicy = (config: object) =>
+      compilePolicy(parseNetworkConfigOrThrow(config), guarded.internal);
+
+    beforeAll(async () => {
+      own = scratchMoatFlags();
+      guarded = await startTestMoat(
+        { 'internal-deny': '10.0.0.0/8', 'source-pool': '127.79.0.0/16', ...own.flags },
+        'this host',
+      );
+    });
+    afterAll(async () => {
+      await guarded.stop();
+      own.remove();
+    });
+    beforeEach(() => {
+      guarded.table.remove(HOST_SANDBOX);
+      guarded.table.register(
+        HOST_SANDBOX,
+        { sourceAddress: ip('127.79.0.2'), egressSecret: 'host-secret' },
+        hostPolicy({}),
+      );
+      web.requests.length = 0;
+    });
+
+    const refusedAsHost = (status: number, body: string) => {
+      expect(status).toBe(403);
+      expect(JSON.parse(body).message).toMatch(/denied by host: the address is the host itself/);
+    };
+
+    it('refuses CONNECT to a service of the host, whatever the policy allows', async () => {
+      for (const rules of [{}, { allowOut: ['127.0.0.0/8'], denyOut: ['0.0.0.0/0'] }]) {
+        guarded.table.publish(HOST_SANDBOX, hostPolicy(rules));
+        const { status, body, head } = await connectThrough(
+          guarded.listening.proxy,
+          `127.0.0.12:${ssh.port}`,
+          { auth: hostAuth },
+        );
+        refusedAsHost(status, body);
+        expect(head).toMatch(/X-Moat-Decision: deny; list=host(\r\n|$)/i);
+      }
+    });
+
+    it('refuses an allowed name whose DNS answer is the host, on CONNECT and absolute-form', async () => {
+      guarded.table.publish(HOST_SANDBOX, hostPolicy(ALLOW_TEST));
+      const tunnel = await connectThrough(guarded.listening.proxy, `ssh.allowed.test:${ssh.port}`, {
+        auth: hostAuth,
+      });
+      refusedAsHost(tunnel.status, tunnel.body);
+      const credential = Buffer.from(hostAuth).toString('base64');
+      for (const url of [
+        `http://allowed.test:${web.port}/`,
+        `http://127.0.0.10:${web.port}/`,
+        `http://[::ffff:127.0.0.10]:${web.port}/`,
+      ]) {
+        const socket = net.connect(guarded.listening.proxy);
+        socket.write(
+          `GET ${url} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic ${credential}\r\n\r\n`,
+        );
+        const answer = await readUntil(socket, (t) => t.includes('}'));
+        socket.destroy();
+        expect(answer, url).toMatch(/^HTTP\/1\.1 403 /);
+        expect(answer, url).toContain('the host itself');
+      }
+      expect(web.requests).toEqual([]);
+    });
+
+    it("refuses Moat's own listeners, through any address that reaches them", async () => {
+      for (const authority of [
+        `127.0.0.1:${guarded.listening.api.port}`,
+        `127.0.0.1:${guarded.listening.proxy.port}`,
+        `0.0.0.0:${guarded.listening.proxy.port}`,
+        `[::ffff:0.0.0.0]:${guarded.listening.dns.port}`,
+        `[::]:${guarded.listening.api.port}`,
+      ]) {
+        const { status, body } = await connectThrough(guarded.listening.proxy, authority, {
+          auth: hostAuth,
+        });
+        expect(status, authority).toBe(403);
+        expect(JSON.parse(body).message, authority).toContain('the host itself');
+      }
+    });
+
+    it('closes a transparent connection whose name resolves to the host', async () => {
+      guarded.table.publish(HOST_SANDBOX, hostPolicy(ALLOW_TEST));
+      const socket = net.connect({
+        host: '127.0.0.1',
+        port: guarded.listening.transparent!.port,
+        localAddress: '127.79.0.2',
+      });
+      socket.on('error', () => {});
+      socket.write('GET / HTTP/1.1\r\nHost: www.allowed.test\r\n\r\n');
+      expect(await readUntil(socket, () => false, 1000)).toBe('');
+      expect(socket.destroyed).toBe(true);
+      expect(web.requests).toEqual([]);
+    });
+
+    it('strips the host from DNS answers for an allowed name, and learns nothing', async () => {
+      guarded.table.publish(HOST_SANDBOX, hostPolicy(ALLOW_TEST));
+      const reply = await udpQuery(guarded.listening.dns.port, '127.79.0.2', 'allowed.test');
+      expect(reply.rcode).toBe('NOERROR');
+      expect(reply.answers).toEqual([]);
+      expect(guarded.table.get(HOST_SANDBOX)!.learned.size).toBe(0);
+    });
+
+    it('opens only the host ports the operator names, to what the policy allows', async () => {
+      const flags = scratchMoatFlags();
+      const opened = await startTestMoat(
+        {
+          'internal-deny': '10.0.0.0/8',
+          'allow-host-ports': String(web.port),
+          'source-pool': '127.79.0.0/16',
+          ...flags.flags,
+        },
+        'this host',
+      );
+      try {
+        const rules = parseNetworkConfigOrThrow({
+          allowOut: ['127.0.0.10'],
+          denyOut: ['0.0.0.0/0'],
+        });
+        opened.table.register(
+          HOST_SANDBOX,
+          { egressSecret: 'host-secret' },
+          compilePolicy(rules, opened.internal),
+        );
+        const through = (authority: string) =>
+          connectThrough(opened.listening.proxy, authority, { auth: hostAuth });
+        const allowed = await through(`127.0.0.10:${web.port}`);
+        expect(allowed.status).toBe(200);
+        allowed.socket.destroy();
+        // The policy still decides: the opened port of an address it denies stays shut.
+        expect((await through(`127.0.0.12:${web.port}`)).status).toBe(403);
+        // Another port of the same host address stays shut whatever the policy says.
+        const other = await through(`127.0.0.10:${ssh.port}`);
+        refusedAsHost(other.status, other.body);
+      } finally {
+        await opened.stop();
+        flags.remove();
+      }
+    });
+
+    it('refuses to start with a host port opened where Moat itself listens', async () => {
+      const free = net.createServer();
+      await new Promise<void>((resolve) => free.listen(0, '127.0.0.1', resolve));
+      const port = (free.address() as net.AddressInfo).port;
+      await new Promise((resolve) => free.close(resolve));
+      const flags = scratchMoatFlags();
+      await expect(
+        startTestMoat(
+          { 'proxy-listen': `127.0.0.1:${port}`, 'allow-host-ports': String(port), ...flags.flags },
+          'this host',
+        ),
+      ).rejects.toThrow(`--allow-host-ports names ${port}, where Moat itself listens`);
+      flags.remove();
     });
   });
 

@@ -19,7 +19,12 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { type RunningMoat, startMoat } from '../../src/cli/index.js';
 import { loadConfig } from '../../src/config.js';
-import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
+import {
+  compileHostAddresses,
+  compilePolicy,
+  parseIP,
+  parseNetworkConfig,
+} from '../../src/policy/index.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { bodyDigest } from '../support/origins.js';
@@ -212,7 +217,11 @@ beforeAll(async () => {
     },
   });
   if (!config.ok) throw new Error(config.error);
-  moat = await startMoat(config.value, pino({ level: 'silent' }), { defaultMetrics: false });
+  moat = await startMoat(config.value, pino({ level: 'silent' }), {
+    defaultMetrics: false,
+    // The origins are on this host's loopback; what is the host is test/proxy/host.test.ts's.
+    hostAddresses: compileHostAddresses([]),
+  });
   proxy = moat.listening.proxy;
   const parsed = parseNetworkConfig({ allowOut: ['*.fwd.test'], denyOut: ['0.0.0.0/0'] });
   if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));

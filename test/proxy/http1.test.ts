@@ -90,6 +90,29 @@ describe('parseRequestHead', () => {
     expect(requestFraming(head)).toMatchObject({ ok: false, status: 400 });
   });
 
+  it.each([
+    'Transfer_Encoding',
+    'content_length',
+    'Keep_Alive',
+    'Proxy_Authorization',
+    'Connection_',
+  ])(
+    'refuses %s: a server folding "_" into "-" would read a framing or hop-by-hop field',
+    (name) => {
+      for (const parse of [parseRequestHead, parseResponseHead]) {
+        const start = parse === parseRequestHead ? 'POST / HTTP/1.1' : 'HTTP/1.1 200 OK';
+        const parsed = parse(bytes(`${start}\r\nContent-Length: 4\r\n${name}: chunked\r\n\r\n`));
+        expect(parsed.ok, name).toBe(name === 'Connection_');
+      }
+    },
+  );
+
+  it('keeps other names with "_" (they fold to nothing that frames or ends at a hop)', () => {
+    expect(request('GET / HTTP/1.1\r\nX_Api_Key: k\r\nUser_Agent: u\r\n\r\n').fields).toHaveLength(
+      2,
+    );
+  });
+
   it('finds a head that grows, looking only at the new bytes', () => {
     const data = bytes('GET / HTTP/1.1\r\nHost: a\r\n\r\n');
     for (let cut = 0; cut < data.length; cut++) {

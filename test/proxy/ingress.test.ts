@@ -504,6 +504,10 @@ describe('HTTP requests', () => {
         Upgrade: 'h2c',
         'Proxy-Authorization': 'Basic eDp5',
         'Proxy-Foo': 'bar',
+        // Read as Transfer-Encoding by a service that folds "_" into "-".
+        Transfer_Encoding: 'chunked',
+        Keep_Alive: 'timeout=5',
+        X_Custom_Key: 'kept',
         Cookie: 'a=1',
       },
       // Node's client sends Trailer only with a chunked body.
@@ -511,7 +515,10 @@ describe('HTTP requests', () => {
     });
     expect(seen.headers['x-custom']).toBe('yes');
     expect(seen.headers.cookie).toBe('a=1');
+    expect(seen.headers.x_custom_key).toBe('kept');
     for (const name of [
+      'transfer_encoding',
+      'keep_alive',
       'x-hop',
       'keep-alive',
       'te',

@@ -1,6 +1,6 @@
 /** Reading the SNI of a ClientHello that arrives in pieces, and what is too many pieces. */
 import { describe, expect, it } from 'vitest';
-import { peekTlsServerName, tlsRecordStart } from '../../src/proxy/peek.js';
+import { peekTlsServerName, startsLikeHttp, tlsRecordStart } from '../../src/proxy/peek.js';
 import { clientHello, inRecords } from '../support/tls-records.js';
 
 describe('peekTlsServerName', () => {
@@ -40,5 +40,28 @@ describe('peekTlsServerName', () => {
     ['an HTTP method', [...Buffer.from('GET ')], false],
   ] as const)('tells the start of a TLS record: %s', (_, bytes, expected) => {
     expect(tlsRecordStart(Buffer.from(bytes))).toBe(expected);
+  });
+});
+
+describe('startsLikeHttp', () => {
+  const like = (text: string) => startsLikeHttp(Buffer.from(text, 'latin1'), 64);
+  it.each([
+    ['GET / HTTP/1.1\r\n', true],
+    ['get /x HTTP/1.0\n', true],
+    ['\r\n\r\nPOST /a HTTP/1.1\r\n', true],
+    ['PRI * HTTP/2.0\r\n', true],
+    ['SSH-2.0-OpenSSH_9.6\r\n', false],
+    ['*1\r\n$4\r\nPING\r\n', false],
+    ['EHLO client.example\r\n', false],
+    ['SET key value\r\nGET / HTTP/1.1\r\n', false],
+    ['\x00\x00\x00\x08\x04\xd2\x16\x2f', false],
+    [' GET / HTTP/1.1\r\n', false],
+    ['GET', 'wait'],
+    ['GET /path HTTP/1.', 'wait'],
+    ['\r\n', 'wait'],
+    [`GET /${'a'.repeat(80)}`, true],
+    ['A'.repeat(80), true],
+  ])('%j: %s', (text, expected) => {
+    expect(like(text)).toBe(expected);
   });
 });

@@ -32,9 +32,15 @@ export class ServeChild {
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   private readonly child: ChildProcess;
 
-  constructor(args: string[], env: Record<string, string> = {}) {
+  /** `netns`: a network namespace the test made, where this Moat then plays the host. */
+  constructor(args: string[], env: Record<string, string> = {}, netns?: string) {
+    const command = [process.execPath, MOAT_BIN, 'serve', ...args];
+    const [file, ...argv] =
+      netns === undefined
+        ? command
+        : ['/usr/bin/nsenter', `--net=/run/netns/${netns}`, '--', ...command];
     // Only PATH from the environment: no MOAT_* setting of the host leaks in.
-    this.child = spawn(process.execPath, [MOAT_BIN, 'serve', ...args], {
+    this.child = spawn(file!, argv, {
       env: { PATH: process.env.PATH ?? '', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

@@ -1,0 +1,132 @@
+/**
+ * The host is never a destination, end to end: a `moat serve` in namespace mode runs inside a
+ * network namespace this test makes, which plays the host. The host has a public-looking
+ * address (198.18.21.1 on an interface of its own; not in this Moat's internal list) and services on
+ * every address; a sandbox whose policy allows all of 198.18.0.0/15 tries them through the
+ * proxy, directly, and through an address the host gets after Moat started. Only the port the
+ * operator opened (--allow-host-ports) answers, and only as the sandbox's policy allows.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { CommandExitError, Sandbox } from 'e2b';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { API_KEY } from '../support/api-client.js';
+import { HostNamespace } from '../support/host-namespace.js';
+import { namespaceSkipReason } from '../support/netns.js';
+import { ServeChild } from '../support/serve-child.js';
+
+const skip = namespaceSkipReason('test/netns/host');
+
+const HOST = '198.18.21.1';
+/** Added once Moat runs, removed at the end. */
+const LATER = '198.18.21.2';
+const PORTS = { api: 3000, sandbox: 3001, proxy: 3128, service: 8081, opened: 8082 };
+
+/** Runs a shell line in the sandbox; a failing exit is a result, not an exception. */
+async function run(sandbox: Sandbox, script: string): Promise<{ code: number; out: string }> {
+  try {
+    const done = await sandbox.commands.run(script, { timeoutMs: 15_000 });
+    return { code: 0, out: done.stdout };
+  } catch (error) {
+    if (!(error instanceof CommandExitError)) throw error;
+    return { code: error.exitCode, out: error.stdout + error.stderr };
+  }
+}
+
+/** curl through the sandbox's proxy: -p for CONNECT, else absolute-form. Prints status and body. */
+const viaProxy = (url: string, tunnel: boolean) =>
+  `curl -sS --max-time 5 ${tunnel ? '-p' : ''} -x "$HTTP_PROXY" -w ' %{http_connect} %{http_code}' ${url}`;
+/** curl straight to the address: only the kernel stands in the way. */
+const direct = (url: string) => `curl -sS --noproxy '*' --max-time 2 ${url}`;
+
+describe.skipIf(skip !== undefined)('the host is never a destination (namespace mode)', () => {
+  let host: HostNamespace;
+  let scratch: string;
+  let sandbox: Sandbox;
+  let moat: ServeChild;
+
+  beforeAll(async () => {
+    host = HostNamespace.create(String(process.pid), HOST);
+    scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-host-'));
+    await host.serve([PORTS.service, PORTS.opened]);
+    moat = new ServeChild(
+      [
+        ...['--data-dir', scratch, '--enforcement', 'namespace', '--api-keys', API_KEY],
+        ...['--namespace-pool', '10.219.0.0/24', '--internal-deny', '169.254.0.0/16'],
+        ...['--allow-host-ports', String(PORTS.opened)],
+        ...[
+          '--api-listen',
+          `0.0.0.0:${PORTS.api}`,
+          '--sandbox-listen',
+          `127.0.0.1:${PORTS.sandbox}`,
+        ],
+        ...['--proxy-listen', `127.0.0.1:${PORTS.proxy}`, '--dns-listen', '127.0.0.1:5353'],
+        ...['--transparent-listen', 'off', '--dns-upstream', '127.0.0.1:5399'],
+      ],
+      {},
+      host.name,
+    );
+    await moat.started();
+    const [api, sandboxes] = await host.forward([PORTS.api, PORTS.sandbox]);
+    Object.assign(process.env, {
+      E2B_API_URL: `http://127.0.0.1:${api}`,
+      E2B_SANDBOX_URL: `http://127.0.0.1:${sandboxes}`,
+      E2B_API_KEY: API_KEY,
+      E2B_DOMAIN: 'moat.test',
+    });
+    sandbox = await Sandbox.create({
+      timeoutMs: 120_000,
+      network: { allowOut: ['198.18.0.0/15'], denyOut: ['0.0.0.0/0'] },
+    });
+  }, 60_000);
+
+  afterAll(async () => {
+    await sandbox?.kill().catch(() => undefined);
+    // A clean stop removes the sandboxes' namespaces (their names are the machine's).
+    await moat?.stop('SIGTERM');
+    await ServeChild.killAll();
+    host?.close();
+    if (scratch) rmSync(scratch, { recursive: true, force: true });
+  });
+
+  it("refuses the host's own address through the proxy, CONNECT and absolute-form", async () => {
+    const tunnel = await run(sandbox, viaProxy(`http://${HOST}:${PORTS.service}/`, true));
+    expect(tunnel.out).toContain(' 403 ');
+    const forward = await run(sandbox, viaProxy(`http://${HOST}:${PORTS.service}/`, false));
+    expect(forward.out).toMatch(/denied by host: the address is the host itself.* 000 403$/);
+    // Moat's own API, on 0.0.0.0, through the host's address.
+    const api = await run(sandbox, viaProxy(`http://${HOST}:${PORTS.api}/health`, false));
+    expect(api.out).toMatch(/the host itself.* 403$/);
+    expect(host.served).toEqual([]);
+  });
+
+  it("refuses the host's services and Moat's listeners directly, in the kernel", async () => {
+    for (const port of [PORTS.service, PORTS.api]) {
+      const tried = await run(sandbox, direct(`http://${HOST}:${port}/`));
+      expect(tried.code, `port ${port}: ${tried.out}`).not.toBe(0);
+    }
+    expect(host.served).toEqual([]);
+  });
+
+  it('refuses an address the host gets after Moat started, at once', async () => {
+    host.ip('addr', 'add', `${LATER}/32`, 'dev', 'host0');
+    try {
+      for (const port of [PORTS.api, PORTS.service]) {
+        const tried = await run(sandbox, viaProxy(`http://${LATER}:${port}/`, false));
+        expect(tried.out, `port ${port}`).toMatch(/the host itself.* 403$/);
+      }
+      expect(host.served).toEqual([]);
+    } finally {
+      host.ip('addr', 'del', `${LATER}/32`, 'dev', 'host0');
+    }
+  });
+
+  it('opens the port the operator named, to a policy that allows the address', async () => {
+    const proxied = await run(sandbox, viaProxy(`http://${HOST}:${PORTS.opened}/`, false));
+    expect(proxied.out).toBe(`host service ${PORTS.opened}\n 000 200`);
+    const straight = await run(sandbox, direct(`http://${HOST}:${PORTS.opened}/`));
+    expect(straight.out).toBe(`host service ${PORTS.opened}\n`);
+    expect(host.served.map((s) => s.port)).toEqual([PORTS.opened, PORTS.opened]);
+  });
+});

@@ -45,6 +45,18 @@ function tool(args: readonly string[]): Promise<void> {
   });
 }
 
+/** What a snapshot is made of. */
+export interface SnapshotSource {
+  /** The sandbox's writable layer (one folder per part). */
+  readonly upper: string;
+  /** The first host id owning `upper`'s files. */
+  readonly upperFirst: number;
+  /** The stored layer the sandbox was made from, if any. */
+  readonly lower: string | undefined;
+  /** The most data `upper` may hold (its holes not counted). */
+  readonly budgetBytes: number;
+}
+
 export class LayerStore {
   readonly base: string;
   private readonly layers: string;
@@ -99,15 +111,11 @@ export class LayerStore {
   }
 
   /**
-   * Flattens a sandbox's writable layer `upper` (owned by the ids from `fromFirst`) over its
-   * template's layer into a new layer, and makes it template `key` (replacing any before).
+   * Flattens a sandbox's writable layer over its template's layer into a new layer, and makes
+   * it template `key` (replacing any before). Fails when the writable layer holds more than
+   * `budgetBytes` of data.
    */
-  async snapshot(
-    key: string,
-    upper: string,
-    fromFirst: number,
-    lower: string | undefined,
-  ): Promise<void> {
+  async snapshot(key: string, from: SnapshotSource): Promise<void> {
     await mkdir(this.layers, { recursive: true, mode: 0o700 });
     const id = `l${randomBytes(8).toString('hex')}`;
     const staging = `${this.layer(id)}.new`;
@@ -117,10 +125,11 @@ export class LayerStore {
         'flatten',
         staging,
         String(this.storeFirst),
-        String(fromFirst),
+        String(from.upperFirst),
         String(this.idCount),
-        upper,
-        ...(lower === undefined ? [] : [this.layer(lower)]),
+        String(from.budgetBytes),
+        from.upper,
+        ...(from.lower === undefined ? [] : [this.layer(from.lower)]),
       ]);
       await rename(staging, this.layer(id));
       await this.setManifest(key, { layer: id });

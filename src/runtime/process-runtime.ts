@@ -669,12 +669,13 @@ export class ProcessRuntime implements SandboxRuntime {
     const freeze = live !== undefined && !live.frozen ? live.cgroup : undefined;
     await freeze?.freeze();
     try {
-      await layers.snapshot(
-        templateKey,
-        this.upperBase(sandboxID, meta),
-        ids.hostFirst(meta.slot),
-        meta.layer ?? undefined,
-      );
+      await layers.snapshot(templateKey, {
+        upper: this.upperBase(sandboxID, meta),
+        upperFirst: ids.hostFirst(meta.slot),
+        lower: meta.layer ?? undefined,
+        // A sparse file's holes are not data; what is, cannot exceed the sandbox's disk.
+        budgetBytes: (live?.limits.diskSizeMB ?? this.options.defaultDiskMB) * 2 ** 20,
+      });
     } finally {
       await freeze?.thaw();
     }

@@ -1,10 +1,11 @@
 """Moat's layer store tool, run as the host's root on folders Moat owns.
 
     layer_tool.py base   OUT STORE_FIRST SPEC.json   the generated base layer (see build_base)
-    layer_tool.py flatten OUT STORE_FIRST FROM_FIRST COUNT UPPER [LOWER]
+    layer_tool.py flatten OUT STORE_FIRST FROM_FIRST COUNT BUDGET UPPER [LOWER]
                                                      a snapshot: UPPER (a sandbox's writable layer,
                                                      ids FROM_FIRST..) merged over LOWER (the layer
-                                                     it was made from, store ids), in store ids
+                                                     it was made from, store ids), in store ids;
+                                                     at most BUDGET bytes of data from UPPER
     layer_tool.py adopt  OUT FIRST COUNT HOME_UID SOURCE
                                                      a folder of Moat before layers (one owner) as a
                                                      layer: everything owned by HOME_UID, /root by 0
@@ -21,8 +22,12 @@ places there can lead the copy outside it.
 import errno
 import json
 import os
+import posixpath
 import stat as st
 import sys
+
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__))]
+import sysapi  # noqa: E402
 
 OPAQUE = 'trusted.overlay.opaque'
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -68,8 +73,10 @@ def copy_xattrs(source, target, keep_opaque):
     for name in names:
         if name.startswith('trusted.overlay.') and not (keep_opaque and name == OPAQUE):
             continue
-        if name == 'security.capability':
-            continue  # its owner id is the source's; file capabilities do nothing under no_new_privs
+        # Owner ids inside these are the source's (file capabilities do nothing under
+        # no_new_privs; ACLs would name another sandbox's ids): they do not travel.
+        if name == 'security.capability' or name.startswith('system.posix_acl_'):
+            continue
         try:
             os.setxattr(target, name, os.getxattr(source, name, follow_symlinks=False), follow_symlinks=False)
         except OSError as error:
@@ -84,15 +91,47 @@ def finish(target_dir, name, info, shift, is_link):
     os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=target_dir, follow_symlinks=False)
 
 
-class Copier:
-    def __init__(self):
-        self.links = {}  # (dev, ino) of a source file -> (target folder fd path, name) of its copy
+class TooLarge(Exception):
+    pass
 
-    def copy_file(self, source_dir, name, info, target_dir, shift):
+
+class Copier:
+    """Copies into one output folder (`out_fd`), keeping hardlinks and holes, within a budget.
+
+    Hardlinks are made again only between copies this copier made: each is found again by its
+    path under the output folder (resolved with no symlink allowed) and checked to be the very
+    inode made, so nothing a sandbox wrote can turn a link into one to another file.
+    """
+
+    def __init__(self, out_fd, budget=None):
+        self.out_fd = out_fd
+        self.budget = budget  # bytes of content still allowed from budgeted sources
+        self.links = {}  # (dev, ino) of a source file -> (path under out, (dev, ino) of its copy)
+
+    def link_again(self, key, target_dir, name):
+        """Links `name` to the copy already made of the same source file; False when it cannot."""
+        first_rel, first_copy = self.links[key]
+        parent_rel, first_name = posixpath.split(first_rel)
+        try:
+            parent = sysapi.openat2(
+                self.out_fd, parent_rel or '.', os.O_PATH | os.O_DIRECTORY, 0,
+                sysapi.RESOLVE_BENEATH | sysapi.RESOLVE_NO_SYMLINKS,
+            )
+        except OSError:
+            return False
+        try:
+            current = os.lstat(first_name, dir_fd=parent)
+            if (current.st_dev, current.st_ino) != first_copy or not st.S_ISREG(current.st_mode):
+                return False
+            os.link(first_name, name, src_dir_fd=parent, dst_dir_fd=target_dir, follow_symlinks=False)
+            return True
+        finally:
+            os.close(parent)
+
+    def copy_file(self, source_dir, name, info, target_dir, rel, shift, budgeted):
         key = (info.st_dev, info.st_ino)
-        if info.st_nlink > 1 and key in self.links:
-            first_dir, first_name = self.links[key]
-            os.link(first_name, name, src_dir_fd=first_dir, dst_dir_fd=target_dir)
+        path = posixpath.join(rel, name)
+        if info.st_nlink > 1 and key in self.links and self.link_again(key, target_dir, name):
             return
         if st.S_ISLNK(info.st_mode):
             os.symlink(os.readlink(name, dir_fd=source_dir), name, dir_fd=target_dir)
@@ -106,7 +145,7 @@ class Copier:
                 target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=target_dir)
                 try:
                     if st.S_ISREG(os.fstat(source).st_mode):
-                        copy_content(source, target)
+                        self.copy_content(source, target, budgeted)
                 finally:
                     os.close(target)
             finally:
@@ -116,102 +155,169 @@ class Copier:
         copy_xattrs(fd_path(source_dir, name), fd_path(target_dir, name), False)
         finish(target_dir, name, info, shift, st.S_ISLNK(info.st_mode))
         if info.st_nlink > 1 and st.S_ISREG(info.st_mode):
-            self.links[key] = (target_dir, name)
+            made = os.lstat(name, dir_fd=target_dir)
+            self.links[key] = (path, (made.st_dev, made.st_ino))
 
-    def merge(self, sources, target_dir):
-        """Merges folders (fd, shift), top first, into the empty folder `target_dir`, as overlayfs shows them."""
+    def copy_content(self, source, target, budgeted):
+        """Copies the data of `source`, leaving its holes holes (a sparse file stays sparse)."""
+        size = os.fstat(source).st_size
+        position = 0
+        while position < size:
+            try:
+                data = os.lseek(source, position, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno == errno.ENXIO:
+                    break  # only a hole is left
+                raise
+            hole = os.lseek(source, data, os.SEEK_HOLE)
+            if budgeted and self.budget is not None:
+                self.budget -= hole - data
+                if self.budget < 0:
+                    raise TooLarge('the snapshot holds more data than the sandbox\'s disk can')
+            offset = data
+            while offset < hole:
+                copied = copy_range(source, target, offset, min(COPY_CHUNK, hole - offset))
+                if copied == 0:
+                    break
+                offset += copied
+            position = hole
+        os.ftruncate(target, size)
+
+    def merge(self, sources, target_dir, rel=''):
+        """Merges folders (fd, shift, budgeted), top first, into the empty `target_dir`, as
+        overlayfs shows them. Iterative: a tree of any depth neither recurses nor overflows."""
+        frames = [Frame(sources, target_dir, rel, None, [])]
+        try:
+            while frames:
+                frame = frames[-1]
+                name = next(frame.names, None)
+                if name is None:
+                    frames.pop()
+                    frame.close()
+                    if frame.finish is not None:
+                        finish(*frame.finish)
+                    continue
+                found = []
+                for fd, shift, budgeted in frame.sources:
+                    try:
+                        found.append((fd, shift, budgeted, os.lstat(name, dir_fd=fd)))
+                    except FileNotFoundError:
+                        continue
+                if not found:
+                    continue
+                top_fd, top_shift, top_budgeted, top = found[0]
+                if not st.S_ISDIR(top.st_mode):
+                    self.copy_file(top_fd, name, top, frame.target, frame.rel, top_shift, top_budgeted)
+                    continue
+                chain = []
+                opaque = False
+                child = Frame(chain, None, posixpath.join(frame.rel, name), (frame.target, name, top, top_shift, False), [])
+                frames.append(child)
+                for fd, shift, budgeted, info in found:
+                    if not st.S_ISDIR(info.st_mode):
+                        opaque = True
+                        break
+                    opened = os.open(name, NOFOLLOW_DIR, dir_fd=fd)
+                    child.owned.append(opened)
+                    chain.append((opened, shift, budgeted))
+                    if is_opaque(opened):
+                        opaque = True
+                        break
+                os.mkdir(name, 0o700, dir_fd=frame.target)
+                made = os.open(name, NOFOLLOW_DIR, dir_fd=frame.target)
+                child.owned.append(made)
+                child.target = made
+                copy_xattrs(fd_path(top_fd, name), fd_path(made), False)
+                if opaque:
+                    os.setxattr(made, OPAQUE, b'y')
+                child.start()
+        finally:
+            for frame in frames:
+                frame.close()
+
+
+class Frame:
+    """One folder being merged: its sources, its copy, and what finishes it once done."""
+
+    def __init__(self, sources, target, rel, finish_args, owned):
+        self.sources = sources
+        self.target = target
+        self.rel = rel
+        self.finish = finish_args
+        self.owned = owned
+        self.names = iter(())
+        if target is not None:
+            self.start()
+
+    def start(self):
         names = []
         seen = set()
-        for fd, _ in sources:
+        for fd, _, _ in self.sources:
             for name in sorted(os.listdir(fd_path(fd))):
                 if name not in seen:
                     seen.add(name)
                     names.append(name)
-        for name in names:
-            found = []
-            for fd, shift in sources:
-                try:
-                    found.append((fd, shift, os.lstat(name, dir_fd=fd)))
-                except FileNotFoundError:
-                    continue
-            top_fd, top_shift, top = found[0]
-            if not st.S_ISDIR(top.st_mode):
-                self.copy_file(top_fd, name, top, target_dir, top_shift)
-                continue
-            chain = []
-            opaque = False
-            try:
-                for fd, shift, info in found:
-                    if not st.S_ISDIR(info.st_mode):
-                        opaque = True
-                        break
-                    child = os.open(name, NOFOLLOW_DIR, dir_fd=fd)
-                    chain.append((child, shift))
-                    if is_opaque(child):
-                        opaque = True
-                        break
-                os.mkdir(name, 0o700, dir_fd=target_dir)
-                made = os.open(name, NOFOLLOW_DIR, dir_fd=target_dir)
-                try:
-                    copy_xattrs(fd_path(top_fd, name), fd_path(made), False)
-                    if opaque:
-                        os.setxattr(made, OPAQUE, b'y')
-                    self.merge(chain, made)
-                finally:
-                    os.close(made)
-                finish(target_dir, name, top, top_shift, False)
-            finally:
-                for child, _ in chain:
-                    os.close(child)
+        self.names = iter(names)
+
+    def close(self):
+        for fd in self.owned:
+            os.close(fd)
+        self.owned = []
 
 
-def copy_content(source, target):
-    while True:
-        try:
-            copied = os.copy_file_range(source, target, COPY_CHUNK)
-        except OSError as error:
-            if error.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            data = os.read(source, COPY_CHUNK)
-            copied = len(data)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(target, view) :]
-        if copied == 0:
-            return
+def copy_range(source, target, offset, count):
+    """Copies count bytes at offset (the kernel copies where it can)."""
+    try:
+        return os.copy_file_range(source, target, count, offset, offset)
+    except OSError as error:
+        if error.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(source, count, offset)
+    view = memoryview(data)
+    written = 0
+    while written < len(data):
+        written += os.pwrite(target, view[written:], offset + written)
+    return len(data)
 
 
 def open_dir(path):
     return os.open(path, NOFOLLOW_DIR)
 
 
-def flatten(out, store_first, from_first, count, upper, lower=None):
-    """A snapshot layer: each part of UPPER merged over the same part of LOWER."""
+def flatten(out, store_first, from_first, count, budget, upper, lower=None):
+    """A snapshot layer: each part of UPPER merged over the same part of LOWER.
+
+    Only UPPER's data counts against `budget`: LOWER is a stored layer already paid for.
+    """
     os.mkdir(out, 0o700)
     out_fd = open_dir(out)
     upper_fd = open_dir(upper)
     lower_fd = open_dir(lower) if lower else None
     identity = Shift(store_first, store_first, count)
+    copier = Copier(out_fd, budget)
     try:
         parts = set(os.listdir(fd_path(upper_fd)))
         if lower_fd is not None:
             parts |= set(os.listdir(fd_path(lower_fd)))
         for part in sorted(parts):
             sources = []
-            for fd, shift in ((upper_fd, Shift(from_first, store_first, count)), (lower_fd, identity)):
+            for fd, shift, budgeted in (
+                (upper_fd, Shift(from_first, store_first, count), True),
+                (lower_fd, identity, False),
+            ):
                 if fd is None:
                     continue
                 try:
-                    sources.append((os.open(part, NOFOLLOW_DIR, dir_fd=fd), shift))
+                    sources.append((os.open(part, NOFOLLOW_DIR, dir_fd=fd), shift, budgeted))
                 except FileNotFoundError:
                     pass
             os.mkdir(part, 0o755, dir_fd=out_fd)
             made = os.open(part, NOFOLLOW_DIR, dir_fd=out_fd)
             try:
-                Copier().merge(sources, made)
+                copier.merge(sources, made, part)
             finally:
                 os.close(made)
-                for fd, _ in sources:
+                for fd, _, _ in sources:
                     os.close(fd)
             os.chown(part, store_first, store_first, dir_fd=out_fd)
     finally:
@@ -226,7 +332,9 @@ def adopt(out, first, count, home_uid, source):
     part = os.path.join(out, 'root')
     os.mkdir(part, 0o755)
     source_fd = open_dir(source)
+    out_fd = open_dir(out)
     part_fd = open_dir(part)
+    copier = Copier(out_fd)
     user = lambda _value: first + home_uid  # noqa: E731
     root = lambda _value: first  # noqa: E731
     try:
@@ -241,17 +349,18 @@ def adopt(out, first, count, home_uid, source):
                     os.mkdir(name, 0o700, dir_fd=part_fd)
                     made = os.open(name, NOFOLLOW_DIR, dir_fd=part_fd)
                     try:
-                        Copier().merge([(child, shift)], made)
+                        copier.merge([(child, shift, False)], made, posixpath.join('root', name))
                     finally:
                         os.close(made)
                 finally:
                     os.close(child)
                 finish(part_fd, name, info, shift, False)
             else:
-                Copier().copy_file(source_fd, name, info, part_fd, shift)
+                copier.copy_file(source_fd, name, info, part_fd, 'root', shift, False)
         os.chown(part, first, first)
     finally:
         os.close(source_fd)
+        os.close(out_fd)
         os.close(part_fd)
 
 
@@ -263,8 +372,9 @@ def world_readable(info):
     return info.st_mode & 0o004 != 0
 
 
-def copy_readable(source_dir, target_dir, shift, replaced, prefix=''):
-    """Copies what any host user may read (files, symlinks, folders), nothing else."""
+def copy_readable(copier, source_dir, target_dir, shift, replaced, prefix=''):
+    """Copies what any host user may read (files, symlinks, folders), nothing else, into the
+    `etc` part of the copier's output (`prefix`: the folder's path inside it, with a slash)."""
     for name in sorted(os.listdir(fd_path(source_dir))):
         rel = prefix + name
         if rel in replaced:
@@ -281,14 +391,14 @@ def copy_readable(source_dir, target_dir, shift, replaced, prefix=''):
                 os.mkdir(name, 0o700, dir_fd=target_dir)
                 made = os.open(name, NOFOLLOW_DIR, dir_fd=target_dir)
                 try:
-                    copy_readable(child, made, shift, replaced, rel + '/')
+                    copy_readable(copier, child, made, shift, replaced, rel + '/')
                 finally:
                     os.close(made)
             finally:
                 os.close(child)
             finish(target_dir, name, info, shift, False)
         elif st.S_ISREG(info.st_mode) or st.S_ISLNK(info.st_mode):
-            Copier().copy_file(source_dir, name, info, target_dir, shift)
+            copier.copy_file(source_dir, name, info, target_dir, posixpath.join('etc', prefix), shift, False)
 
 
 def build_base(out, store_first, spec):
@@ -320,7 +430,7 @@ def build_base(out, store_first, spec):
         etc_fd = os.open('etc', NOFOLLOW_DIR, dir_fd=out_fd)
         host_etc = open_dir(spec['etc'])
         try:
-            copy_readable(host_etc, etc_fd, shift, set(spec['files']))
+            copy_readable(Copier(out_fd), host_etc, etc_fd, shift, set(spec['files']))
             for name, text in spec['files'].items():
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=etc_fd)
                 try:
@@ -351,7 +461,11 @@ def main(argv):
         with open(argv[4]) as spec:
             build_base(argv[2], int(argv[3]), json.load(spec))
     elif command == 'flatten':
-        flatten(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), argv[6], argv[7] if len(argv) > 7 else None)
+        try:
+            flatten(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), int(argv[6]), argv[7], argv[8] if len(argv) > 8 else None)
+        except TooLarge as error:
+            sys.stderr.write(f'{error}\n')
+            raise SystemExit(1) from None
     elif command == 'adopt':
         adopt(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), argv[6])
     else:

@@ -168,6 +168,13 @@ export function sendUnaryError(
  * The response side of a server stream. Errors travel in the end-stream frame with HTTP 200:
  * the SDK reads a non-200 status on a stream from the status alone.
  */
+/**
+ * Bytes a stream may hold for a client that does not read. Producers that can wait (process
+ * output) wait long before this; for those that cannot (watch events), a client this far
+ * behind is cut off rather than buffered for.
+ */
+export const STREAM_BUFFER_LIMIT = 8 << 20;
+
 export class ServerStream {
   private ended = false;
 
@@ -181,7 +188,32 @@ export class ServerStream {
   }
 
   send(message: object): void {
-    if (this.open) this.response.write(encodeEnvelope(0, message));
+    if (!this.open) return;
+    if (this.response.writableLength > STREAM_BUFFER_LIMIT) {
+      this.ended = true;
+      this.response.destroy();
+      return;
+    }
+    this.response.write(encodeEnvelope(0, message));
+  }
+
+  /** The client is behind: what was sent waits in Moat's buffer. */
+  get backedUp(): boolean {
+    return this.open && this.response.writableNeedDrain;
+  }
+
+  /** Resolves once the client has caught up, or the stream is gone. */
+  drained(): Promise<void> {
+    if (!this.backedUp) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        this.response.off('drain', done);
+        this.response.off('close', done);
+        resolve();
+      };
+      this.response.on('drain', done);
+      this.response.on('close', done);
+    });
   }
 
   end(error?: ConnectError): void {

@@ -65,9 +65,11 @@ function bytesOf(value: unknown, field: string): Buffer {
   return Buffer.from(value, 'base64');
 }
 
-function applyInput(process: SandboxProcess, input: Message): void {
+/** Sends input once the process has room for it (it has taken what came before). */
+async function applyInput(process: SandboxProcess, input: Message): Promise<void> {
   const member = exactlyOne(input, ['stdin', 'pty'], 'input');
   const bytes = bytesOf(input[member], `input.${member}`);
+  await process.inputRoom();
   if (!process.write(member as 'stdin' | 'pty', bytes)) {
     throw new ConnectError(
       'failed_precondition',
@@ -108,8 +110,11 @@ function follow(
   killAtDeadline: boolean,
 ): Promise<void> {
   return new Promise((resolve) => {
-    const onData = (kind: string, bytes: Buffer) =>
+    const onData = (kind: string, bytes: Buffer) => {
       stream.send({ event: { data: { [kind]: bytes.toString('base64') } } });
+      // A client that reads slowly slows the process (as a pipe would), not Moat's memory.
+      if (stream.backedUp) process.holdOutput(stream.drained());
+    };
     const timers: NodeJS.Timeout[] = [];
     let deadlinePassed = false;
     let done = false;
@@ -137,10 +142,9 @@ function follow(
       if (stream.open) finish(undefined);
     });
     if (context.keepaliveMs !== undefined) {
-      const ping = setInterval(
-        () => stream.send({ event: { keepalive: {} } }),
-        context.keepaliveMs,
-      );
+      const ping = setInterval(() => {
+        if (!stream.backedUp) stream.send({ event: { keepalive: {} } });
+      }, context.keepaliveMs);
       timers.push(ping as unknown as NodeJS.Timeout);
     }
     if (context.deadlineMs !== undefined) {
@@ -263,7 +267,7 @@ const sendInput: Method = {
   async run(message, context) {
     onlyMembers(message, ['process', 'input'], 'SendInput');
     const input = objectAt(message, 'input', true)!;
-    applyInput(selected(message, context.sandbox.runtime.processes), input);
+    await applyInput(selected(message, context.sandbox.runtime.processes), input);
     return {};
   },
 };
@@ -315,7 +319,8 @@ const update: Method = {
 
 /**
  * Client stream: `{start: {process}}` first, then `{data: {input}}` or `{keepalive: {}}`
- * messages, each applied as it arrives.
+ * messages, each applied in turn. The request is read no faster than the process takes its
+ * input: while it has no room, the client's bytes wait in the client's own socket.
  */
 const streamInput: Method = {
   kind: 'client-stream',
@@ -323,36 +328,44 @@ const streamInput: Method = {
     return new Promise((resolve, reject) => {
       const reader = new EnvelopeReader(1 << 20);
       let target: SandboxProcess | undefined;
+      let failed = false;
+      let applied = Promise.resolve();
       const fail = (error: unknown) => {
+        if (failed) return;
+        failed = true;
         // Stop reading but keep the connection: the error still has to be written back.
         context.request.removeAllListeners('data');
         context.request.resume();
         reject(error);
       };
+      const apply = async (message: Message) => {
+        const member = exactlyOne(message, ['start', 'data', 'keepalive'], 'StreamInputRequest');
+        if (member === 'start') {
+          target = selected(objectAt(message, 'start', true)!, context.sandbox.runtime.processes);
+        } else if (member === 'data') {
+          if (!target) throw invalid('the first StreamInput message must be start');
+          await applyInput(target, objectAt(objectAt(message, 'data', true)!, 'input', true)!);
+        }
+      };
       context.request.on('data', (chunk: Buffer) => {
+        let messages;
         try {
-          for (const { end, message } of reader.push(chunk)) {
-            if (end) continue;
-            const member = exactlyOne(
-              message,
-              ['start', 'data', 'keepalive'],
-              'StreamInputRequest',
-            );
-            if (member === 'start')
-              target = selected(
-                objectAt(message, 'start', true)!,
-                context.sandbox.runtime.processes,
-              );
-            else if (member === 'data') {
-              if (!target) throw invalid('the first StreamInput message must be start');
-              applyInput(target, objectAt(objectAt(message, 'data', true)!, 'input', true)!);
-            }
-          }
+          messages = reader.push(chunk);
         } catch (error) {
           fail(error);
+          return;
         }
+        context.request.pause();
+        applied = applied
+          .then(async () => {
+            for (const { end, message } of messages) {
+              if (!end && !failed) await apply(message);
+            }
+            if (!failed) context.request.resume();
+          })
+          .catch(fail);
       });
-      context.request.on('end', () => resolve({}));
+      context.request.on('end', () => void applied.then(() => failed || resolve({})));
       context.request.on('error', reject);
     });
   },

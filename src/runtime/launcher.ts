@@ -2,6 +2,12 @@
  * Moat's side of a sandbox launcher (supervisor/launcher.py): the process role of one user,
  * inside the sandbox, that forks the sandbox's commands on request and relays their output.
  * Its frames are checked field by field; one that is wrong ends the launcher (RoleConnection).
+ *
+ * Both directions are flow-controlled, so neither a client that stops reading nor a command
+ * that stops reading its input makes Moat buffer without bound: the launcher may send at most
+ * OUTPUT_WINDOW bytes of a command's output that Moat has not credited back (credit goes back
+ * once the output is delivered), and Moat keeps at most INPUT_WINDOW bytes of a command's input
+ * in flight before the launcher reports them taken.
  */
 import { field, FrameError, type FrameHeader } from './frames.js';
 import type { RoleConnection } from './role-connection.js';
@@ -18,8 +24,14 @@ export interface LaunchCommand {
   readonly pty?: { readonly cols: number; readonly rows: number };
 }
 
+/** Must equal OUTPUT_WINDOW in supervisor/launcher.py. */
+export const OUTPUT_WINDOW = 1 << 20;
+/** Input sent ahead of what the command has taken; callers wait for room past it. */
+export const INPUT_WINDOW = 1 << 20;
+
 export interface LaunchedCallbacks {
-  output(fd: 1 | 2, bytes: Buffer): void;
+  /** Output of the command; `delivered` is called once it has gone where it goes. */
+  output(fd: 1 | 2, bytes: Buffer, delivered: () => void): void;
   exit(code: number | null, signal: number | null): void;
 }
 
@@ -28,6 +40,12 @@ interface Pending {
   readonly started: { resolve: () => void; reject: (error: Error) => void };
   /** The launcher said it runs (before that, an ended launcher started nothing). */
   running: boolean;
+  /** Output bytes sent by the launcher and not yet credited back. */
+  outputUncredited: number;
+  /** Input bytes sent and not yet reported taken. */
+  inputInFlight: number;
+  /** Called when input in flight falls (or the command ends). */
+  inputWaiters: Array<() => void>;
 }
 
 export class Launcher {
@@ -53,13 +71,28 @@ export class Launcher {
         callbacks,
         started: { resolve: () => resolve(id), reject },
         running: false,
+        outputUncredited: 0,
+        inputInFlight: 0,
+        inputWaiters: [],
       });
       this.connection.send({ op: 'start', id, ...command });
     });
   }
 
   write(id: number, bytes: Buffer): void {
+    const command = this.commands.get(id);
+    if (command === undefined) return;
+    command.inputInFlight += bytes.length;
     this.connection.send({ op: 'stdin', id }, bytes);
+  }
+
+  /** Resolves once less than INPUT_WINDOW of the command's input is in flight (or it ended). */
+  async inputRoom(id: number): Promise<void> {
+    for (;;) {
+      const command = this.commands.get(id);
+      if (command === undefined || command.inputInFlight < INPUT_WINDOW) return;
+      await new Promise<void>((resolve) => command.inputWaiters.push(resolve));
+    }
   }
 
   closeStdin(id: number): void {
@@ -81,7 +114,8 @@ export class Launcher {
   private onEvent(header: FrameHeader, payload: Buffer): void {
     const id = field.int(header, 'id');
     const command = this.commands.get(id);
-    if (command === undefined) return; // a command Moat no longer follows
+    // Every event of a command comes before its exit: one for no command is a lie.
+    if (command === undefined) throw new FrameError(`event for unknown command ${id}`);
     switch (header.ev) {
       case 'started':
         command.running = true;
@@ -94,11 +128,29 @@ export class Launcher {
       case 'out': {
         const fd = field.int(header, 'fd');
         if (fd !== 1 && fd !== 2) throw new FrameError(`output fd ${fd} is neither 1 nor 2`);
-        command.callbacks.output(fd, payload);
+        command.outputUncredited += payload.length;
+        if (command.outputUncredited > OUTPUT_WINDOW) {
+          throw new FrameError(
+            `command ${id} sent output past its window of ${OUTPUT_WINDOW} bytes`,
+          );
+        }
+        command.callbacks.output(fd, payload, () => this.credit(id, command, payload.length));
+        break;
+      }
+      case 'taken': {
+        const bytes = field.int(header, 'bytes');
+        if (bytes <= 0 || bytes > command.inputInFlight) {
+          throw new FrameError(
+            `command ${id} took ${bytes} bytes of ${command.inputInFlight} sent`,
+          );
+        }
+        command.inputInFlight -= bytes;
+        this.wakeInput(command);
         break;
       }
       case 'exit':
         this.commands.delete(id);
+        this.wakeInput(command);
         command.callbacks.exit(
           header.code === undefined ? null : field.int(header, 'code'),
           header.signal === undefined ? null : field.int(header, 'signal'),
@@ -109,6 +161,17 @@ export class Launcher {
     }
   }
 
+  /** Output delivered: the launcher may read that much more of the command's output. */
+  private credit(id: number, command: Pending, bytes: number): void {
+    command.outputUncredited -= bytes;
+    if (this.commands.get(id) === command) this.connection.send({ op: 'credit', id, bytes });
+  }
+
+  private wakeInput(command: Pending): void {
+    const waiters = command.inputWaiters.splice(0);
+    for (const wake of waiters) wake();
+  }
+
   /**
    * The launcher ended: every command it ran is reported ended with it; those it had not yet
    * started fail to start (their caller may try another launcher).
@@ -117,6 +180,7 @@ export class Launcher {
     if (this.gone) return;
     this.gone = error;
     for (const command of this.commands.values()) {
+      this.wakeInput(command);
       if (command.running) command.callbacks.exit(null, 9);
       else command.started.reject(error);
     }

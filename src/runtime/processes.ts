@@ -89,13 +89,21 @@ export class SandboxProcess extends EventEmitter<ProcessEvents> {
     return this.finished;
   }
 
-  /** Bytes for standard input (or the terminal); false when input is closed. */
+  /**
+   * Bytes for standard input (or the terminal); false when input is closed. Callers wait for
+   * inputRoom() first: input in flight is bounded only by callers that do.
+   */
   write(stream: 'stdin' | 'pty', bytes: Buffer): boolean {
     if (this.finished || !this.io.stdinOpen || (stream === 'pty') !== this.io.terminal) {
       return false;
     }
     this.io.launcher.write(this.io.id, bytes);
     return true;
+  }
+
+  /** Resolves once the process has taken enough of its input for more to be sent. */
+  inputRoom(): Promise<void> {
+    return this.io.launcher.inputRoom(this.io.id);
   }
 
   closeStdin(): void {
@@ -115,10 +123,34 @@ export class SandboxProcess extends EventEmitter<ProcessEvents> {
     if (!this.finished) this.io.launcher.signal(this.io.id, signal);
   }
 
-  /** Output of the process (held until released). */
-  output(stream: OutputStream, bytes: Buffer): void {
-    if (this.held) this.held.push(() => this.emit('data', stream, bytes));
-    else this.emit('data', stream, bytes);
+  /**
+   * Output of the process (held until released); `delivered` once every listener has taken it
+   * (the launcher then reads more of it: a listener that cannot keep up slows the process).
+   */
+  output(stream: OutputStream, bytes: Buffer, delivered: () => void): void {
+    const deliver = () => {
+      const waits: Promise<void>[] = [];
+      this.slowListeners = waits;
+      try {
+        this.emit('data', stream, bytes);
+      } finally {
+        this.slowListeners = undefined;
+      }
+      if (waits.length === 0) delivered();
+      else void Promise.all(waits).then(delivered);
+    };
+    if (this.held) this.held.push(deliver);
+    else deliver();
+  }
+
+  private slowListeners: Promise<void>[] | undefined;
+
+  /**
+   * For a `data` listener, while handling the event: it cannot take more until `ready`
+   * (which must settle, when it can take more or when it goes away).
+   */
+  holdOutput(ready: Promise<void>): void {
+    this.slowListeners?.push(ready);
   }
 
   finish(end: ProcessEnd): void {
@@ -192,8 +224,8 @@ export class ProcessTable {
       ...(request.pty ? { pty: request.pty } : {}),
     };
     const callbacks = {
-      output: (fd: 1 | 2, bytes: Buffer) =>
-        started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes),
+      output: (fd: 1 | 2, bytes: Buffer, delivered: () => void) =>
+        started.output(terminal ? 'pty' : fd === 1 ? 'stdout' : 'stderr', bytes, delivered),
       exit: (code: number | null, signal: number | null) =>
         started.finish(describeEnd(code, signal === null ? null : signalName(signal))),
     };

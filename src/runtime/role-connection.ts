@@ -6,6 +6,13 @@
 import type { Socket } from 'node:net';
 import { type Frame, FrameError, FrameReader, encodeFrame } from './frames.js';
 
+/**
+ * What Moat lets wait in a role's socket. Every sender waits for room long before (input
+ * windows, drained()); past this the role has stopped reading, and holding more for it would
+ * be Moat's memory spent at the sandbox's word.
+ */
+const MAX_UNREAD_BYTES = 32 << 20;
+
 export class RoleConnection {
   private readonly reader = new FrameReader();
   private handler: (frame: Frame) => void = () => undefined;
@@ -41,6 +48,10 @@ export class RoleConnection {
   /** Sends a frame; false when the socket's buffer is full (wait for drain before more). */
   send(header: object, payload?: Buffer): boolean {
     if (this.ended) return false;
+    if (this.socket.writableLength > MAX_UNREAD_BYTES) {
+      this.protocolError(new Error(`it left ${this.socket.writableLength} bytes unread`));
+      return false;
+    }
     return this.socket.write(encodeFrame(header, payload));
   }
 

@@ -5,8 +5,10 @@
  * the sandbox can take its descriptors or trace it), and whatever reaches Moat on its socket is
  * parsed as hostile: garbage ends that launcher, never Moat, and the next command gets a new one.
  */
-import { execFileSync } from 'node:child_process';
-import { readFileSync, readlinkSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { existsSync, readFileSync, readlinkSync } from 'node:fs';
+import { setTimeout as pause } from 'node:timers/promises';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RuntimeSandbox } from '../../src/runtime/index.js';
 import { runShell, shell } from '../support/sandbox-shell.js';
@@ -87,40 +89,67 @@ async function launcherPid(target: RuntimeSandbox, user: string): Promise<number
   throw new Error(`no launcher of ${user} found`);
 }
 
-describe.skipIf(skip)('what reaches Moat from a launcher is parsed as hostile', () => {
-  it('garbage on the launcher’s socket ends that launcher only; Moat and every sandbox go on', async () => {
-    const pid = await launcherPid(sandbox, 'user');
-    const sockets = (() => {
-      const found: number[] = [];
-      for (let fd = 0; fd < 64; fd++) {
-        try {
-          if (readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith('socket:')) found.push(fd);
-        } catch {
-          // not open
-        }
-      }
-      return found;
-    })();
-    expect(sockets.length).toBeGreaterThan(0);
-    // As the host's root, take the launcher's own sockets and speak garbage to Moat through them:
-    // a frame that is over every bound, then one whose header is not JSON.
-    const attack = `
-import ctypes, os, struct, sys
+/**
+ * As the host's root, takes the launcher's own sockets and writes `frames` (a Python expression
+ * for a list of byte strings, `frame(header, payload)` at hand) to Moat through them.
+ */
+async function speakAsLauncher(target: RuntimeSandbox, frames: string): Promise<number> {
+  const pid = await launcherPid(target, 'user');
+  const sockets: number[] = [];
+  for (let fd = 0; fd < 64; fd++) {
+    try {
+      if (readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith('socket:')) sockets.push(fd);
+    } catch {
+      // not open
+    }
+  }
+  expect(sockets.length).toBeGreaterThan(0);
+  const attack = `
+import ctypes, json, os, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
+def frame(header, payload=b''):
+    data = json.dumps(header).encode()
+    return struct.pack('!II', len(data), len(payload)) + data + payload
 pidfd = libc.syscall(434, int(sys.argv[1]), 0)
 for fd in map(int, sys.argv[2:]):
     mine = libc.syscall(438, pidfd, fd, 0)
     if mine < 0:
         continue
-    for garbage in (struct.pack('!II', 0xFFFFFFF0, 0) + b'x' * 64, struct.pack('!II', 5, 0) + b'{nope', b'not a frame at all\\n' * 100):
+    for garbage in ${frames}:
         try:
             os.write(mine, garbage)
         except OSError:
             pass
 `;
-    execFileSync('/usr/bin/python3', ['-c', attack, String(pid), ...sockets.map(String)], {
+  // Not a synchronous child: Moat (this process) must go on reading its side meanwhile.
+  await promisify(execFile)(
+    '/usr/bin/python3',
+    ['-c', attack, String(pid), ...sockets.map(String)],
+    {
       timeout: 10_000,
-    });
+    },
+  );
+}
+
+describe.skipIf(skip)('what reaches Moat from a launcher is parsed as hostile', () => {
+  it.each([
+    [
+      'frames over every bound, headers that are not JSON',
+      "(struct.pack('!II', 0xFFFFFFF0, 0) + b'x' * 64, struct.pack('!II', 5, 0) + b'{nope', b'not a frame at all\\n' * 100)",
+    ],
+    [
+      'output for a command it never started, past any window',
+      "[frame({'ev': 'out', 'id': 10**6 + i, 'fd': 1}, b'z' * 4096) for i in range(4)]",
+    ],
+    [
+      'input taken that was never sent',
+      "[frame({'ev': 'taken', 'id': i, 'bytes': 1 << 30}) for i in range(1, 200)]",
+    ],
+  ])('%s: that launcher ends; Moat and every sandbox go on', async (_name, frames) => {
+    const launcher = await speakAsLauncher(sandbox, frames);
+    const deadline = Date.now() + 5000;
+    while (existsSync(`/proc/${launcher}`) && Date.now() < deadline) await pause(50);
+    expect(existsSync(`/proc/${launcher}`), 'the launcher that lied is still running').toBe(false);
     // This process (Moat's runtime) is alive; the attacked launcher is replaced on next use.
     expect(await shell(sandbox, 'echo still serving')).toBe('still serving\n');
     expect(await shell(bystander, 'echo bystander')).toBe('bystander\n');

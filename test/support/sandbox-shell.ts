@@ -44,6 +44,7 @@ export async function runShell(
   if (options.stdin !== undefined) {
     const bytes = Buffer.from(options.stdin);
     for (let offset = 0; offset < bytes.length; offset += 1 << 16) {
+      await process.inputRoom();
       process.write('stdin', bytes.subarray(offset, offset + (1 << 16)));
     }
     process.closeStdin();

@@ -7,10 +7,17 @@ from Moat (frames.py):
    "pty":{"cols":C,"rows":R}?}      (with pty: a new session on a pseudo-terminal, output as fd 1)
   {"op":"stdin","id":N} + bytes    {"op":"close","id":N}
   {"op":"signal","id":N,"signal":S} {"op":"resize","id":N,"cols":C,"rows":R}
+  {"op":"credit","id":N,"bytes":B}  (B more bytes of output may be sent: Moat delivered them)
 Events to Moat:
   {"ev":"started","id":N,"pid":P}  {"ev":"failed","id":N,"error":"..."}
   {"ev":"out","id":N,"fd":1|2} + bytes
+  {"ev":"taken","id":N,"bytes":B}  (B bytes of input reached the command, or were dropped)
   {"ev":"exit","id":N,"code":C} or {"ev":"exit","id":N,"signal":S}   (after all its output)
+
+Both directions are flow-controlled: a command's output is read only while Moat has granted
+room for it (OUTPUT_WINDOW at start, then what Moat credits back), so a client that does not
+read makes the command wait, as a full pipe would; input waits here, in the sandbox's memory,
+until the command reads it, and Moat sends no more than its window ahead of "taken".
 """
 import fcntl
 import os
@@ -21,6 +28,10 @@ import termios
 
 import frames
 import sysapi
+
+# Must equal OUTPUT_WINDOW in src/runtime/launcher.ts: Moat ends a launcher that sends more.
+OUTPUT_WINDOW = 1 << 20
+READ_CHUNK = 1 << 16
 
 
 def _set_size(fd, cols, rows):
@@ -38,7 +49,7 @@ class Launcher:
 
     def finish_if_done(self, pid):
         proc = self.procs.get(pid)
-        if proc is None or proc['status'] is None or proc['open'] > 0:
+        if proc is None or proc['status'] is None or proc['outputs']:
             return
         del self.procs[pid]
         status = proc['status']
@@ -114,10 +125,15 @@ class Launcher:
             os.waitpid(pid, 0)
             self.send({'ev': 'failed', 'id': ident, 'error': failure.decode(errors='replace')})
             return
+        if in_w is not None:
+            os.set_blocking(in_w, False)
         self.procs[pid] = {
             'id': ident,
             'stdin': in_w,
-            'open': len(outputs),
+            'input': bytearray(),  # input not yet taken by the command
+            'close_after_input': False,
+            'outputs': dict(outputs),  # open output fd -> 1 or 2
+            'credit': OUTPUT_WINDOW,
             'status': None,
             'group': bool(terminal or message.get('group')),
             'terminal': out_r if terminal else None,
@@ -134,14 +150,21 @@ class Launcher:
         pid, proc = self.by_id(message.get('id'))
         if proc is None:
             return
-        if op == 'stdin' and proc['stdin'] is not None:
-            try:
-                os.write(proc['stdin'], payload)
-            except OSError:
-                pass
+        if op == 'stdin':
+            if proc['stdin'] is None or proc['close_after_input']:
+                self.taken(proc, len(payload))
+            else:
+                proc['input'] += payload
+                self.feed_input(pid, proc)
         elif op == 'close' and proc['stdin'] is not None:
-            os.close(proc['stdin'])
-            proc['stdin'] = None
+            proc['close_after_input'] = True
+            self.feed_input(pid, proc)
+        elif op == 'credit':
+            was_out = proc['credit'] <= 0
+            proc['credit'] += int(message['bytes'])
+            if was_out and proc['credit'] > 0:
+                for fd, number in proc['outputs'].items():
+                    self.selector.register(fd, selectors.EVENT_READ, (pid, number))
         elif op == 'signal':
             try:
                 os.kill(-pid if proc['group'] else pid, int(message['signal']))
@@ -152,6 +175,48 @@ class Launcher:
                 _set_size(proc['terminal'], int(message['cols']), int(message['rows']))
             except OSError:
                 pass
+
+    def taken(self, proc, count):
+        if count:
+            self.send({'ev': 'taken', 'id': proc['id'], 'bytes': count})
+
+    def feed_input(self, pid, proc):
+        """Writes what input the command's stdin takes now; waits for it to be writable for the rest."""
+        fd = proc['stdin']
+        if fd is None:
+            return
+        written = 0
+        try:
+            while written < len(proc['input']):
+                written += os.write(fd, memoryview(proc['input'])[written:])
+        except BlockingIOError:
+            pass
+        except OSError:
+            # The command closed its end: what it will never read counts as taken.
+            written = len(proc['input'])
+            proc['close_after_input'] = True
+        del proc['input'][:written]
+        self.taken(proc, written)
+        waiting = fd in self.selector.get_map()
+        if proc['input']:
+            if not waiting:
+                self.selector.register(fd, selectors.EVENT_WRITE, ('input', pid))
+            return
+        if waiting:
+            self.selector.unregister(fd)
+        if proc['close_after_input']:
+            self.close_input(proc)
+
+    def close_input(self, proc):
+        fd = proc['stdin']
+        if fd is None:
+            return
+        if fd in self.selector.get_map():
+            self.selector.unregister(fd)
+        os.close(fd)
+        proc['stdin'] = None
+        self.taken(proc, len(proc['input']))
+        proc['input'] = bytearray()
 
     def reap(self):
         while True:
@@ -165,9 +230,7 @@ class Launcher:
             if proc is None:
                 continue
             proc['status'] = status
-            if proc['stdin'] is not None:
-                os.close(proc['stdin'])
-                proc['stdin'] = None
+            self.close_input(proc)
             if proc['group'] and os.WIFSIGNALED(status):
                 try:
                     os.killpg(pid, signal.SIGKILL)
@@ -202,20 +265,35 @@ class Launcher:
                         return
                     for header, payload in reader.feed(chunk):
                         self.command(header, payload)
+                elif what == 'input':
+                    proc = self.procs.get(fd_number)
+                    if proc is not None:
+                        self.feed_input(fd_number, proc)
                 else:
-                    pid = what
-                    try:
-                        data = os.read(key.fd, 1 << 16)
-                    except OSError:
-                        data = b''
-                    if data:
-                        self.send({'ev': 'out', 'id': self.procs[pid]['id'], 'fd': fd_number}, data)
-                    else:
-                        self.selector.unregister(key.fd)
-                        os.close(key.fd)
-                        self.procs[pid]['open'] -= 1
-                        self.finish_if_done(pid)
+                    self.relay_output(what, key.fd, fd_number)
             self.reap()
+
+
+    def relay_output(self, pid, fd, number):
+        proc = self.procs.get(pid)
+        if proc is None or fd not in proc['outputs'] or proc['credit'] <= 0:
+            return  # readiness reported before this select round paused or closed it
+        try:
+            data = os.read(fd, min(READ_CHUNK, proc['credit']))
+        except OSError:
+            data = b''
+        if data:
+            proc['credit'] -= len(data)
+            self.send({'ev': 'out', 'id': proc['id'], 'fd': number}, data)
+            if proc['credit'] <= 0:
+                # Out of room: this command's output waits in its pipe until Moat credits more.
+                for out_fd in proc['outputs']:
+                    self.selector.unregister(out_fd)
+        else:
+            self.selector.unregister(fd)
+            os.close(fd)
+            del proc['outputs'][fd]
+            self.finish_if_done(pid)
 
 
 def serve(sock):

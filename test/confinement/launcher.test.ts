@@ -125,10 +125,9 @@ for fd in map(int, sys.argv[2:]):
   await promisify(execFile)(
     '/usr/bin/python3',
     ['-c', attack, String(pid), ...sockets.map(String)],
-    {
-      timeout: 10_000,
-    },
+    { timeout: 10_000 },
   );
+  return pid;
 }
 
 describe.skipIf(skip)('what reaches Moat from a launcher is parsed as hostile', () => {

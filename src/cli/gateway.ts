@@ -52,12 +52,12 @@ export function createSandboxGateway(parts: GatewayParts): {
       trafficToken: record.trafficAccessToken,
       maskRequestHost: record.network.maskRequestHost,
       // Its address is the host's loopback: only its own listening ports are its.
-      ingressPorts:
+      ingressListeners:
         runtime.enforcement === 'proxy'
           ? async () => {
               const own = parts.moatPorts();
               const listening = await live.listeningPorts();
-              return new Set([...listening].filter((port) => !own.has(port)));
+              return new Map([...listening].filter(([port]) => !own.has(port)));
             }
           : undefined,
       envd: {

@@ -20,11 +20,12 @@ export interface GatewaySandbox {
   readonly trafficToken: string | null;
   readonly maskRequestHost: string | null;
   /**
-   * The only ports ingress may reach, where the sandbox's address is the host's own loopback
-   * (sandboxes share the host network): those its own processes listen on, never one of Moat's
-   * listeners. Undefined where the address is the sandbox's alone (its own namespace).
+   * The only ports ingress may reach, where the sandbox shares the host's network: those its
+   * own sockets listen on (never one of Moat's), each with the address its listener is bound
+   * to, which is what ingress dials. Undefined where the address is the sandbox's alone (its
+   * own namespace).
    */
-  readonly ingressPorts?: () => Promise<ReadonlySet<number>>;
+  readonly ingressListeners?: () => Promise<ReadonlyMap<number, string>>;
 }
 
 export interface SandboxGatewayOptions<S extends GatewaySandbox> {
@@ -179,17 +180,19 @@ export class SandboxGateway<S extends GatewaySandbox> {
   }
 
   private target(sandbox: S, port: number): IngressTarget {
-    const { ingressPorts, sandboxID } = sandbox;
+    const { ingressListeners, sandboxID } = sandbox;
     return {
       sandboxID,
       host: sandbox.address,
       port,
-      closed:
-        ingressPorts &&
-        (async () =>
-          (await ingressPorts()).has(port)
-            ? undefined
-            : `no process of sandbox ${sandboxID} listens on port ${port}`),
+      locate:
+        ingressListeners &&
+        (async () => {
+          const host = (await ingressListeners()).get(port);
+          return host === undefined
+            ? { refused: `no process of sandbox ${sandboxID} listens on port ${port}` }
+            : { host };
+        }),
       trafficToken: sandbox.trafficToken,
       maskRequestHost: sandbox.maskRequestHost,
     };

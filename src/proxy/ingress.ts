@@ -35,10 +35,11 @@ export interface IngressTarget {
    */
   readonly relay?: boolean;
   /**
-   * Why the port is no target of this sandbox's (502), asked once the traffic token passed
-   * (a client without it learns nothing of the sandbox's ports); undefined when it is one.
+   * Where the port is really served (the address to dial instead of `host`), or why it is no
+   * target of this sandbox's (502); asked once the traffic token passed (a client without it
+   * learns nothing of the sandbox's ports). Unset: `host` serves every port.
    */
-  readonly closed?: () => Promise<string | undefined>;
+  readonly locate?: () => Promise<{ readonly host: string } | { readonly refused: string }>;
 }
 
 export interface IngressOptions {
@@ -247,10 +248,11 @@ export class IngressProxy {
     const log = this.logger(target);
     if (!this.admitted(request, target, log))
       return sendSandboxError(response, 403, this.forbidden(request, target), target.sandboxID);
-    const closed = await this.closedPort(target, log);
-    if (closed !== undefined) return sendSandboxError(response, 502, closed, target.sandboxID);
+    const located = await this.locate(target, log);
+    if ('refused' in located)
+      return sendSandboxError(response, 502, located.refused, target.sandboxID);
     let gone = false;
-    const upstream = this.dial(request, target, false, log, {
+    const upstream = this.dial(request, located, false, log, {
       refuse: (status, message) => sendSandboxError(response, status, message, target.sandboxID),
       broken: () => response.destroy(),
       gone: () => gone,
@@ -292,8 +294,8 @@ export class IngressProxy {
     socket.on('error', () => socket.destroy());
     if (!this.admitted(request, target, log))
       return this.refuse(socket, 403, this.forbidden(request, target), target.sandboxID);
-    const closed = await this.closedPort(target, log);
-    if (closed !== undefined) return this.refuse(socket, 502, closed, target.sandboxID);
+    const located = await this.locate(target, log);
+    if ('refused' in located) return this.refuse(socket, 502, located.refused, target.sandboxID);
     if (!(socket instanceof net.Socket)) {
       // Node's servers always hand over a net.Socket (or a TLSSocket, which is one).
       log.error('ingress upgrade on a stream that is not a socket');
@@ -367,16 +369,20 @@ export class IngressProxy {
     return this.options.logger.child({ sandboxID: target.sandboxID, port: target.port });
   }
 
-  /** Why the target's port is not the sandbox's (logged); undefined when it is, or unchecked. */
-  private async closedPort(target: IngressTarget, log: Logger): Promise<string | undefined> {
-    const closed = await target
-      .closed?.()
-      .catch(
-        (error: Error) => `cannot read the ports of sandbox ${target.sandboxID}: ${error.message}`,
-      );
-    if (closed !== undefined)
-      log.info({ reason: closed }, 'ingress refused: not a port of the sandbox');
-    return closed;
+  /** The target as it is dialed (its listener's own address), or why it is refused (logged). */
+  private async locate(
+    target: IngressTarget,
+    log: Logger,
+  ): Promise<IngressTarget | { refused: string }> {
+    if (target.locate === undefined) return target;
+    const where = await target.locate().catch((error: Error) => ({
+      refused: `cannot read the ports of sandbox ${target.sandboxID}: ${error.message}`,
+    }));
+    if ('refused' in where) {
+      log.info({ reason: where.refused }, 'ingress refused: not a port of the sandbox');
+      return where;
+    }
+    return { ...target, host: where.host };
   }
 
   /** The traffic token check. The token itself is never logged. */

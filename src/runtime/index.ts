@@ -24,6 +24,7 @@ export type {
   SandboxRuntime,
 } from './runtime.js';
 export { type IdRangeSetting, IDS_PER_SANDBOX } from './sandbox-ids.js';
+export type { SandboxListeners } from './listening-ports.js';
 export {
   type EntryInfo,
   type FileEvent,

@@ -29,7 +29,7 @@ import {
 import { Disks, disksProblem } from './disks.js';
 import { LayerStore } from './layers.js';
 import { Launcher } from './launcher.js';
-import { listeningPortsOf } from './listening-ports.js';
+import { HostListeners } from './listening-ports.js';
 import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
 import { LOCK_DIR } from './range-lock.js';
@@ -123,6 +123,7 @@ export class ProcessRuntime implements SandboxRuntime {
   private readonly live = new Map<string, Live>();
   private readonly parts: Part[];
   private readonly spares: SupervisorSpares<Spare>;
+  private readonly listeners = new HostListeners();
 
   private constructor(
     private readonly dataDir: string,
@@ -526,7 +527,11 @@ export class ProcessRuntime implements SandboxRuntime {
       }),
       files: new SandboxFiles((user) => launched.role('file', user)),
       processIds,
-      listeningPorts: async () => listeningPortsOf(await processIds()),
+      // A confined sandbox's sockets are owned by its own ids; an unconfined one's by Moat's.
+      listeningPorts: async () =>
+        meta !== undefined && this.confinedParts
+          ? this.listeners.ownedBy(this.confinedParts.ids.hostFirst(meta.slot), IDS_PER_SANDBOX)
+          : this.listeners.heldBy(await processIds()),
     });
   }
 

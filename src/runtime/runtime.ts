@@ -2,6 +2,7 @@
  * What a sandbox is on this host. The lifecycle (src/sandbox) drives a runtime through this
  * interface and never touches files or processes itself.
  */
+import type { SandboxListeners } from './listening-ports.js';
 import type { SandboxLimits } from './cgroups.js';
 import type { ProcessTable } from './processes.js';
 import type { SandboxFiles } from './sandbox-files.js';
@@ -76,8 +77,8 @@ export interface RuntimeSandbox {
   /** Host pids of every process of the sandbox (its supervisor's included). */
   processIds(): Promise<number[]>;
   /**
-   * The TCP ports the sandbox's own processes listen on (from their sockets), where ingress
-   * may go when the sandbox shares the host's network: nothing else of the host.
+   * The TCP ports the sandbox's own sockets listen on, each with the address to dial it at,
+   * where ingress may go when the sandbox shares the host's network: nothing else of the host.
    */
-  listeningPorts(): Promise<ReadonlySet<number>>;
+  listeningPorts(): Promise<SandboxListeners>;
 }

@@ -23,19 +23,26 @@ const freePort = async (): Promise<number> => {
   return port;
 };
 
-/** Starts an HTTP server inside the sandbox and waits until ingress reaches it. */
-async function serveInside(sandbox: Sandbox): Promise<number> {
-  const port = await freePort();
+/** Starts an HTTP server inside the sandbox (answering `body`) and waits until ingress reaches it. */
+async function serveInside(
+  sandbox: Sandbox,
+  {
+    port,
+    address = '127.0.0.1',
+    body = 'inside',
+  }: { port?: number; address?: string; body?: string } = {},
+): Promise<number> {
+  const chosen = port ?? (await freePort());
   await sandbox.commands.run(
-    `node -e "require('http').createServer((q,s)=>s.end('inside')).listen(${port},'127.0.0.1')"`,
+    `node -e "require('http').createServer((q,s)=>s.end('${body}')).listen(${chosen},'${address}')"`,
     { background: true },
   );
   await expect
-    .poll(async () => (await viaHost(harness.sandboxUrl, sandbox.getHost(port))).body, {
+    .poll(async () => (await viaHost(harness.sandboxUrl, sandbox.getHost(chosen))).body, {
       timeout: 5000,
     })
-    .toBe('inside');
-  return port;
+    .toBe(body);
+  return chosen;
 }
 
 describe('ingress in proxy mode', () => {
@@ -84,5 +91,15 @@ describe('ingress in proxy mode', () => {
     const [mine, other] = await Promise.all([harness.sandbox(), harness.sandbox()]);
     const port = await serveInside(other);
     expect((await viaHost(harness.sandboxUrl, mine.getHost(port))).status).toBe(502);
+  });
+
+  it('reaches its own listener on ::1 even when another sandbox squats 127.0.0.1 on that port', async () => {
+    const [victim, squatter] = await Promise.all([harness.sandbox(), harness.sandbox()]);
+    const port = await serveInside(squatter, { body: 'squatter' });
+    await serveInside(victim, { port, address: '::1', body: 'victim' });
+    for (let i = 0; i < 5; i++) {
+      expect((await viaHost(harness.sandboxUrl, victim.getHost(port))).body).toBe('victim');
+      expect((await viaHost(harness.sandboxUrl, squatter.getHost(port))).body).toBe('squatter');
+    }
   });
 });

@@ -17,6 +17,8 @@ export type FrameHeader = Record<string, unknown>;
 export interface Frame {
   readonly header: FrameHeader;
   readonly payload: Buffer;
+  /** Bytes it took on the wire. */
+  readonly size: number;
 }
 
 export class FrameError extends Error {
@@ -68,6 +70,7 @@ export class FrameReader {
       frames.push({
         header: header as FrameHeader,
         payload: bytes.subarray(HEAD_BYTES + headerLength),
+        size: total,
       });
     }
     return frames;

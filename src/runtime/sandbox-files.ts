@@ -138,6 +138,7 @@ class FileAgent {
         onFrame({
           header: { error: { code: 'EIO', message: error.message } },
           payload: Buffer.alloc(0),
+          size: 0,
         });
       }
       this.watches.clear();
@@ -213,6 +214,9 @@ function failureOf(header: FrameHeader): FileAgentError | undefined {
   );
 }
 
+/** What one listing may bring into Moat's memory, as the agent sent it. */
+export const MAX_LIST_BYTES = 16 << 20;
+
 export class SandboxFiles {
   private readonly agents = new Map<RoleConnection, FileAgent>();
 
@@ -249,18 +253,29 @@ export class SandboxFiles {
     await (await this.agent(user)).call({ op: 'remove', path });
   }
 
-  /** Entries below `path` to `depth` levels (the agent sends them in batches). */
+  /**
+   * Entries below `path` to `depth` levels (the agent sends them in batches). The agent bounds
+   * their number; Moat bounds their bytes (long names and metadata are the sandbox's to make).
+   */
   async list(user: string, path: string, depth: number): Promise<EntryInfo[]> {
     const agent = await this.agent(user);
     return new Promise((resolve, reject) => {
       const entries: EntryInfo[] = [];
+      let received = 0;
       agent.open(
         { op: 'list', path, depth },
-        ({ header }, done) => {
+        ({ header, size }, done) => {
           const error = failureOf(header);
-          if (error) {
+          received += size;
+          if (error || received > MAX_LIST_BYTES) {
             done();
-            reject(error);
+            reject(
+              error ??
+                new FileAgentError(
+                  'exhausted',
+                  `the listing of ${path} is over ${MAX_LIST_BYTES >> 20} MiB; list with a smaller depth`,
+                ),
+            );
             return;
           }
           if (!Array.isArray(header.entries)) throw new FrameError('list batch without entries');

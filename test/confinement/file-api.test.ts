@@ -134,3 +134,51 @@ describe.skipIf(skip)('racing the file API with symlink swaps never reaches the 
     victimUntouched();
   }, 30_000);
 });
+
+describe.skipIf(skip)('a listing the sandbox made huge never floods Moat', () => {
+  it('is refused past its byte bound, naming the folder; the next call is answered', async () => {
+    const sandbox = await harness.sandbox({ diskSizeMB: 512 });
+    await shell(
+      sandbox,
+      `python3 -c "
+import os
+os.makedirs('/home/user/bomb', exist_ok=True)
+first = '/home/user/bomb/' + 'a' * 240
+open(first, 'w').close()
+for i in range(1):
+    os.setxattr(first, 'user.e2b.k%d' % i, b'M' * 700)
+for i in range(20000):
+    os.link(first, '/home/user/bomb/%05d' % i + 'n' * 240)
+"`,
+    );
+    await expect(sandbox.files.list('user', '/home/user/bomb', 1)).rejects.toMatchObject({
+      code: 'exhausted',
+      message: 'the listing of /home/user/bomb is over 16 MiB; list with a smaller depth',
+    });
+    expect((await sandbox.files.stat('user', '/home/user/bomb')).type).toBe('FILE_TYPE_DIRECTORY');
+  }, 60_000);
+});
+
+describe.skipIf(skip)('the sandbox’s own /etc never stalls the file API', () => {
+  it('answers with numeric owners while /etc/passwd and /etc/group are FIFOs', async () => {
+    await shell(
+      sandbox,
+      'for f in passwd group; do mv /etc/$f /etc/$f.real && mkfifo -m 644 /etc/$f; done',
+      { user: 'root' },
+    );
+    try {
+      const entry = await Promise.race([
+        sandbox.files.stat('user', '/home/user'),
+        new Promise<never>((_, reject) =>
+          setTimeout(() => reject(new Error('no answer within 5 s')), 5000),
+        ),
+      ]);
+      expect(entry).toMatchObject({ owner: '1000', group: '1000' });
+    } finally {
+      await shell(sandbox, 'for f in passwd group; do rm /etc/$f; mv /etc/$f.real /etc/$f; done', {
+        user: 'root',
+      });
+    }
+    expect(await sandbox.files.stat('user', '/home/user')).toMatchObject({ owner: 'user' });
+  });
+});

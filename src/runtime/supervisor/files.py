@@ -109,11 +109,14 @@ class Names:
 
     def table(self, name):
         try:
-            fd = sysapi.openat2(self.root_fd, f'/etc/{name}', os.O_RDONLY, 0, RESOLVE)
+            # Non-blocking, and only a regular file is read: the sandbox may make it a FIFO.
+            fd = sysapi.openat2(self.root_fd, f'/etc/{name}', os.O_RDONLY | os.O_NONBLOCK, 0, RESOLVE)
         except OSError:
             return {}
         try:
             info = os.fstat(fd)
+            if not st.S_ISREG(info.st_mode):
+                return {}
             cached = self.tables.get(name)
             if cached and cached[0] == (info.st_ino, info.st_mtime_ns, info.st_size):
                 return cached[1]

@@ -65,7 +65,7 @@ export interface EarlyConfig {
 
 /** A supervisor process, done with `early`, waiting for its sandbox's configuration on stdin. */
 export function spawnSupervisor(early: EarlyConfig): ChildProcess {
-  const child = spawn(PYTHON, ['-I', '-S', '-B', SUPERVISOR, JSON.stringify(early)], {
+  const child = spawn(PYTHON, ['-I', '-S', '-B', SUPERVISOR], {
     cwd: '/',
     env: {},
     // Its own process group: unconfined, the group holds every process of the sandbox.
@@ -74,6 +74,7 @@ export function spawnSupervisor(early: EarlyConfig): ChildProcess {
   });
   child.on('error', () => undefined);
   child.stdin!.on('error', () => undefined);
+  child.stdin!.write(`${JSON.stringify(early)}\n`);
   return child;
 }
 

@@ -227,4 +227,42 @@ describe.skipIf(skip)('the sandbox’s root owns its sandbox, and nothing else',
       for (const name of Object.keys(calls)) expect(errnos[name], `${user} ${name}`).toBe(1);
     }
   });
+
+  it('refuses vsock sockets and personality flags that weaken a program, allows the plain ones', async () => {
+    if (process.arch !== 'x64') return; // syscall numbers below are x86_64's
+    const code = `
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_ulong(a) for a in args])
+    return ctypes.get_errno() if r == -1 else 'ok'
+out = {'vsock': call(41, 40, 1, 0), 'unix': call(41, 1, 1, 0)}
+for value in (0, 0x8, 0x20000, 0x20008, 0xffffffff, 0x400000, 0x40000, 0x200000, 0x1, 0xfffffffe):
+    out[hex(value)] = call(135, value)
+    call(135, 0)
+print(json.dumps(out))
+`;
+    const result = JSON.parse(
+      await shell(sandbox, 'exec python3 -c "$1"', { user: 'root', args: [code] }),
+    ) as Record<string, number | string>;
+    expect(result).toEqual({
+      vsock: 97, // EAFNOSUPPORT
+      unix: 'ok',
+      '0x0': 'ok',
+      '0x8': 'ok',
+      '0x20000': 'ok',
+      '0x20008': 'ok',
+      '0xffffffff': 'ok',
+      '0x400000': 1, // READ_IMPLIES_EXEC
+      '0x40000': 1, // ADDR_NO_RANDOMIZE
+      '0x200000': 1, // ADDR_COMPAT_LAYOUT
+      '0x1': 1,
+      '0xfffffffe': 1,
+    });
+  });
+
+  it('process 1 shows no host configuration in its command line', async () => {
+    const cmdline = await shell(sandbox, 'tr "\\0" " " < /proc/1/cmdline');
+    expect(cmdline).not.toMatch(/cgroup|"ids"/);
+  });
 });

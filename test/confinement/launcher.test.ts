@@ -66,6 +66,16 @@ describe.skipIf(skip)('no sandbox process can take or trace its launcher', () =>
     },
   );
 
+  it('no signal from inside ends the sandbox’s process 1', async () => {
+    for (const signal of ['INT', 'TERM', 'HUP', 'QUIT', 'USR1', 'USR2', 'PIPE', 'ALRM']) {
+      await runShell(sandbox, `kill -s ${signal} 1`, { user: 'root' });
+    }
+    await pause(200);
+    expect(await shell(sandbox, 'echo alive; ps -o pid= -p 1 | tr -d " "', { user: 'root' })).toBe(
+      'alive\n1\n',
+    );
+  });
+
   it('a launcher killed from inside is started again for the next command', async () => {
     const killed = await runShell(sandbox, 'kill -9 $PPID; sleep 5');
     expect(killed.code).not.toBe(0);

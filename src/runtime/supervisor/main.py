@@ -1,16 +1,16 @@
-"""The sandbox supervisor: Moat starts one per sandbox (`python3 -I -S -B main.py EARLY`).
+"""The sandbox supervisor: Moat starts one per sandbox (`python3 -I -S -B main.py`).
 
 It runs as the host's root in the host's mount namespace and never looks at the sandbox's
 files itself. Moat starts it ahead of the sandbox that will use it, with what can be done early
-as a JSON argument (EARLY: the cgroup folders, the sandbox's host ids), so that little is left
-when a create asks. At once it
+as a first JSON line on its stdin (the cgroup folders, the sandbox's host ids), so that little
+is left when a create asks. At once it
 
 1. makes itself undumpable and dies with Moat (no process of the sandbox can take its file
    descriptors), joins the sandbox's cgroups and makes two user namespaces: the sandbox's own
    (its ids 0..count-1 are the host ids given to this sandbox) and one that shows Moat's stored
    layers (kept under the store ids) as the sandbox's ids.
 
-Then Moat writes one JSON line of configuration on its stdin, and it
+Then Moat writes a second JSON line, the sandbox's configuration, and it
 
 2. makes the sandbox's writable layer folders and, in namespace mode, joins its network
    namespace;
@@ -133,7 +133,12 @@ def spawn(config, broker, request):
 
 def main():
     try:
-        sandbox_ns, store_ns = early(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
+        # On stdin, not in argv: the sandbox's process 1 is a fork of this one and would show
+        # its argv (host paths, cgroups) in /proc/1/cmdline.
+        first = sys.stdin.buffer.readline()
+        if not first:
+            return 0  # a spare Moat no longer needs
+        sandbox_ns, store_ns = early(json.loads(first))
     except BaseException as error:  # noqa: BLE001 - every failure is reported to Moat
         emit({'ev': 'failed', 'error': f'{type(error).__name__}: {error}'})
         return 1

@@ -159,6 +159,9 @@ def serve_roles(config, broker, confined):
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    # Python's own SIGINT handler would let `kill -INT 1` from inside end the sandbox; with no
+    # handler, the kernel drops what the namespace sends its process 1.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     selector = selectors.DefaultSelector()
     selector.register(broker, selectors.EVENT_READ, 'broker')
     selector.register(wake_r, selectors.EVENT_READ, 'wake')

@@ -10,7 +10,10 @@ The list (docs/sandbox-isolation.md explains each group):
 - every way to mount, unmount, pivot or make new mount/user/other namespaces (mount, umount2,
   pivot_root, the new mount API, unshare and clone with a CLONE_NEW* flag, setns; clone3 answers
   ENOSYS so the C library falls back to clone, whose flags the filter can see);
-- clock, swap, reboot, accounting, quota, kernel log and other host-wide settings.
+- clock, swap, reboot, accounting, quota, kernel log and other host-wide settings;
+- vsock sockets (a path to the hypervisor or host, never the sandbox's to use), EAFNOSUPPORT;
+- personality flags other than the plain Linux ones and UNAME26 (READ_IMPLIES_EXEC,
+  ADDR_NO_RANDOMIZE and the like weaken what protects the sandbox's own programs).
 Calls on this list fail with EPERM (ENOSYS for clone3); the process goes on.
 """
 import errno
@@ -44,6 +47,26 @@ DENIED = [
     'uselib', 'ustat', 'sysfs', '_sysctl', 'vm86', 'vm86old', 'get_kernel_syms', 'query_module',
     'fanotify_init',
 ]
+AF_VSOCK = 40
+# personality() may set no flag but UNAME26 (0x0008) and the LINUX32 persona (0x20000), or ask
+# (0xffffffff, every bit).
+PERSONALITY_BITS = 0x20008
+
+
+def personality_denials():
+    """(mask, datum) pairs, any one matching refuses the call: all of them together let
+    through exactly the values above. libseccomp takes one comparison per argument and rule,
+    so "not in a set" is spelled with bit 0 (clear in every allowed value but the query):
+    bit 0 clear and a flag outside PERSONALITY_BITS set; or bit 0 set and any other bit clear.
+    """
+    denials = []
+    for bit in range(1, 32):
+        flag = 1 << bit
+        if not flag & PERSONALITY_BITS:
+            denials.append((flag | 1, flag))
+        denials.append((flag | 1, 1))
+    return denials
+
 NAMESPACE_FLAGS = [
     0x00020000,  # CLONE_NEWNS
     0x02000000,  # CLONE_NEWCGROUP
@@ -70,6 +93,9 @@ def load():
     for name in DENIED:
         policy.add_rule(deny, name)
     policy.add_rule(seccomp.ERRNO(errno.ENOSYS), 'clone3')
+    policy.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), 'socket', seccomp.Arg(0, seccomp.EQ, AF_VSOCK))
+    for mask, datum in personality_denials():
+        policy.add_rule(deny, 'personality', seccomp.Arg(0, seccomp.MASKED_EQ, mask, datum))
     for flag in NAMESPACE_FLAGS:
         policy.add_rule(deny, 'unshare', seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
         # x86_64, arm64 and most others pass clone's flags first (s390 second: not supported).

@@ -202,19 +202,23 @@ export class ServerStream {
     return this.open && this.response.writableNeedDrain;
   }
 
-  /** Resolves once the client has caught up, or the stream is gone. */
+  /** Resolves once the client has caught up, or the stream is gone (one wait for all asking). */
   drained(): Promise<void> {
     if (!this.backedUp) return Promise.resolve();
-    return new Promise((resolve) => {
+    this.caughtUp ??= new Promise<void>((resolve) => {
       const done = () => {
         this.response.off('drain', done);
         this.response.off('close', done);
+        this.caughtUp = undefined;
         resolve();
       };
       this.response.on('drain', done);
       this.response.on('close', done);
     });
+    return this.caughtUp;
   }
+
+  private caughtUp: Promise<void> | undefined;
 
   end(error?: ConnectError): void {
     if (!this.open) return;

@@ -3,7 +3,12 @@
  * lock file in /run/moat naming the holder by pid. Two Moats whose ranges overlap would hand
  * the same addresses or ids to two sandboxes, so a range is refused while a live process holds
  * one that overlaps it. A holder that died leaves a file that the next taker replaces.
+ *
+ * A lock may name its owner (a data folder): the file then stays after release or a crash,
+ * naming it, so that a Moat choosing a range for itself can leave that one to its owner's
+ * next start (sandbox ids recorded in a data folder are only of use with the same range).
  */
+import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { processRuns } from '../process-alive.js';
 
@@ -31,8 +36,24 @@ export class RangeLock {
     private readonly advice: string,
     /** How messages write another range (`10.217.0.0/24`). */
     private readonly format: (start: number, end: number) => string,
+    /** The data folder the range is for, recorded in the file for as long as it exists. */
+    private readonly owner?: string,
     private readonly dir = LOCK_DIR,
   ) {}
+
+  private get content(): string {
+    return `${process.pid}\n${this.owner ?? ''}\n`;
+  }
+
+  /**
+   * Whether the range was last taken for another data folder that still exists (its owner
+   * would want it back), whether or not that Moat runs now.
+   */
+  async keptForAnother(): Promise<boolean> {
+    const lines = (await readFile(this.file, 'utf8').catch(() => '')).split('\n');
+    const recorded = lines[1] ?? '';
+    return recorded !== '' && recorded !== this.owner && existsSync(recorded);
+  }
 
   private get file(): string {
     return `${this.dir}/${this.kind}-${this.start}-${this.end}.pid`;
@@ -55,14 +76,14 @@ export class RangeLock {
     }
     await mkdir(this.dir, { recursive: true, mode: 0o700 });
     try {
-      await writeFile(this.file, `${process.pid}\n`, { flag: 'wx', mode: 0o600 });
+      await writeFile(this.file, this.content, { flag: 'wx', mode: 0o600 });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
       const holder = Number.parseInt(await readFile(this.file, 'utf8').catch(() => ''), 10);
       if (holder !== process.pid && processRuns(holder)) {
         throw refuse({ start: this.start, end: this.end, holder: `process ${holder}` });
       }
-      await writeFile(this.file, `${process.pid}\n`, { mode: 0o600 });
+      await writeFile(this.file, this.content, { mode: 0o600 });
     }
     heldHere.add(this.file);
     this.held = true;
@@ -83,7 +104,8 @@ export class RangeLock {
     if (!this.held) return;
     heldHere.delete(this.file);
     this.held = false;
-    await rm(this.file, { force: true });
+    if (this.owner === undefined) await rm(this.file, { force: true });
+    else await writeFile(this.file, `0\n${this.owner}\n`, { mode: 0o600 });
   }
 
   /** A live holder (other than this lock) of a range that overlaps this one. */

@@ -55,19 +55,23 @@ export class RoleConnection {
     return this.socket.write(encodeFrame(header, payload));
   }
 
-  /** Resolves when the socket can take more (at once when it can). */
+  /** Resolves when the socket can take more (at once when it can; one wait for all asking). */
   drained(): Promise<void> {
     if (this.ended || !this.socket.writableNeedDrain) return Promise.resolve();
-    return new Promise((resolve) => {
+    this.caughtUp ??= new Promise<void>((resolve) => {
       const done = () => {
         this.socket.off('drain', done);
         this.socket.off('close', done);
+        this.caughtUp = undefined;
         resolve();
       };
       this.socket.on('drain', done);
       this.socket.on('close', done);
     });
+    return this.caughtUp;
   }
+
+  private caughtUp: Promise<void> | undefined;
 
   close(): void {
     this.socket.destroy();

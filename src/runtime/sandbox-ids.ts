@@ -32,7 +32,8 @@ export class SandboxIds {
 
   /**
    * Takes the configured range, or with `auto` the range recorded in the data folder (else the
-   * first free one, then recorded), so that a Moat keeps its ids across restarts.
+   * first free one that no other existing data folder took last, then any free one; then
+   * recorded), so that a Moat keeps its ids across restarts, crashes included.
    */
   static async acquire(setting: IdRangeSetting, dataDir: string): Promise<SandboxIds> {
     const record = path.join(dataDir, 'sandbox-ids');
@@ -44,6 +45,7 @@ export class SandboxIds {
         `the sandbox id range ${first}+${slots}`,
         'give each Moat on a host its own --sandbox-ids (or leave it auto)',
         (start, end) => `${start}+${(end - start + 1) / IDS_PER_SANDBOX}`,
+        path.resolve(dataDir),
       );
     if (setting !== 'auto') {
       const lock = make(setting.first, setting.slots);
@@ -56,17 +58,19 @@ export class SandboxIds {
       await lock.acquire();
       return new SandboxIds(lock, recorded, AUTO_SLOTS);
     }
-    for (let index = 0; index < AUTO_RANGES; index++) {
-      const first = AUTO_FIRST + index * AUTO_SLOTS * IDS_PER_SANDBOX;
-      const lock = make(first, AUTO_SLOTS);
-      if (!(await lock.available())) continue;
-      try {
-        await lock.acquire();
-      } catch {
-        continue; // taken in the meantime
+    for (const leaveKept of [true, false]) {
+      for (let index = 0; index < AUTO_RANGES; index++) {
+        const first = AUTO_FIRST + index * AUTO_SLOTS * IDS_PER_SANDBOX;
+        const lock = make(first, AUTO_SLOTS);
+        if (!(await lock.available()) || (leaveKept && (await lock.keptForAnother()))) continue;
+        try {
+          await lock.acquire();
+        } catch {
+          continue; // taken in the meantime
+        }
+        await writeFile(record, `${first}\n`, { mode: 0o600 });
+        return new SandboxIds(lock, first, AUTO_SLOTS);
       }
-      await writeFile(record, `${first}\n`, { mode: 0o600 });
-      return new SandboxIds(lock, first, AUTO_SLOTS);
     }
     throw new Error(
       `every automatic sandbox id range (${AUTO_RANGES} of ${AUTO_SLOTS} sandboxes from host id ${AUTO_FIRST}) is held by another Moat; set --sandbox-ids`,

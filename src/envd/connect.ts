@@ -5,6 +5,7 @@
  * big-endian length and JSON; the stream ends with flag 0x02 holding `{}` or `{"error": ...}`).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { drainedOrClosed } from '../drained.js';
 
 export type ConnectCode =
   | 'canceled'
@@ -202,23 +203,10 @@ export class ServerStream {
     return this.open && this.response.writableNeedDrain;
   }
 
-  /** Resolves once the client has caught up, or the stream is gone (one wait for all asking). */
+  /** Resolves once the client has caught up, or the stream is gone. */
   drained(): Promise<void> {
-    if (!this.backedUp) return Promise.resolve();
-    this.caughtUp ??= new Promise<void>((resolve) => {
-      const done = () => {
-        this.response.off('drain', done);
-        this.response.off('close', done);
-        this.caughtUp = undefined;
-        resolve();
-      };
-      this.response.on('drain', done);
-      this.response.on('close', done);
-    });
-    return this.caughtUp;
+    return this.backedUp ? drainedOrClosed(this.response) : Promise.resolve();
   }
-
-  private caughtUp: Promise<void> | undefined;
 
   end(error?: ConnectError): void {
     if (!this.open) return;

@@ -4,6 +4,7 @@
  * connection (the role then ends: the sandbox loses that role, Moat goes on).
  */
 import type { Socket } from 'node:net';
+import { drainedOrClosed } from '../drained.js';
 import { type Frame, FrameError, FrameReader, encodeFrame } from './frames.js';
 
 /**
@@ -55,23 +56,12 @@ export class RoleConnection {
     return this.socket.write(encodeFrame(header, payload));
   }
 
-  /** Resolves when the socket can take more (at once when it can; one wait for all asking). */
+  /** Resolves when the socket can take more (at once when it can). */
   drained(): Promise<void> {
-    if (this.ended || !this.socket.writableNeedDrain) return Promise.resolve();
-    this.caughtUp ??= new Promise<void>((resolve) => {
-      const done = () => {
-        this.socket.off('drain', done);
-        this.socket.off('close', done);
-        this.caughtUp = undefined;
-        resolve();
-      };
-      this.socket.on('drain', done);
-      this.socket.on('close', done);
-    });
-    return this.caughtUp;
+    return this.ended || !this.socket.writableNeedDrain
+      ? Promise.resolve()
+      : drainedOrClosed(this.socket);
   }
-
-  private caughtUp: Promise<void> | undefined;
 
   close(): void {
     this.socket.destroy();

@@ -242,6 +242,18 @@ describe('moat serve --print-config', () => {
     },
   );
 
+  it.each([
+    [['--unconfined-sandboxes'], true],
+    [['--unconfined-sandboxes', '--metrics-per-sandbox'], true],
+    [['--unconfined-sandboxes', 'true'], true],
+    [['--unconfined-sandboxes', 'false'], false],
+    [['--unconfined-sandboxes=false'], false],
+    [[], false],
+  ])('reads a switch given as %j', async (flags, value) => {
+    const { shown } = await printConfig([...flags]);
+    expect(shown.unconfinedSandboxes).toBe(value);
+  });
+
   it('masks the password of a Redis store URL, and only the password', async () => {
     const { shown, stdout } = await printConfig([
       '--store',

@@ -1,6 +1,6 @@
 /** The moat command line: `moat serve`, `moat check`, `moat lint`. */
 import { CHECK_HELP, check } from './check.js';
-import { type CliIO, EXIT, UsageError } from './io.js';
+import { type CliIO, EXIT, switchesFilled, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
 import { SERVE_HELP, serve } from './serve.js';
 import { VERSION } from './version.js';
@@ -60,7 +60,7 @@ export async function runCli(argv: string[], io: CliIO): Promise<number> {
     return EXIT.usage;
   }
   try {
-    return await command.run(args, io);
+    return await command.run(switchesFilled(args), io);
   } catch (error) {
     // parseArgs reports unknown or malformed options with code ERR_PARSE_ARGS_*.
     const code = (error as NodeJS.ErrnoException).code ?? '';

@@ -21,6 +21,19 @@ export const CONFIG_OPTIONS = Object.fromEntries([
   ...SETTINGS.map((s) => [s.flag, { type: 'string' as const }]),
 ]) as Record<string, { type: 'string' }>;
 
+/** Settings that are true or false: given bare (`--unconfined-sandboxes`), they mean true. */
+const SWITCHES = new Set(
+  SETTINGS.filter((s) => s.metavar === 'true|false').map((s) => `--${s.flag}`),
+);
+
+/** `args` with every bare switch written `--name=true` (parseArgs wants a value for settings). */
+export function switchesFilled(args: readonly string[]): string[] {
+  return args.map((arg, i) => {
+    const next = args[i + 1];
+    return SWITCHES.has(arg) && next !== 'true' && next !== 'false' ? `${arg}=true` : arg;
+  });
+}
+
 /** Wraps help text at 72 columns under a 6-space indent. */
 const wrap = (text: string): string =>
   text

@@ -1,6 +1,7 @@
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { sameSecret } from '../same-secret.js';
 
 /** Where the platform API's keys come from, for start-up output (never the keys themselves). */
 export interface ApiKeys {
@@ -34,18 +35,14 @@ export async function loadApiKeys(
   return { keys: [key], source: file, generated: key };
 }
 
-const digest = (text: string) => createHash('sha256').update(text).digest();
-
 /**
- * Compares against every key without stopping at a match, on fixed-length digests, so the
- * time taken says nothing about which key or how much of it matched.
+ * Compares against every key without stopping at a match, so the time taken says nothing about
+ * which key matched.
  */
 export function keyMatcher(keys: readonly string[]): (given: string) => boolean {
-  const digests = keys.map(digest);
   return (given) => {
-    const candidate = digest(given);
     let matched = false;
-    for (const d of digests) matched = timingSafeEqual(candidate, d) || matched;
+    for (const key of keys) matched = sameSecret(given, key) || matched;
     return matched;
   };
 }

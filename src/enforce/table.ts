@@ -1,6 +1,6 @@
-import { timingSafeEqual } from 'node:crypto';
 import { type IPAddress, matchName, type Policy } from '../policy/index.js';
 import { LearnedAddressTable } from './learned.js';
+import { sameSecret } from '../same-secret.js';
 
 /** What the enforcement points know about one sandbox. */
 export interface EnforcedSandbox {
@@ -125,10 +125,7 @@ export class EnforcementTable {
   fromCredential(sandboxID: string, secret: string): EnforcedSandbox | undefined {
     const record = this.byID.get(sandboxID);
     if (record === undefined) return undefined;
-    const given = Buffer.from(secret);
-    const matches =
-      given.length === record.egressSecret.length && timingSafeEqual(given, record.egressSecret);
-    return matches ? record : undefined;
+    return sameSecret(secret, record.egressSecret) ? record : undefined;
   }
 
   all(): EnforcedSandbox[] {

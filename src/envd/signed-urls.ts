@@ -2,9 +2,10 @@
  * Signed /files URLs (`downloadUrl`/`uploadUrl` of secure sandboxes): `v1_` + unpadded base64 of
  * SHA-256 over `<path>:<read|write>:<user>:<token>[:<expiration>]`.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import type { CallContext } from './context.js';
 import { unauthenticated } from './file-errors.js';
+import { sameSecret } from '../same-secret.js';
 
 const digest = (text: string) => createHash('sha256').update(text).digest();
 
@@ -20,8 +21,7 @@ function signatureValid(url: URL, token: string, operation: 'read' | 'write'): b
     ...(expiration !== null ? [expiration] : []),
   ].join(':');
   const expected = `v1_${digest(signed).toString('base64').replace(/=+$/, '')}`;
-  // Digests of both make the comparison constant-time whatever the given length.
-  return timingSafeEqual(digest(given), digest(expected));
+  return sameSecret(given, expected);
 }
 
 /**

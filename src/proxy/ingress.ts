@@ -3,7 +3,6 @@
  * that port of the sandbox. The sandbox gateway parses the address and looks the sandbox up;
  * this checks the traffic token, rewrites the headers and carries the bytes.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
 import http, {
   type ClientRequest,
   type IncomingHttpHeaders,
@@ -19,6 +18,7 @@ import type { Logger } from 'pino';
 import { endAndLinger } from './http-errors.js';
 import { foldsToConnectionField, isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
+import { sameSecret } from '../same-secret.js';
 
 export interface IngressTarget {
   readonly sandboxID: string;
@@ -88,11 +88,8 @@ function endToEnd(headers: IncomingHttpHeaders, keepUpgrade: boolean): OutgoingH
   return out;
 }
 
-/** Hashing first makes the compare take the same time whatever the length of either side. */
 function tokenMatches(given: string | string[] | undefined, expected: string): boolean {
-  if (typeof given !== 'string') return false;
-  const digest = (text: string) => createHash('sha256').update(text).digest();
-  return timingSafeEqual(digest(given), digest(expected));
+  return typeof given === 'string' && sameSecret(given, expected);
 }
 
 /** `::ffff:1.2.3.4` as `1.2.3.4`: what the sandbox's service expects to read. */

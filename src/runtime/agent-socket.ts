@@ -4,12 +4,13 @@
  * answers with the one-time token Moat gave it, and hands the connection to the sandbox's init.
  * No sandbox process can see the socket: it is in none of their mount namespaces.
  */
-import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { FrameReader } from './frames.js';
 import { RoleConnection } from './role-connection.js';
+import { sameSecret } from '../same-secret.js';
 
 const HELLO_TIMEOUT_MS = 10_000;
 /** A hello is a few dozen bytes; a connection that sends more without one is dropped. */
@@ -112,12 +113,8 @@ export class AgentSocket {
       clearTimeout(timer);
       const hello = frames[0]!.header;
       const pending = typeof hello.spawn === 'string' ? this.pending.get(hello.spawn) : undefined;
-      const token = typeof hello.token === 'string' ? Buffer.from(hello.token) : Buffer.alloc(0);
-      if (
-        pending === undefined ||
-        token.length !== pending.token.length ||
-        !timingSafeEqual(token, pending.token)
-      ) {
+      const token = typeof hello.token === 'string' ? hello.token : '';
+      if (pending === undefined || !sameSecret(token, pending.token)) {
         drop();
         return;
       }

@@ -39,7 +39,7 @@ export function createSandboxGateway(parts: GatewayParts): {
 
   const hosted = async (sandboxID: string): Promise<HostedSandbox | undefined> => {
     if (!SANDBOX_ID.test(sandboxID)) return undefined;
-    let record = await sandboxes.get(sandboxID).catch(() => undefined);
+    let record = await sandboxes.find(sandboxID);
     // Traffic for a paused sandbox with autoResume resumes it; otherwise it is not running.
     // (Only here: a sandbox hosted by another node is woken by that node, see `elsewhere`.)
     if (record?.state === 'paused' && record.autoResume && runtime.sandbox(sandboxID))

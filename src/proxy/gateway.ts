@@ -136,14 +136,15 @@ export class SandboxGateway<S extends GatewaySandbox> {
         { err: error, sandboxID: route.kind === 'sandbox' ? route.sandboxID : undefined },
         'sandbox gateway request failed',
       );
-      if (!response.headersSent)
+      if (!response.headersSent) {
+        const unavailable = (error as { status?: unknown }).status === 503;
         sendSandboxError(
           response,
-          500,
-          'internal error',
+          unavailable ? 503 : 500,
+          unavailable ? (error as Error).message : 'internal error',
           route.kind === 'sandbox' ? route.sandboxID : '',
         );
-      else response.destroy();
+      } else response.destroy();
     }
   }
 
@@ -159,7 +160,22 @@ export class SandboxGateway<S extends GatewaySandbox> {
       );
       return;
     }
-    const sandbox = await this.options.lookup(route.sandboxID).catch(() => undefined);
+    let sandbox: S | undefined;
+    try {
+      sandbox = await this.options.lookup(route.sandboxID);
+    } catch (error) {
+      this.options.logger.error(
+        { err: error, sandboxID: route.sandboxID },
+        'sandbox lookup failed',
+      );
+      this.options.ingress.refuse(
+        socket,
+        503,
+        'the sandbox cannot be looked up now',
+        route.sandboxID,
+      );
+      return;
+    }
     if (sandbox === undefined) {
       const node = await this.options.elsewhere?.(route.sandboxID).catch(() => undefined);
       if (node !== undefined)

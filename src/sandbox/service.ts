@@ -373,6 +373,14 @@ export class SandboxService {
     return record;
   }
 
+  /** The sandbox's record, or undefined when there is none; a store outage still throws. */
+  async find(sandboxID: string): Promise<SandboxRecord | undefined> {
+    return this.get(sandboxID).catch((error: unknown) => {
+      if (error instanceof SandboxError && error.status === 404) return undefined;
+      throw error;
+    });
+  }
+
   /** The node that hosts the sandbox (this one for a Moat on its own). */
   async nodeOf(sandboxID: string): Promise<string> {
     const record = await this.get(sandboxID);
@@ -537,7 +545,7 @@ export class SandboxService {
    */
   reload(sandboxID: string): Promise<boolean> {
     return this.queue.run(sandboxID, async () => {
-      const record = await this.get(sandboxID).catch(() => undefined);
+      const record = await this.find(sandboxID);
       if (record === undefined || record.state !== 'running' || !this.isLocal(record)) {
         return false;
       }

@@ -173,6 +173,11 @@ describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
       body: allowOnly('first.cluster.test'),
     });
     expect(refused.status, refused.text).toBe(503);
+    // Its sandbox API cannot read the sandbox's record: a 503, not "not running".
+    const envd = await fetch(`http://${nodes.b.at.sandbox}/health`, {
+      headers: { 'e2b-sandbox-id': sandboxID, 'e2b-sandbox-port': '49983' },
+    });
+    expect(envd.status, await envd.text()).toBe(503);
     // A change accepted elsewhere meanwhile: stored, but B cannot hear of it yet.
     const put = await nodes.c.api.call('PUT', `/sandboxes/${sandboxID}/network`, {
       body: allowOnly('first.cluster.test'),

@@ -471,7 +471,7 @@ export const ROUTES: readonly RouteSpec[] = [
       const samples = await service.metrics(
         idOf(request),
         start === undefined ? undefined : start * 1000,
-        end === undefined ? undefined : end * 1000 + 999,
+        end === undefined ? undefined : end * 1000,
       );
       return samples.map(metricView);
     },

@@ -8,7 +8,7 @@ import type { SandboxLimits, SandboxUsage } from '../runtime/index.js';
 
 /** One sample, in the units the platform API reports (bytes, percent of the sandbox's CPUs). */
 export interface UsageSample {
-  /** Milliseconds since the epoch. */
+  /** Milliseconds since the epoch, a whole second. */
   readonly timestamp: number;
   readonly cpuCount: number;
   /** Share of its CPUs used since the previous sample, 0 to 100. */
@@ -114,7 +114,8 @@ export class UsageHistory {
     if (used < 0) return;
     const capacity = (at - last.at) * 1000 * limits.cpuCount;
     history.samples.push({
-      timestamp: at,
+      // Whole seconds: the SDK asks for ranges in seconds, rounded from the times it was given.
+      timestamp: Math.floor(at / 1000) * 1000,
       cpuCount: limits.cpuCount,
       cpuUsedPct: Math.round(Math.min(100, (used / capacity) * 100) * 100) / 100,
       memUsed: Math.max(0, usage.memoryBytes - usage.cacheBytes),

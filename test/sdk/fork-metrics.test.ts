@@ -34,7 +34,7 @@ afterAll(() => harness.stop());
 describe('fork', () => {
   it('makes a sandbox from the source’s files and network config, without its processes', async () => {
     const source = await harness.sandbox({
-      network: { allowOut: ['allowed.test'], denyOut: ['198.18.0.0/15'] },
+      network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
       metadata: { purpose: 'fork-source' },
     });
     await source.files.write('/home/user/before.txt', 'from before the fork');
@@ -52,8 +52,18 @@ describe('fork', () => {
     const info = await fork!.getInfo();
     expect(info.state).toBe('running');
     expect(info.network?.allowOut).toEqual(['allowed.test']);
-    expect(info.network?.denyOut).toEqual(['198.18.0.0/15']);
+    expect(info.network?.denyOut).toEqual(['0.0.0.0/0']);
     expect(info.metadata).toEqual({ purpose: 'fork-source' });
+    // Enforced, not only shown: the egress proxy refuses a name the rules do not allow.
+    const status = (host: string) =>
+      fork!.commands
+        .run(`curl -s -o /dev/null -w '%{http_code}' -x "$HTTP_PROXY" http://${host}/`)
+        .then(
+          (r) => r.stdout,
+          (e: { stdout: string }) => e.stdout,
+        );
+    expect(await status('denied.test')).toBe('403');
+    expect(await status('allowed.test')).not.toBe('403');
 
     // The source keeps its id, expiry and processes.
     const after = await source.getInfo();
@@ -102,7 +112,7 @@ describe('metrics', () => {
     const info = await sbx.getInfo();
     // Bounded: each stops by itself within 20 s.
     await sbx.commands.run("timeout 20 sh -c 'while :; do :; done'", { background: true });
-    await sbx.commands.run("(head -c 96m /dev/zero; sleep 20) | tail > /dev/null", {
+    await sbx.commands.run('(head -c 96m /dev/zero; sleep 20) | tail > /dev/null', {
       background: true,
     });
     await sbx.commands.run('head -c 48m /dev/urandom > /home/user/big.bin');

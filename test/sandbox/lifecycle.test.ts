@@ -264,9 +264,13 @@ describe('state conflicts', () => {
   });
 
   it('wake resumes a paused autoResume sandbox and leaves others paused', async () => {
-    const waking = await create({ autoResume: { enabled: true } });
+    const waking = await create({ autoPause: true, autoResume: { enabled: true } });
     const sleeping = await create();
+    // Paused as files only, it must be resumed explicitly: traffic does not wake it.
+    const cold = await create({ autoPause: true, autoResume: { enabled: true } });
     for (const { sandboxID } of [waking, sleeping]) await shared.moat.sandboxes.pause(sandboxID);
+    await shared.moat.sandboxes.pause(cold.sandboxID, false);
+    expect((await shared.moat.sandboxes.wake(cold.sandboxID)).state).toBe('paused');
     expect((await shared.moat.sandboxes.wake(waking.sandboxID)).state).toBe('running');
     expect((await shared.moat.sandboxes.get(waking.sandboxID)).endAt).toBe(
       shared.clock.now + 15_000,

@@ -450,32 +450,33 @@ export class SandboxService {
     seconds: number,
     policy: Policy,
   ): Promise<ForkResult> {
-    const now = this.now();
-    const source = this.options.sources.allocate();
-    const record: SandboxRecord = {
-      ...parent,
-      sandboxID: newSandboxID(),
-      state: 'running',
-      startedAt: now,
-      endAt: now + seconds * 1000,
-      filesOnly: false,
-      envdAccessToken: parent.secure ? newSecret() : null,
-      trafficAccessToken: parent.network.allowPublicTraffic ? null : newSecret(),
-      egressSecret: newSecret(),
-      sourceAddress: source.text,
-      ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
-    };
     try {
+      const now = this.now();
+      const source = this.options.sources.allocate();
+      const record: SandboxRecord = {
+        ...parent,
+        sandboxID: newSandboxID(),
+        state: 'running',
+        startedAt: now,
+        endAt: now + seconds * 1000,
+        filesOnly: false,
+        envdAccessToken: parent.secure ? newSecret() : null,
+        trafficAccessToken: parent.network.allowPublicTraffic ? null : newSecret(),
+        egressSecret: newSecret(),
+        sourceAddress: source.text,
+        ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
+      };
       await this.launch(record, copy, source, policy);
+      this.transition(record, 'fork', { from: parent.sandboxID, timeout: seconds });
+      if (seconds === 0) await this.expireDue();
+      return record;
     } catch (error) {
       this.log.error({ sandboxID: parent.sandboxID, err: (error as Error).message }, 'fork failed');
+      // As the API answers any error it did not expect: the details are in the log only.
       return error instanceof SandboxError
         ? error
-        : new SandboxError(500, (error as Error).message);
+        : new SandboxError(500, 'internal error; the server log has the details');
     }
-    this.transition(record, 'fork', { from: parent.sandboxID, timeout: seconds });
-    if (seconds === 0) await this.expireDue();
-    return record;
   }
 
   /** Samples of a sandbox's use from `from` to `to` (milliseconds), oldest first. */

@@ -359,6 +359,31 @@ describe('restart', () => {
   });
 });
 
+describe('files-only pause', () => {
+  it('runs nothing of the sandbox while paused, across a restart; resuming boots it from its files', async () => {
+    const first = await launch({ clock: { now: START } });
+    const { sandboxID: id } = await create({ timeout: 600 }, first);
+    await inside(id, 'echo kept > /tmp/kept.txt', first);
+    await first.moat.sandboxes.pause(id, false);
+    expect(first.moat.runtime.sandbox(id)).toBeUndefined();
+    expect(first.moat.table.get(id)).toBeUndefined();
+    await shutdown(first);
+
+    const second = await launch({ clock: { now: START + 1000 }, dataDir: first.dataDir });
+    try {
+      expect(await stateOf(id, second)).toBe('paused');
+      expect(second.moat.runtime.sandbox(id)).toBeUndefined();
+      const { resumed } = await second.moat.sandboxes.connect(id, 60);
+      expect(resumed).toBe(true);
+      expect(await inside(id, 'cat /tmp/kept.txt', second)).toBe('kept\n');
+      await expectEnforcedAsStored(id, second);
+      expect((await second.moat.sandboxes.get(id)).filesOnly).toBe(false);
+    } finally {
+      await shutdown(second);
+    }
+  });
+});
+
 describe('restore failure', () => {
   it('leaves a sandbox that cannot come back paused with its files; the rest start; resuming retries', async () => {
     const first = await launch({ clock: { now: START } });

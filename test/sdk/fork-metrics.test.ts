@@ -90,6 +90,16 @@ describe('fork', () => {
     await Promise.all(forks.map((f) => f.kill()));
   });
 
+  it('forks a paused sandbox from its files; it stays paused', async () => {
+    const source = await harness.sandbox();
+    await source.files.write('/home/user/paused.txt', 'while paused');
+    await source.pause({ keepMemory: false });
+    const [fork] = started(await source.fork({ timeoutMs: 60_000 }));
+    expect(await fork!.files.read('/home/user/paused.txt')).toBe('while paused');
+    expect((await source.getInfo()).state).toBe('paused');
+    await fork!.kill();
+  });
+
   it('refuses count 0 and more than 10 with a 400, and an unknown source as not found', async () => {
     const source = await harness.sandbox();
     const zero = await source.fork({ count: 0 }).catch((e: unknown) => e);

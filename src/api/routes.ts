@@ -7,6 +7,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
+  MAX_FORKS,
   type Order,
   type Page,
   type SandboxService,
@@ -21,8 +22,12 @@ import {
   detailView,
   type EgressInfo,
   errorSchema,
+  forkResultsSchema,
+  forkView,
   listedSchema,
   listedView,
+  metricSchema,
+  metricView,
   snapshotSchema,
   snapshotView,
   templatesSchema,
@@ -91,7 +96,11 @@ const createBody = bodyObject(
     templateID: { type: 'string', minLength: 1, maxLength: 512 },
     timeout: { ...timeoutSeconds, description: `Seconds to live; default ${DEFAULT_TIMEOUT}` },
     autoPause: { type: 'boolean' },
-    autoPauseMemory: { type: 'boolean', description: 'Accepted; the process runtime keeps memory' },
+    autoPauseMemory: {
+      type: 'boolean',
+      description:
+        'false: the expiry pause keeps files only (needs autoPause; not with autoResume)',
+    },
     autoResume: bodyObject({ enabled: { type: 'boolean' } }),
     secure: { type: 'boolean' },
     allow_internet_access: { type: 'boolean' },
@@ -312,11 +321,17 @@ export const ROUTES: readonly RouteSpec[] = [
     optionalBody: true,
     schema: {
       params: sandboxParams,
-      body: bodyObject({ memory: { type: 'boolean', description: 'Accepted; memory is kept' } }),
+      body: bodyObject({
+        memory: {
+          type: 'boolean',
+          description: 'false: end its processes and keep its files; resuming cold-boots it',
+        },
+      }),
       response: { ...noContent, ...errors(400, 401, 404, 409, 503) },
     },
     handler: async (request, reply, { service }) => {
-      await service.pause(idOf(request));
+      const { memory } = request.body as { memory?: boolean };
+      await service.pause(idOf(request), memory ?? true);
       reply.code(204);
     },
   },
@@ -350,14 +365,21 @@ export const ROUTES: readonly RouteSpec[] = [
       optionalBody: true,
       schema: {
         params: sandboxParams,
-        body: bodyObject({ timeout: timeoutSeconds, memory: { type: 'boolean' } }),
+        body: bodyObject({
+          timeout: timeoutSeconds,
+          memory: {
+            type: 'boolean',
+            description: 'false: a paused sandbox starts again from its files (a cold boot)',
+          },
+        }),
         response: { 200: createdSchema, 201: createdSchema, ...errors(400, 401, 404, 503) },
       },
       handler: async (request, reply, { service }) => {
-        const { timeout } = request.body as { timeout?: number };
+        const { timeout, memory } = request.body as { timeout?: number; memory?: boolean };
         const { record, resumed } = await service.connect(
           idOf(request),
           timeout ?? DEFAULT_TIMEOUT,
+          memory ?? true,
         );
         reply.code(resumed ? 201 : 200);
         return createdView(record);
@@ -396,6 +418,94 @@ export const ROUTES: readonly RouteSpec[] = [
       const { name } = request.body as { name?: string };
       reply.code(201);
       return snapshotView(await service.createSnapshot(idOf(request), name));
+    },
+  },
+  {
+    method: 'POST',
+    url: '/sandboxes/:sandboxID/fork',
+    runsOn: 'owner',
+    summary: `Make \`count\` (1..${MAX_FORKS}) sandboxes from a copy of this one’s files and network config; processes are not carried, the source keeps running`,
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: bodyObject({
+        count: { type: 'integer', minimum: 1, maximum: MAX_FORKS, description: 'Default 1' },
+        timeout: {
+          ...timeoutSeconds,
+          description: `Seconds the forks live; default ${DEFAULT_TIMEOUT}`,
+        },
+      }),
+      response: { 201: forkResultsSchema, ...errors(400, 401, 404, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      const { count, timeout } = request.body as { count?: number; timeout?: number };
+      const results = await service.fork(idOf(request), count ?? 1, timeout ?? DEFAULT_TIMEOUT);
+      reply.code(201);
+      return results.map(forkView);
+    },
+  },
+  {
+    method: 'GET',
+    url: '/sandboxes/:sandboxID/metrics',
+    runsOn: 'owner',
+    summary: 'CPU, memory and disk use of the sandbox, sampled every 5 s (the last hour kept)',
+    auth: true,
+    schema: {
+      params: sandboxParams,
+      querystring: {
+        type: 'object',
+        properties: {
+          start: { type: 'integer', minimum: 0, description: 'Unix seconds; samples from then' },
+          end: { type: 'integer', minimum: 0, description: 'Unix seconds; samples until then' },
+        },
+        additionalProperties: false,
+      },
+      response: { 200: { type: 'array', items: metricSchema }, ...errors(400, 401, 404) },
+    },
+    handler: async (request, _reply, { service }) => {
+      const { start, end } = request.query as { start?: number; end?: number };
+      if (start !== undefined && end !== undefined && start > end) {
+        throw new SandboxError(400, `query.start (${start}) is after query.end (${end})`);
+      }
+      const samples = await service.metrics(
+        idOf(request),
+        start === undefined ? undefined : start * 1000,
+        end === undefined ? undefined : end * 1000,
+      );
+      return samples.map(metricView);
+    },
+  },
+  {
+    method: 'GET',
+    url: '/sandboxes/metrics',
+    summary: 'The newest metrics sample of each listed sandbox (unknown IDs are left out)',
+    auth: true,
+    schema: {
+      querystring: {
+        type: 'object',
+        properties: {
+          sandbox_ids: { type: 'string', minLength: 1, description: 'Comma list, at most 100' },
+        },
+        required: ['sandbox_ids'],
+        additionalProperties: false,
+      },
+      response: {
+        200: {
+          type: 'object',
+          properties: { sandboxes: { type: 'object', additionalProperties: metricSchema } },
+          required: ['sandboxes'],
+        },
+        ...errors(400, 401),
+      },
+    },
+    handler: async (request, _reply, { service }) => {
+      const ids = (request.query as { sandbox_ids: string }).sandbox_ids.split(',');
+      if (ids.length > 100) {
+        throw new SandboxError(400, `query.sandbox_ids lists ${ids.length} sandboxes; at most 100`);
+      }
+      const latest = service.latestMetrics(ids);
+      return { sandboxes: Object.fromEntries([...latest].map(([id, m]) => [id, metricView(m)])) };
     },
   },
   {

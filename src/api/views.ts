@@ -5,7 +5,7 @@
  */
 import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
-import type { SandboxRecord, SnapshotRecord } from '../sandbox/index.js';
+import type { ForkResult, SandboxRecord, SnapshotRecord, UsageSample } from '../sandbox/index.js';
 
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream
@@ -76,6 +76,24 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
     node: r.node ?? null,
   },
   confinement: egress.confinement,
+});
+
+/** One fork's outcome: `sandbox` when it started, `error` when it did not. */
+export const forkView = (result: ForkResult) =>
+  result instanceof Error
+    ? { error: { code: result.status, message: result.message } }
+    : { sandbox: createdView(result) };
+
+export const metricView = (m: UsageSample) => ({
+  timestamp: new Date(m.timestamp).toISOString(),
+  timestampUnix: Math.floor(m.timestamp / 1000),
+  cpuCount: m.cpuCount,
+  cpuUsedPct: m.cpuUsedPct,
+  memUsed: m.memUsed,
+  memTotal: m.memTotal,
+  memCache: m.memCache,
+  diskUsed: m.diskUsed,
+  diskTotal: m.diskTotal,
 });
 
 export const snapshotView = (s: SnapshotRecord) => ({ snapshotID: s.snapshotID, names: s.names });
@@ -191,6 +209,31 @@ export const detailSchema = object({
 });
 
 export const snapshotSchema = object({ snapshotID: string, names: stringList });
+
+export const forkResultsSchema = {
+  type: 'array',
+  description: 'One entry per requested fork: exactly one of sandbox or error',
+  items: {
+    type: 'object',
+    properties: { sandbox: createdSchema, error: errorSchema },
+    additionalProperties: false,
+  },
+};
+
+export const metricSchema = object(
+  {
+    timestamp: { type: 'string', format: 'date-time' },
+    timestampUnix: { ...integer, description: 'Seconds since the epoch' },
+    cpuCount: integer,
+    cpuUsedPct: { type: 'number', description: 'Share of its CPUs used over the last 5 s' },
+    memUsed: { ...integer, description: 'Bytes, page cache not counted' },
+    memTotal: { ...integer, description: 'Its memory bound in bytes' },
+    memCache: { ...integer, description: 'Page cache in bytes' },
+    diskUsed: { ...integer, description: 'Bytes used on its disk' },
+    diskTotal: { ...integer, description: 'Its disk’s size in bytes' },
+  },
+  'One sample of a sandbox’s use, taken every 5 s',
+);
 
 export const templatesSchema = {
   type: 'array',

@@ -28,8 +28,20 @@ export interface SandboxCgroup {
   thaw(): Promise<void>;
   /** Host pids of every process inside. */
   members(): Promise<number[]>;
+  /** What its processes use now (for metrics). */
+  usage(): Promise<CgroupUsage>;
   /** SIGKILL to everything inside (thawed first); resolves when nothing is left, the cgroup gone. */
   remove(): Promise<void>;
+}
+
+/** What a cgroup's processes use, as the kernel counts it. */
+export interface CgroupUsage {
+  /** CPU time of every process that ran in it, in microseconds; undefined when not counted. */
+  readonly cpuMicros: number | undefined;
+  /** Memory charged to it, page cache included, in bytes. */
+  readonly memoryBytes: number;
+  /** The page cache part of `memoryBytes`. */
+  readonly cacheBytes: number;
 }
 
 export interface Cgroups {
@@ -47,6 +59,8 @@ export interface Cgroups {
 
 const CPU_PERIOD_US = 100_000;
 const CONTROLLERS = ['memory', 'pids', 'cpu', 'freezer'] as const;
+/** Joined where the host has it (cgroup v1): it counts the CPU time metrics report. */
+const CPU_ACCOUNTING = 'cpuacct';
 const delay = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 function signal(pid: number): void {
@@ -55,6 +69,15 @@ function signal(pid: number): void {
   } catch {
     // Already gone.
   }
+}
+
+/** A number from a cgroup file (`file`), or from one `key value` line of it. */
+async function counter(file: string, key?: string): Promise<number | undefined> {
+  const text = await readFile(file, 'utf8').catch(() => undefined);
+  if (text === undefined) return undefined;
+  const line = key === undefined ? text : text.split('\n').find((l) => l.startsWith(`${key} `));
+  const value = Number(line?.slice(key === undefined ? 0 : key.length + 1).trim());
+  return line === undefined || !Number.isFinite(value) ? undefined : value;
 }
 
 async function procs(folder: string): Promise<number[]> {
@@ -96,7 +119,7 @@ function hierarchies(): { v1: Map<string, string>; v2: string | undefined } {
     if (type === 'cgroup2') v2 ??= mountPoint;
     if (type === 'cgroup') {
       for (const option of options.split(',')) {
-        if ((CONTROLLERS as readonly string[]).includes(option) && !v1.has(option)) {
+        if ([...CONTROLLERS, CPU_ACCOUNTING].includes(option) && !v1.has(option)) {
           v1.set(option, mountPoint);
         }
       }
@@ -130,12 +153,18 @@ export function findCgroups(scope: string): { cgroups: Cgroups } | { problem: st
 
 class CgroupsV1 implements Cgroups {
   readonly description: string;
+  /** The controllers joined: the required ones, and cpuacct where it has its own hierarchy. */
+  private readonly controllers: readonly string[];
 
   constructor(
     private readonly mounts: Map<string, string>,
     private readonly scope: string,
   ) {
-    this.description = 'cgroup v1 (memory, pids, cpu, freezer)';
+    const cpuacct = mounts.get(CPU_ACCOUNTING);
+    const ownHierarchy =
+      cpuacct !== undefined && CONTROLLERS.every((c) => mounts.get(c) !== cpuacct);
+    this.controllers = [...CONTROLLERS, ...(ownHierarchy ? [CPU_ACCOUNTING] : [])];
+    this.description = `cgroup v1 (${[...CONTROLLERS, ...(cpuacct ? [CPU_ACCOUNTING] : [])].join(', ')})`;
   }
 
   private scopeFolder(controller: string): string {
@@ -144,7 +173,9 @@ class CgroupsV1 implements Cgroups {
 
   async make(name: string): Promise<SandboxCgroup> {
     const folder = (c: string) => path.join(this.scopeFolder(c), name);
-    for (const controller of CONTROLLERS) await mkdir(folder(controller), { recursive: true });
+    for (const controller of this.controllers) {
+      await mkdir(folder(controller), { recursive: true });
+    }
     const limit = async (limits: SandboxLimits) => {
       const memory = folder('memory');
       const bytes = String(limits.memoryMB * 2 ** 20);
@@ -170,19 +201,33 @@ class CgroupsV1 implements Cgroups {
       }
       throw new Error(`the freezer cgroup ${freezer} did not reach ${state} within 2 s`);
     };
+    const accounting = this.mounts.has(CPU_ACCOUNTING) ? folder(CPU_ACCOUNTING) : undefined;
     return {
-      folders: CONTROLLERS.map(folder),
+      folders: this.controllers.map(folder),
       limit,
       freeze: () => setState('FROZEN'),
       thaw: () => setState('THAWED'),
       members: () => procs(freezer),
+      usage: async () => {
+        const memory = folder('memory');
+        const nanos =
+          accounting === undefined
+            ? undefined
+            : await counter(path.join(accounting, 'cpuacct.usage'));
+        const stat = path.join(memory, 'memory.stat');
+        return {
+          cpuMicros: nanos === undefined ? undefined : Math.floor(nanos / 1000),
+          memoryBytes: (await counter(path.join(memory, 'memory.usage_in_bytes'))) ?? 0,
+          cacheBytes: (await counter(stat, 'total_cache')) ?? (await counter(stat, 'cache')) ?? 0,
+        };
+      },
       remove: async () => {
         // A frozen task takes its SIGKILL only once thawed.
         const thaw = () =>
           writeFile(path.join(freezer, 'freezer.state'), 'THAWED').catch(() => undefined);
         await thaw();
         await emptied(freezer, thaw);
-        for (const controller of CONTROLLERS) {
+        for (const controller of this.controllers) {
           await emptied(folder(controller), async () => undefined);
           await rmdir(folder(controller)).catch(() => undefined);
         }
@@ -201,7 +246,7 @@ class CgroupsV1 implements Cgroups {
         writeFile(path.join(freezer, 'freezer.state'), 'THAWED').catch(() => undefined);
       await emptied(freezer, thaw);
     }
-    for (const controller of CONTROLLERS) {
+    for (const controller of this.controllers) {
       for (const name of await readdir(this.scopeFolder(controller)).catch(() => [] as string[])) {
         await rmdir(path.join(this.scopeFolder(controller), name)).catch(() => undefined);
       }
@@ -210,7 +255,7 @@ class CgroupsV1 implements Cgroups {
   }
 
   async release(): Promise<void> {
-    for (const controller of CONTROLLERS) {
+    for (const controller of this.controllers) {
       await rmdir(this.scopeFolder(controller)).catch(() => undefined);
     }
   }
@@ -266,6 +311,11 @@ class CgroupsV2 implements Cgroups {
       freeze: () => freeze('1'),
       thaw: () => freeze('0'),
       members: () => procs(folder),
+      usage: async () => ({
+        cpuMicros: await counter(path.join(folder, 'cpu.stat'), 'usage_usec'),
+        memoryBytes: (await counter(path.join(folder, 'memory.current'))) ?? 0,
+        cacheBytes: (await counter(path.join(folder, 'memory.stat'), 'file')) ?? 0,
+      }),
       remove: async () => {
         await writeFile(path.join(folder, 'cgroup.kill'), '1').catch(() => undefined);
         await emptied(folder, () =>

@@ -25,6 +25,7 @@ export type {
 } from './runtime.js';
 export { type IdRangeSetting, IDS_PER_SANDBOX } from './sandbox-ids.js';
 export type { SandboxListeners } from './listening-ports.js';
+export type { SandboxUsage } from './usage.js';
 export {
   type EntryInfo,
   type FileEvent,

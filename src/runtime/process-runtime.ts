@@ -41,6 +41,7 @@ import type {
 } from './runtime.js';
 import { SandboxFiles } from './sandbox-files.js';
 import { IDS_PER_SANDBOX, type IdRangeSetting, SandboxIds } from './sandbox-ids.js';
+import { diskUsage, processUsage, type SandboxUsage } from './usage.js';
 import {
   type EarlyConfig,
   spawnSupervisor,
@@ -501,6 +502,17 @@ export class ProcessRuntime implements SandboxRuntime {
     const launchers = new Map<unknown, Launcher>();
     const hostRoot = meta ? undefined : this.unconfinedRoot(sandboxID);
     const processIds = () => (cgroup ? cgroup.members() : groupMembers(launched.pid ?? -1));
+    const diskFolder =
+      meta?.disk != null ? this.confinedParts?.disks?.folder(meta.disk) : undefined;
+    const usage = async (): Promise<SandboxUsage> => {
+      const used = cgroup ? await cgroup.usage() : await processUsage(await processIds());
+      const disk = diskFolder === undefined ? undefined : await diskUsage(diskFolder);
+      return {
+        ...used,
+        diskUsedBytes: disk?.used,
+        diskTotalBytes: disk?.total ?? limits.diskSizeMB * 2 ** 20,
+      };
+    };
     this.live.set(sandboxID, {
       sandboxID,
       env,
@@ -527,6 +539,7 @@ export class ProcessRuntime implements SandboxRuntime {
       }),
       files: new SandboxFiles((user) => launched.role('file', user)),
       processIds,
+      usage,
       // A confined sandbox's sockets are owned by its own ids; an unconfined one's by Moat's.
       listeningPorts: async () =>
         meta !== undefined && this.confinedParts

@@ -6,6 +6,7 @@ import type { SandboxListeners } from './listening-ports.js';
 import type { SandboxLimits } from './cgroups.js';
 import type { ProcessTable } from './processes.js';
 import type { SandboxFiles } from './sandbox-files.js';
+import type { SandboxUsage } from './usage.js';
 
 export type EnforcementMode = 'namespace' | 'proxy';
 
@@ -81,4 +82,6 @@ export interface RuntimeSandbox {
    * where ingress may go when the sandbox shares the host's network: nothing else of the host.
    */
   listeningPorts(): Promise<SandboxListeners>;
+  /** What it uses now: CPU time, memory, disk. */
+  usage(): Promise<SandboxUsage>;
 }

@@ -10,6 +10,8 @@ export {
   type CreateRequest,
   DEFAULT_TIMEOUT,
   type EgressRules,
+  type ForkResult,
+  MAX_FORKS,
   notFound,
   SandboxError,
   type SandboxQuery,
@@ -17,3 +19,4 @@ export {
   type SandboxServiceOptions,
   type SnapshotQuery,
 } from './service.js';
+export { SAMPLE_INTERVAL_MS, SAMPLES_KEPT, type UsageSample } from './usage-history.js';

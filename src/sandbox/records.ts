@@ -30,7 +30,11 @@ export interface SandboxRecord {
   /** When it expires (running) or expired into a pause (paused). */
   readonly endAt: number;
   readonly autoPause: boolean;
+  /** An expiry pause keeps its processes (absent: true); false pauses it as files only. */
+  readonly autoPauseMemory?: boolean;
   readonly autoResume: boolean;
+  /** Paused as files only: its processes were ended, and resuming cold-boots it. */
+  readonly filesOnly?: boolean;
   readonly secure: boolean;
   readonly envdAccessToken: string | null;
   readonly trafficAccessToken: string | null;
@@ -70,6 +74,7 @@ type Shape = Record<string, (value: unknown) => boolean>;
 const isString = (v: unknown) => typeof v === 'string';
 const isNullableString = (v: unknown) => v === null || typeof v === 'string';
 const isBoolean = (v: unknown) => typeof v === 'boolean';
+const isOptionalBoolean = (v: unknown) => v === undefined || isBoolean(v);
 const isTime = (v: unknown) => Number.isSafeInteger(v);
 const isStringList = (v: unknown) => Array.isArray(v) && v.every(isString);
 const isStringMap = (v: unknown) =>
@@ -99,7 +104,9 @@ const SANDBOX: Shape = {
   startedAt: isTime,
   endAt: isTime,
   autoPause: isBoolean,
+  autoPauseMemory: isOptionalBoolean,
   autoResume: isBoolean,
+  filesOnly: isOptionalBoolean,
   secure: isBoolean,
   envdAccessToken: isNullableString,
   trafficAccessToken: isNullableString,

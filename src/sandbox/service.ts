@@ -41,6 +41,7 @@ import {
   TEMPLATES,
 } from './records.js';
 import { ExpiryTimer, KeyedQueue } from './serial.js';
+import { UsageHistory, type UsageSample } from './usage-history.js';
 
 /** A refusal with the HTTP status the platform API answers it with. */
 export class SandboxError extends Error {
@@ -67,6 +68,8 @@ export interface CreateRequest {
   readonly templateID: string;
   readonly timeout?: number;
   readonly autoPause?: boolean;
+  /** false: the expiry pause keeps files only (requires autoPause). */
+  readonly autoPauseMemory?: boolean;
   readonly autoResume?: { readonly enabled?: boolean };
   readonly secure?: boolean;
   readonly allow_internet_access?: boolean;
@@ -127,7 +130,15 @@ export interface SandboxServiceOptions {
   readonly environment: (record: SandboxRecord) => SandboxEnvironment;
   /** Limits of sandboxes made from the base template (snapshots carry their own). */
   readonly defaultLimits: SandboxLimits;
+  /** How often metrics are sampled (milliseconds; default every 5 s). */
+  readonly metricsIntervalMs?: number;
 }
+
+/** Most sandboxes one fork request makes. */
+export const MAX_FORKS = 10;
+
+/** One fork's outcome: the new sandbox, or why it was not made. */
+export type ForkResult = SandboxRecord | SandboxError;
 
 /** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
 export const DEFAULT_TIMEOUT = 15;
@@ -147,6 +158,7 @@ export class SandboxService {
   private readonly states = new Map<string, SandboxState>();
   /** Sandboxes left paused because they could not be set up again at start-up, and why. */
   private readonly unrestored = new Map<string, string>();
+  private readonly usage: UsageHistory;
 
   /** The store, with "unreachable" answered as 503 on reads as on writes. */
   private readonly store: Pick<Store, 'get' | 'list'>;
@@ -163,6 +175,19 @@ export class SandboxService {
     this.now = options.now ?? Date.now;
     this.log = options.logger;
     this.expiry = new ExpiryTimer(this.now, () => void this.expireDue());
+    this.usage = new UsageHistory(
+      {
+        running: () =>
+          [...this.states].filter(([, state]) => state === 'running').map(([id]) => id),
+        exists: (id) => this.states.has(id),
+        read: async (id) => {
+          const sandbox = options.runtime.sandbox(id);
+          return sandbox && { usage: await sandbox.usage(), limits: sandbox.limits };
+        },
+      },
+      this.now,
+      options.metricsIntervalMs,
+    );
     options.metrics.countSandboxesWith(() => {
       const counts = { running: 0, paused: 0 };
       for (const state of this.states.values()) counts[state]++;
@@ -206,6 +231,8 @@ export class SandboxService {
         address = { ok: true, value: fresh };
       }
       this.states.set(record.sandboxID, record.state);
+      // Paused as files only: nothing of it runs until it is resumed.
+      if (record.state === 'paused' && record.filesOnly === true) continue;
       const policy = this.restoredPolicy(record);
       const problem = await this.bringBack(record, address.value, policy);
       // One sandbox that cannot come back must not keep the others (and Moat) down.
@@ -222,6 +249,7 @@ export class SandboxService {
       this.expiry.set(record.sandboxID, record.endAt);
     }
     await this.expireDue();
+    this.usage.start();
   }
 
   /**
@@ -270,6 +298,7 @@ export class SandboxService {
   /** Stops the expiry timer and waits for transitions in flight. */
   async stop(): Promise<void> {
     this.expiry.stop();
+    await this.usage.stop();
     await this.queue.idle();
   }
 
@@ -298,7 +327,7 @@ export class SandboxService {
   }
 
   async create(request: CreateRequest): Promise<SandboxRecord> {
-    const { runtime, table, sources } = this.options;
+    const { sources } = this.options;
     const timeout = request.timeout ?? DEFAULT_TIMEOUT;
     const network: NetworkSettings = {
       allowOut: request.network?.allowOut ?? [],
@@ -315,6 +344,7 @@ export class SandboxService {
         'network.allowPublicTraffic false requires secure: true (the traffic token protects a secured sandbox)',
       );
     }
+    const lifecycle = checkLifecycle(request);
     const template = await this.resolveTemplate(request.templateID);
     const limits = template.limits ?? this.options.defaultLimits;
     const now = this.now();
@@ -326,8 +356,7 @@ export class SandboxService {
       state: 'running',
       startedAt: now,
       endAt: now + timeout * 1000,
-      autoPause: request.autoPause ?? false,
-      autoResume: request.autoResume?.enabled ?? false,
+      ...lifecycle,
       secure,
       envdAccessToken: secure ? newSecret() : null,
       trafficAccessToken: network.allowPublicTraffic ? null : newSecret(),
@@ -339,11 +368,35 @@ export class SandboxService {
       limits,
       ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
     };
+    // Under the template's key so that deleting the template cannot race the copy.
+    await this.queue.run(templateKey(template.id), () =>
+      this.launch(record, template.id, source, policy),
+    );
+    this.transition(record, 'create', { templateID: record.templateID, timeout });
+    // timeout 0 means "expire now": the sandbox is made, then expires on the spot.
+    if (timeout === 0) await this.expireDue();
+    return record;
+  }
+
+  /**
+   * Makes the sandbox of `record` from the files of `templateKey`, with its firewall, and
+   * records and enforces it. Nothing of it is left when that fails.
+   */
+  private async launch(
+    record: SandboxRecord,
+    templateKey: string,
+    source: IPAddress,
+    policy: Policy,
+  ): Promise<void> {
+    const { runtime, sources, table } = this.options;
     const id = record.sandboxID;
     try {
-      // Under the template's key so that deleting the template cannot race the copy.
-      await this.queue.run(templateKey(template.id), () =>
-        runtime.create(id, template.id, this.options.environment(record), source.text, limits),
+      await runtime.create(
+        id,
+        templateKey,
+        this.options.environment(record),
+        source.text,
+        this.limitsOf(record),
       );
       // Fail closed: a sandbox whose firewall cannot be written is not started.
       await this.options.kernel?.install(id, source, policy);
@@ -358,10 +411,88 @@ export class SandboxService {
     table.register(id, { sourceAddress: source, egressSecret: record.egressSecret }, policy);
     this.expiry.set(id, record.endAt);
     this.states.set(id, 'running');
-    this.transition(record, 'create', { templateID: record.templateID, timeout });
-    // timeout 0 means "expire now": the sandbox is made, then expires on the spot.
-    if (timeout === 0) await this.expireDue();
-    return record;
+  }
+
+  /**
+   * Makes `count` sandboxes from one copy of the sandbox's files, taken while it is frozen for
+   * a moment (it keeps its ID, expiry and processes). Each fork gets the source's network
+   * config, lifecycle, metadata, environment and limits, fresh tokens and no processes. Forks
+   * succeed or fail one by one; the copy is made once.
+   */
+  async fork(sandboxID: string, count: number, seconds: number): Promise<ForkResult[]> {
+    if (!Number.isSafeInteger(count) || count < 1 || count > MAX_FORKS) {
+      throw new SandboxError(400, `count must be from 1 to ${MAX_FORKS} (got ${count})`);
+    }
+    const copy = `fork-${randomName(20)}`;
+    const parent = await this.queue.run(sandboxID, async () => {
+      const record = await this.get(sandboxID);
+      await this.options.runtime.snapshot(sandboxID, copy);
+      return record;
+    });
+    const policy = this.restoredPolicy(parent);
+    const results: ForkResult[] = [];
+    try {
+      // One at a time: each is a copy-on-write mount of the same layer, cheap next to a boot.
+      for (let i = 0; i < count; i++)
+        results.push(await this.forkOne(parent, copy, seconds, policy));
+    } finally {
+      // Each fork's own record names the copy's layer; the template name is not needed any more.
+      await this.options.runtime.removeTemplate(copy).catch((error: Error) => {
+        this.log.warn({ sandboxID, err: error.message }, 'could not remove a fork’s copy');
+      });
+    }
+    return results;
+  }
+
+  private async forkOne(
+    parent: SandboxRecord,
+    copy: string,
+    seconds: number,
+    policy: Policy,
+  ): Promise<ForkResult> {
+    try {
+      const now = this.now();
+      const source = this.options.sources.allocate();
+      const record: SandboxRecord = {
+        ...parent,
+        sandboxID: newSandboxID(),
+        state: 'running',
+        startedAt: now,
+        endAt: now + seconds * 1000,
+        filesOnly: false,
+        envdAccessToken: parent.secure ? newSecret() : null,
+        trafficAccessToken: parent.network.allowPublicTraffic ? null : newSecret(),
+        egressSecret: newSecret(),
+        sourceAddress: source.text,
+        ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
+      };
+      await this.launch(record, copy, source, policy);
+      this.transition(record, 'fork', { from: parent.sandboxID, timeout: seconds });
+      if (seconds === 0) await this.expireDue();
+      return record;
+    } catch (error) {
+      this.log.error({ sandboxID: parent.sandboxID, err: (error as Error).message }, 'fork failed');
+      // As the API answers any error it did not expect: the details are in the log only.
+      return error instanceof SandboxError
+        ? error
+        : new SandboxError(500, 'internal error; the server log has the details');
+    }
+  }
+
+  /** Samples of a sandbox's use from `from` to `to` (milliseconds), oldest first. */
+  async metrics(sandboxID: string, from?: number, to?: number): Promise<UsageSample[]> {
+    await this.get(sandboxID);
+    return this.usage.samples(sandboxID, from, to);
+  }
+
+  /** The newest sample of each of these sandboxes that has one. */
+  latestMetrics(sandboxIDs: readonly string[]): Map<string, UsageSample> {
+    const latest = new Map<string, UsageSample>();
+    for (const id of sandboxIDs) {
+      const sample = this.usage.latest(id);
+      if (sample !== undefined) latest.set(id, sample);
+    }
+    return latest;
   }
 
   async get(sandboxID: string): Promise<SandboxRecord> {
@@ -423,13 +554,17 @@ export class SandboxService {
     );
   }
 
-  pause(sandboxID: string): Promise<SandboxRecord> {
+  /**
+   * Pauses a running sandbox: with `memory` its processes are frozen and go on at resume;
+   * without, they are ended and only its files are kept (resuming cold-boots it).
+   */
+  pause(sandboxID: string, memory = true): Promise<SandboxRecord> {
     return this.queue.run(sandboxID, async () => {
       const record = await this.get(sandboxID);
       if (record.state === 'paused') {
         throw new SandboxError(409, `Sandbox "${sandboxID}" is already paused`);
       }
-      return this.pauseNow(record, 'pause');
+      return this.pauseNow(record, 'pause', memory);
     });
   }
 
@@ -446,16 +581,19 @@ export class SandboxService {
 
   /**
    * Resumes a paused sandbox (`resumed: true`), or extends a running one without shortening
-   * its expiry.
+   * its expiry. `memory: false` resumes it from its files only (a cold boot), even when its
+   * processes were kept.
    */
   connect(
     sandboxID: string,
     seconds: number,
+    memory = true,
   ): Promise<{ record: SandboxRecord; resumed: boolean }> {
     return this.queue.run(sandboxID, async () => {
       const record = await this.get(sandboxID);
       if (record.state === 'paused') {
-        return { record: await this.resumeNow(record, seconds, 'connect'), resumed: true };
+        const resumed = await this.resumeNow(record, seconds, 'connect', !memory);
+        return { record: resumed, resumed: true };
       }
       const endAt = Math.max(record.endAt, this.now() + seconds * 1000);
       return { record: await this.extend(record, endAt, 'connect'), resumed: false };
@@ -469,7 +607,10 @@ export class SandboxService {
   wake(sandboxID: string): Promise<SandboxRecord> {
     return this.queue.run(sandboxID, async () => {
       const record = await this.get(sandboxID);
-      if (record.state === 'running' || !record.autoResume) return record;
+      // Paused as files only, it must be resumed explicitly: traffic would meet a cold boot.
+      if (record.state === 'running' || !record.autoResume || record.filesOnly === true) {
+        return record;
+      }
       return this.resumeNow(record, DEFAULT_TIMEOUT, 'autoResume');
     });
   }
@@ -706,8 +847,9 @@ export class SandboxService {
             return;
           }
           try {
-            if (record.autoPause) await this.pauseNow(record, 'expire');
-            else await this.remove(record, 'expire');
+            if (record.autoPause) {
+              await this.pauseNow(record, 'expire', record.autoPauseMemory ?? true);
+            } else await this.remove(record, 'expire');
           } catch (error) {
             // Keep it due: the next sweep tries again (a store outage must not lose expiries).
             this.log.error({ sandboxID: id, err: (error as Error).message }, 'expiry failed');
@@ -745,43 +887,73 @@ export class SandboxService {
     return next;
   }
 
-  private async pauseNow(record: SandboxRecord, why: string): Promise<SandboxRecord> {
-    const next: SandboxRecord = { ...record, state: 'paused', endAt: this.now() };
-    await this.options.runtime.pause(record.sandboxID);
+  private async pauseNow(
+    record: SandboxRecord,
+    why: string,
+    memory: boolean,
+  ): Promise<SandboxRecord> {
+    const { runtime } = this.options;
+    const next: SandboxRecord = {
+      ...record,
+      state: 'paused',
+      endAt: this.now(),
+      filesOnly: !memory,
+    };
+    // Files only: its processes end and its namespace goes; its files stay for a cold boot.
+    if (memory) await runtime.pause(record.sandboxID);
+    else await runtime.release(record.sandboxID);
     try {
       await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
     } catch (error) {
-      await this.options.runtime.resume(record.sandboxID);
+      if (memory) await runtime.resume(record.sandboxID);
+      else await this.coldBoot(record);
       throw error;
     }
     // A paused sandbox sends nothing; dropping it from the table makes that certain.
     this.options.table.remove(record.sandboxID);
     this.expiry.delete(record.sandboxID);
     this.states.set(record.sandboxID, 'paused');
-    this.transition(next, why === 'expire' ? 'autoPause' : 'pause', {});
+    this.transition(next, why === 'expire' ? 'autoPause' : 'pause', { memory });
     return next;
+  }
+
+  /**
+   * Starts a sandbox again from its files (its processes are gone); a failure leaves it
+   * paused, to be tried again at the next resume.
+   */
+  private async coldBoot(record: SandboxRecord): Promise<void> {
+    const address = parseIP(record.sourceAddress);
+    if (!address.ok) throw new SandboxError(500, address.error);
+    const problem = await this.bringBack(record, address.value, this.restoredPolicy(record));
+    if (problem !== undefined) {
+      this.unrestored.set(record.sandboxID, problem);
+      throw new SandboxError(
+        503,
+        `sandbox ${record.sandboxID} could not be restored on this host: ${problem}; it stays paused with its files`,
+      );
+    }
   }
 
   private async resumeNow(
     record: SandboxRecord,
     seconds: number,
     why: string,
+    fromFiles = false,
   ): Promise<SandboxRecord> {
     const now = this.now();
-    const next: SandboxRecord = { ...record, state: 'running', endAt: now + seconds * 1000 };
+    const next: SandboxRecord = {
+      ...record,
+      state: 'running',
+      endAt: now + seconds * 1000,
+      filesOnly: false,
+    };
     const policy = this.restoredPolicy(record);
     const address = parseIP(record.sourceAddress);
     if (!address.ok) throw new SandboxError(500, address.error);
-    if (this.unrestored.has(record.sandboxID)) {
-      const problem = await this.bringBack(record, address.value, policy);
-      if (problem !== undefined) {
-        this.unrestored.set(record.sandboxID, problem);
-        throw new SandboxError(
-          503,
-          `sandbox ${record.sandboxID} could not be restored on this host: ${problem}; it stays paused with its files`,
-        );
-      }
-    }
+    const frozen = record.filesOnly !== true && !this.unrestored.has(record.sandboxID);
+    // Asked to start from its files: its frozen processes are ended first.
+    if (frozen && fromFiles) await this.options.runtime.release(record.sandboxID);
+    if (!frozen || fromFiles) await this.coldBoot(record);
     await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
     this.options.table.register(
       record.sandboxID,
@@ -805,6 +977,7 @@ export class SandboxService {
     this.options.table.remove(record.sandboxID);
     this.expiry.delete(record.sandboxID);
     this.states.delete(record.sandboxID);
+    this.usage.forget(record.sandboxID);
     await this.options.runtime.destroy(record.sandboxID);
     const address = parseIP(record.sourceAddress);
     if (address.ok) this.options.sources.release(address.value);
@@ -909,6 +1082,38 @@ export class SandboxService {
     }
     throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
   }
+}
+
+/**
+ * The lifecycle fields of a create request, checked as the SDK documents them: autoResume and
+ * a files-only expiry pause need `autoPause` (onTimeout 'pause'), and cannot go together (a
+ * files-only pause must be resumed explicitly).
+ */
+function checkLifecycle(
+  request: CreateRequest,
+): Pick<SandboxRecord, 'autoPause' | 'autoPauseMemory' | 'autoResume'> {
+  const autoPause = request.autoPause ?? false;
+  const autoResume = request.autoResume?.enabled ?? false;
+  const memory = request.autoPauseMemory;
+  if (autoResume && !autoPause) {
+    throw new SandboxError(
+      400,
+      'autoResume.enabled true requires autoPause true (lifecycle.onTimeout "pause"): a killed sandbox cannot resume',
+    );
+  }
+  if (memory !== undefined && !autoPause) {
+    throw new SandboxError(
+      400,
+      'autoPauseMemory (onTimeout.keepMemory) is only allowed with autoPause true (lifecycle.onTimeout "pause")',
+    );
+  }
+  if (memory === false && autoResume) {
+    throw new SandboxError(
+      400,
+      'autoResume.enabled true cannot be combined with autoPauseMemory false: a files-only pause must be resumed explicitly with connect',
+    );
+  }
+  return { autoPause, autoResume, ...(memory === undefined ? {} : { autoPauseMemory: memory }) };
 }
 
 const isBaseTemplate = (id: string) =>

@@ -323,7 +323,7 @@ describe('routing by the sandbox gateway', () => {
   });
 
   it('traffic resumes a paused sandbox that has autoResume.enabled', async () => {
-    const sbx = await sandbox({ secure: false, autoResume: { enabled: true } });
+    const sbx = await sandbox({ secure: false, autoPause: true, autoResume: { enabled: true } });
     await lifecycle('pause', sbx.sandboxID);
     expect(await stateOf(sbx.sandboxID)).toBe('paused');
     expect((await viaHeaders(sbx.sandboxID)).status).toBe(204);

@@ -264,9 +264,13 @@ describe('state conflicts', () => {
   });
 
   it('wake resumes a paused autoResume sandbox and leaves others paused', async () => {
-    const waking = await create({ autoResume: { enabled: true } });
+    const waking = await create({ autoPause: true, autoResume: { enabled: true } });
     const sleeping = await create();
+    // Paused as files only, it must be resumed explicitly: traffic does not wake it.
+    const cold = await create({ autoPause: true, autoResume: { enabled: true } });
     for (const { sandboxID } of [waking, sleeping]) await shared.moat.sandboxes.pause(sandboxID);
+    await shared.moat.sandboxes.pause(cold.sandboxID, false);
+    expect((await shared.moat.sandboxes.wake(cold.sandboxID)).state).toBe('paused');
     expect((await shared.moat.sandboxes.wake(waking.sandboxID)).state).toBe('running');
     expect((await shared.moat.sandboxes.get(waking.sandboxID)).endAt).toBe(
       shared.clock.now + 15_000,
@@ -349,6 +353,31 @@ describe('restart', () => {
       await advance(50, second);
       expect(await stateOf(keptPausing!.sandboxID, second)).toBe('paused');
       expect(await stateOf(kept!.sandboxID, second)).toBe('gone');
+    } finally {
+      await shutdown(second);
+    }
+  });
+});
+
+describe('files-only pause', () => {
+  it('runs nothing of the sandbox while paused, across a restart; resuming boots it from its files', async () => {
+    const first = await launch({ clock: { now: START } });
+    const { sandboxID: id } = await create({ timeout: 600 }, first);
+    await inside(id, 'echo kept > /tmp/kept.txt', first);
+    await first.moat.sandboxes.pause(id, false);
+    expect(first.moat.runtime.sandbox(id)).toBeUndefined();
+    expect(first.moat.table.get(id)).toBeUndefined();
+    await shutdown(first);
+
+    const second = await launch({ clock: { now: START + 1000 }, dataDir: first.dataDir });
+    try {
+      expect(await stateOf(id, second)).toBe('paused');
+      expect(second.moat.runtime.sandbox(id)).toBeUndefined();
+      const { resumed } = await second.moat.sandboxes.connect(id, 60);
+      expect(resumed).toBe(true);
+      expect(await inside(id, 'cat /tmp/kept.txt', second)).toBe('kept\n');
+      await expectEnforcedAsStored(id, second);
+      expect((await second.moat.sandboxes.get(id)).filesOnly).toBe(false);
     } finally {
       await shutdown(second);
     }

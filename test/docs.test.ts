@@ -1,0 +1,299 @@
+/**
+ * The documentation stays true to the repository, and the layout it describes stays true to the
+ * code: every relative link (and #anchor) in README.md, ARCHITECTURE.md and docs/*.md resolves;
+ * a part imports another part only through its face (`../<part>/index.js`); and the folder tables
+ * of ARCHITECTURE.md and the README name exactly the folders under src/, each with the parts its
+ * files really import. Each checker is also run on a planted mistake, so none can pass vacuously.
+ */
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import ts from 'typescript';
+import { describe, expect, it } from 'vitest';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const SRC = path.join(ROOT, 'src');
+const rel = (file: string) => path.relative(ROOT, file);
+
+// -- markdown --------------------------------------------------------------------------------
+
+/** The markdown outside fenced code blocks and inline code spans. */
+function prose(markdown: string): string {
+  return markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, '').replace(/`[^`\n]*`/g, '');
+}
+
+/** GitHub's anchor for a heading's text. */
+function slug(heading: string): string {
+  return heading
+    .replace(/\[([^\]]*)\]\([^)]*\)/g, '$1')
+    .trim()
+    .toLowerCase()
+    .replace(/[^\p{L}\p{M}\p{N}\p{Pc} -]/gu, '')
+    .replace(/ /g, '-');
+}
+
+/** Every anchor a markdown file's headings make, duplicates numbered as GitHub does. */
+function anchors(markdown: string): Set<string> {
+  const made = new Set<string>();
+  const withoutFences = markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, '');
+  for (const [, text] of withoutFences.matchAll(/^#{1,6} +(.+?) *#* *$/gm)) {
+    const base = slug(text!);
+    let anchor = base;
+    for (let n = 1; made.has(anchor); n++) anchor = `${base}-${n}`;
+    made.add(anchor);
+  }
+  return made;
+}
+
+/** Relative link targets: inline `[text](target)` and reference definitions `[x]: target`. */
+function linkTargets(markdown: string): string[] {
+  const text = prose(markdown);
+  const inline = [...text.matchAll(/\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/g)].map((m) => m[1]!);
+  const defined = [...text.matchAll(/^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)/gm)].map((m) => m[1]!);
+  return [...inline, ...defined].filter((target) => !/^[a-z][a-z0-9+.-]*:/i.test(target));
+}
+
+/** What is wrong with each relative link of `file` (a repository path), as messages. */
+function brokenLinks(file: string, markdown: string, read: (file: string) => string): string[] {
+  const problems: string[] = [];
+  for (const target of linkTargets(markdown)) {
+    const [pathPart, anchor] = target.split('#', 2) as [string, string | undefined];
+    if (pathPart === '') {
+      if (anchor !== undefined && !anchors(markdown).has(anchor))
+        problems.push(`${rel(file)}: link (${target}): ${rel(file)} has no heading #${anchor}`);
+      continue;
+    }
+    const resolved = path.join(path.dirname(file), decodeURIComponent(pathPart));
+    if (!existsSync(resolved)) {
+      problems.push(`${rel(file)}: link (${target}): ${rel(resolved)} does not exist`);
+      continue;
+    }
+    if (anchor === undefined || anchor === '' || !resolved.endsWith('.md')) continue;
+    if (statSync(resolved).isDirectory()) continue;
+    if (!anchors(read(resolved)).has(anchor))
+      problems.push(`${rel(file)}: link (${target}): ${rel(resolved)} has no heading #${anchor}`);
+  }
+  return problems;
+}
+
+const DOCUMENTS = [
+  path.join(ROOT, 'README.md'),
+  path.join(ROOT, 'ARCHITECTURE.md'),
+  ...readdirSync(path.join(ROOT, 'docs'))
+    .filter((name) => name.endsWith('.md'))
+    .map((name) => path.join(ROOT, 'docs', name)),
+];
+const readText = (file: string) => readFileSync(file, 'utf8');
+
+// -- imports ---------------------------------------------------------------------------------
+
+function sourceFiles(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const full = path.join(dir, entry.name);
+    if (entry.isDirectory()) return sourceFiles(full);
+    return entry.name.endsWith('.ts') ? [full] : [];
+  });
+}
+
+/** The part a file of src/ belongs to (its top folder), or undefined for a top-level file. */
+function partOf(file: string): string | undefined {
+  const parts = path.relative(SRC, file).split(path.sep);
+  return parts.length > 1 ? parts[0] : undefined;
+}
+
+interface PartImport {
+  readonly specifier: string;
+  /** The part imported (another top folder of src/), if the import reaches one. */
+  readonly part: string | undefined;
+  /** Whether the import names that part's face exactly. */
+  readonly throughFace: boolean;
+}
+
+/** Relative imports of a source file (static, re-exports, type-only and dynamic). */
+function importsOf(file: string, source: string): PartImport[] {
+  const own = partOf(file);
+  return ts
+    .preProcessFile(source, true, true)
+    .importedFiles.map((f) => f.fileName)
+    .filter((specifier) => specifier.startsWith('.'))
+    .map((specifier) => {
+      const target = path.resolve(path.dirname(file), specifier);
+      const inSrc = path.relative(SRC, target).split(path.sep);
+      const part =
+        !inSrc[0]!.startsWith('..') && inSrc.length > 1 && inSrc[0] !== own ? inSrc[0] : undefined;
+      return {
+        specifier,
+        part,
+        throughFace: part !== undefined && target === path.join(SRC, part, 'index.js'),
+      };
+    });
+}
+
+/** Messages for every import of `file` that reaches into another part past its face. */
+function boundaryViolations(file: string, source: string): string[] {
+  return importsOf(file, source)
+    .filter((i) => i.part !== undefined && !i.throughFace)
+    .map(
+      (i) =>
+        `${rel(file)} imports '${i.specifier}', an internal of src/${i.part}/: import its face (src/${i.part}/index.js) instead`,
+    );
+}
+
+const SOURCES = sourceFiles(SRC).map((file) => ({ file, source: readText(file) }));
+const TOP_LEVEL = 'src/*.ts';
+
+/** For each folder of src/ (and the top-level files), the parts its files import. */
+function importedParts(): Map<string, Set<string>> {
+  const byFolder = new Map<string, Set<string>>();
+  for (const entry of readdirSync(SRC, { withFileTypes: true }))
+    if (entry.isDirectory()) byFolder.set(`src/${entry.name}/`, new Set());
+  for (const { file, source } of SOURCES) {
+    const own = partOf(file);
+    const key = own === undefined ? TOP_LEVEL : `src/${own}/`;
+    const set = byFolder.get(key) ?? new Set<string>();
+    byFolder.set(key, set);
+    for (const i of importsOf(file, source)) if (i.part !== undefined) set.add(i.part);
+  }
+  return byFolder;
+}
+
+// -- folder tables ---------------------------------------------------------------------------
+
+/** The folder table of a document: folder cell -> the parts its last cell names. */
+function folderTable(document: string, markdown: string): Map<string, Set<string>> {
+  const section = /\n## Where the code lives\n([\s\S]*?)(?=\n## |$)/.exec(markdown)?.[1];
+  if (section === undefined)
+    throw new Error(`${document} has no "## Where the code lives" section`);
+  const table = new Map<string, Set<string>>();
+  for (const [, folder, rest] of section.matchAll(/^\| *`(src\/[^`]*)` *\|(.*)\|\s*$/gm)) {
+    const cells = rest!.split('|');
+    const last = cells[cells.length - 1]!.trim();
+    const parts = last === 'none' ? [] : [...last.matchAll(/`([a-z-]+)`/g)].map((m) => m[1]!);
+    table.set(folder!, new Set(parts));
+  }
+  return table;
+}
+
+/** Messages for every way `table` differs from `actual` (folder -> imported parts). */
+function tableDifferences(
+  document: string,
+  table: Map<string, Set<string>>,
+  actual: Map<string, Set<string>>,
+): string[] {
+  const problems: string[] = [];
+  const list = (parts: Iterable<string>) => [...parts].sort().join(', ') || 'none';
+  for (const folder of actual.keys())
+    if (!table.has(folder)) problems.push(`${document}: the folder table has no row for ${folder}`);
+  for (const [folder, named] of table) {
+    const imported = actual.get(folder);
+    if (imported === undefined) {
+      problems.push(`${document}: the folder table names ${folder}, which does not exist`);
+      continue;
+    }
+    if (list(named) !== list(imported))
+      problems.push(
+        `${document}: ${folder} imports ${list(imported)}, but the folder table says ${list(named)}`,
+      );
+  }
+  return problems;
+}
+
+describe('documentation links', () => {
+  it('every relative link in README.md, ARCHITECTURE.md and docs/*.md resolves, #anchors included', () => {
+    const problems = DOCUMENTS.flatMap((file) => brokenLinks(file, readText(file), readText));
+    expect(problems, problems.join('\n')).toEqual([]);
+  });
+
+  it('reports a missing file and a missing heading, naming the document and the link', () => {
+    const file = path.join(ROOT, 'docs', 'planted.md');
+    const planted = [
+      '# Planted',
+      '## Real heading',
+      '[fine](#real-heading) [gone](nowhere.md) [no anchor](../README.md#no-such-heading) [here](#nothing)',
+      '`[in code](nowhere-either.md)` [web](https://example.com/)',
+    ].join('\n');
+    expect(brokenLinks(file, planted, readText)).toEqual([
+      'docs/planted.md: link (nowhere.md): docs/nowhere.md does not exist',
+      'docs/planted.md: link (../README.md#no-such-heading): README.md has no heading #no-such-heading',
+      'docs/planted.md: link (#nothing): docs/planted.md has no heading #nothing',
+    ]);
+  });
+
+  it('makes anchors as GitHub does', () => {
+    expect([
+      ...anchors('## What `npm start` changes on your host\n## Header names with `_`\n## A\n## A'),
+    ]).toEqual(['what-npm-start-changes-on-your-host', 'header-names-with-_', 'a', 'a-1']);
+  });
+});
+
+describe('import boundaries', () => {
+  it('a file of one part imports another part only through its face (../<part>/index.js)', () => {
+    const problems = SOURCES.flatMap(({ file, source }) => boundaryViolations(file, source));
+    expect(problems, problems.join('\n')).toEqual([]);
+  });
+
+  it('every part has a face', () => {
+    const missing = [...importedParts().keys()]
+      .filter((folder) => folder !== TOP_LEVEL && !existsSync(path.join(ROOT, folder, 'index.ts')))
+      .map((folder) => `${folder} has no index.ts`);
+    expect(missing, missing.join('\n')).toEqual([]);
+  });
+
+  it('reports an import past a face, from a part or a top-level file, naming file and import', () => {
+    const planted = [
+      "import { Interceptor } from '../dns/interceptor.js';",
+      "export * from '../policy/index.js';",
+      "export { x } from './own-file.js';",
+      "const y = await import('../runtime/supervisor/probe.js');",
+      "import type { T } from '../enforce/kernel-rules.js';",
+    ].join('\n');
+    expect(boundaryViolations(path.join(SRC, 'proxy', 'planted.ts'), planted)).toEqual([
+      "src/proxy/planted.ts imports '../dns/interceptor.js', an internal of src/dns/: import its face (src/dns/index.js) instead",
+      "src/proxy/planted.ts imports '../runtime/supervisor/probe.js', an internal of src/runtime/: import its face (src/runtime/index.js) instead",
+      "src/proxy/planted.ts imports '../enforce/kernel-rules.js', an internal of src/enforce/: import its face (src/enforce/index.js) instead",
+    ]);
+    expect(
+      boundaryViolations(
+        path.join(SRC, 'planted.ts'),
+        "import { a } from './store/file-store.js';",
+      ),
+    ).toEqual([
+      "src/planted.ts imports './store/file-store.js', an internal of src/store/: import its face (src/store/index.js) instead",
+    ]);
+  });
+});
+
+describe('folder tables', () => {
+  const actual = importedParts();
+
+  for (const document of ['ARCHITECTURE.md', 'README.md']) {
+    it(`${document} names exactly the folders of src/, each with the parts it imports`, () => {
+      const table = folderTable(document, readText(path.join(ROOT, document)));
+      const problems = tableDifferences(document, table, actual);
+      expect(problems, problems.join('\n')).toEqual([]);
+    });
+  }
+
+  it('reports a missing row, a folder that does not exist and a wrong import list', () => {
+    const planted = [
+      '## Where the code lives',
+      '| folder | holds | imports (faces) |',
+      '|---|---|---|',
+      '| `src/policy/` | rules | none |',
+      '| `src/gone/` | nothing | none |',
+      '| `src/dns/` | the interceptor | `policy` |',
+      '## Next',
+    ].join('\n');
+    const table = folderTable('planted.md', `\n${planted}`);
+    const reality = new Map([
+      ['src/policy/', new Set<string>()],
+      ['src/dns/', new Set(['enforce', 'policy'])],
+      ['src/store/', new Set<string>()],
+    ]);
+    expect(tableDifferences('planted.md', table, reality)).toEqual([
+      'planted.md: the folder table has no row for src/store/',
+      'planted.md: the folder table names src/gone/, which does not exist',
+      'planted.md: src/dns/ imports enforce, policy, but the folder table says policy',
+    ]);
+  });
+});

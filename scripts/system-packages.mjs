@@ -3,11 +3,11 @@
  * Installs the Debian packages Moat uses when they are missing and this machine allows it
  * (root with apt-get): python3 and python3-seccomp run each sandbox's supervisor (namespaces,
  * layers, seccomp filter), e2fsprogs and mount make and mount its disk, iproute2 and nftables
- * give each sandbox its own network namespace and firewall; bubblewrap is the peer
- * `npm run bench:sandbox` measures. Without the first, Moat refuses sandboxes (unless started
+ * give each sandbox its own network namespace and firewall; bubblewrap, the peer
+ * `npm run bench:sandbox` measures, only with `--bench`. Without the first, Moat refuses sandboxes (unless started
  * with --unconfined-sandboxes); without iproute2 and nftables it enforces through the proxy only;
  * it says so at start-up. This script says why it did not install.
- * Run by `npm start` (prestart) and by the test suite's global set-up.
+ * Run by `npm start` (prestart), the test suite's global set-up and the benchmarks that need a peer.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -48,7 +48,8 @@ const PACKAGES = [
   },
 ];
 
-const missing = PACKAGES.filter((p) => !p.present());
+const bench = process.argv.includes('--bench');
+const missing = PACKAGES.filter((p) => (bench || !p.benchOnly) && !p.present());
 if (missing.length === 0) process.exit(0);
 const names = missing.map((p) => p.name);
 const why = missing.map((p) => `${p.name} (${p.for})`).join(', ');

@@ -4,7 +4,7 @@ import { startLocalRedis } from './redis.js';
 
 /**
  * Tests that run the real `moat` binary need dist/ built from the current sources; sandbox tests
- * need bubblewrap where the machine allows installing it (they run unconfined otherwise); the
+ * need the packages of scripts/system-packages.mjs where the machine allows installing them; the
  * Redis store tests need a Redis on 127.0.0.1:6379 (they are skipped without one).
  */
 export default async function setup(): Promise<void> {

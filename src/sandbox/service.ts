@@ -46,7 +46,7 @@ import { ExpiryTimer, KeyedQueue } from './serial.js';
 export class SandboxError extends Error {
   override readonly name = 'SandboxError';
   constructor(
-    readonly status: 400 | 404 | 409 | 500 | 503,
+    readonly status: 400 | 404 | 409 | 500 | 501 | 503,
     message: string,
   ) {
     super(message);
@@ -84,6 +84,7 @@ export interface SandboxQuery {
   readonly states: readonly SandboxState[];
   readonly metadata: Readonly<Record<string, string>>;
   readonly template?: string;
+  /** Started at or after this time (ms), as the SDK documents it. */
   readonly startedAfter?: number;
   readonly order: Order;
   readonly limit: number;
@@ -387,7 +388,7 @@ export class SandboxService {
       (r) =>
         query.states.includes(r.state) &&
         (query.template === undefined || r.templateID === query.template) &&
-        (query.startedAfter === undefined || r.startedAt > query.startedAfter) &&
+        (query.startedAfter === undefined || r.startedAt >= query.startedAfter) &&
         Object.entries(query.metadata).every(([key, value]) => r.metadata[key] === value),
     );
     return paginate(matching, (r) => [r.startedAt, r.sandboxID], query);

@@ -74,6 +74,7 @@ beforeAll(async () => {
       accessToken: token,
       envVars: {},
       runtime: runtime.sandbox(id)!,
+      running: () => runtime.sandbox(id) !== undefined,
     });
   }
   const api = new SandboxApi(pino({ level: 'silent' }));

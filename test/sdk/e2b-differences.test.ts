@@ -198,4 +198,17 @@ describe('sudo in a command', () => {
     const later = await sbx.commands.run('sudo echo "$FOO"');
     expect([later.exitCode, later.stdout.trim()]).toEqual([0, '']);
   });
+
+  it('sudo runs the command as the caller, and says so unless that is root', async () => {
+    const sbx = await sandbox();
+    const asUser = await sbx.commands.run('sudo -E -u root whoami; bash -c "sudo id -un"');
+    expect(asUser.stdout).toBe('user\nuser\n');
+    expect(asUser.stderr).toContain('a Moat sandbox cannot raise privileges; running as user');
+    expect(asUser.stderr).toContain("user: 'root'");
+    const asRoot = await sbx.commands.run('sudo whoami', { user: 'root' });
+    expect([asRoot.stdout, asRoot.stderr]).toEqual(['root\n', '']);
+    // Its exit status is the command's.
+    const failing = await sbx.commands.run('sudo false').catch((e: unknown) => e);
+    expect((failing as { exitCode?: number }).exitCode).toBe(1);
+  });
 });

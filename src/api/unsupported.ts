@@ -37,7 +37,7 @@ const FEATURES: ReadonlyArray<readonly [RouteSpec['method'], string, string]> = 
   ['DELETE', '/volumes/:volumeID', 'Volumes'],
 ];
 
-export const notSupported = (feature: string) =>
+const notSupported = (feature: string) =>
   new SandboxError(501, `${feature} is not supported by Moat`);
 
 /**

@@ -12,8 +12,8 @@ export interface EnvdSandbox {
   readonly envVars: Readonly<Record<string, string>>;
   readonly runtime: RuntimeSandbox;
   /**
-   * False once the sandbox is killed (or its processes otherwise ended with it): its streams
-   * are then cut, as they are when the reference service's sandbox goes away.
+   * False once the sandbox no longer runs here (killed, expired, Moat stopping): its streams are
+   * then cut, as they are when the reference service's sandbox goes away.
    */
   running(): boolean;
 }

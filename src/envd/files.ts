@@ -225,14 +225,15 @@ async function upload(context: CallContext, url: URL): Promise<void> {
   );
 }
 
-/**
- * multipart/form-data: parts named `file`; with ?path= exactly one, which goes there; without,
- * each part's filename is its target (relative ones against the user's home). Parts are written
- * one after another as they arrive.
- */
 /** Largest form field taken: fields are held in memory, so bigger content must be a file part. */
 const FIELD_BYTES = 64 << 10;
 
+/**
+ * multipart/form-data: parts named `file`; with ?path= exactly one, which goes there; without,
+ * each part's filename is its target (relative ones against the user's home). Parts are written
+ * one after another as they arrive. A `file` part without a filename (a plain form field) is
+ * content too, for ?path=.
+ */
 function receiveMultipart(
   context: CallContext,
   target: string | null,

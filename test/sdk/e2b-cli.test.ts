@@ -113,8 +113,13 @@ describe('e2b sandbox', () => {
     const sbx = await harness.sandbox();
     const killed = await e2b(['sandbox', 'kill', sbx.sandboxId]);
     expect(killed.code, killed.stderr).toBe(0);
-    expect(killed.stdout + killed.stderr).toContain(sbx.sandboxId);
+    expect(killed.stdout).toContain(`Sandbox ${sbx.sandboxId} has been killed`);
     expect(await Sandbox.kill(sbx.sandboxId)).toBe(false);
+    // Gone, or never a sandbox ID at all: not found, never "invalid".
+    for (const id of [sbx.sandboxId, 'not-an-id']) {
+      const again = await e2b(['sandbox', 'kill', id]);
+      expect(again.stderr).toContain(`Sandbox ${id} wasn't found`);
+    }
   });
 
   it('logs shows that Moat does not serve sandbox logs', async () => {

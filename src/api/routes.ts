@@ -46,7 +46,7 @@ type Handler = (
 ) => Promise<unknown>;
 
 export interface RouteSpec {
-  readonly method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  readonly method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
   readonly url: string;
   readonly summary: string;
   /** Needs X-API-Key. */
@@ -112,8 +112,8 @@ const createBody = bodyObject(
     }),
     metadata: { type: 'object', additionalProperties: { type: 'string' } },
     envVars: { type: 'object', additionalProperties: { type: 'string' } },
-    mcp: { type: 'null', description: 'MCP gateways are not supported; only null is accepted' },
-    volumeMounts: { type: 'array', maxItems: 0, description: 'Volumes are not supported' },
+    mcp: { description: 'MCP gateways are not supported: any value but null is refused' },
+    volumeMounts: { type: 'array', description: 'Volumes are not supported: must be empty' },
   },
   ['templateID'],
 );
@@ -182,6 +182,21 @@ function pageReply<T, V>(reply: FastifyReply, page: Page<T>, view: (item: T) => 
   return page.items.map(view);
 }
 
+/** Create fields the SDK sends that name features Moat lacks: refused with their name. */
+interface UnsupportedFields {
+  mcp?: unknown;
+  volumeMounts?: unknown[];
+}
+
+function refuseUnsupported(body: UnsupportedFields): void {
+  if (body.mcp !== undefined && body.mcp !== null) {
+    throw new SandboxError(400, 'MCP gateways are not supported by Moat');
+  }
+  if (body.volumeMounts !== undefined && body.volumeMounts.length > 0) {
+    throw new SandboxError(400, 'volume mounts are not supported by Moat');
+  }
+}
+
 const idOf = (request: FastifyRequest) => (request.params as { sandboxID: string }).sandboxID;
 
 export const ROUTES: readonly RouteSpec[] = [
@@ -205,7 +220,8 @@ export const ROUTES: readonly RouteSpec[] = [
       response: { 201: createdSchema, ...errors(400, 401, 404, 500, 503) },
     },
     handler: async (request, reply, { service }) => {
-      const body = request.body as CreateRequest;
+      const body = request.body as CreateRequest & UnsupportedFields;
+      refuseUnsupported(body);
       const record = await service.create({ ...body, secure: body.secure ?? secureByDefault });
       reply.code(201);
       return createdView(record);

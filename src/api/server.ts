@@ -12,10 +12,11 @@ import Fastify, {
 import type { Logger } from 'pino';
 import type { HostPort } from '../config.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import { InvalidTokenError, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
+import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
 import { ROUTES, type RouteContext, type RouteSpec } from './routes.js';
+import { unsupportedRoutes } from './unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
 
 /** How requests find the node that must carry them out, when many nodes share a store. */
@@ -77,7 +78,8 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
 
   app.setErrorHandler((error: FastifyError, request, reply) => {
     if (error instanceof SandboxError || error instanceof AuthError) {
-      if (error.status >= 500) {
+      // 501 is a feature Moat lacks, not a failure of Moat's.
+      if (error.status >= 500 && error.status !== 501) {
         request.log.error(
           { err: error.message, sandboxID: sandboxIDOf(request) },
           'request failed',
@@ -118,7 +120,8 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
     );
   });
 
-  for (const route of ROUTES) {
+  const routes = [...ROUTES, ...unsupportedRoutes(ROUTES)];
+  for (const route of routes) {
     app.route({
       method: route.method,
       url: route.url,
@@ -126,8 +129,8 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
       onRequest: route.auth ? requireKey : undefined,
       preValidation: async (request) => {
         const id = sandboxIDOf(request);
-        if (id !== undefined && !SANDBOX_ID.test(id))
-          throw new SandboxError(400, 'Invalid sandbox ID');
+        // No sandbox has a malformed ID: the SDK reads 404 as "not found" (kill resolves false).
+        if (id !== undefined && !SANDBOX_ID.test(id)) throw notFound(id);
         if (route.optionalBody && request.body === undefined) request.body = {};
       },
       handler: async (request, reply) => {
@@ -191,7 +194,7 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
       return metrics.registry.metrics();
     },
   );
-  const document = openApiDocument(ROUTES, options.version);
+  const document = openApiDocument(routes, options.version);
   app.get('/openapi.json', async () => document);
   return app;
 }

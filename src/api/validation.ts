@@ -9,8 +9,19 @@ import type { FastifySchemaCompiler } from 'fastify';
 
 const strict = new Ajv({ coerceTypes: false, removeAdditional: false, useDefaults: false });
 const coercing = new Ajv({ coerceTypes: true, removeAdditional: false, useDefaults: false });
+/** RFC 3339 date-time, as the SDK's `toISOString()` sends it. */
+const RFC3339 =
+  /^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$/;
+
+/** A real moment: Date.parse alone takes February 31 for March 3. */
+function dateTime(text: string): boolean {
+  const match = RFC3339.exec(text);
+  if (match === null || Number.isNaN(Date.parse(text))) return false;
+  const [year, month, day] = match.slice(1, 4).map(Number) as [number, number, number];
+  return day <= new Date(Date.UTC(year, month, 0)).getUTCDate();
+}
 for (const ajv of [strict, coercing]) {
-  ajv.addFormat('date-time', true);
+  ajv.addFormat('date-time', dateTime);
 }
 
 export const validatorCompiler: FastifySchemaCompiler<object> = ({ schema, httpPart }) => {
@@ -40,6 +51,10 @@ export function describeValidationError(errors: readonly ErrorObject[], part: st
       return `${field} has unknown field ${JSON.stringify(error.params.additionalProperty)}`;
     case 'required':
       return `${field}.${String(error.params.missingProperty)} is required`;
+    case 'format':
+      return error.params.format === 'date-time'
+        ? `${field} must be an RFC 3339 date-time such as 2026-01-31T12:00:00Z`
+        : `${field} ${error.message ?? 'is invalid'}`;
     case 'enum':
       return `${field} must be one of ${(error.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}`;
     default:

@@ -65,6 +65,7 @@ export function createSandboxGateway(parts: GatewayParts): {
         accessToken: record.envdAccessToken,
         envVars: record.envVars,
         runtime: live,
+        running: () => runtime.sandbox(sandboxID) === live,
       },
     };
   };

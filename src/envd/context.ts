@@ -11,6 +11,11 @@ export interface EnvdSandbox {
   /** The create request's envVars (GET /envs). */
   readonly envVars: Readonly<Record<string, string>>;
   readonly runtime: RuntimeSandbox;
+  /**
+   * False once the sandbox no longer runs here (killed, expired, Moat stopping): its streams are
+   * then cut, as they are when the reference service's sandbox goes away.
+   */
+  running(): boolean;
 }
 
 export interface CallContext {

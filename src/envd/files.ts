@@ -8,7 +8,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import busboy from 'busboy';
@@ -225,10 +225,14 @@ async function upload(context: CallContext, url: URL): Promise<void> {
   );
 }
 
+/** Largest form field taken: fields are held in memory, so bigger content must be a file part. */
+const FIELD_BYTES = 64 << 10;
+
 /**
  * multipart/form-data: parts named `file`; with ?path= exactly one, which goes there; without,
  * each part's filename is its target (relative ones against the user's home). Parts are written
- * one after another as they arrive.
+ * one after another as they arrive. A `file` part without a filename (a plain form field) is
+ * content too, for ?path=.
  */
 function receiveMultipart(
   context: CallContext,
@@ -243,7 +247,7 @@ function receiveMultipart(
         headers: request.headers,
         preservePath: true,
         defParamCharset: 'utf8',
-        limits: { files: MAX_UPLOAD_FILES, fields: 100, fieldSize: 64 << 10, headerPairs: 100 },
+        limits: { files: MAX_UPLOAD_FILES, fields: 100, fieldSize: FIELD_BYTES, headerPairs: 100 },
       });
     } catch (error) {
       reject(invalid(`bad multipart request: ${(error as Error).message}`));
@@ -261,15 +265,10 @@ function receiveMultipart(
       // Settle only once the part being written has cleaned up after itself.
       void chain.then(() => reject(error));
     };
-    parser.on('file', (name, stream, info) => {
-      // Errors reach the loop that reads the part; one not yet read must not go unhandled.
-      stream.on('error', () => undefined);
-      if (failed || name !== 'file') {
-        stream.resume();
-        return;
-      }
+    /** One part named `file`, in turn; `filename` is undefined for a plain form field. */
+    const part = (stream: Readable, filename: string | undefined) => {
       count += 1;
-      const given = target ?? info.filename;
+      const given = target ?? filename;
       if (target !== null && count > 1) {
         stream.resume();
         fail(invalid('an upload with ?path= carries exactly one file part'));
@@ -294,6 +293,24 @@ function receiveMultipart(
           current = undefined;
         }
       });
+    };
+    parser.on('file', (name, stream, info) => {
+      // Errors reach the loop that reads the part; one not yet read must not go unhandled.
+      stream.on('error', () => undefined);
+      if (failed || name !== 'file') {
+        stream.resume();
+        return;
+      }
+      part(stream, info.filename);
+    });
+    // `form.append('file', 'text')` (no Blob) sends the content as a field: it is the file too.
+    parser.on('field', (name, value, info) => {
+      if (failed || name !== 'file') return;
+      if (info.valueTruncated) {
+        fail(tooLarge(`a form field named file is over ${FIELD_BYTES} bytes; send it as a file`));
+        return;
+      }
+      part(Readable.from([Buffer.from(value, 'utf8')]), undefined);
     });
     parser.on('filesLimit', () => fail(tooLarge(`more than ${MAX_UPLOAD_FILES} files`)));
     parser.on('fieldsLimit', () => fail(tooLarge('too many form fields')));

@@ -78,14 +78,26 @@ async function applyInput(process: SandboxProcess, input: Message): Promise<void
   }
 }
 
+/**
+ * A terminal with no size (the SDK run from CI, where stdout is no terminal, asks for 0x0; the
+ * JSON form of a zero leaves the field out) gets the classic 80x24, as the reference daemon's
+ * terminals do.
+ */
+const DEFAULT_TERMINAL = { cols: 80, rows: 24 } as const;
+
 function terminalSize(pty: Message | undefined): { cols: number; rows: number } | undefined {
   if (pty === undefined) return undefined;
-  const size = objectAt(pty, 'size', true)!;
-  const { cols, rows } = size;
-  const valid = (n: unknown) =>
-    Number.isSafeInteger(n) && (n as number) > 0 && (n as number) <= 10_000;
-  if (!valid(cols) || !valid(rows)) throw invalid('pty.size needs cols and rows from 1 to 10000');
-  return { cols: cols as number, rows: rows as number };
+  const size = objectAt(pty, 'size', false) ?? {};
+  const dimension = (field: 'cols' | 'rows') => {
+    const value = size[field] ?? 0;
+    if (!Number.isSafeInteger(value) || (value as number) < 0 || (value as number) > 10_000) {
+      throw invalid(
+        `pty.size.${field} must be from 0 (the default, ${DEFAULT_TERMINAL[field]}) to 10000`,
+      );
+    }
+    return (value as number) === 0 ? DEFAULT_TERMINAL[field] : (value as number);
+  };
+  return { cols: dimension('cols'), rows: dimension('rows') };
 }
 
 const endEvent = (end: ProcessEnd) => ({
@@ -124,6 +136,14 @@ function follow(
       process.off('data', onData);
       process.off('end', onEnd);
       for (const timer of timers) clearTimeout(timer);
+      if (end && !context.sandbox.running()) {
+        // The sandbox was killed: no end event (`signal: killed` would read as the command's
+        // own failure). The cut stream, then a /health that answers 502, is how the SDK
+        // tells that the sandbox is gone.
+        context.response.destroy();
+        resolve();
+        return;
+      }
       if (end) stream.send(endEvent(end));
       stream.end(
         deadlinePassed

@@ -44,8 +44,7 @@ export function checkSignature(context: CallContext, url: URL, operation: 'read'
     throw unauthenticated(`invalid signature for ${operation} access`);
   }
   if (expiration !== null && Number(expiration) < Math.floor(Date.now() / 1000)) {
-    throw unauthenticated(
-      `signature expired at ${new Date(Number(expiration) * 1000).toISOString()}`,
-    );
+    // The reference daemon's words, which clients match.
+    throw unauthenticated('signature is already expired');
   }
 }

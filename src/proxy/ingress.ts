@@ -129,7 +129,23 @@ function upstreamHeaders(
     headers['transfer-encoding'] = 'chunked';
     delete headers['content-length'];
   }
-  return headers;
+  return canonicalNames(headers);
+}
+
+/**
+ * `x-forwarded-for` as `X-Forwarded-For`: Node sends names as given (lower case, as it parsed
+ * them), while the reference ingress writes the canonical form and services that read the raw
+ * request (or compare case-sensitively) expect it.
+ */
+function canonicalNames(headers: OutgoingHttpHeaders): OutgoingHttpHeaders {
+  const out: OutgoingHttpHeaders = Object.create(null);
+  for (const [name, value] of Object.entries(headers)) {
+    const canonical = name
+      .toLowerCase()
+      .replace(/(^|-)([a-z])/g, (_m, dash: string, letter: string) => dash + letter.toUpperCase());
+    out[canonical] = value;
+  }
+  return out;
 }
 
 /** The seed's sandbox error body: `{message, code, sandboxID}`. */
@@ -204,7 +220,10 @@ function failure(
   if (phase !== 'connecting')
     return { status: 502, message: `${where} closed the connection without a response (${code})` };
   return code === 'ECONNREFUSED'
-    ? { status: 502, message: `no service listening on ${where}` }
+    ? {
+        status: 502,
+        message: `no service listening on ${where}; a server in the sandbox must listen on 0.0.0.0 (every address), not only 127.0.0.1`,
+      }
     : { status: 502, message: `${where} is unreachable (${code})` };
 }
 

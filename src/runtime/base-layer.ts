@@ -45,6 +45,29 @@ export function systemFolders(): SystemFolder[] {
 }
 
 /**
+ * sudo for bash (exported, so scripts bash starts have it too). No process of a sandbox can gain
+ * privileges (no_new_privs), so a real sudo cannot work; commands written for E2B's sandboxes,
+ * where \`user\` may sudo, still run: as the caller, who is told so when that is not root.
+ */
+const SUDO = `if [ -n "\${BASH_VERSION-}" ]; then
+sudo() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      -u|-g|-p|-C|-h|-U|-r|-t|-T|-D) shift 2 ;;
+      --) shift; break ;;
+      -*) shift ;;
+      *) break ;;
+    esac
+  done
+  [ $# -gt 0 ] || { echo 'usage: sudo command [args]' >&2; return 1; }
+  [ "$EUID" = 0 ] || echo "sudo: a Moat sandbox cannot raise privileges; running as \${USER:-uid $EUID}. For root, run the command with user: 'root' (commands.run(cmd, { user: 'root' }))" >&2
+  "$@"
+}
+export -f sudo
+fi
+`;
+
+/**
  * The sandbox's /etc/profile: the SDK runs every command as a login shell (`bash -l -c`), and the
  * host's profile forks `id -u` and sources the host's profile.d on each of them.
  */
@@ -52,7 +75,7 @@ const PROFILE = `# /etc/profile of a Moat sandbox
 PATH=${SANDBOX_PATH}
 export PATH
 [ -n "\${BASH_VERSION-}" ] && [ -n "\${PS1-}" ] && [ -r /etc/bash.bashrc ] && . /etc/bash.bashrc
-`;
+${SUDO}`;
 
 /** Lines of a host account file whose id is a system id (below 1000, or nobody's). */
 function systemEntries(file: string, reserved: ReadonlySet<string>): string[] {

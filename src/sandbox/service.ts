@@ -47,7 +47,7 @@ import { UsageHistory, type UsageSample } from './usage-history.js';
 export class SandboxError extends Error {
   override readonly name = 'SandboxError';
   constructor(
-    readonly status: 400 | 404 | 409 | 500 | 503,
+    readonly status: 400 | 404 | 409 | 500 | 501 | 503,
     message: string,
   ) {
     super(message);
@@ -87,6 +87,7 @@ export interface SandboxQuery {
   readonly states: readonly SandboxState[];
   readonly metadata: Readonly<Record<string, string>>;
   readonly template?: string;
+  /** Started at or after this time (ms), as the SDK documents it. */
   readonly startedAfter?: number;
   readonly order: Order;
   readonly limit: number;
@@ -526,7 +527,7 @@ export class SandboxService {
       (r) =>
         query.states.includes(r.state) &&
         (query.template === undefined || r.templateID === query.template) &&
-        (query.startedAfter === undefined || r.startedAt > query.startedAfter) &&
+        (query.startedAfter === undefined || r.startedAt >= query.startedAfter) &&
         Object.entries(query.metadata).every(([key, value]) => r.metadata[key] === value),
     );
     return paginate(matching, (r) => [r.startedAt, r.sandboxID], query);

@@ -6,6 +6,7 @@
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROUTES } from '../../src/api/routes.js';
+import { unsupportedRoutes } from '../../src/api/unsupported.js';
 import { ALL_TRAFFIC_MESSAGE } from '../../src/policy/rules.js';
 import {
   API_KEY,
@@ -125,9 +126,10 @@ describe('auth', () => {
 
 describe('errors', () => {
   const MALFORMED = ['nope', `I${'a'.repeat(20)}`, `i${'a'.repeat(21)}`, `i${'a'.repeat(19)}-`];
-  it.each(SANDBOX_ROUTES)('$method $url: a malformed ID is 400', async ({ method, url, body }) => {
+  // No sandbox has a malformed ID, so it is not found: the SDK's kill() then resolves false.
+  it.each(SANDBOX_ROUTES)('$method $url: a malformed ID is 404', async ({ method, url, body }) => {
     for (const id of MALFORMED) {
-      expectError(await api.call(method, at(url, id), { body }), 400, 'Invalid sandbox ID');
+      expectError(await api.call(method, at(url, id), { body }), 404, notFound(id));
     }
   });
 
@@ -148,7 +150,14 @@ describe('errors', () => {
     ['POST', V2, base({ network: { rules: {} } }), 'body.network has unknown field "rules"'],
     ['POST', V2, base({ network: { allowOut: [1] } }), 'body.network.allowOut[0] must be string'],
     ['POST', V2, base({ metadata: { a: 1 } }), 'body.metadata.a must be string'],
-    ['POST', V2, base({ mcp: {} }), 'body.mcp must be null'],
+    ['POST', V2, base({ mcp: {} }), 'MCP gateways are not supported by Moat'],
+    ['POST', V2, base({ mcp: 'x' }), 'MCP gateways are not supported by Moat'],
+    [
+      'POST',
+      V2,
+      base({ volumeMounts: [{ name: 'v', path: '/v' }] }),
+      'volume mounts are not supported by Moat',
+    ],
     ['POST', `${S}/timeout`, {}, 'body.timeout is required'],
     ['POST', `${S}/timeout`, { timeout: 1.5 }, 'body.timeout must be integer'],
     ['POST', `${S}/refreshes`, { duration: 3601 }, 'body.duration must be <= 3600'],
@@ -158,6 +167,18 @@ describe('errors', () => {
     ['POST', `${S}/snapshots`, { name: '' }, 'body.name must NOT have fewer than 1 characters'],
     ['GET', `${V2}?order=up`, undefined, 'query.order must be one of "asc", "desc"'],
     ['GET', `${V2}?limit=ten`, undefined, 'query.limit must be integer'],
+    [
+      'GET',
+      `${V2}?startedAfter=notadate`,
+      undefined,
+      'query.startedAfter must be an RFC 3339 date-time such as 2026-01-31T12:00:00Z',
+    ],
+    [
+      'GET',
+      `${V2}?startedAfter=2026-02-31T00:00:00Z`,
+      undefined,
+      'query.startedAfter must be an RFC 3339 date-time such as 2026-01-31T12:00:00Z',
+    ],
     ['GET', `${V2}?bogus=1`, undefined, 'query has unknown field "bogus"'],
     ['GET', `${V2}?nextToken=garbage`, undefined, 'Invalid next token'],
     ['GET', `${V2}?nextToken=${badToken}`, undefined, 'Invalid next token'],
@@ -167,6 +188,29 @@ describe('errors', () => {
     ['GET', '/snapshots?nextToken=garbage', undefined, 'Invalid next token'],
   ])('%s %s %j -> 400 %s', async (method, path, body, message) => {
     expectError(await api.call(method, path, { body }), 400, message);
+  });
+
+  // The E2B routes Moat lacks: a 501 naming the feature, never a 404 the SDK reads as
+  // "sandbox not found"; the key is still required.
+  it.each(unsupportedRoutes(ROUTES).map((r) => [label(r), r] as const))(
+    '%s answers 501 naming the feature',
+    async (_label, route) => {
+      const path = route.url.replace(/:(\w+)/g, (_m, name: string) =>
+        name === 'sandboxID' ? UNKNOWN : `some-${name}`,
+      );
+      const body = route.method === 'GET' || route.method === 'DELETE' ? undefined : {};
+      const reply = await api.call(route.method, path, { body });
+      expectError(reply, 501, /^[A-Z][a-z]+( [a-z]+)* is not supported by Moat$/);
+      expectError(await api.call(route.method, path, { body, key: null }), 401);
+    },
+  );
+
+  it('names the sandbox logs feature in its 501', async () => {
+    const reply = await api.get(`/sandboxes/${UNKNOWN}/logs`);
+    expect([reply.status, reply.body]).toEqual([
+      501,
+      { code: 501, message: 'Sandbox logs is not supported by Moat' },
+    ]);
   });
 
   it('answers a body that is not JSON, and an unknown route, with the error body', async () => {
@@ -397,8 +441,9 @@ describe('listing sandboxes', () => {
     // A page that takes the last item exactly is the last page: no token, no empty page after.
     expect(await api.pages('/v2/sandboxes', { metadata, limit: 7 })).toEqual([newestFirst]);
     const startedAfter = (await api.detail(made[3]!)).startedAt;
+    // "At or after", as the SDK documents it: the sandbox started at that moment is in.
     const after = await api.ids('/v2/sandboxes', { metadata, order: 'asc', startedAfter });
-    expect(after).toEqual(made.slice(4));
+    expect(after).toEqual(made.slice(3));
   });
 
   it('clamps limit into 1..100 (default 100)', async () => {
@@ -593,7 +638,9 @@ describe('/openapi.json', () => {
     const documented = Object.entries(doc.paths).flatMap(([path, ops]) =>
       Object.keys(ops).map((method) => `${method.toUpperCase()} ${path}`),
     );
-    const expected = PLATFORM_ROUTES.map((r) => `${r.method} ${openApiPath(r.url)}`);
+    const expected = [...PLATFORM_ROUTES, ...unsupportedRoutes(ROUTES)].map(
+      (r) => `${r.method} ${openApiPath(r.url)}`,
+    );
     expect(documented.sort()).toEqual(expected.sort());
     for (const route of PLATFORM_ROUTES) {
       expect(operation(route)?.security).toEqual([{ apiKey: [] }]);

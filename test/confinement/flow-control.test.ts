@@ -34,6 +34,7 @@ beforeAll(async () => {
     accessToken: null,
     envVars: {},
     runtime: sandbox,
+    running: () => true,
   };
   server = http.createServer((request, response) => void api.handle(request, response, envd));
   server.on('connection', (socket) => {

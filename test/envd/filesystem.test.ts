@@ -74,6 +74,7 @@ beforeAll(async () => {
       accessToken: token,
       envVars: {},
       runtime: runtime.sandbox(id)!,
+      running: () => runtime.sandbox(id) !== undefined,
     });
   }
   const api = new SandboxApi(pino({ level: 'silent' }));
@@ -955,7 +956,7 @@ describe('signed /files URLs (secure sandbox)', () => {
         signature: sign('s.txt', 'read', '', past),
         signature_expiration: String(past),
       },
-      /expired at/,
+      /^signature is already expired$/,
     ]);
     cases.push([
       { path: 's.txt', signature: sign('s.txt', 'read', ''), signature_expiration: String(past) },

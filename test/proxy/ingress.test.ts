@@ -265,6 +265,8 @@ let target: IngressTarget;
 const logLines: string[] = [];
 
 const originalHost = (port: number) => `${port}-${SANDBOX}.moat.test`;
+const notListening = (port: number) =>
+  `no service listening on port ${port} of sandbox ${SANDBOX}; a server in the sandbox must listen on 0.0.0.0 (every address), not only 127.0.0.1`;
 
 /** Points the front at `port` of the sandbox with the given token and mask. */
 function aim(overrides: Partial<IngressTarget> = {}): void {
@@ -575,6 +577,40 @@ describe('HTTP requests', () => {
     expect(seen.headers['x-forwarded-host']).toBe(originalHost(origin.port));
   });
 
+  it('writes header names in canonical case (Host:, X-Forwarded-For:), as read off the wire', async () => {
+    // A raw socket origin: what it reads is exactly what the proxy wrote.
+    let head = '';
+    const raw = net.createServer((socket) => {
+      socket.setEncoding('latin1');
+      socket.on('data', (chunk: string) => {
+        head += chunk;
+        if (head.includes('\r\n\r\n'))
+          socket.end('HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok');
+      });
+    });
+    try {
+      aim({ port: await listen(raw) });
+      const reply = await send({ headers: { 'x-custom-name': 'v', 'E2B-ODD-case': 'w' } });
+      expect(reply.body.toString()).toBe('ok');
+      const names = head
+        .split('\r\n')
+        .slice(1, -2)
+        .map((line) => line.split(':')[0]);
+      expect(names).toContain('Host');
+      expect(names).toEqual(
+        expect.arrayContaining([
+          'X-Custom-Name',
+          'E2b-Odd-Case',
+          'X-Forwarded-For',
+          'X-Forwarded-Host',
+        ]),
+      );
+      for (const name of names) expect(name).toMatch(/^([A-Z0-9][a-z0-9]*)(-[A-Z0-9][a-z0-9]*)*$/);
+    } finally {
+      raw.close();
+    }
+  });
+
   it('keeps upstream connections alive between requests', async () => {
     const first = await echoed();
     const second = await echoed();
@@ -660,7 +696,7 @@ describe('upstream failures', () => {
   it('answers 502 naming the port when nothing listens on it', async () => {
     const port = await closedPort();
     aim({ port });
-    failed(await send(), 502, `no service listening on port ${port} of sandbox ${SANDBOX}`);
+    failed(await send(), 502, notListening(port));
   });
 
   it('answers 504 when the port does not accept the connection in time', async () => {
@@ -826,7 +862,7 @@ describe('upgrades', () => {
     expect(reader.closed).toBe(true);
     expect(status).toBe(502);
     expect(JSON.parse(rest.toString())).toEqual({
-      message: `no service listening on port ${port} of sandbox ${SANDBOX}`,
+      message: notListening(port),
       code: 502,
       sandboxID: SANDBOX,
     });

@@ -1,11 +1,12 @@
 /**
  * The E2B CLI (`@e2b/cli`) against Moat, as a real child process pointed at Moat only through
  * E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and E2B_DOMAIN: `sandbox list`, `info`, `exec`,
- * `kill`, and `logs` (which Moat does not serve: its 501 reaches the user).
+ * `metrics`, `kill`, and `logs` (which Moat does not serve: its 501 reaches the user).
  */
 import { execFile } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import { setTimeout as sleep } from 'node:timers/promises';
 import path from 'node:path';
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -121,6 +122,22 @@ describe('e2b sandbox', () => {
       expect(again.stderr).toContain(`Sandbox ${id} wasn't found`);
     }
   });
+
+  it("metrics prints the sandbox's sampled CPU, memory and disk figures", async () => {
+    const sbx = await harness.sandbox();
+    // The first sample needs two CPU readings, taken a few seconds apart.
+    const deadline = Date.now() + 30_000;
+    while ((await sbx.getMetrics()).length === 0 && Date.now() < deadline) await sleep(500);
+    const run = await e2b(['sandbox', 'metrics', sbx.sandboxId, '--format', 'json']);
+    expect(run.code, run.stderr).toBe(0);
+    const lines = run.stdout.split('\n').filter((l) => l.startsWith('{'));
+    expect(lines.length).toBeGreaterThan(0);
+    const metric = JSON.parse(lines[0]!) as Record<string, number>;
+    expect(metric.cpuCount).toBeGreaterThan(0);
+    expect(metric.memTotal).toBeGreaterThan(metric.memUsed!);
+    expect(metric.memUsed).toBeGreaterThan(0);
+    expect(metric.diskTotal).toBeGreaterThan(0);
+  }, 60_000);
 
   it('logs shows that Moat does not serve sandbox logs', async () => {
     const sbx = await harness.sandbox();

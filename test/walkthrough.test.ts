@@ -112,7 +112,8 @@ async function startMoat(): Promise<Started> {
   }
   const api = /^moat: platform API +(http:\/\/\S+) /m.exec(moatOutput)?.[1];
   const sandbox = /^moat: sandbox API +(http:\/\/\S+) /m.exec(moatOutput)?.[1];
-  const key = /^moat: API key +(\S+) \(generated;/m.exec(moatOutput)?.[1];
+  const keyFile = /^moat: API key +generated into (\S+) /m.exec(moatOutput)?.[1];
+  const key = keyFile && readFileSync(keyFile, 'utf8').trim();
   const enforcement = /^moat: enforcement +(\S+)/m.exec(moatOutput)?.[1];
   if (!api || !sandbox || !key || !enforcement)
     throw new Error(`no API addresses, generated key or enforcement in:\n${moatOutput}`);

@@ -15,7 +15,8 @@ const COMMANDS: Record<
   serve: {
     run: serve,
     help: SERVE_HELP,
-    summary: 'run Moat: the DNS interceptor every sandbox resolves through',
+    summary:
+      'run Moat: the platform API and sandboxes, with the DNS interceptor, egress proxy and firewall that hold their traffic',
   },
   check: {
     run: check,

@@ -15,12 +15,6 @@ export const EXIT = { ok: 0, denied: 1, failed: 1, usage: 2 } as const;
 /** Thrown for a usage error; the CLI prints the message (and a hint) and exits 2. */
 export class UsageError extends Error {}
 
-/** parseArgs option definitions for the configuration flags every command accepts. */
-export const CONFIG_OPTIONS = Object.fromEntries([
-  ['config', { type: 'string' as const }],
-  ...SETTINGS.map((s) => [s.flag, { type: 'string' as const }]),
-]) as Record<string, { type: 'string' }>;
-
 /** Settings that are true or false: given bare (`--unconfined-sandboxes`), they mean true. */
 const SWITCHES = new Set(
   SETTINGS.filter((s) => s.metavar === 'true|false').map((s) => `--${s.flag}`),
@@ -48,18 +42,46 @@ const wrap = (text: string): string =>
     .map((line) => `      ${line}`)
     .join('\n');
 
-export const CONFIG_HELP = [
-  '  --config FILE',
-  wrap('JSON config file whose keys are the setting names of README "Configuration"'),
-  ...SETTINGS.map(
-    (s) => `  --${s.flag} ${s.metavar}\n${wrap(`${s.help}. Env ${s.env}, default ${s.default}.`)}`,
-  ),
-].join('\n');
+type SettingKey = (typeof SETTINGS)[number]['key'];
+
+/** Settings whose value is a comma-separated list: a repeated flag adds to it. */
+const LISTS = new Set<SettingKey>(['internalDeny', 'allowHostPorts', 'dnsUpstream', 'apiKeys']);
+
+/**
+ * The configuration flags of one command (every setting when `keys` is absent): parseArgs
+ * options, and their --help text generated from the settings table. Every command still reads
+ * the whole configuration from --config and MOAT_*; it takes flags only for what it uses.
+ */
+export function configFlags(keys?: readonly SettingKey[]) {
+  const settings = SETTINGS.filter((s) => keys === undefined || keys.includes(s.key));
+  return {
+    options: Object.fromEntries([
+      ['config', { type: 'string' as const }],
+      ...settings.map((s) => [s.flag, { type: 'string' as const, multiple: true as const }]),
+    ]) as Record<string, { type: 'string'; multiple?: true }>,
+    help: [
+      '  --config FILE',
+      wrap('JSON config file whose keys are the setting names of docs/configuration.md'),
+      ...settings.map(
+        (s) =>
+          `  --${s.flag} ${s.metavar}\n${wrap(`${s.help}. Env ${s.env}, default ${s.default}${LISTS.has(s.key) ? '; repeat the flag to add entries' : ''}.`)}`,
+      ),
+    ].join('\n'),
+  };
+}
 
 /** Loads the configuration from the parsed flags and the environment, or throws UsageError. */
 export function configFrom(values: Record<string, unknown>, io: CliIO): MoatConfig {
   const flags: Record<string, string | undefined> = {};
-  for (const s of SETTINGS) flags[s.flag] = values[s.flag] as string | undefined;
+  for (const s of SETTINGS) {
+    const given = values[s.flag] as string[] | undefined;
+    if (given === undefined) continue;
+    if (given.length > 1 && !LISTS.has(s.key))
+      throw new UsageError(
+        `--${s.flag} is given ${given.length} times (${given.map((v) => JSON.stringify(v)).join(', ')}); it takes one value`,
+      );
+    flags[s.flag] = given.join(',');
+  }
   const sources: ConfigSources = {
     flags,
     env: io.env,
@@ -68,4 +90,53 @@ export function configFrom(values: Record<string, unknown>, io: CliIO): MoatConf
   const config = loadConfig(sources);
   if (!config.ok) throw new UsageError(config.error);
   return config.value;
+}
+
+/** Edits (insert, delete, replace) between two short strings. */
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++)
+      next[j] = Math.min(
+        row[j]! + 1,
+        next[j - 1]! + 1,
+        row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1),
+      );
+    row = next;
+  }
+  return row[b.length]!;
+}
+
+/**
+ * MOAT_* variables in the environment that are no setting (a misspelt one would otherwise be
+ * ignored silently, unlike a misspelt config file key), each with the closest setting's name
+ * when it is a few edits away.
+ */
+export function unknownEnvironment(
+  env: CliIO['env'],
+): Array<{ readonly variable: string; readonly didYouMean: string | undefined }> {
+  const known = SETTINGS.map((s) => s.env);
+  return Object.keys(env)
+    .filter((name) => name.startsWith('MOAT_') && !known.includes(name))
+    .sort()
+    .map((variable) => {
+      const [closest] = known
+        .map((name) => ({ name, distance: editDistance(variable, name) }))
+        .sort((a, b) => a.distance - b.distance);
+      return { variable, didYouMean: closest && closest.distance <= 3 ? closest.name : undefined };
+    });
+}
+
+/** How an unknown variable is told: `MOAT_DNS_LISTN is not a Moat setting; did you mean ...?` */
+export const unknownEnvironmentMessage = (unknown: {
+  variable: string;
+  didYouMean: string | undefined;
+}): string =>
+  `${unknown.variable} is not a Moat setting and is ignored${unknown.didYouMean ? `; did you mean ${unknown.didYouMean}?` : ''}`;
+
+/** check and lint say it on standard error (serve logs it). */
+export function warnUnknownEnvironment(io: CliIO): void {
+  for (const unknown of unknownEnvironment(io.env))
+    io.stderr.write(`moat: warning: ${unknownEnvironmentMessage(unknown)}\n`);
 }

@@ -267,7 +267,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'internal-deny',
     env: 'MOAT_INTERNAL_DENY',
     default: 'default',
-    help: 'the hard internal deny list: comma-separated CIDRs, "none", or "default" (loopback, private, link-local/metadata, CGNAT, multicast, reserved, NAT64/6to4/Teredo, ULA...)',
+    help: 'the hard internal deny list: comma-separated CIDRs, "none", or "default" (loopback, private, link-local/metadata, CGNAT, multicast, reserved, NAT64/6to4/Teredo, ULA...), and -CIDR to take a range out of the ones before it ("default,-198.18.0.0/15")',
     show: (ranges) => (ranges.length === 0 ? 'none' : ranges.map((r) => r.entry)),
     parse: parseInternalDenyList,
   },
@@ -306,7 +306,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_DNS_LISTEN',
     // Not 5353: that is mDNS, held by avahi or systemd-resolved on most desktops.
     default: '127.0.0.1:3053',
-    help: 'where the DNS interceptor listens (UDP and TCP), ip:port',
+    help: 'where the DNS interceptor listens (UDP and TCP), ip:port; not 5353 by default, which is mDNS (avahi)',
     show: formatHostPort,
     parse: (text) => hostPort(text),
   },

@@ -7,9 +7,9 @@
  * output that is only JSON with no API key anywhere, /ready, and moat_build_info.
  * Every socket is on loopback; the upstream resolver is a FakeDns.
  */
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import dgram from 'node:dgram';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -18,7 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMoatFolder } from '../bench/lib/scratch.js';
 import { SETTINGS } from '../src/config.js';
 import { FakeDns } from './support/fake-dns.js';
-import { runMoat } from './support/moat.js';
+import { MOAT_BIN, runMoat } from './support/moat.js';
 import { REDIS_PORT, RedisRelay, redisProblem } from './support/redis.js';
 import { ServeChild, type Started } from './support/serve-child.js';
 
@@ -402,4 +402,43 @@ describe('flags, help and environment', () => {
       'moat: warning: MOAT_SOMETHING_ELSE_ENTIRELY is not a Moat setting and is ignored\n',
     );
   });
+});
+
+// -- confinement ---------------------------------------------------------------------------------
+
+/** The cgroup mount Moat's freezer would be in: v1's freezer hierarchy, else the v2 root. */
+const FREEZER_MOUNT = existsSync('/sys/fs/cgroup/freezer/cgroup.procs')
+  ? '/sys/fs/cgroup/freezer'
+  : '/sys/fs/cgroup';
+
+describe('confinement is advertised only after a write test', () => {
+  it.skipIf(process.getuid?.() !== 0)(
+    'with the freezer hierarchy read-only, start-up refuses sandboxes and says why',
+    async () => {
+      // A private mount namespace: the read-only remount is this child's alone.
+      const dataDir = folder();
+      const child = spawn(
+        'unshare',
+        [
+          ...['--mount', '--propagation', 'private', 'sh', '-c'],
+          `mount -o remount,bind,ro ${FREEZER_MOUNT} && exec "$0" "$@"`,
+          ...[process.execPath, MOAT_BIN, 'serve', ...serveArgs(dataDir)],
+        ],
+        { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'ignore', 'pipe'] },
+      );
+      let stderr = '';
+      child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+      const exited = new Promise((resolve) => child.once('exit', resolve));
+      try {
+        await expect.poll(() => stderr, { timeout: 15_000 }).toMatch(/^moat: metrics /m);
+      } finally {
+        child.kill('SIGTERM');
+        await exited;
+      }
+      const processes = /^moat: processes +(.*)$/m.exec(stderr)?.[1];
+      expect(processes, stderr).toMatch(/^sandboxes are refused: they cannot be confined here \(/);
+      expect(processes).toMatch(/cgroup v[12] .* was found but a write test failed: /);
+      expect(processes).not.toMatch(/^confined/);
+    },
+  );
 });

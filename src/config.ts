@@ -306,7 +306,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_DNS_LISTEN',
     // Not 5353: that is mDNS, held by avahi or systemd-resolved on most desktops.
     default: '127.0.0.1:3053',
-    help: 'where the DNS interceptor listens (UDP and TCP), ip:port; not 5353 by default, which is mDNS (avahi)',
+    help: 'where the DNS interceptor listens (UDP and TCP), ip:port',
     show: formatHostPort,
     parse: (text) => hostPort(text),
   },

@@ -12,14 +12,8 @@ import {
   type Policy,
   parseDestination,
 } from '../policy/index.js';
-import {
-  type CliIO,
-  configFlags,
-  configFrom,
-  EXIT,
-  UsageError,
-  warnUnknownEnvironment,
-} from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { warnUnknownEnvironment } from './unknown-environment.js';
 
 /** The settings check uses: the internal deny list, the entry limit and the resolver's. */
 const CHECK_CONFIG = configFlags([

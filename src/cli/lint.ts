@@ -1,13 +1,7 @@
 import { parseArgs } from 'node:util';
 import { compileInternalDenyList, lintPolicy } from '../policy/index.js';
-import {
-  type CliIO,
-  configFlags,
-  configFrom,
-  EXIT,
-  UsageError,
-  warnUnknownEnvironment,
-} from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { warnUnknownEnvironment } from './unknown-environment.js';
 
 /** The settings lint uses: the internal deny list it warns against, and the entry limit. */
 const LINT_CONFIG = configFlags(['internalDeny', 'maxPolicyEntries']);

@@ -8,15 +8,8 @@ import {
   SECRET_MASK,
   showConfig,
 } from '../config.js';
-import {
-  type CliIO,
-  configFlags,
-  configFrom,
-  EXIT,
-  unknownEnvironment,
-  unknownEnvironmentMessage,
-  UsageError,
-} from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { unknownEnvironment, unknownEnvironmentMessage } from './unknown-environment.js';
 import { type RunningMoat, startMoat } from './moat.js';
 import { VERSION } from './version.js';
 

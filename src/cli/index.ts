@@ -15,8 +15,7 @@ const COMMANDS: Record<
   serve: {
     run: serve,
     help: SERVE_HELP,
-    summary:
-      'run Moat: the platform API and sandboxes, with the DNS interceptor, egress proxy and firewall that hold their traffic',
+    summary: 'run Moat: the platform API and sandboxes, their DNS, egress proxy and firewall',
   },
   check: {
     run: check,

@@ -14,17 +14,11 @@ import {
   type Result,
 } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
+import { formatHostPort, type HostPort } from './host-port.js';
 import type { TcpIoSetting } from './proxy/index.js';
 import { type IdRangeSetting, IDS_PER_SANDBOX } from './runtime/index.js';
 
-export interface HostPort {
-  readonly host: string;
-  readonly port: number;
-}
-
-/** `127.0.0.1:53`, `[::1]:53`: how addresses are written in output and URLs. */
-export const formatHostPort = (a: HostPort): string =>
-  a.host.includes(':') ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`;
+export { formatHostPort, type HostPort } from './host-port.js';
 
 export interface MoatConfig {
   /** Destinations no sandbox rule can open (the hard internal deny list). */
@@ -122,7 +116,10 @@ const positiveInteger =
           error: `expected a whole number from 1 to ${max}, got ${JSON.stringify(text)}`,
         };
 
-/** `ip:port`, `[ipv6]:port`, or a bare IP when a default port applies. Port 0 = any free port. */
+/**
+ * `ip:port`, `[ipv6]:port`, or a bare IP when a default port applies. Port 0 = any free port.
+ * `localhost` means 127.0.0.1 (never a lookup: /etc/hosts may also give it ::1).
+ */
 function hostPort(text: string, defaultPort?: number): Result<HostPort> {
   const trimmed = text.trim();
   let host = trimmed;
@@ -135,7 +132,7 @@ function hostPort(text: string, defaultPort?: number): Result<HostPort> {
   } else if (trimmed.split(':').length === 2) {
     [host, portText] = trimmed.split(':') as [string, string];
   }
-  const ip = parseIP(host);
+  const ip = parseIP(host.toLowerCase() === 'localhost' ? '127.0.0.1' : host);
   const port =
     portText === undefined
       ? defaultPort
@@ -143,7 +140,10 @@ function hostPort(text: string, defaultPort?: number): Result<HostPort> {
         ? Number(portText)
         : undefined;
   if (!ip.ok || port === undefined || port > 65535) {
-    return { ok: false, error: `expected ip:port or [ipv6]:port, got ${JSON.stringify(text)}` };
+    return {
+      ok: false,
+      error: `expected ip:port, [ipv6]:port or localhost:port, got ${JSON.stringify(text)}`,
+    };
   }
   return { ok: true, value: { host: ip.value.text, port } };
 }
@@ -267,7 +267,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'internal-deny',
     env: 'MOAT_INTERNAL_DENY',
     default: 'default',
-    help: 'the hard internal deny list: comma-separated CIDRs, "none", or "default" (loopback, private, link-local/metadata, CGNAT, multicast, reserved, NAT64/6to4/Teredo, ULA...)',
+    help: 'the hard internal deny list: comma-separated CIDRs, "none", or "default" (loopback, private, link-local/metadata, CGNAT, multicast, reserved, NAT64/6to4/Teredo, ULA...), and -CIDR to take a range out of the ones before it ("default,-198.18.0.0/15")',
     show: (ranges) => (ranges.length === 0 ? 'none' : ranges.map((r) => r.entry)),
     parse: parseInternalDenyList,
   },
@@ -304,7 +304,8 @@ export const SETTINGS: readonly AnySetting[] = [
     metavar: 'IP:PORT',
     flag: 'dns-listen',
     env: 'MOAT_DNS_LISTEN',
-    default: '127.0.0.1:5353',
+    // Not 5353: that is mDNS, held by avahi or systemd-resolved on most desktops.
+    default: '127.0.0.1:3053',
     help: 'where the DNS interceptor listens (UDP and TCP), ip:port',
     show: formatHostPort,
     parse: (text) => hostPort(text),

@@ -10,6 +10,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -112,7 +113,8 @@ async function startMoat(): Promise<Started> {
   }
   const api = /^moat: platform API +(http:\/\/\S+) /m.exec(moatOutput)?.[1];
   const sandbox = /^moat: sandbox API +(http:\/\/\S+) /m.exec(moatOutput)?.[1];
-  const key = /^moat: API key +(\S+) \(generated;/m.exec(moatOutput)?.[1];
+  const keyFile = /^moat: API key +generated into (\S+) /m.exec(moatOutput)?.[1];
+  const key = keyFile && readFileSync(keyFile, 'utf8').trim();
   const enforcement = /^moat: enforcement +(\S+)/m.exec(moatOutput)?.[1];
   if (!api || !sandbox || !key || !enforcement)
     throw new Error(`no API addresses, generated key or enforcement in:\n${moatOutput}`);
@@ -272,5 +274,39 @@ describe('README five-minute walkthrough', () => {
       headers: { 'X-API-Key': started.key },
     });
     expect(gone.status).toBe(404);
+  });
+
+  it('in_sandbox says why when a command cannot start, instead of a TypeError', async () => {
+    const helper = /^in_sandbox\(\) \{\n[\s\S]*?^\}$/m.exec(parseWalkthrough().steps)?.[0];
+    expect(helper, 'the walkthrough defines in_sandbox').toBeDefined();
+    const created = await fetch(`${started.api}/v2/sandboxes`, {
+      method: 'POST',
+      headers: { 'X-API-Key': started.key, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', timeout: 120 }),
+    });
+    expect(created.status).toBe(201);
+    const { sandboxID } = (await created.json()) as { sandboxID: string };
+    // The sandbox API on a port nothing listens on: the command cannot start.
+    const closed = net.createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const port = (closed.address() as net.AddressInfo).port;
+    await new Promise((resolve) => closed.close(resolve));
+    const run = await bash(
+      [
+        `export E2B_API_URL=${quote(started.api)} E2B_SANDBOX_URL=http://127.0.0.1:${port}`,
+        `export E2B_API_KEY=${quote(started.key)} ID=${quote(sandboxID)}`,
+        helper!,
+        "in_sandbox 'echo never'",
+      ].join('\n'),
+      ROOT,
+    );
+    await fetch(`${started.api}/sandboxes/${sandboxID}`, {
+      method: 'DELETE',
+      headers: { 'X-API-Key': started.key },
+    });
+    expect(run.code).not.toBe(0);
+    expect(run.stdout).toBe('');
+    expect(run.stderr).not.toContain('ERR_INVALID_ARG_TYPE');
+    expect(run.stderr).toMatch(/ECONNREFUSED|fetch failed|connect/i);
   });
 });

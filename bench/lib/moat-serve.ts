@@ -55,11 +55,12 @@ export async function startMoatServe(options: {
   const child = spawnBounded(
     options.lifetimeSeconds,
     [process.execPath, ...profiling, MOAT_CLI, ...args],
-    { stdio: ['ignore', 'pipe', log], env: { PATH: process.env.PATH ?? '' } },
+    // The JSON log (standard output) to the file; start-up lines for people (standard error) here.
+    { stdio: ['ignore', log, 'pipe'], env: { PATH: process.env.PATH ?? '' } },
   );
   closeSync(log);
   let output = '';
-  child.stdout?.setEncoding('utf8').on('data', (chunk: string) => {
+  child.stderr?.setEncoding('utf8').on('data', (chunk: string) => {
     output += chunk;
   });
   const line = (label: string) => new RegExp(`^moat: ${label}\\s+(.*)$`, 'm').exec(output)?.[1];

@@ -7,8 +7,8 @@ import { sameSecret } from '../same-secret.js';
 export interface ApiKeys {
   readonly keys: readonly string[];
   readonly source: string;
-  /** Set only on the start that generated the key: it is shown once, then only on disk. */
-  readonly generated: string | undefined;
+  /** This start generated the key into `source`: it is never printed or logged, only named. */
+  readonly generated: boolean;
 }
 
 /**
@@ -20,19 +20,19 @@ export async function loadApiKeys(
   dataDir: string,
 ): Promise<ApiKeys> {
   if (configured.length > 0) {
-    return { keys: configured, source: 'configuration (MOAT_API_KEYS)', generated: undefined };
+    return { keys: configured, source: 'configuration (MOAT_API_KEYS)', generated: false };
   }
   const file = path.resolve(dataDir, 'api-key');
   try {
     const key = (await readFile(file, 'utf8')).trim();
     if (key === '') throw new Error(`${file} is empty; delete it to generate a new key`);
-    return { keys: [key], source: file, generated: undefined };
+    return { keys: [key], source: file, generated: false };
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
   }
   const key = `moat_${randomBytes(24).toString('hex')}`;
   await writeFile(file, `${key}\n`, { mode: 0o600, flag: 'wx' });
-  return { keys: [key], source: file, generated: key };
+  return { keys: [key], source: file, generated: true };
 }
 
 /**

@@ -4,6 +4,7 @@
  * so the document cannot drift from what is enforced.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { MAX_DESCRIPTION_LENGTH } from '../policy/index.js';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
@@ -122,6 +123,12 @@ const networkBody = bodyObject({
   allowOut: stringList,
   denyOut: stringList,
   allow_internet_access: { type: 'boolean' },
+  // What policy files say about themselves: accepted (so a file is a body as it is), not kept.
+  description: {
+    type: 'string',
+    maxLength: MAX_DESCRIPTION_LENGTH,
+    description: 'Accepted and ignored: what a policy file is for',
+  },
 });
 
 const listQuery = {

@@ -40,6 +40,8 @@ export interface PlatformApiOptions extends RouteContext {
   /** GET /metrics needs the API key too. */
   readonly metricsRequireKey: boolean;
   readonly version: string;
+  /** Why Moat cannot serve now (its store, a listener); undefined when it can. For GET /ready. */
+  readonly notReady: () => Promise<string | undefined>;
 }
 
 const errorBody = (code: number, message: string) => ({ code, message });
@@ -185,7 +187,13 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
     return reply.send(text === '' ? undefined : text);
   }
 
+  // Liveness: the process answers. Readiness: it can also do its work (store, listeners).
   app.get('/health', async () => ({ status: 'ok' }));
+  app.get('/ready', async (_request, reply) => {
+    const reason = await options.notReady();
+    if (reason === undefined) return { status: 'ready' };
+    return reply.code(503).send({ status: 'not ready', reason });
+  });
   app.get(
     '/metrics',
     { onRequest: options.metricsRequireKey ? requireKey : undefined },

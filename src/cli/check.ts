@@ -12,7 +12,18 @@ import {
   type Policy,
   parseDestination,
 } from '../policy/index.js';
-import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { warnUnknownEnvironment } from './unknown-environment.js';
+
+/** The settings check uses: the internal deny list, the entry limit and the resolver's. */
+const CHECK_CONFIG = configFlags([
+  'internalDeny',
+  'maxPolicyEntries',
+  'dnsUpstream',
+  'dnsTimeoutMs',
+  'dnsCacheSize',
+  'dnsMaxTtl',
+]);
 import { readPolicyFile } from './policy-file.js';
 
 export const CHECK_HELP = `Usage: moat check --policy FILE [options] [DEST...]
@@ -37,7 +48,7 @@ Options:
                             {"destination","canonical","verdict","rule","list","reason"},
                             with --resolve also "addresses": [{"address","verdict","rule",
                             "list","reason"}] for a name that was looked up
-${CONFIG_HELP}
+${CHECK_CONFIG.help}
   -h, --help                this help
 
 Exit status: 0 when every destination is allowed, 1 when any is denied (an unparsable
@@ -165,7 +176,7 @@ export async function check(args: string[], io: CliIO): Promise<number> {
       resolve: { type: 'boolean' },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
-      ...CONFIG_OPTIONS,
+      ...CHECK_CONFIG.options,
     },
   });
   if (values.help) {
@@ -173,6 +184,7 @@ export async function check(args: string[], io: CliIO): Promise<number> {
     return EXIT.ok;
   }
   if (typeof values.policy !== 'string') throw new UsageError('moat check needs --policy FILE');
+  warnUnknownEnvironment(io);
   const config = configFrom(values, io);
   const file = readPolicyFile(values.policy, { maxEntries: config.maxPolicyEntries });
   if (!file.ok) {

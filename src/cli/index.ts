@@ -15,7 +15,7 @@ const COMMANDS: Record<
   serve: {
     run: serve,
     help: SERVE_HELP,
-    summary: 'run Moat: the DNS interceptor every sandbox resolves through',
+    summary: 'run Moat: the platform API and sandboxes, their DNS, egress proxy and firewall',
   },
   check: {
     run: check,

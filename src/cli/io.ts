@@ -15,12 +15,6 @@ export const EXIT = { ok: 0, denied: 1, failed: 1, usage: 2 } as const;
 /** Thrown for a usage error; the CLI prints the message (and a hint) and exits 2. */
 export class UsageError extends Error {}
 
-/** parseArgs option definitions for the configuration flags every command accepts. */
-export const CONFIG_OPTIONS = Object.fromEntries([
-  ['config', { type: 'string' as const }],
-  ...SETTINGS.map((s) => [s.flag, { type: 'string' as const }]),
-]) as Record<string, { type: 'string' }>;
-
 /** Settings that are true or false: given bare (`--unconfined-sandboxes`), they mean true. */
 const SWITCHES = new Set(
   SETTINGS.filter((s) => s.metavar === 'true|false').map((s) => `--${s.flag}`),
@@ -48,18 +42,46 @@ const wrap = (text: string): string =>
     .map((line) => `      ${line}`)
     .join('\n');
 
-export const CONFIG_HELP = [
-  '  --config FILE',
-  wrap('JSON config file whose keys are the setting names of README "Configuration"'),
-  ...SETTINGS.map(
-    (s) => `  --${s.flag} ${s.metavar}\n${wrap(`${s.help}. Env ${s.env}, default ${s.default}.`)}`,
-  ),
-].join('\n');
+type SettingKey = (typeof SETTINGS)[number]['key'];
+
+/** Settings whose value is a comma-separated list: a repeated flag adds to it. */
+const LISTS = new Set<SettingKey>(['internalDeny', 'allowHostPorts', 'dnsUpstream', 'apiKeys']);
+
+/**
+ * The configuration flags of one command (every setting when `keys` is absent): parseArgs
+ * options, and their --help text generated from the settings table. Every command still reads
+ * the whole configuration from --config and MOAT_*; it takes flags only for what it uses.
+ */
+export function configFlags(keys?: readonly SettingKey[]) {
+  const settings = SETTINGS.filter((s) => keys === undefined || keys.includes(s.key));
+  return {
+    options: Object.fromEntries([
+      ['config', { type: 'string' as const }],
+      ...settings.map((s) => [s.flag, { type: 'string' as const, multiple: true as const }]),
+    ]) as Record<string, { type: 'string'; multiple?: true }>,
+    help: [
+      '  --config FILE',
+      wrap('JSON config file whose keys are the setting names of docs/configuration.md'),
+      ...settings.map(
+        (s) =>
+          `  --${s.flag} ${s.metavar}\n${wrap(`${s.help}. Env ${s.env}, default ${s.default}${LISTS.has(s.key) ? '; repeat the flag to add entries' : ''}.`)}`,
+      ),
+    ].join('\n'),
+  };
+}
 
 /** Loads the configuration from the parsed flags and the environment, or throws UsageError. */
 export function configFrom(values: Record<string, unknown>, io: CliIO): MoatConfig {
   const flags: Record<string, string | undefined> = {};
-  for (const s of SETTINGS) flags[s.flag] = values[s.flag] as string | undefined;
+  for (const s of SETTINGS) {
+    const given = values[s.flag] as string[] | undefined;
+    if (given === undefined) continue;
+    if (given.length > 1 && !LISTS.has(s.key))
+      throw new UsageError(
+        `--${s.flag} is given ${given.length} times (${given.map((v) => JSON.stringify(v)).join(', ')}); it takes one value`,
+      );
+    flags[s.flag] = given.join(',');
+  }
   const sources: ConfigSources = {
     flags,
     env: io.env,

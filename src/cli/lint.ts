@@ -1,6 +1,10 @@
 import { parseArgs } from 'node:util';
 import { compileInternalDenyList, lintPolicy } from '../policy/index.js';
-import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { warnUnknownEnvironment } from './unknown-environment.js';
+
+/** The settings lint uses: the internal deny list it warns against, and the entry limit. */
+const LINT_CONFIG = configFlags(['internalDeny', 'maxPolicyEntries']);
 import { readPolicyFile } from './policy-file.js';
 
 export const LINT_HELP = `Usage: moat lint [options] FILE...
@@ -11,11 +15,12 @@ probably not what was meant: repeated or shadowed entries, wildcards on public s
 (*.co.uk), deny entries that an allow entry overrides, entries the internal deny list overrides.
 
 Messages go to standard error, one per problem, as FILE: error|warning: MESSAGE.
-A summary line per file goes to standard output.
+A summary line per file goes to standard output. A file that is not JSON and whose name does
+not end in .json (a README beside the policies: moat lint policies/*) is skipped with a note.
 
 Options:
   --strict                  treat warnings as errors
-${CONFIG_HELP}
+${LINT_CONFIG.help}
   -h, --help                this help
 
 Exit status: 0 when every file is valid (warnings allowed unless --strict), 2 otherwise.`;
@@ -27,7 +32,7 @@ export async function lint(args: string[], io: CliIO): Promise<number> {
     options: {
       strict: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
-      ...CONFIG_OPTIONS,
+      ...LINT_CONFIG.options,
     },
   });
   if (values.help) {
@@ -35,11 +40,16 @@ export async function lint(args: string[], io: CliIO): Promise<number> {
     return EXIT.ok;
   }
   if (positionals.length === 0) throw new UsageError('moat lint needs at least one policy file');
+  warnUnknownEnvironment(io);
   const config = configFrom(values, io);
   const internal = compileInternalDenyList(config.internalDeny);
   let failed = false;
   for (const path of positionals) {
     const file = readPolicyFile(path, { maxEntries: config.maxPolicyEntries });
+    if (!file.ok && file.notJson && !path.endsWith('.json')) {
+      io.stdout.write(`${path}: skipped (not JSON, and not named *.json)\n`);
+      continue;
+    }
     if (!file.ok) {
       for (const problem of file.problems) io.stderr.write(`${path}: error: ${problem}\n`);
       io.stdout.write(

@@ -13,6 +13,7 @@ import {
 } from '../api/index.js';
 import { Cluster } from '../cluster/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
+import { listenFailure } from '../listen-failure.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import {
   AddressPool,
@@ -42,6 +43,7 @@ import {
 import { SANDBOX_ID, type SandboxRecord, SandboxError, SandboxService } from '../sandbox/index.js';
 import { FileStore, RedisStore, type Store } from '../store/index.js';
 import { createSandboxGateway } from './gateway.js';
+import { notReady } from './readiness.js';
 import { VERSION } from './version.js';
 
 export interface RunningMoat {
@@ -81,6 +83,12 @@ interface Listening {
 }
 
 const UNSPECIFIED = new Set(['0.0.0.0', '::']);
+
+/** Binds one listener; a failure names the listener and its address (`cannot start:` says which). */
+const bindListener = <T>(listener: string, at: HostPort, bind: () => Promise<T>): Promise<T> =>
+  bind().catch((error: unknown) => {
+    throw listenFailure(listener, at, error);
+  });
 
 /** Every listener of Moat's. */
 const ownListeners = (listening: Listening): HostPort[] =>
@@ -217,6 +225,7 @@ export async function startMoat(
   const metrics = new MoatMetrics({
     defaultMetrics: options.defaultMetrics,
     perSandbox: config.metricsPerSandbox,
+    version: VERSION,
   });
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
@@ -321,12 +330,18 @@ export async function startMoat(
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
     listening.dns = { ...config.dnsListen, port: await dns.start() };
     undo.push(() => dns.stop());
-    listening.proxy = { ...config.proxyListen, port: await proxy.listen(config.proxyListen) };
+    listening.proxy = {
+      ...config.proxyListen,
+      port: await bindListener('egress proxy listener', config.proxyListen, () =>
+        proxy.listen(config.proxyListen),
+      ),
+    };
     undo.push(() => proxy.close(0));
     if (transparent && config.transparentListen) {
+      const at = config.transparentListen;
       listening.transparent = {
-        ...config.transparentListen,
-        port: await transparent.listen(config.transparentListen),
+        ...at,
+        port: await bindListener('transparent listener', at, () => transparent.listen(at)),
       };
       undo.push(() => transparent.close());
     }
@@ -413,9 +428,26 @@ export async function startMoat(
       logger,
       metricsRequireKey: config.metricsRequireKey,
       version: VERSION,
+      notReady: () =>
+        notReady(store, () => {
+          const { dns, proxy, transparent, sandbox, metrics, gateway } = listening;
+          const named: Array<[string, HostPort | undefined]> = [
+            ['DNS listener tcp', dns],
+            ['egress proxy listener', proxy],
+            ['transparent listener', transparent],
+            ['sandbox API listener', sandbox],
+            ['metrics listener', metrics],
+            ['gateway DNS listener tcp', gateway?.dns],
+            ['gateway egress proxy listener', gateway?.proxy],
+            ['gateway transparent listener', gateway?.transparent],
+          ];
+          return named.flatMap(([name, at]) => (at === undefined ? [] : [[name, at] as const]));
+        }),
       routing: nodeID === undefined ? undefined : routingFor(nodeID, () => cluster!, sandboxes),
     });
-    listening.api = await listenApi(api, config.apiListen);
+    listening.api = await bindListener('platform API listener', config.apiListen, () =>
+      listenApi(api, config.apiListen),
+    );
     undo.push(() => api.close());
     const { gateway, ingress } = createSandboxGateway({
       sandboxes,
@@ -433,7 +465,9 @@ export async function startMoat(
     });
     listening.sandbox = {
       ...config.sandboxListen,
-      port: await gateway.listen(config.sandboxListen),
+      port: await bindListener('sandbox API listener', config.sandboxListen, () =>
+        gateway.listen(config.sandboxListen),
+      ),
     };
     undo.push(async () => {
       await gateway.close();
@@ -446,8 +480,11 @@ export async function startMoat(
       // Records of nodes that died before this one started (only now is the view complete).
       await sandboxes.forgetGoneNodes();
     }
-    const metricsListener = config.metricsListen
-      ? await listenMetrics(metrics.registry, config.metricsListen)
+    const metricsAt = config.metricsListen;
+    const metricsListener = metricsAt
+      ? await bindListener('metrics listener', metricsAt, () =>
+          listenMetrics(metrics.registry, metricsAt),
+        )
       : undefined;
     if (metricsListener && config.metricsListen) {
       listening.metrics = { ...config.metricsListen, port: metricsListener.port };
@@ -526,17 +563,29 @@ async function startGateway(
   const host = network.gateway;
   // A main listener on the unspecified address already answers on the gateway.
   const onGateway = async (
+    listener: string | undefined,
     main: HostPort,
     port: number,
     bind: (at: HostPort) => Promise<number>,
-  ) =>
-    UNSPECIFIED.has(main.host)
-      ? { host, port: main.port }
-      : { host, port: await bind({ host, port }) };
+  ) => {
+    if (UNSPECIFIED.has(main.host)) return { host, port: main.port };
+    const at = { host, port };
+    return {
+      host,
+      port: await (listener === undefined ? bind(at) : bindListener(listener, at, () => bind(at))),
+    };
+  };
   listening.gateway = {
-    dns: await onGateway(listening.dns, GATEWAY_PORTS.dns, (at) => parts.dns.listen(at)),
-    proxy: await onGateway(listening.proxy, GATEWAY_PORTS.proxy, (at) => parts.proxy.listen(at)),
+    // The DNS interceptor names its own listeners (udp or tcp).
+    dns: await onGateway(undefined, listening.dns, GATEWAY_PORTS.dns, (at) => parts.dns.listen(at)),
+    proxy: await onGateway(
+      'gateway egress proxy listener',
+      listening.proxy,
+      GATEWAY_PORTS.proxy,
+      (at) => parts.proxy.listen(at),
+    ),
     transparent: await onGateway(
+      'gateway transparent listener',
       listening.transparent ?? { host, port: 0 },
       GATEWAY_PORTS.transparent,
       (at) => parts.transparent.listen(at),

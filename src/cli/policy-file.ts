@@ -2,7 +2,9 @@ import { readFileSync } from 'node:fs';
 import { type NetworkRules, type ParseOptions, parseNetworkConfig } from '../policy/index.js';
 
 export type PolicyFileResult =
-  { ok: true; rules: NetworkRules } | { ok: false; problems: string[] };
+  | { ok: true; rules: NetworkRules }
+  /** `notJson`: the file does not parse as JSON at all (lint skips such files unless *.json). */
+  | { ok: false; problems: string[]; notJson?: true };
 
 /** Reads and validates a policy file (JSON shaped like the PUT network body). */
 export function readPolicyFile(path: string, options: ParseOptions): PolicyFileResult {
@@ -19,7 +21,7 @@ export function readPolicyFile(path: string, options: ParseOptions): PolicyFileR
   try {
     json = JSON.parse(text);
   } catch (error) {
-    return { ok: false, problems: [`not valid JSON: ${(error as Error).message}`] };
+    return { ok: false, problems: [`not valid JSON: ${(error as Error).message}`], notJson: true };
   }
   const parsed = parseNetworkConfig(json, options);
   return parsed.ok

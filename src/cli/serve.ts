@@ -8,22 +8,31 @@ import {
   SECRET_MASK,
   showConfig,
 } from '../config.js';
-import { type CliIO, CONFIG_HELP, CONFIG_OPTIONS, configFrom, EXIT, UsageError } from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { unknownEnvironment, unknownEnvironmentMessage } from './unknown-environment.js';
 import { type RunningMoat, startMoat } from './moat.js';
 import { VERSION } from './version.js';
 
+/** Every setting is a flag of serve. */
+const SERVE_CONFIG = configFlags();
+
 export const SERVE_HELP = `Usage: moat serve [options]
 
-Runs Moat: the platform API (sandboxes, network rules, snapshots, /metrics), the DNS
-interceptor (UDP and TCP) that every sandbox resolves through, the explicit egress proxy
-(CONNECT and absolute-form HTTP) and the transparent listener (SNI/Host). State lives in the
-data folder (--data-dir); on first start without MOAT_API_KEYS an API key is generated there
-and printed once (on standard output, never in the log). Start-up prints every listener, the
-data folder, the enforcement mode and how processes are confined, and logs the same facts as
-one JSON line ("moat started").
+Runs Moat: the platform API (sandboxes, network rules, snapshots, /health, /ready, /metrics),
+the sandbox API and ingress, the DNS interceptor (UDP and TCP) that every sandbox resolves
+through, the explicit egress proxy (CONNECT and absolute-form HTTP) and the transparent
+listener (SNI/Host). State lives in the data folder (--data-dir); on first start without
+MOAT_API_KEYS an API key is generated into <data-dir>/api-key (mode 0600): start-up says where,
+and the key itself is never printed or logged.
+
+Standard output carries only the JSON log (one object per line; "moat started" holds every
+start-up fact). Standard error carries the same facts for people: every listener, the data
+folder, the enforcement mode and how processes are confined, and why Moat cannot start.
 
 Settings come from the defaults, then the --config file, then MOAT_* environment variables,
-then flags, each overriding the one before. Logs are JSON lines on standard output.
+then flags, each overriding the one before; a MOAT_* variable that is no setting is warned
+about. A list flag may be repeated to add entries. Every setting is described in
+docs/configuration.md.
 
 Stops cleanly on SIGTERM or SIGINT: stops accepting, lets open tunnels drain for up to 5 s,
 stops the sandboxes, closes the store, logs "moat stopped" and exits 0. A second signal
@@ -34,7 +43,7 @@ Options:
       print the effective configuration (defaults < --config < MOAT_* < flags) as
       JSON, one key per setting, secrets (API keys) masked as "${SECRET_MASK}", and exit
       without starting anything
-${CONFIG_HELP}
+${SERVE_CONFIG.help}
   -h, --help
       this help`;
 
@@ -51,8 +60,8 @@ function checkUpstreams(config: MoatConfig): void {
 const optional = (at: HostPort | undefined) => (at ? formatHostPort(at) : 'off');
 
 /**
- * What start-up tells the operator, once for the log and once for people. The generated API key
- * is not among these facts: it is printed on its own line, once, and never logged.
+ * What start-up tells the operator, once for the log and once for people. The API key is not
+ * among them: only the file that holds it.
  */
 function startupFacts(config: MoatConfig, moat: RunningMoat) {
   const { dns, proxy, transparent, api, sandbox, metrics, gateway } = moat.listening;
@@ -81,24 +90,23 @@ function startupFacts(config: MoatConfig, moat: RunningMoat) {
     confined: moat.runtime.confined,
     confinement: moat.runtime.confinementReason,
     apiKeys: moat.apiKeys.source,
-    apiKeyGenerated: moat.apiKeys.generated !== undefined,
+    apiKeyGenerated: moat.apiKeys.generated,
     upstreams: config.dnsUpstream.map(formatHostPort),
     internalDeny: config.internalDeny.length,
     version: VERSION,
   };
 }
 
-function startupLines(facts: ReturnType<typeof startupFacts>, generatedKey: string | undefined) {
-  const keyLine =
-    generatedKey === undefined
-      ? `moat: API key          from ${facts.apiKeys}`
-      : `moat: API key          ${generatedKey} (generated; stored in ${facts.apiKeys}, shown only this once)`;
+function startupLines(facts: ReturnType<typeof startupFacts>) {
+  const keyLine = facts.apiKeyGenerated
+    ? `moat: API key          generated into ${facts.apiKeys} (read it there: cat ${facts.apiKeys})`
+    : `moat: API key          from ${facts.apiKeys}`;
   const metrics =
     facts.metrics === 'off' ? 'off' : `http://${facts.metrics}/metrics (GET only, no API key)`;
   const forSandboxes = (listener: 'dns' | 'proxy' | 'transparent') =>
     facts.gateway ? `, for sandboxes ${facts.gateway[listener]}` : '';
   return [
-    `moat: platform API     http://${facts.api} (X-API-Key; /health, /metrics, /openapi.json)`,
+    `moat: platform API     http://${facts.api} (X-API-Key; /health, /ready, /metrics, /openapi.json)`,
     keyLine,
     `moat: sandbox API      http://${facts.sandbox} (E2B_SANDBOX_URL; {port}-{sandboxID}.<domain> or E2b-Sandbox-Id/-Port)`,
     `moat: data folder      ${facts.dataDir}`,
@@ -134,7 +142,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     options: {
       help: { type: 'boolean', short: 'h' },
       'print-config': { type: 'boolean' },
-      ...CONFIG_OPTIONS,
+      ...SERVE_CONFIG.options,
     },
   });
   if (values.help) {
@@ -148,6 +156,8 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     return EXIT.ok;
   }
   const logger = pino({ level: config.logLevel, base: { service: 'moat' } });
+  for (const unknown of unknownEnvironment(io.env))
+    logger.warn(unknown, unknownEnvironmentMessage(unknown));
   // Listening from the start: a signal during start-up stops Moat once it is up.
   const stopping = firstSignal();
   let moat: RunningMoat;
@@ -172,7 +182,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
       'proxy-only enforcement: sandboxes are not in network namespaces',
     );
   }
-  io.stdout.write(startupLines(facts, moat.apiKeys.generated));
+  io.stderr.write(startupLines(facts));
   const signal = await stopping;
   const began = Date.now();
   logger.info({ signal }, 'moat stopping');

@@ -2,6 +2,7 @@ import net from 'node:net';
 import type { Logger } from 'pino';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { warnEvery } from '../warn-every.js';
+import { listenFailure } from '../listen-failure.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
@@ -124,6 +125,8 @@ export class DnsInterceptor {
         },
         // A send error (e.g. the client vanished) must never end the listener.
         onSendError: this.sendFailed,
+      }).catch((error: unknown) => {
+        throw listenFailure('DNS listener udp', { host, port }, error);
       });
       const tcp = net.createServer((socket) => this.serveTcp(socket));
       tcp.maxConnections = MAX_TCP_CONNECTIONS;
@@ -132,7 +135,7 @@ export class DnsInterceptor {
       } catch (error) {
         await udp.close();
         if (port !== 0 || attempt >= 20 || (error as NodeJS.ErrnoException).code !== 'EADDRINUSE')
-          throw error;
+          throw listenFailure('DNS listener tcp', { host, port: udp.port }, error);
         continue;
       }
       this.sockets.push({ udp, tcp });

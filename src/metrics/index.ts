@@ -222,7 +222,14 @@ export class MoatMetrics {
     this.tunnelsBySandbox = bySandbox;
   }
 
-  constructor(options: { defaultMetrics?: boolean; perSandbox?: boolean } = {}) {
+  constructor(options: { defaultMetrics?: boolean; perSandbox?: boolean; version?: string } = {}) {
+    // Always 1; its labels say what runs (join on it to compare versions across nodes).
+    new Gauge({
+      name: 'moat_build_info',
+      help: 'Which Moat and which Node.js this server runs (always 1)',
+      labelNames: ['version', 'node_version'],
+      registers: [this.registry],
+    }).set({ version: options.version ?? 'unknown', node_version: process.version }, 1);
     if (options.perSandbox) {
       const gauge: Gauge<'sandbox_id'> = new Gauge({
         name: 'moat_proxy_sandbox_active_tunnels',

@@ -36,6 +36,7 @@ export {
   ALL_TRAFFIC,
   ALL_TRAFFIC_MESSAGE,
   DEFAULT_MAX_ENTRIES,
+  MAX_DESCRIPTION_LENGTH,
   type NetworkRules,
   type ParseOptions,
   type ParseResult,

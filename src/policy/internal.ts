@@ -6,7 +6,7 @@
  * Special ranges that are globally reachable by design (AS112, AMT, PCP anycast) are covered
  * where they sit inside a larger block a sandbox has no business reaching.
  */
-import { type CIDR, parseCIDR } from './address.js';
+import { type CIDR, formatIPv4, formatIPv6, maskWords, parseCIDR } from './address.js';
 import { err, ok, type Result } from './result.js';
 
 export interface InternalRange {
@@ -62,24 +62,63 @@ export const DEFAULT_INTERNAL_DENY: readonly InternalRange[] = DEFAULT_RANGES.ma
   },
 );
 
+/** True when `inner` lies inside `outer` (or is it). */
+const covers = (outer: CIDR, inner: CIDR): boolean =>
+  outer.version === inner.version &&
+  outer.prefixLength <= inner.prefixLength &&
+  maskWords(inner.words, outer.prefixLength).every((w, i) => w === outer.words[i]);
+
+/** `range` without `hole` (inside it): the sibling of each halving on the way down to the hole. */
+function withoutHole(range: InternalRange, hole: CIDR): InternalRange[] {
+  const rest: InternalRange[] = [];
+  for (let length = range.cidr.prefixLength + 1; length <= hole.prefixLength; length++) {
+    const sibling = maskWords(hole.words, length);
+    const bit = length - 1;
+    sibling[bit >> 5] = (sibling[bit >> 5]! ^ (1 << (31 - (bit & 31)))) >>> 0;
+    const text = `${hole.version === 4 ? formatIPv4(sibling[0]!) : formatIPv6(sibling)}/${length}`;
+    const piece = toRange(text, `${range.description}, less ${hole.text}`);
+    if (piece.ok) rest.push(piece.value);
+  }
+  return rest;
+}
+
 /**
  * Parses an operator's override: a comma-separated list of CIDRs or bare IPs, `none` for an
- * empty list, or `default` for the built-in list.
+ * empty list, `default` for the built-in list, and `-CIDR` to take a range out of what comes
+ * before it (`default,-198.18.0.0/15`: a test network made public without copying the list).
  */
 export function parseInternalDenyList(text: string): Result<InternalRange[]> {
   const trimmed = text.trim();
   if (trimmed === 'none') return ok([]);
-  if (trimmed === 'default') return ok([...DEFAULT_INTERNAL_DENY]);
-  const ranges: InternalRange[] = [];
+  let ranges: InternalRange[] = [];
   for (const [index, raw] of trimmed.split(',').entries()) {
     const entry = raw.trim();
-    const range = toRange(entry, "operator's internal deny list");
+    if (entry === 'default') {
+      ranges.push(...DEFAULT_INTERNAL_DENY);
+      continue;
+    }
+    const excluded = entry.startsWith('-');
+    const range = toRange(excluded ? entry.slice(1) : entry, "operator's internal deny list");
     if (!range.ok) {
       return err(
-        `internal deny list entry ${index} ${JSON.stringify(entry)}: ${range.error}; expected CIDRs separated by commas, "none" or "default"`,
+        `internal deny list entry ${index} ${JSON.stringify(entry)}: ${range.error}; expected CIDRs, "none", "default" and -CIDR exclusions, separated by commas`,
       );
     }
-    ranges.push(range.value);
+    if (!excluded) {
+      ranges.push(range.value);
+      continue;
+    }
+    const hole = range.value.cidr;
+    const holder = ranges.find((r) => covers(r.cidr, hole));
+    if (holder === undefined) {
+      return err(
+        `internal deny list entry ${index} ${JSON.stringify(entry)}: ${hole.text} is not inside any range before it; an exclusion takes a range out of the list, as in "default,-198.18.0.0/15"`,
+      );
+    }
+    // Every range inside the hole goes too (a listed /24 inside an excluded /15).
+    ranges = ranges.flatMap((r) =>
+      r === holder ? withoutHole(r, hole) : covers(hole, r.cidr) ? [] : [r],
+    );
   }
   return ok(ranges);
 }

@@ -60,6 +60,20 @@ export const ALL_TRAFFIC_MESSAGE =
 
 const KNOWN_FIELDS = new Set(['allowOut', 'denyOut', 'allow_internet_access', 'description']);
 
+/** The E2B SDK's name for 0.0.0.0/0, accepted as an entry in its place. */
+const ALL_TRAFFIC_NAME = 'ALL_TRAFFIC';
+/** Policy files say what they are for; bounded like everything else a client sends. */
+export const MAX_DESCRIPTION_LENGTH = 4096;
+
+/** `pypi.org:443`, `1.2.3.4:443`, `[::1]:443`: a destination with a port, not an entry. */
+const HOST_WITH_PORT = /^(?:\[[0-9a-fA-F:.]+\]|[^:/[\]]+):[0-9]{1,5}$/;
+
+/** A hint for an entry written with a port: rules name hosts and networks, never ports. */
+const portHint = (entry: string): string =>
+  HOST_WITH_PORT.test(entry)
+    ? `; entries take no port (a rule covers every port): write ${JSON.stringify(entry.replace(/:[0-9]+$/, '').replace(/^\[(.*)\]$/, '$1'))}`
+    : '';
+
 /** Entries that look like an address attempt are judged as addresses, never as names. */
 const looksLikeAddress = (entry: string) => /[/:%]/.test(entry) || /^[0-9.]+$/.test(entry);
 
@@ -77,9 +91,10 @@ function parseAllowEntry(entry: string, index: number): Rule | PolicyProblem {
     if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
     return { kind: 'wildcard', list: 'allowOut', index, entry, name: name.value };
   }
-  if (looksLikeAddress(entry)) {
-    const cidr = parseCIDR(entry);
-    if (!cidr.ok) return problem(`invalid allowed address ${entry} (${at}): ${cidr.error}`);
+  if (looksLikeAddress(entry) || entry === ALL_TRAFFIC_NAME) {
+    const cidr = parseCIDR(entry === ALL_TRAFFIC_NAME ? ALL_TRAFFIC : entry);
+    if (!cidr.ok)
+      return problem(`invalid allowed address ${entry} (${at}): ${cidr.error}${portHint(entry)}`);
     if (isUnspecifiedNetwork(cidr.value)) {
       return problem(
         `invalid allowed address ${entry} (${at}): the unspecified network cannot be allowed; to allow all traffic, leave denyOut empty`,
@@ -97,13 +112,15 @@ function parseAllowEntry(entry: string, index: number): Rule | PolicyProblem {
   return { kind: 'name', list: 'allowOut', index, entry, name: name.value };
 }
 
-function parseDenyEntry(entry: string, index: number): AddressRule | PolicyProblem {
+function parseDenyEntry(written: string, index: number): AddressRule | PolicyProblem {
   const at = `denyOut[${index}]`;
+  // ALL_TRAFFIC is the SDK's constant for 0.0.0.0/0; the rule is that entry from here on.
+  const entry = written === ALL_TRAFFIC_NAME ? ALL_TRAFFIC : written;
   const cidr = parseCIDR(entry);
   if (!cidr.ok) {
     const why = looksLikeAddress(entry)
-      ? cidr.error
-      : 'denyOut takes only IP addresses and CIDRs, not names';
+      ? `${cidr.error}${portHint(entry)}`
+      : `denyOut takes only IP addresses and CIDRs, not names${portHint(entry)}`;
     return { at, entry, message: `invalid denied CIDR ${entry} (${at}): ${why}` };
   }
   // The unspecified network is meaningful only as "everything", spelt 0.0.0.0/0 or ::/0. Other
@@ -186,6 +203,11 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
   const description = config.description;
   if (description !== undefined && typeof description !== 'string') {
     errors.push({ at: 'description', message: 'description must be a string' });
+  } else if (typeof description === 'string' && description.length > MAX_DESCRIPTION_LENGTH) {
+    errors.push({
+      at: 'description',
+      message: `description has ${description.length} characters; the limit is ${MAX_DESCRIPTION_LENGTH}`,
+    });
   }
   const allowOut = readList(config, 'allowOut', maxEntries, parseAllowEntry, errors);
   const denyOut = readList(config, 'denyOut', maxEntries, parseDenyEntry, errors);
@@ -195,7 +217,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
     errors.push({
       at: `allowOut[${firstName.index}]`,
       entry: firstName.entry,
-      message: `${ALL_TRAFFIC_MESSAGE} (allowOut[${firstName.index}] ${JSON.stringify(firstName.entry)} is a domain)`,
+      message: `${ALL_TRAFFIC_MESSAGE} (allowOut[${firstName.index}] ${JSON.stringify(firstName.entry)} is a domain; ALL_TRAFFIC is "0.0.0.0/0", which denies IPv6 too)`,
     });
   }
   if (errors.length > 0) return { ok: false, errors };

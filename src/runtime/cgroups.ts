@@ -151,6 +151,27 @@ export function findCgroups(scope: string): { cgroups: Cgroups } | { problem: st
   };
 }
 
+/**
+ * Why the cgroups found cannot do what start-up would claim for them, or undefined: one cgroup
+ * made, limited, frozen, thawed and removed. Mounts say a controller exists, not that this
+ * process may write it (no root on cgroup v1, a read-only /sys/fs/cgroup in a container).
+ */
+export async function cgroupsProblem(cgroups: Cgroups): Promise<string | undefined> {
+  let made: SandboxCgroup | undefined;
+  try {
+    made = await cgroups.make(`probe-${process.pid}-${Date.now()}`);
+    await made.limit({ cpuCount: 1, memoryMB: 64, diskSizeMB: 1, pids: 16 });
+    await made.freeze();
+    await made.thaw();
+  } catch (error) {
+    await made?.remove().catch(() => undefined);
+    await cgroups.release();
+    return `${cgroups.description} was found but a write test failed: ${(error as Error).message}`;
+  }
+  await made.remove();
+  return undefined;
+}
+
 class CgroupsV1 implements Cgroups {
   readonly description: string;
   /** The controllers joined: the required ones, and cpuacct where it has its own hierarchy. */
@@ -173,8 +194,14 @@ class CgroupsV1 implements Cgroups {
 
   async make(name: string): Promise<SandboxCgroup> {
     const folder = (c: string) => path.join(this.scopeFolder(c), name);
-    for (const controller of this.controllers) {
-      await mkdir(folder(controller), { recursive: true });
+    try {
+      for (const controller of this.controllers)
+        await mkdir(folder(controller), { recursive: true });
+    } catch (error) {
+      // Nothing half-made stays behind (the freezer's folder is what sweep() looks for).
+      for (const controller of this.controllers)
+        await rmdir(folder(controller)).catch(() => undefined);
+      throw error;
     }
     const limit = async (limits: SandboxLimits) => {
       const memory = folder('memory');

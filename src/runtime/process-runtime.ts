@@ -18,7 +18,13 @@ import { cp, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node
 import path from 'node:path';
 import { AgentSocket } from './agent-socket.js';
 import { baseLayerSpec, systemFolders } from './base-layer.js';
-import { type Cgroups, findCgroups, type SandboxCgroup, type SandboxLimits } from './cgroups.js';
+import {
+  type Cgroups,
+  cgroupsProblem,
+  findCgroups,
+  type SandboxCgroup,
+  type SandboxLimits,
+} from './cgroups.js';
 import {
   confinementWorks,
   DEFAULT_USER,
@@ -184,7 +190,8 @@ export class ProcessRuntime implements SandboxRuntime {
       ? probe.reason
       : cgroups && 'problem' in cgroups
         ? cgroups.problem
-        : undefined;
+        : // Advertised only once written to.
+          await cgroupsProblem((cgroups as { cgroups: Cgroups }).cgroups);
     const socketDir = process.getuid?.() === 0 ? LOCK_DIR : path.join(data, 'run');
     const agents = await AgentSocket.listen(path.join(socketDir, `agents-${scope}.sock`));
     if (problem !== undefined) {

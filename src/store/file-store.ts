@@ -117,6 +117,11 @@ export class FileStore implements Store {
     });
   }
 
+  async notReady(): Promise<string | undefined> {
+    if (this.closed) return `the store in ${this.location} is closed`;
+    return this.failure ? this.unavailable().message : undefined;
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;

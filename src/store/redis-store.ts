@@ -126,6 +126,14 @@ export class RedisStore implements Store {
     }
   }
 
+  /** A PING answered: the connection carries commands now. */
+  async notReady(): Promise<string | undefined> {
+    return this.run('ping', () => this.client.ping()).then(
+      () => undefined,
+      (error: Error) => error.message,
+    );
+  }
+
   close(): Promise<void> {
     // A connection that is down cannot carry QUIT: then just stop reconnecting.
     this.closing ??= this.client.quit().then(

@@ -26,6 +26,8 @@ export interface Store {
    * it), never the caller's own objects.
    */
   commit(changes: readonly StoreChange[]): Promise<void>;
+  /** Why the store cannot take writes now (for readiness checks); undefined when it can. */
+  notReady(): Promise<string | undefined>;
   close(): Promise<void>;
 }
 

@@ -68,8 +68,8 @@ class MoatChild {
   async listening(deadlineMs: number): Promise<{ api: number; dns: number }> {
     const deadline = Date.now() + deadlineMs;
     while (Date.now() < deadline && this.running) {
-      const api = /platform API\s+http:\/\/127\.0\.0\.1:(\d+)/.exec(this.stdout)?.[1];
-      const dns = /DNS interceptor\s+127\.0\.0\.1:(\d+)/.exec(this.stdout)?.[1];
+      const api = /platform API\s+http:\/\/127\.0\.0\.1:(\d+)/.exec(this.stderr)?.[1];
+      const dns = /DNS interceptor\s+127\.0\.0\.1:(\d+)/.exec(this.stderr)?.[1];
       if (api && dns) return { api: Number(api), dns: Number(dns) };
       await sleep(20);
     }

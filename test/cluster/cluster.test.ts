@@ -71,7 +71,7 @@ describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
     );
     const at = await child.started();
     // Start-up names the store (password-free here) and the node.
-    expect(child.stdout).toMatch(
+    expect(child.stderr).toMatch(
       new RegExp(`^moat: store +redis://127\\.0\\.0\\.1:\\d+ \\(node node-${id}\\)$`, 'm'),
     );
     nodes[id] = { child, at, api: new ApiClient(`http://${at.api}`) };

@@ -212,11 +212,11 @@ describe('kernel rules: the sandbox table', () => {
   });
 
   it('names each gateway port once when listeners share a port', () => {
-    const shared = { ...LAYOUT, ports: { dns: 5353, proxy: 3128, transparent: 3128 } };
+    const shared = { ...LAYOUT, ports: { dns: 3053, proxy: 3128, transparent: 3128 } };
     const { chains } = tableOf(sandboxRuleset(shared, { host: LINK_HOST }));
-    expect(chains.outbound).toContain('ip daddr 10.216.0.1 tcp dport { 5353, 3128 } accept');
+    expect(chains.outbound).toContain('ip daddr 10.216.0.1 tcp dport { 3053, 3128 } accept');
     expect(chains.to_moat).toContain(
-      'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:5353',
+      'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:3053',
     );
   });
 });
@@ -714,7 +714,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('takes a layout whose listeners share a port', () => {
-    const shared = { ...LAYOUT, ports: { dns: 5353, proxy: 3128, transparent: 3128 } };
+    const shared = { ...LAYOUT, ports: { dns: 3053, proxy: 3128, transparent: 3128 } };
     nft(sandboxRuleset(shared, { host: LINK_HOST }));
     nft(hostRuleset(shared));
     nft(removeHostRuleset(shared.hostTable));

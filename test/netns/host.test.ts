@@ -61,7 +61,7 @@ describe.skipIf(skip !== undefined)('the host is never a destination (namespace 
           '--sandbox-listen',
           `127.0.0.1:${PORTS.sandbox}`,
         ],
-        ...['--proxy-listen', `127.0.0.1:${PORTS.proxy}`, '--dns-listen', '127.0.0.1:5353'],
+        ...['--proxy-listen', `127.0.0.1:${PORTS.proxy}`, '--dns-listen', '127.0.0.1:3053'],
         ...['--transparent-listen', 'off', '--dns-upstream', '127.0.0.1:5399'],
       ],
       {},

@@ -36,7 +36,7 @@ describe.skipIf(skip !== undefined)('a namespaced Moat crashing, restarting and 
     const tablesBefore = hostNetworkLines('').tables;
     const first = new ServeChild(args);
     const at = await first.started();
-    expect(first.stdout).toMatch(/^moat: enforcement +namespace \(/m);
+    expect(first.stderr).toMatch(/^moat: enforcement +namespace \(/m);
     const scope = hostNetworkLines('')
       .tables.filter((t) => !tablesBefore.includes(t))
       .map((t) => /moat_([0-9a-f]{6})/.exec(t)?.[1])

@@ -29,7 +29,6 @@ describe('denyOut: `invalid denied CIDR <entry>`', () => {
     ['a domain', 'example.com'],
     ['a wildcard', '*.example.com'],
     ['"*"', '*'],
-    ['ALL_TRAFFIC spelled as a word', 'ALL_TRAFFIC'],
     ['the unspecified IPv4 address', '0.0.0.0'],
     ['the unspecified IPv4 address as /32', '0.0.0.0/32'],
     ['0.0.0.0/8', '0.0.0.0/8'],
@@ -80,6 +79,16 @@ describe('denyOut: `invalid denied CIDR <entry>`', () => {
     '::ffff:8.8.8.8',
   ])('accepts %j', (entry) => {
     expect(parseNetworkConfig({ denyOut: [entry] }).ok).toBe(true);
+  });
+
+  test('ALL_TRAFFIC written as a word is the entry 0.0.0.0/0 (the SDK constant), IPv6 too', () => {
+    const policy = policyOf({ denyOut: ['ALL_TRAFFIC'] });
+    expect(policy.rules.denyAll).toBe(true);
+    expect(policy.rules.denyOut[0]!.entry).toBe('0.0.0.0/0');
+    expect(decideText(policy, { ip: '2606:4700::1111' }).verdict).toBe('deny');
+    // Allowing it is allowing the unspecified network: refused as 0.0.0.0/0 is.
+    const [problem] = errorsOf({ allowOut: ['ALL_TRAFFIC'] });
+    expect(begins(problem!.message, 'invalid allowed address ALL_TRAFFIC')).toBe(true);
   });
 
   test('0.0.0.0/0 is ALL_TRAFFIC; ::/0 is not', () => {

@@ -1,10 +1,11 @@
 /** A real `moat serve` child for tests: its output, start-up facts, signals and log lines. */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { MOAT_BIN } from './moat.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
-/** What the human start-up lines say. */
+/** What the human start-up lines (on standard error) say. */
 export interface Started {
   readonly api: string;
   readonly sandbox: string;
@@ -13,9 +14,12 @@ export interface Started {
   /** `off` or ip:port. */
   readonly metrics: string;
   readonly dataDir: string;
-  /** The key, when this start generated it. */
+  /** The key, read from the file start-up names, when this start generated it. */
   readonly generatedKey: string | undefined;
 }
+
+const keyIn = (file: string | undefined) =>
+  file === undefined ? undefined : readFileSync(file, 'utf8').trim();
 
 export type LogLine = Record<string, unknown> & { msg?: string };
 
@@ -60,22 +64,22 @@ export class ServeChild {
     return `stdout:\n${this.stdout}\nstderr:\n${this.stderr}`;
   }
 
-  /** The JSON log lines so far (the human start-up lines are not JSON). */
+  /** The log lines so far: every line on standard output is one JSON object. */
   logLines(): LogLine[] {
     return this.stdout
       .split('\n')
-      .filter((line) => line.startsWith('{'))
+      .filter((line) => line !== '')
       .map((line) => JSON.parse(line) as LogLine);
   }
 
   /**
-   * Waits for the last human start-up line and the "moat started" log line (the log is written
-   * asynchronously, so either may come first) and returns what the human lines say.
+   * Waits for the last human start-up line (standard error) and the "moat started" log line
+   * (standard output; either may come first) and returns what the human lines say.
    */
   async started(deadlineMs = 15_000): Promise<Started> {
     const deadline = Date.now() + deadlineMs;
     const complete = () =>
-      /^moat: metrics .*$/m.test(this.stdout) && /"msg":"moat started"/.test(this.stdout);
+      /^moat: metrics .*$/m.test(this.stderr) && /"msg":"moat started"/.test(this.stdout);
     while (!complete()) {
       if (!this.running || Date.now() > deadline) {
         throw new Error(`moat serve did not start\n${this.output()}`);
@@ -83,7 +87,7 @@ export class ServeChild {
       await sleep(20);
     }
     const field = (pattern: RegExp) => {
-      const found = pattern.exec(this.stdout)?.[1];
+      const found = pattern.exec(this.stderr)?.[1];
       if (found === undefined) throw new Error(`no ${pattern} in\n${this.output()}`);
       return found;
     };
@@ -94,7 +98,7 @@ export class ServeChild {
       dns: field(/^moat: DNS interceptor +(\S+) /m),
       metrics: field(/^moat: metrics +(?:http:\/\/)?([^/\s]+)/m),
       dataDir: field(/^moat: data folder +(\S+)$/m),
-      generatedKey: /^moat: API key +(\S+) \(generated;/m.exec(this.stdout)?.[1],
+      generatedKey: keyIn(/^moat: API key +generated into (\S+) /m.exec(this.stderr)?.[1]),
     };
   }
 

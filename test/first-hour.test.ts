@@ -1,0 +1,444 @@
+/**
+ * What a newcomer meets in the first hour, with real `moat` children: listener bind errors that
+ * name the listener and address, the DNS default off the mDNS port, policy files that are
+ * request bodies as they are (curl -d @policies/github.json), lint over policies/*, the
+ * ALL_TRAFFIC alias and the host:port hint, default,-CIDR in the internal deny list, per-command
+ * --help, localhost as a listen host, repeated list flags, unknown MOAT_* variables, standard
+ * output that is only JSON with no API key anywhere, /ready, and moat_build_info.
+ * Every socket is on loopback; the upstream resolver is a FakeDns.
+ */
+import { execFile, spawn } from 'node:child_process';
+import dgram from 'node:dgram';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { removeMoatFolder } from '../bench/lib/scratch.js';
+import { SETTINGS } from '../src/config.js';
+import { FakeDns } from './support/fake-dns.js';
+import { MOAT_BIN, runMoat } from './support/moat.js';
+import { REDIS_PORT, RedisRelay, redisProblem } from './support/redis.js';
+import { ServeChild, type Started } from './support/serve-child.js';
+
+const redis = await redisProblem();
+if (redis !== undefined) console.warn(`Redis readiness test skipped: no Redis on ${REDIS_PORT}`);
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-first-hour-'));
+let folders = 0;
+const folder = () => path.join(scratch, `d${++folders}`);
+const file = (name: string, content: unknown) => {
+  const at = path.join(scratch, name);
+  writeFileSync(at, typeof content === 'string' ? content : JSON.stringify(content));
+  return at;
+};
+
+/** A policy that allows everything but the internal deny list. */
+const open = () => file('open.json', {});
+
+const zone = new FakeDns(new Map([['allowed.moat.test', { A: ['127.0.0.1'] }]]));
+
+beforeAll(() => zone.start());
+afterAll(async () => {
+  await ServeChild.killAll();
+  await RedisRelay.closeAll();
+  await zone.stop();
+  for (const name of readdirSync(scratch)) removeMoatFolder(path.join(scratch, name));
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+/** Loopback everywhere, kernel-chosen ports, the FakeDns upstream, sandboxes on the host network. */
+const serveArgs = (dataDir: string, extra: string[] = []) => [
+  ...['--data-dir', dataDir, '--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
+  ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
+  ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
+  ...['--enforcement', 'proxy'],
+  ...extra,
+];
+
+/** serveArgs with one flag's value replaced (a flag given twice is refused). */
+const serveArgsWith = (flag: string, value: string) => {
+  const args = serveArgs(folder());
+  args[args.indexOf(flag) + 1] = value;
+  return args;
+};
+
+async function startServe(
+  extra: string[] = [],
+  env: Record<string, string> = {},
+): Promise<{ child: ServeChild; at: Started }> {
+  const child = new ServeChild(serveArgs(folder(), extra), env);
+  return { child, at: await child.started() };
+}
+
+const api = (at: Started, route: string, init: RequestInit = {}) =>
+  fetch(`http://${at.api}${route}`, {
+    ...init,
+    headers: { 'X-API-Key': at.generatedKey!, ...init.headers },
+    signal: AbortSignal.timeout(10_000),
+  });
+
+/** Runs curl (loopback only), resolving with its stdout; never rejects on curl's exit status. */
+const curl = (args: string[]) =>
+  new Promise<string>((resolve, reject) =>
+    execFile('curl', ['-sS', '--noproxy', '*', '--max-time', '10', ...args], (error, stdout) =>
+      error && stdout === '' ? reject(error) : resolve(stdout),
+    ),
+  );
+
+// -- listeners ---------------------------------------------------------------------------------
+
+describe('listeners', () => {
+  it('the DNS listener defaults off 5353 (mDNS), to a port the docs name', async () => {
+    const dns = SETTINGS.find((s) => s.key === 'dnsListen')!;
+    expect(dns.default).toBe('127.0.0.1:3053');
+    const printed = await runMoat(['serve', '--print-config']);
+    expect(printed.code, printed.stderr).toBe(0);
+    expect(JSON.parse(printed.stdout)).toMatchObject({ dnsListen: '127.0.0.1:3053' });
+    expect(readFileSync(path.join(ROOT, 'docs/configuration.md'), 'utf8')).toContain(
+      '127.0.0.1:3053',
+    );
+  });
+
+  it('a UDP port in use stops start-up naming the DNS listener, udp and the address', async () => {
+    const taken = dgram.createSocket('udp4');
+    await new Promise<void>((resolve) => taken.bind(0, '127.0.0.1', resolve));
+    const port = taken.address().port;
+    try {
+      const child = new ServeChild(serveArgsWith('--dns-listen', `127.0.0.1:${port}`));
+      expect((await child.exited).code).toBe(1);
+      expect(child.stderr).toContain(
+        `moat serve: cannot start: DNS listener udp 127.0.0.1:${port}: address already in use`,
+      );
+    } finally {
+      taken.close();
+    }
+  });
+
+  it.each([
+    ['--api-listen', 'platform API listener'],
+    ['--proxy-listen', 'egress proxy listener'],
+    ['--sandbox-listen', 'sandbox API listener'],
+  ])('a TCP port in use for %s names the %s and the address', async (flag, listener) => {
+    const taken = net.createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const port = (taken.address() as net.AddressInfo).port;
+    try {
+      const child = new ServeChild(serveArgsWith(flag, `127.0.0.1:${port}`));
+      expect((await child.exited).code).toBe(1);
+      expect(child.stderr).toContain(
+        `moat serve: cannot start: ${listener} 127.0.0.1:${port}: address already in use`,
+      );
+    } finally {
+      taken.close();
+    }
+  });
+
+  it('takes localhost as a listen host, meaning 127.0.0.1', async () => {
+    const r = await runMoat(['serve', '--print-config', '--api-listen', 'localhost:3000']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout)).toMatchObject({ apiListen: '127.0.0.1:3000' });
+    const bad = await runMoat(['serve', '--print-config', '--api-listen', 'example.com:3000']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--api-listen: expected ip:port, [ipv6]:port or localhost:port');
+  });
+});
+
+// -- output, key, readiness ----------------------------------------------------------------------
+
+describe('moat serve output', () => {
+  it('standard output is only JSON; the generated key is in its file and printed nowhere', async () => {
+    const { child, at } = await startServe([], { MOAT_DNS_LISTN: '127.0.0.1:1' });
+    const keyFile = path.join(at.dataDir, 'api-key');
+    expect(at.generatedKey).toMatch(/^moat_[0-9a-f]{48}$/);
+    expect(readFileSync(keyFile, 'utf8').trim()).toBe(at.generatedKey);
+    expect(await child.stop('SIGTERM')).toEqual({ code: 0, signal: null });
+    const lines = child.stdout.split('\n').filter((line) => line !== '');
+    for (const line of lines) expect(() => JSON.parse(line) as unknown, line).not.toThrow();
+    expect(lines.map((line) => (JSON.parse(line) as { msg: string }).msg)).toContain(
+      'moat started',
+    );
+    expect(child.stderr).toContain(`moat: API key          generated into ${keyFile} `);
+    expect(`${child.stdout}${child.stderr}`).not.toContain(at.generatedKey);
+    // The misspelt variable is named, with the setting it was probably meant to be.
+    expect(child.logLines().find((l) => l.variable === 'MOAT_DNS_LISTN')).toMatchObject({
+      level: 40,
+      didYouMean: 'MOAT_DNS_LISTEN',
+      msg: 'MOAT_DNS_LISTN is not a Moat setting and is ignored; did you mean MOAT_DNS_LISTEN?',
+    });
+  });
+
+  it('/health is liveness, /ready checks the store and listeners; moat_build_info says what runs', async () => {
+    const { child, at } = await startServe();
+    const health = await fetch(`http://${at.api}/health`);
+    expect(health.status).toBe(200);
+    const ready = await fetch(`http://${at.api}/ready`);
+    expect([ready.status, await ready.json()]).toEqual([200, { status: 'ready' }]);
+    const metrics = await (await api(at, '/metrics')).text();
+    const version = (
+      JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }
+    ).version;
+    expect(metrics).toContain(
+      `moat_build_info{version="${version}",node_version="${process.version}"} 1`,
+    );
+    await child.stop('SIGTERM');
+  });
+
+  it.skipIf(redis !== undefined)(
+    '/ready answers 503 naming the store while Redis is away, 200 once it is back',
+    async () => {
+      const relay = await RedisRelay.start();
+      const { child, at } = await startServe([
+        ...['--store', relay.url, '--store-prefix', `moat-first-hour-${process.pid}:`],
+      ]);
+      expect((await fetch(`http://${at.api}/ready`)).status).toBe(200);
+      relay.cut();
+      await expect
+        .poll(async () => (await fetch(`http://${at.api}/ready`)).status, { timeout: 10_000 })
+        .toBe(503);
+      const down = (await (await fetch(`http://${at.api}/ready`)).json()) as {
+        status: string;
+        reason: string;
+      };
+      expect(down.status).toBe('not ready');
+      expect(down.reason).toMatch(/^store: .*Redis at redis:\/\/127\.0\.0\.1:\d+/);
+      expect((await fetch(`http://${at.api}/health`)).status).toBe(200);
+      relay.restore();
+      await expect
+        .poll(async () => (await fetch(`http://${at.api}/ready`)).status, { timeout: 10_000 })
+        .toBe(200);
+      await child.stop('SIGTERM');
+    },
+  );
+});
+
+// -- policy files as request bodies ----------------------------------------------------------------
+
+describe('policies/ files', () => {
+  it('go to PUT /sandboxes/{id}/network as they are (curl -d @policies/github.json)', async () => {
+    const { child, at } = await startServe();
+    const created = await api(at, '/v2/sandboxes', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', timeout: 120 }),
+    });
+    expect(created.status).toBe(201);
+    const { sandboxID } = (await created.json()) as { sandboxID: string };
+    const put = (body: string) =>
+      curl([
+        ...['-X', 'PUT', `http://${at.api}/sandboxes/${sandboxID}/network`],
+        ...['-H', `X-API-Key: ${at.generatedKey}`, '-H', 'Content-Type: application/json'],
+        ...['-w', '%{http_code}', '-d', body],
+      ]);
+    for (const name of readdirSync(path.join(ROOT, 'policies')).filter((n) =>
+      n.endsWith('.json'),
+    )) {
+      expect(await put(`@${path.join(ROOT, 'policies', name)}`), name).toBe('204');
+    }
+    // Bounded: a description is a note, not storage.
+    const long = await put(JSON.stringify({ description: 'x'.repeat(4097) }));
+    expect(long).toMatch(/^\{"code":400,"message":"[^"]*description[^"]*4096[^"]*"\}400$/);
+    expect(await put(JSON.stringify({ description: 7 }))).toMatch(/"code":400/);
+    await child.stop('SIGTERM');
+  });
+
+  it('moat lint policies/* lints every policy and skips policies/README.md with a note', async () => {
+    const names = readdirSync(path.join(ROOT, 'policies')).sort();
+    expect(names).toContain('README.md');
+    const r = await runMoat(['lint', ...names.map((n) => path.join(ROOT, 'policies', n))]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toContain(`${path.join(ROOT, 'policies/README.md')}: skipped (not JSON`);
+    expect(r.stdout).toMatch(/github\.json: ok \(/);
+  });
+
+  it('lint still fails a broken *.json file, and a non-JSON file that is not named *.json is skipped', async () => {
+    const broken = file('broken.json', '{"allowOut": [');
+    const notes = file('notes.txt', 'some notes');
+    const r = await runMoat(['lint', broken, notes]);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`${broken}: error: not valid JSON`);
+    expect(r.stdout).toContain(`${notes}: skipped`);
+  });
+});
+
+// -- entries ---------------------------------------------------------------------------------------
+
+describe('policy entries', () => {
+  it('ALL_TRAFFIC in denyOut means 0.0.0.0/0, IPv6 included', async () => {
+    const policy = file('all-traffic.json', {
+      allowOut: ['pypi.org'],
+      denyOut: ['ALL_TRAFFIC'],
+    });
+    const r = await runMoat([
+      ...['check', '--policy', policy, 'pypi.org', 'example.com', '[2606:4700::1]:443'],
+    ]);
+    expect(r.code, r.stderr).toBe(1);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^ALLOW pypi\.org /);
+    expect(lines[1]).toMatch(/^DENY +example\.com +\[denyOut 0\.0\.0\.0\/0\]/);
+    expect(lines[2]).toMatch(/^DENY +\[2606:4700::1\]:443 +\[denyOut 0\.0\.0\.0\/0\]/);
+  });
+
+  it('a name without deny-all is told that ALL_TRAFFIC is 0.0.0.0/0', async () => {
+    const r = await runMoat(['lint', file('no-deny.json', { allowOut: ['pypi.org'] })]);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("include 'ALL_TRAFFIC' in deny out");
+    expect(r.stderr).toContain('ALL_TRAFFIC is "0.0.0.0/0"');
+  });
+
+  it.each([
+    ['allowOut', 'pypi.org:443', 'pypi.org'],
+    ['allowOut', '151.101.0.223:443', '151.101.0.223'],
+    ['denyOut', '10.1.2.3:22', '10.1.2.3'],
+    ['denyOut', '[2001:db8::1]:443', '2001:db8::1'],
+  ])('%s entry %s gets the hint that ports are not part of entries', async (list, entry, bare) => {
+    const body = { [list]: [entry], denyOut: list === 'denyOut' ? [entry] : ['0.0.0.0/0'] };
+    const r = await runMoat(['lint', file(`port-${bare}.json`, body)]);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`entries take no port (a rule covers every port): write "${bare}"`);
+  });
+});
+
+// -- the internal deny list -------------------------------------------------------------------------
+
+describe('--internal-deny default,-CIDR', () => {
+  it('takes a default range out, and only that range', async () => {
+    const r = await runMoat([
+      ...['check', '--policy', open(), '--internal-deny', 'default,-198.18.0.0/15'],
+      ...['198.18.0.5', '198.19.255.1', '10.0.0.1', '169.254.169.254'],
+    ]);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^ALLOW 198\.18\.0\.5 /);
+    expect(lines[1]).toMatch(/^ALLOW 198\.19\.255\.1 /);
+    expect(lines[2]).toMatch(/^DENY +10\.0\.0\.1 +\[internal 10\.0\.0\.0\/8\]/);
+    expect(lines[3]).toMatch(/^DENY +169\.254\.169\.254 +\[internal 169\.254\.0\.0\/16\]/);
+  });
+
+  it('a hole inside a range leaves the rest of that range denied', async () => {
+    const r = await runMoat([
+      ...['check', '--policy', open(), '--internal-deny', 'default,-198.18.5.0/24'],
+      ...['198.18.5.77', '198.18.4.255', '198.18.6.0', '198.19.0.1'],
+    ]);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^ALLOW 198\.18\.5\.77 /);
+    expect(lines[1]).toMatch(/^DENY +198\.18\.4\.255 +\[internal 198\.18\.4\.0\/24\]/);
+    expect(lines[2]).toMatch(/^DENY +198\.18\.6\.0 +\[internal 198\.18\.6\.0\/23\]/);
+    expect(lines[3]).toMatch(/^DENY +198\.19\.0\.1 +\[internal 198\.19\.0\.0\/16\]/);
+    const printed = await runMoat([
+      ...['serve', '--print-config', '--internal-deny', 'default,-198.18.5.0/24'],
+    ]);
+    const { internalDeny } = JSON.parse(printed.stdout) as { internalDeny: string[] };
+    expect(internalDeny).not.toContain('198.18.0.0/15');
+    expect(internalDeny).toContain('198.18.0.0/22');
+    expect(internalDeny).toContain('10.0.0.0/8');
+  });
+
+  it.each(['default,-8.8.8.0/24', '-10.0.0.0/8', 'default,-10.0.0.0/7', 'default,-banana'])(
+    'refuses %s, naming the exclusion',
+    async (list) => {
+      // A value starting with "-" is written --flag=VALUE (parseArgs takes it for a flag otherwise).
+      const r = await runMoat(['check', '--policy', open(), `--internal-deny=${list}`, '1.1.1.1']);
+      expect(r.code).toBe(2);
+      const exclusion = list.split(',').at(-1)!;
+      expect(r.stderr).toContain(`--internal-deny: internal deny list entry`);
+      expect(r.stderr).toContain(JSON.stringify(exclusion));
+    },
+  );
+});
+
+// -- flags, help, environment -----------------------------------------------------------------------
+
+describe('flags, help and environment', () => {
+  it('moat check --help shows the flags check takes, not the ones of serve', async () => {
+    const r = await runMoat(['check', '--help']);
+    expect(r.code).toBe(0);
+    for (const flag of [
+      '--policy FILE',
+      '--internal-deny',
+      '--max-policy-entries',
+      '--dns-upstream',
+    ])
+      expect(r.stdout).toContain(flag);
+    for (const flag of ['--api-listen', '--dns-listen', '--store', '--sandbox-cpus'])
+      expect(r.stdout).not.toContain(flag);
+    const refused = await runMoat(['check', '--api-listen', '127.0.0.1:1', '--policy', open()]);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toContain("Unknown option '--api-listen'");
+  });
+
+  it('moat --help describes serve as what it runs', async () => {
+    const r = await runMoat(['--help']);
+    expect(r.stdout).toMatch(/serve +run Moat: the platform API and sandboxes/);
+  });
+
+  it('a repeated list flag adds to the list; a repeated single-value flag is refused', async () => {
+    const r = await runMoat([
+      ...['check', '--policy', open(), '--internal-deny', '10.0.0.0/8'],
+      ...['--internal-deny', '192.168.0.0/16', '10.1.1.1', '192.168.1.1', '172.16.0.1'],
+    ]);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^DENY +10\.1\.1\.1 +\[internal 10\.0\.0\.0\/8\]/);
+    expect(lines[1]).toMatch(/^DENY +192\.168\.1\.1 +\[internal 192\.168\.0\.0\/16\]/);
+    expect(lines[2]).toMatch(/^ALLOW 172\.16\.0\.1 /);
+    const twice = await runMoat([
+      ...['serve', '--print-config', '--api-listen', '127.0.0.1:1', '--api-listen', '127.0.0.1:2'],
+    ]);
+    expect(twice.code).toBe(2);
+    expect(twice.stderr).toContain(
+      '--api-listen is given 2 times ("127.0.0.1:1", "127.0.0.1:2"); it takes one value',
+    );
+  });
+
+  it('an unknown MOAT_* variable is warned about, with a did-you-mean when one is close', async () => {
+    const r = await runMoat(['check', '--policy', open(), '1.1.1.1'], {
+      env: { MOAT_INTERNAL_DNEY: 'none', MOAT_SOMETHING_ELSE_ENTIRELY: 'x' },
+    });
+    expect(r.stderr).toContain(
+      'moat: warning: MOAT_INTERNAL_DNEY is not a Moat setting and is ignored; did you mean MOAT_INTERNAL_DENY?',
+    );
+    expect(r.stderr).toContain(
+      'moat: warning: MOAT_SOMETHING_ELSE_ENTIRELY is not a Moat setting and is ignored\n',
+    );
+  });
+});
+
+// -- confinement ---------------------------------------------------------------------------------
+
+/** The cgroup mount Moat's freezer would be in: v1's freezer hierarchy, else the v2 root. */
+const FREEZER_MOUNT = existsSync('/sys/fs/cgroup/freezer/cgroup.procs')
+  ? '/sys/fs/cgroup/freezer'
+  : '/sys/fs/cgroup';
+
+describe('confinement is advertised only after a write test', () => {
+  it.skipIf(process.getuid?.() !== 0)(
+    'with the freezer hierarchy read-only, start-up refuses sandboxes and says why',
+    async () => {
+      // A private mount namespace: the read-only remount is this child's alone.
+      const dataDir = folder();
+      const child = spawn(
+        'unshare',
+        [
+          ...['--mount', '--propagation', 'private', 'sh', '-c'],
+          `mount -o remount,bind,ro ${FREEZER_MOUNT} && exec "$0" "$@"`,
+          ...[process.execPath, MOAT_BIN, 'serve', ...serveArgs(dataDir)],
+        ],
+        { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'ignore', 'pipe'] },
+      );
+      let stderr = '';
+      child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+      const exited = new Promise((resolve) => child.once('exit', resolve));
+      try {
+        await expect.poll(() => stderr, { timeout: 15_000 }).toMatch(/^moat: metrics /m);
+      } finally {
+        child.kill('SIGTERM');
+        await exited;
+      }
+      const processes = /^moat: processes +(.*)$/m.exec(stderr)?.[1];
+      expect(processes, stderr).toMatch(/^sandboxes are refused: they cannot be confined here \(/);
+      expect(processes).toMatch(/cgroup v[12] .* was found but a write test failed: /);
+      expect(processes).not.toMatch(/^confined/);
+    },
+  );
+});

@@ -487,9 +487,11 @@ export class SandboxService {
     return this.change(sandboxID, 'running', async (record) => {
       let policy: Policy;
       let upstream: UpstreamProxy | undefined;
+      // The proxy is no part of the policy (which decides), but of where allowed flows go.
+      const { egressProxy, ...policyRules } = rules;
       try {
-        policy = this.compile(rules);
-        upstream = upstreamProxy(rules.egressProxy);
+        policy = this.compile(policyRules);
+        upstream = upstreamProxy(egressProxy);
       } catch (error) {
         metrics.policyPublishes.inc({ result: 'invalid' });
         throw error;
@@ -501,7 +503,7 @@ export class SandboxService {
           allowOut: rules.allowOut ?? [],
           denyOut: rules.denyOut ?? [],
           allowInternetAccess: rules.allow_internet_access ?? null,
-          egressProxy: rules.egressProxy ?? null,
+          egressProxy: egressProxy ?? null,
         },
       };
       try {

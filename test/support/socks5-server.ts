@@ -39,9 +39,9 @@ export class SocksServer {
   ) {}
 
   static async start(options: SocksServerOptions): Promise<SocksServer> {
-    let instance: SocksServer | undefined;
-    const server = net.createServer((socket) => instance!.accept(socket));
-    instance = new SocksServer(server, options);
+    const server = net.createServer();
+    const instance = new SocksServer(server, options);
+    server.on('connection', (socket: net.Socket) => instance.accept(socket));
     await new Promise<void>((resolve) => server.listen(0, options.host, resolve));
     return instance;
   }

@@ -4,6 +4,7 @@
  * and, in proxy mode, a CONNECT tunnelled through a SOCKS5 server on loopback, or refused with a
  * 502 when the login is wrong. No log line ever holds the password.
  */
+import { randomUUID } from 'node:crypto';
 import net from 'node:net';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
@@ -12,6 +13,7 @@ import { type RunningMoat, startMoat } from '../../src/cli/index.js';
 import { ApiClient, expectError, testMoatConfig } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { connectThrough } from '../support/origins.js';
+import { REDIS_PORT, redisProblem } from '../support/redis.js';
 import { SocksServer } from '../support/socks5-server.js';
 
 const PASSWORD = 'pw-4d1c-never-shown';
@@ -267,4 +269,61 @@ describe('tunnelling in proxy mode', () => {
     expect(logLines.join('')).toContain('egress failed');
     expect(logLines.join('')).not.toContain(PASSWORD);
   });
+});
+
+const redis = await redisProblem();
+describe.each([
+  ['the file store', undefined],
+  ['the Redis store', redis],
+] as const)('a restart with %s', (store, problem) => {
+  it.skipIf(problem !== undefined)(
+    'brings the upstream proxy back, password and all, and keeps it out of GET',
+    async () => {
+      const dns = await new FakeDns(new Map()).start();
+      const flags: Record<string, string> =
+        store === 'the Redis store'
+          ? {
+              store: `redis://127.0.0.1:${REDIS_PORT}`,
+              'store-prefix': `moat-test:${randomUUID()}:`,
+            }
+          : {};
+      const { config, scratch: folder } = testMoatConfig(dns.port, flags);
+      const quiet = pino({ level: 'silent' });
+      let first: RunningMoat | undefined = await startMoat(config, quiet, {
+        defaultMetrics: false,
+      });
+      let second: RunningMoat | undefined;
+      try {
+        const client = new ApiClient(`http://127.0.0.1:${first.listening.api.port}`);
+        const created = await client.call('POST', '/sandboxes', {
+          body: {
+            templateID: 'base',
+            timeout: 120,
+            network: { egressProxy: { address: '198.18.0.1:1080', ...LOGIN } },
+          },
+        });
+        expect(created.status, created.text).toBe(201);
+        const id = (created.body as { sandboxID: string }).sandboxID;
+        await first.stop();
+        first = undefined;
+        second = await startMoat(config, quiet, { defaultMetrics: false });
+        expect(second.table.get(id)?.upstream).toMatchObject({
+          address: '198.18.0.1:1080',
+          ...LOGIN,
+        });
+        const again = new ApiClient(`http://127.0.0.1:${second.listening.api.port}`);
+        const detail = await again.call('GET', `/sandboxes/${id}`);
+        expect((detail.body as { network: unknown }).network).toMatchObject({
+          egressProxy: { address: '198.18.0.1:1080', username: 'operator' },
+        });
+        expect(detail.text).not.toContain(PASSWORD);
+        await again.call('DELETE', `/sandboxes/${id}`);
+      } finally {
+        await first?.stop();
+        await second?.stop();
+        await dns.stop();
+        folder.remove();
+      }
+    },
+  );
 });

@@ -254,6 +254,34 @@ describe('tunnelling in proxy mode', () => {
     });
   });
 
+  it('keeps open tunnels when a PUT repeats the proxy, closes them when it changes the route', async () => {
+    const proxy = { address: socks.address, ...LOGIN };
+    const id = await create({ egressProxy: proxy });
+    const put = async (body: object) =>
+      expect((await api.call('PUT', `/sandboxes/${id}/network`, { body })).status).toBe(204);
+    const closed = (socket: net.Socket) =>
+      new Promise<boolean>((resolve) => {
+        if (socket.destroyed) return resolve(true);
+        const timer = setTimeout(() => resolve(false), 500);
+        socket.once('close', () => {
+          clearTimeout(timer);
+          resolve(true);
+        });
+        socket.resume();
+      });
+    const kept = await tunnel(id);
+    expect(kept.status).toBe(200);
+    await put({ egressProxy: { ...proxy } });
+    expect(await closed(kept.socket)).toBe(false);
+    // Another route: direct (the proxy left out), then another proxy.
+    await put({});
+    expect(await closed(kept.socket)).toBe(true);
+    const direct = await tunnel(id);
+    expect(direct.status).toBe(200);
+    await put({ egressProxy: proxy });
+    expect(await closed(direct.socket)).toBe(true);
+  });
+
   it('refuses with 502 naming the proxy when the login is wrong; the password is in no log', async () => {
     const wrong = `${PASSWORD}-wrong`;
     const id = await create({

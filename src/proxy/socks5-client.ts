@@ -46,18 +46,6 @@ export class SocksError extends Error {
   override readonly name = 'SocksError';
 }
 
-/** The bytes of a username or password: at most 255 of them, and at least one. */
-export function credentialProblem(
-  what: 'username' | 'password',
-  value: string,
-): string | undefined {
-  const bytes = Buffer.byteLength(value);
-  if (bytes === 0) return `${what} is empty`;
-  return bytes > MAX_FIELD_BYTES
-    ? `${what} is ${bytes} bytes; SOCKS5 carries at most 255`
-    : undefined;
-}
-
 /**
  * Asks the proxy on `socket` to connect to the destination. Resolves once it has; the socket is
  * then paused, holding any bytes the proxy sent after its reply (the destination's first

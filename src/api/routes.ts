@@ -5,6 +5,8 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { MAX_DESCRIPTION_LENGTH } from '../policy/index.js';
+// The sandbox API's port is a wire fact of the gateway; only the constant is used here.
+import { SANDBOX_API_PORT } from '../proxy/index.js';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
@@ -92,6 +94,23 @@ const bodyObject = (properties: Record<string, object>, required: string[] = [])
   additionalProperties: false,
 });
 
+/** E2B's SandboxEgressProxyConfig; null is "no proxy". Sizes and the address are checked later. */
+const egressProxy = {
+  ...bodyObject(
+    {
+      address: { type: 'string', maxLength: 1024, description: 'SOCKS5 proxy, host:port' },
+      username: { type: 'string', description: 'RFC 1929, 1 to 255 bytes' },
+      password: {
+        type: 'string',
+        description: 'RFC 1929, 1 to 255 bytes; never returned',
+        writeOnly: true,
+      },
+    },
+    ['address'],
+  ),
+  type: ['object', 'null'],
+};
+
 const createBody = bodyObject(
   {
     templateID: { type: 'string', minLength: 1, maxLength: 512 },
@@ -110,6 +129,13 @@ const createBody = bodyObject(
       allowOut: stringList,
       denyOut: stringList,
       maskRequestHost: { type: 'string', maxLength: 255 },
+      egressProxy,
+      httpsPorts: {
+        type: 'array',
+        maxItems: 1024,
+        items: { type: 'integer', minimum: 1, maximum: 65535 },
+        description: `Sandbox ports that serve TLS; not ${SANDBOX_API_PORT}`,
+      },
     }),
     metadata: { type: 'object', additionalProperties: { type: 'string' } },
     envVars: { type: 'object', additionalProperties: { type: 'string' } },
@@ -129,6 +155,7 @@ const networkBody = bodyObject({
     maxLength: MAX_DESCRIPTION_LENGTH,
     description: 'Accepted and ignored: what a policy file is for',
   },
+  egressProxy,
 });
 
 const listQuery = {
@@ -229,6 +256,11 @@ export const ROUTES: readonly RouteSpec[] = [
     handler: async (request, reply, { service }) => {
       const body = request.body as CreateRequest & UnsupportedFields;
       refuseUnsupported(body);
+      if (body.network?.httpsPorts?.includes(SANDBOX_API_PORT))
+        throw new SandboxError(
+          400,
+          `body.network.httpsPorts cannot list ${SANDBOX_API_PORT}: it is the sandbox API's own port`,
+        );
       const record = await service.create({ ...body, secure: body.secure ?? secureByDefault });
       reply.code(201);
       return createdView(record);

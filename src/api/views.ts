@@ -66,6 +66,16 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
     allowOut: r.network.allowOut,
     denyOut: r.network.denyOut,
     maskRequestHost: r.network.maskRequestHost,
+    // Address and username only: the password is never returned.
+    egressProxy: r.network.egressProxy
+      ? {
+          address: r.network.egressProxy.address,
+          ...(r.network.egressProxy.username === undefined
+            ? {}
+            : { username: r.network.egressProxy.username }),
+        }
+      : null,
+    httpsPorts: r.network.httpsPorts ?? [],
   },
   lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
   egress: {
@@ -182,6 +192,14 @@ export const detailSchema = object({
     allowOut: stringList,
     denyOut: stringList,
     maskRequestHost: nullableString,
+    egressProxy: {
+      type: ['object', 'null'],
+      properties: { address: string, username: string },
+      required: ['address'],
+      additionalProperties: false,
+      description: 'The SOCKS5 proxy allowed TCP is tunnelled through (never its password)',
+    },
+    httpsPorts: { type: 'array', items: { type: 'integer' } },
   }),
   lifecycle: object({
     autoResume: { type: 'boolean' },

@@ -51,6 +51,7 @@ export function createSandboxGateway(parts: GatewayParts): {
       address: live.address,
       trafficToken: record.trafficAccessToken,
       maskRequestHost: record.network.maskRequestHost,
+      httpsPorts: record.network.httpsPorts ?? [],
       // Its address is the host's loopback: only its own listening ports are its.
       ingressListeners:
         runtime.enforcement === 'proxy'

@@ -9,6 +9,7 @@ export {
   type EnforcementEvent,
   EnforcementTable,
   type EnforcementTableOptions,
+  type UpstreamProxy,
 } from './table.js';
 export {
   type KernelChange,

@@ -65,6 +65,27 @@ const ipv4 = (cidrs: Iterable<CIDR>) =>
  */
 const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
 
+/**
+ * The two chains that send a sandbox with an upstream proxy through Moat: `tunnel_web` takes its
+ * web ports to the transparent listener (which decides by name and dials through the proxy),
+ * `tunnel_direct` refuses every other TCP that would leave directly (Moat cannot learn where a
+ * redirected flow of another protocol was going, and it must never leave direct). Empty for a
+ * sandbox without one.
+ */
+const TUNNEL_CHAINS = ['tunnel_web', 'tunnel_direct'] as const;
+
+/** Rewrites the tunnel chains: filled for a sandbox with an upstream proxy, else empty. */
+export const tunnelRules = (layout: KernelLayout, tunnelled: boolean): string =>
+  [
+    ...TUNNEL_CHAINS.map((chain) => `flush chain ${TABLE} ${chain}`),
+    ...(tunnelled
+      ? [
+          `add rule ${TABLE} tunnel_web tcp dport { ${REDIRECTED_PORTS.join(', ')} } dnat ip to ${layout.gateway.text}:${layout.ports.transparent}`,
+          `add rule ${TABLE} tunnel_direct meta l4proto tcp reject with tcp reset`,
+        ]
+      : []),
+  ].join('; ');
+
 /** A random generation to count on from, never 0 (the mark of a connection nothing marked). */
 export const newGeneration = (): number => randomInt(1, 2 ** 32);
 
@@ -99,6 +120,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     // Every DNS query, to whichever resolver it was sent, goes to the interceptor.
     `meta l4proto { tcp, udp } th dport 53 dnat ip to ${gw}:${dns}`,
     'ip daddr @internal4 accept',
+    'jump tunnel_web',
     'ip daddr @allow4 accept',
     // Web ports to a destination the address rules deny are decided by name (SNI or Host):
     // that is how allowed names work, learned addresses included (under a deny-all policy they
@@ -118,6 +140,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `udp dport ${DOT_PORT} drop`,
     'ip daddr @internal4 drop',
     `ip daddr ${layout.pool.text} drop`,
+    'jump tunnel_direct',
     'ip daddr @allow4 accept',
     // A direct web connection to an address the rules deny can only be one opened before this
     // policy (new ones go to the transparent listener, which reads their name): its name was
@@ -162,7 +185,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, ...GENERATION_CHAINS.map((name) => `chain ${name} { }`), chain('to_moat', redirect), chain('outbound', egress), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), chain('outbound', egress), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
   ].join('; ');
 }
 

@@ -8,9 +8,10 @@ import {
   newGeneration,
   policySets,
   sandboxRuleset,
+  tunnelRules,
 } from './kernel-rules.js';
 import { AddressPool } from './address-pool.js';
-import type { EnforcementTable } from './table.js';
+import type { EnforcementTable, UpstreamProxy } from './table.js';
 
 export type KernelChange = 'install' | 'policy' | 'learned';
 
@@ -53,10 +54,18 @@ export class KernelEnforcer {
     return this.options.applyHost(hostRuleset(this.layout));
   }
 
-  /** Writes the sandbox's whole firewall for `policy`; rejects when it could not be applied. */
-  async install(sandboxID: string, address: IPAddress, policy: Policy): Promise<void> {
+  /**
+   * Writes the sandbox's whole firewall for `policy` (and its upstream proxy, which only Moat's
+   * listeners reach); rejects when it could not be applied.
+   */
+  async install(
+    sandboxID: string,
+    address: IPAddress,
+    policy: Policy,
+    upstream?: UpstreamProxy,
+  ): Promise<void> {
     const host = AddressPool.offset(address, -1);
-    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}`;
+    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnelRules(this.layout, upstream !== undefined)}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {
@@ -70,13 +79,14 @@ export class KernelEnforcer {
    * Rewrites the sandbox's sets for its current policy. When that fails, every destination is
    * denied instead (stricter than any policy), and the error says so.
    */
-  async enforce(sandboxID: string, policy: Policy): Promise<void> {
-    const commands = policySets(
+  async enforce(sandboxID: string, policy: Policy, upstream?: UpstreamProxy): Promise<void> {
+    // One transaction: the new sets and where allowed TCP goes change together.
+    const commands = `${policySets(
       policy,
       this.learnedOf(sandboxID),
       this.options.now(),
       this.nextGeneration(),
-    );
+    )}; ${tunnelRules(this.layout, upstream !== undefined)}`;
     try {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
     } catch (error) {

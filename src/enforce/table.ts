@@ -1,6 +1,19 @@
-import { type IPAddress, matchName, type Policy } from '../policy/index.js';
+import { type Destination, type IPAddress, matchName, type Policy } from '../policy/index.js';
 import { LearnedAddressTable } from './learned.js';
 import { sameSecret } from '../same-secret.js';
+
+/**
+ * The operator's SOCKS5 proxy that a sandbox's allowed TCP is tunnelled through (E2B's
+ * `network.egressProxy`). The password is a secret: it is never logged or returned.
+ */
+export interface UpstreamProxy {
+  /** As the client wrote it (`host:port`): what messages name. */
+  readonly address: string;
+  /** Where it is: a canonical name (resolved at each dial) or an address, and its port. */
+  readonly at: Destination & { readonly port: number };
+  readonly username?: string;
+  readonly password?: string;
+}
 
 /** What the enforcement points know about one sandbox. */
 export interface EnforcedSandbox {
@@ -10,6 +23,8 @@ export interface EnforcedSandbox {
   /** The current compiled policy; replaced atomically by `publish`. */
   readonly policy: Policy;
   readonly learned: LearnedAddressTable;
+  /** Where its allowed TCP goes after the decision: the operator's proxy, or direct. */
+  readonly upstream: UpstreamProxy | undefined;
 }
 
 export type EnforcementEvent =
@@ -33,6 +48,7 @@ interface SandboxRecord {
   sourceAddress: IPAddress | undefined;
   policy: Policy;
   learned: LearnedAddressTable;
+  upstream: UpstreamProxy | undefined;
   egressSecret: Buffer;
 }
 
@@ -61,6 +77,7 @@ export class EnforcementTable {
     sandboxID: string,
     identity: { sourceAddress?: IPAddress; egressSecret: string },
     policy: Policy,
+    upstream?: UpstreamProxy,
   ): EnforcedSandbox {
     if (this.byID.has(sandboxID)) throw new Error(`sandbox ${sandboxID} is already registered`);
     const source = identity.sourceAddress;
@@ -74,6 +91,7 @@ export class EnforcementTable {
       sourceAddress: source,
       policy,
       learned: new LearnedAddressTable(this.now, this.learnedCapacity),
+      upstream,
       egressSecret: Buffer.from(identity.egressSecret),
     };
     this.byID.set(sandboxID, record);
@@ -84,12 +102,15 @@ export class EnforcementTable {
 
   /**
    * Swaps in a new policy. Learned addresses whose names the new policy no longer allows are
-   * dropped before anyone can use them again.
+   * dropped before anyone can use them again. The upstream proxy is replaced with it (absent:
+   * direct), as a PUT network replaces the whole config.
    */
-  publish(sandboxID: string, policy: Policy): boolean {
+  publish(sandboxID: string, policy: Policy, upstream?: UpstreamProxy): boolean {
     const record = this.byID.get(sandboxID);
     if (record === undefined) return false;
     record.policy = policy;
+    // The same proxy keeps its identity: tunnels through it stay (see TunnelRegistry).
+    if (!sameUpstream(record.upstream, upstream)) record.upstream = upstream;
     const droppedLearned = record.learned.retain((name) => matchName(policy, name) !== undefined);
     this.emit({ type: 'published', sandboxID, policy, droppedLearned });
     return true;
@@ -141,3 +162,11 @@ export class EnforcementTable {
     for (const listener of this.listeners) listener(event);
   }
 }
+
+const sameUpstream = (a: UpstreamProxy | undefined, b: UpstreamProxy | undefined) =>
+  a === b ||
+  (a !== undefined &&
+    b !== undefined &&
+    a.address === b.address &&
+    a.username === b.username &&
+    a.password === b.password);

@@ -1,6 +1,6 @@
 import net from 'node:net';
 import type { HostResolver } from '../dns/index.js';
-import type { EnforcedSandbox } from '../enforce/index.js';
+import type { EnforcedSandbox, UpstreamProxy } from '../enforce/index.js';
 import {
   type Decision,
   type Destination,
@@ -9,12 +9,16 @@ import {
   type HostAddresses,
   type IPAddress,
 } from '../policy/index.js';
+import { socksConnect } from './socks5-client.js';
 import { connectUpstream } from './splice.js';
 
 /** A destination with its port known (the proxy always knows it). */
 export type Target = Destination & { readonly port: number };
-/** A target with the address it was dialled at. */
-export type Dialled = Target & { readonly ip: IPAddress };
+/**
+ * A target with the address it was decided and dialled at, and the upstream proxy it went
+ * through (undefined: direct).
+ */
+export type Dialled = Target & { readonly ip: IPAddress; readonly via?: UpstreamProxy };
 
 /** A refusal, carrying the HTTP status and a message that names the destination. */
 export interface Refusal {
@@ -22,6 +26,10 @@ export interface Refusal {
   readonly message: string;
   readonly decision?: Decision;
 }
+
+/** A connection made, to the address it was decided for, or a refusal. */
+export type Connected<T> =
+  { ok: true; socket: T; ip: IPAddress; via?: UpstreamProxy } | ({ ok: false } & Refusal);
 
 export type Plan =
   | { readonly ok: true; readonly addresses: readonly IPAddress[] }
@@ -114,7 +122,7 @@ export class Dialer {
     target: Target,
     addresses: readonly IPAddress[],
     open: Opener<T>,
-  ): Promise<{ ok: true; socket: T; ip: IPAddress } | ({ ok: false } & Refusal)> {
+  ): Promise<Connected<T>> {
     let timedOut = false;
     const failures: string[] = [];
     for (const ip of addresses) {
@@ -141,6 +149,64 @@ export class Dialer {
           status: 502,
           message: `${what} refused the connection (${failures.join('; ')})`,
         };
+  }
+
+  /**
+   * Connects a decided target for the sandbox: through its upstream proxy when it has one
+   * (never direct then, whatever happens to the proxy), else as `connect` does with `open`.
+   */
+  reach(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    addresses: readonly IPAddress[],
+    open: Opener<net.Socket>,
+  ): Promise<Connected<net.Socket>> {
+    const upstream = sandbox.upstream;
+    return upstream === undefined
+      ? this.connect(target, addresses, open)
+      : this.throughProxy(upstream, target, addresses);
+  }
+
+  /**
+   * Asks the upstream proxy for the target: by the name Moat decided on (the proxy resolves it)
+   * or by the decided address. Any failure is a 502 naming the proxy by its address only.
+   */
+  private async throughProxy(
+    upstream: UpstreamProxy,
+    target: Target,
+    addresses: readonly IPAddress[],
+  ): Promise<Connected<net.Socket>> {
+    const refuse = (why: string): Connected<net.Socket> => ({
+      ok: false,
+      status: 502,
+      message: `egress proxy ${upstream.address} for ${formatDestination(target)}: ${why}`,
+    });
+    let proxyAddresses: readonly IPAddress[];
+    if (upstream.at.ip !== undefined) proxyAddresses = [upstream.at.ip];
+    else {
+      try {
+        proxyAddresses = await this.options.resolver.lookup(upstream.at.host!);
+      } catch (error) {
+        return refuse(`cannot resolve the proxy: ${(error as Error).message}`);
+      }
+      if (proxyAddresses.length === 0) return refuse('the proxy name has no address');
+    }
+    const proxy = await this.connect(upstream.at, proxyAddresses, proxySocket);
+    if (!proxy.ok) return refuse(`cannot connect to the proxy: ${proxy.message}`);
+    const started = performance.now();
+    try {
+      await socksConnect(proxy.socket, {
+        destination: target.host !== undefined ? target : { ip: addresses[0]!, port: target.port },
+        username: upstream.username,
+        password: upstream.password,
+        timeoutMs: this.options.connectTimeoutMs,
+      });
+    } catch (error) {
+      proxy.socket.destroy();
+      return refuse((error as Error).message);
+    }
+    this.options.onDial?.((performance.now() - started) / 1000);
+    return { ok: true, socket: proxy.socket, ip: addresses[0]!, via: upstream };
   }
 
   private attempt<T>(open: Opener<T>, ip: IPAddress, port: number): Promise<T> {
@@ -194,3 +260,8 @@ function socketOpener(connect: (options: net.TcpNetConnectOpts) => net.Socket): 
 export const tunnelSocket = socketOpener(connectUpstream);
 /** An ordinary socket, read by whoever parses its messages. */
 export const httpSocket = socketOpener(net.connect);
+/**
+ * A socket to an upstream proxy: read by the SOCKS handshake first, then by whoever carries the
+ * flow; half-open like a tunnel's, so the origin's end does not cut the upload.
+ */
+const proxySocket = socketOpener((options) => net.connect({ ...options, allowHalfOpen: true }));

@@ -7,14 +7,15 @@ import {
   canonicalName,
   type Decision,
   formatDestination,
+  type IPAddress,
   parseAuthority,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import {
+  type Connected,
   type Dialer,
   type Dialled,
   denial,
-  type Opener,
   type Refusal,
   removed,
   type Target,
@@ -93,7 +94,13 @@ interface ConnectClient<U> {
     extra?: Record<string, string>,
   ): void;
   destroy(): void;
-  readonly open: Opener<U>;
+  /** Connects the decided target (through the sandbox's upstream proxy, if it has one). */
+  dial(
+    dialer: Dialer,
+    sandbox: EnforcedSandbox,
+    target: Target,
+    addresses: readonly IPAddress[],
+  ): Promise<Connected<U>>;
   closeUpstream(upstream: U): void;
   /** Sends the 200 and joins client and upstream (client bytes held until released). */
   splice(upstream: U, options: SpliceOptions): Splice;
@@ -111,7 +118,8 @@ function nodeClient(client: net.Socket, early: Buffer): ConnectClient<net.Socket
     refuse: (status, message, decision, extra) =>
       writeRawError(client, status, message, decision, extra),
     destroy: () => client.destroy(),
-    open: tunnelSocket,
+    dial: (dialer, sandbox, target, addresses) =>
+      dialer.reach(sandbox, target, addresses, tunnelSocket),
     closeUpstream: (upstream) => upstream.destroy(),
     splice: (upstream, options) => {
       client.write(CONNECT_ESTABLISHED);
@@ -146,7 +154,16 @@ function nativeConnectClient(
       forget();
       native.close(client);
     },
-    open: native.dial,
+    // The relay dials directly only: a tunnelled sandbox's CONNECTs are handed to Node (see
+    // onNativeClient); one whose proxy was set since is refused, never sent direct.
+    dial: async (dialer, sandbox, target, addresses) =>
+      sandbox.upstream === undefined
+        ? dialer.connect(target, addresses, native.dial)
+        : {
+            ok: false,
+            status: 502,
+            message: `egress proxy ${sandbox.upstream.address} was set for this sandbox while the CONNECT to ${formatDestination(target)} was read; retry`,
+          },
     closeUpstream: (upstream) => native.close(upstream),
     splice: (upstream, options) =>
       native.splice(client, upstream, CONNECT_ESTABLISHED_BYTES, {
@@ -302,7 +319,9 @@ export class EgressProxy {
       typeof end !== 'number' ||
       !parsed?.ok ||
       parsed.value.method !== 'CONNECT' ||
-      this.draining
+      this.draining ||
+      // A tunnel through the sandbox's upstream proxy is set up on a Node socket.
+      this.tunnelled(parsed.value, client)
     ) {
       const socket = native.adopt(client);
       try {
@@ -318,6 +337,11 @@ export class EgressProxy {
       this.options.logger.error({ err: error }, 'egress request failed');
       connectClient.destroy();
     });
+  }
+
+  private tunnelled(head: RequestHead, client: NativeClient): boolean {
+    const who = this.identify(head, client);
+    return who.ok && who.sandbox.upstream !== undefined;
   }
 
   /** Stops accepting, lets open tunnels and requests finish for up to `drainMs`, then closes. */
@@ -485,10 +509,10 @@ export class EgressProxy {
   ): Promise<void> {
     const plan = await this.options.dialer.plan(sandbox, target);
     if (!plan.ok) return refuse(plan);
-    const connected = await this.options.dialer.connect(target, plan.addresses, client.open);
+    const connected = await client.dial(this.options.dialer, sandbox, target, plan.addresses);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
-    const dialled: Dialled = { ...target, ip: connected.ip };
+    const dialled: Dialled = { ...target, ip: connected.ip, via: connected.via };
     // The policy may have changed while we dialled: decide once more, then register.
     const now = this.options.dialer.check(sandbox, dialled, connected.ip);
     const abandoned = client.gone;

@@ -1,5 +1,5 @@
 import type net from 'node:net';
-import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
+import type { EnforcedSandbox, EnforcementTable, UpstreamProxy } from '../enforce/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialer, denial, httpSocket, type Refusal, removed, type Target } from './dial.js';
@@ -25,6 +25,8 @@ interface Upstream {
   readonly socket: net.Socket;
   readonly inbox: Inbox;
   readonly ip: IPAddress;
+  /** The upstream proxy it goes through (undefined: direct to `ip`). */
+  readonly via?: UpstreamProxy;
 }
 
 /** Idle origin connections kept for all sandboxes together. */
@@ -244,7 +246,7 @@ export class Exchange {
     this.reused = false;
     const { dialer } = this.context;
     const { sandbox, target } = this.request;
-    const connected = await dialer.connect(target, this.addresses, httpSocket);
+    const connected = await dialer.reach(sandbox, target, this.addresses, httpSocket);
     if (this.finished) {
       if (connected.ok) connected.socket.destroy();
       return;
@@ -256,13 +258,18 @@ export class Exchange {
       return this.answer(removed(sandbox));
     }
     // The policy may have changed while we dialled: decide once more.
-    const dialled = { ...target, ip: connected.ip };
+    const dialled = { ...target, ip: connected.ip, via: connected.via };
     const now = dialer.check(sandbox, dialled, connected.ip);
     if (now.verdict === 'deny') {
       connected.socket.destroy();
       return this.answer(denial(dialled, now));
     }
-    this.send({ socket: connected.socket, inbox: new Inbox(connected.socket), ip: connected.ip });
+    this.send({
+      socket: connected.socket,
+      inbox: new Inbox(connected.socket),
+      ip: connected.ip,
+      via: connected.via,
+    });
   }
 
   private send(upstream: Upstream): void {
@@ -272,7 +279,7 @@ export class Exchange {
     this.removeTunnel();
     this.removeTunnel = this.context.tunnels.add({
       sandbox,
-      target: { ...target, ip: upstream.ip },
+      target: { ...target, ip: upstream.ip, via: upstream.via },
       close: (decision) => {
         if (decision !== undefined) this.context.onPolicyClose(decision.list);
         this.abort();
@@ -459,7 +466,9 @@ export class Exchange {
   private responseDone(reusable: boolean): void {
     const upstream = this.detach();
     if (upstream !== undefined) {
-      if (reusable && this.requestDone)
+      // A connection through a proxy went to the name asked for, which the pool (by address)
+      // cannot tell apart from another name at that address: never reused.
+      if (reusable && this.requestDone && upstream.via === undefined)
         this.context.pool.put(this.request.sandbox.sandboxID, this.request.target.port, upstream);
       else upstream.socket.destroy();
     }

@@ -19,6 +19,8 @@ export interface GatewaySandbox {
   readonly address: string;
   readonly trafficToken: string | null;
   readonly maskRequestHost: string | null;
+  /** Its ports that serve TLS, reached over TLS. */
+  readonly httpsPorts: readonly number[];
   /**
    * The only ports ingress may reach, where the sandbox shares the host's network: those its
    * own sockets listen on (never one of Moat's), each with the address its listener is bound
@@ -211,6 +213,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
         }),
       trafficToken: sandbox.trafficToken,
       maskRequestHost: sandbox.maskRequestHost,
+      tls: sandbox.httpsPorts.includes(port),
     };
   }
 

@@ -11,6 +11,7 @@ import http, {
   type ServerResponse,
   STATUS_CODES,
 } from 'node:http';
+import https from 'node:https';
 import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
@@ -29,6 +30,11 @@ export interface IngressTarget {
   readonly trafficToken: string | null;
   /** e.g. "localhost:${PORT}": ${PORT} replaced by the target port; becomes the upstream Host. */
   readonly maskRequestHost: string | null;
+  /**
+   * The port serves TLS (E2B's `httpsPorts`): it is reached over TLS, its certificate not
+   * verified (it is the sandbox's own, often self-signed), as E2B's proxy does.
+   */
+  readonly tls?: boolean;
   /**
    * The target is the sandbox listener of the Moat node that hosts the sandbox: the request
    * goes on as it came (Host, traffic token), for that node to route and check.
@@ -239,20 +245,24 @@ interface DialHandlers {
 
 export class IngressProxy {
   private readonly agent: http.Agent;
+  /** The same pool, for ports that serve TLS. */
+  private readonly tlsAgent: https.Agent;
   /** Open upgraded connections: detached from every server, so `close` ends them. */
   private readonly splices = new Set<Splice>();
   /** Raw sockets answered and ending (refusals, declined upgrades): destroyed on close. */
   private readonly ending = new Set<net.Socket>();
 
   constructor(private readonly options: IngressOptions) {
-    this.agent = new http.Agent({
+    const pool: http.AgentOptions = {
       keepAlive: true,
       maxSockets: MAX_SOCKETS_PER_PORT,
       maxFreeSockets: MAX_FREE_SOCKETS_PER_PORT,
       // Applies to pooled sockets: the Agent destroys a free socket that idles this long.
       timeout: options.idleTimeoutMs,
       scheduling: 'lifo',
-    });
+    };
+    this.agent = new http.Agent(pool);
+    this.tlsAgent = new https.Agent({ ...pool, rejectUnauthorized: false });
   }
 
   /** Proxies one HTTP request (bodies streamed both ways, with backpressure). */
@@ -319,7 +329,7 @@ export class IngressProxy {
       return;
     }
     let joined = false;
-    const upstream = this.dial(request, target, true, log, {
+    const upstream = this.dial(request, located, true, log, {
       refuse: (status, message) => this.refuse(socket, status, message, target.sandboxID),
       broken: () => socket.destroy(),
       gone: () => socket.destroyed,
@@ -366,6 +376,7 @@ export class IngressProxy {
   /** Closes upstream keep-alive connections and open upgraded connections (Moat stopping). */
   close(): void {
     this.agent.destroy();
+    this.tlsAgent.destroy();
     for (const spliced of [...this.splices]) spliced.close();
     for (const socket of this.ending) socket.destroy();
   }
@@ -431,16 +442,19 @@ export class IngressProxy {
   ): ClientRequest | undefined {
     let upstream: ClientRequest;
     try {
-      upstream = http.request({
+      const options: https.RequestOptions = {
         // Upgraded connections are never given back to a pool.
-        agent: upgrade ? false : this.agent,
+        agent: upgrade ? false : target.tls ? this.tlsAgent : this.agent,
         host: target.host,
         port: target.port,
         method: request.method,
         path: request.url,
         headers: upstreamHeaders(request, target, upgrade),
         setHost: false,
-      });
+      };
+      upstream = target.tls
+        ? https.request({ ...options, rejectUnauthorized: false })
+        : http.request(options);
     } catch (error) {
       // Node refuses header values it cannot send (say a maskRequestHost with a newline).
       const message = `cannot forward to port ${target.port} of sandbox ${target.sandboxID}: ${(error as Error).message}`;

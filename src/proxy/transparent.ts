@@ -133,7 +133,9 @@ export class TransparentProxy {
   ): Promise<void> {
     const { dialer, metrics, logger } = this.options;
     const plan = await dialer.plan(sandbox, target);
-    const connected = plan.ok ? await dialer.connect(target, plan.addresses, tunnelSocket) : plan;
+    const connected = plan.ok
+      ? await dialer.reach(sandbox, target, plan.addresses, tunnelSocket)
+      : plan;
     if (!connected.ok) {
       const { decision } = connected;
       metrics.proxyConnections.inc({
@@ -155,7 +157,7 @@ export class TransparentProxy {
       client.destroy();
       return;
     }
-    const dialled: Dialled = { ...target, ip: connected.ip };
+    const dialled: Dialled = { ...target, ip: connected.ip, via: connected.via };
     // Decided again: the policy may have changed, or the sandbox gone, while we dialled.
     if (
       client.destroyed ||

@@ -77,12 +77,13 @@ export class TunnelRegistry {
   /**
    * Adds a tunnel; returns the function that removes it (call it when the tunnel closes). A
    * tunnel decided for a sandbox record the table no longer holds (removed while it was being
-   * dialled, after closeAll ran; or removed and registered again, whose republish it missed) is
-   * closed at once instead.
+   * dialled, after closeAll ran; or removed and registered again, whose republish it missed), or
+   * dialled by a route (upstream proxy or direct) the sandbox no longer has, is closed at once
+   * instead.
    */
   add(tunnel: Tunnel): () => void {
     const sandboxID = tunnel.sandbox.sandboxID;
-    if (!this.table.holds(tunnel.sandbox)) {
+    if (!this.table.holds(tunnel.sandbox) || tunnel.target.via !== tunnel.sandbox.upstream) {
       tunnel.close();
       return () => {};
     }
@@ -107,6 +108,11 @@ export class TunnelRegistry {
     const set = this.bySandbox.get(sandboxID);
     if (sandbox === undefined || set === undefined) return;
     for (const tunnel of [...set]) {
+      // Another upstream proxy (or none) replaced the one it goes through (or its absence).
+      if (tunnel.target.via !== sandbox.upstream) {
+        tunnel.close();
+        continue;
+      }
       const decision = this.check(sandbox, tunnel.target);
       if (decision.verdict === 'deny') tunnel.close(decision);
     }

@@ -17,6 +17,17 @@ export interface NetworkSettings {
   readonly allowInternetAccess: boolean | null;
   readonly allowPublicTraffic: boolean;
   readonly maskRequestHost: string | null;
+  /** The operator's SOCKS5 proxy its allowed TCP goes through (absent in older records: none). */
+  readonly egressProxy?: EgressProxySettings | null;
+  /** Its ports that serve TLS, which ingress reaches over TLS (absent in older records: none). */
+  readonly httpsPorts?: readonly number[];
+}
+
+/** E2B's `network.egressProxy`, as accepted; the password is a secret the API never returns. */
+export interface EgressProxySettings {
+  readonly address: string;
+  readonly username?: string;
+  readonly password?: string;
 }
 
 export interface SandboxRecord {
@@ -84,6 +95,7 @@ const fits = (value: unknown, shape: Shape) =>
   value !== null &&
   Object.entries(shape).every(([key, check]) => check((value as Record<string, unknown>)[key]));
 
+const isPort = (v: unknown) => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535;
 const isCount = (v: unknown) => Number.isSafeInteger(v) && (v as number) > 0;
 const LIMITS: Shape = { cpuCount: isCount, memoryMB: isCount, diskSizeMB: isCount, pids: isCount };
 const isLimits = (v: unknown) => v === undefined || fits(v, LIMITS);
@@ -94,6 +106,15 @@ const NETWORK: Shape = {
   allowInternetAccess: (v) => v === null || isBoolean(v),
   allowPublicTraffic: isBoolean,
   maskRequestHost: isNullableString,
+  egressProxy: (v) =>
+    v === undefined ||
+    v === null ||
+    fits(v, {
+      address: isString,
+      username: (u) => u === undefined || isString(u),
+      password: (p) => p === undefined || isString(p),
+    }),
+  httpsPorts: (v) => v === undefined || (Array.isArray(v) && v.every(isPort)),
 };
 
 const SANDBOX: Shape = {

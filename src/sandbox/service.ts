@@ -4,12 +4,14 @@ import {
   type EnforcementTable,
   KernelEnforcementError,
   type KernelEnforcer,
+  type UpstreamProxy,
 } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import {
   compilePolicy,
   type InternalDenyList,
   type IPAddress,
+  parseAuthority,
   parseIP,
   parseNetworkConfig,
   type Policy,
@@ -31,6 +33,7 @@ import { NAME_PART, newSandboxID, newSecret, randomName } from './ids.js';
 import { type Order, type Page, paginate } from './pages.js';
 import {
   asJson,
+  type EgressProxySettings,
   type NetworkSettings,
   readSandbox,
   readSnapshot,
@@ -62,6 +65,7 @@ export interface EgressRules {
   readonly allowOut?: readonly string[];
   readonly denyOut?: readonly string[];
   readonly allow_internet_access?: boolean;
+  readonly egressProxy?: EgressProxySettings | null;
 }
 
 export interface CreateRequest {
@@ -78,6 +82,8 @@ export interface CreateRequest {
     readonly denyOut?: readonly string[];
     readonly allowPublicTraffic?: boolean;
     readonly maskRequestHost?: string;
+    readonly egressProxy?: EgressProxySettings | null;
+    readonly httpsPorts?: readonly number[];
   };
   readonly metadata?: Readonly<Record<string, string>>;
   readonly envVars?: Readonly<Record<string, string>>;
@@ -246,6 +252,7 @@ export class SandboxService {
         record.sandboxID,
         { sourceAddress: address.value, egressSecret: record.egressSecret },
         policy,
+        storedUpstream(record),
       );
       this.expiry.set(record.sandboxID, record.endAt);
     }
@@ -270,7 +277,7 @@ export class SandboxService {
         address.text,
         this.limitsOf(record),
       );
-      await kernel?.install(record.sandboxID, address, policy);
+      await kernel?.install(record.sandboxID, address, policy, storedUpstream(record));
       this.unrestored.delete(record.sandboxID);
       return undefined;
     } catch (error) {
@@ -336,8 +343,12 @@ export class SandboxService {
       allowInternetAccess: request.allow_internet_access ?? null,
       allowPublicTraffic: request.network?.allowPublicTraffic ?? true,
       maskRequestHost: request.network?.maskRequestHost ?? null,
+      egressProxy: request.network?.egressProxy ?? null,
+      httpsPorts: request.network?.httpsPorts ?? [],
     };
     const policy = this.compile(networkRules(network));
+    // A proxy that cannot be used is refused before anything is made.
+    upstreamProxy(network.egressProxy);
     const secure = request.secure ?? false;
     if (!network.allowPublicTraffic && !secure) {
       throw new SandboxError(
@@ -391,6 +402,7 @@ export class SandboxService {
   ): Promise<void> {
     const { runtime, sources, table } = this.options;
     const id = record.sandboxID;
+    const upstream = storedUpstream(record);
     try {
       await runtime.create(
         id,
@@ -400,7 +412,7 @@ export class SandboxService {
         this.limitsOf(record),
       );
       // Fail closed: a sandbox whose firewall cannot be written is not started.
-      await this.options.kernel?.install(id, source, policy);
+      await this.options.kernel?.install(id, source, policy, upstream);
       await this.write([{ collection: SANDBOXES, key: id, value: asJson(record) }]);
     } catch (error) {
       sources.release(source);
@@ -409,7 +421,12 @@ export class SandboxService {
         throw new SandboxError(503, `the sandbox was not created: ${error.message}`);
       throw error;
     }
-    table.register(id, { sourceAddress: source, egressSecret: record.egressSecret }, policy);
+    table.register(
+      id,
+      { sourceAddress: source, egressSecret: record.egressSecret },
+      policy,
+      upstream,
+    );
     this.expiry.set(id, record.endAt);
     this.states.set(id, 'running');
   }
@@ -621,8 +638,12 @@ export class SandboxService {
     const { metrics } = this.options;
     return this.change(sandboxID, 'running', async (record) => {
       let policy: Policy;
+      let upstream: UpstreamProxy | undefined;
+      // The proxy is no part of the policy (which decides), but of where allowed flows go.
+      const { egressProxy, ...policyRules } = rules;
       try {
-        policy = this.compile(rules);
+        policy = this.compile(policyRules);
+        upstream = upstreamProxy(egressProxy);
       } catch (error) {
         metrics.policyPublishes.inc({ result: 'invalid' });
         throw error;
@@ -634,6 +655,7 @@ export class SandboxService {
           allowOut: rules.allowOut ?? [],
           denyOut: rules.denyOut ?? [],
           allowInternetAccess: rules.allow_internet_access ?? null,
+          egressProxy: egressProxy ?? null,
         },
       };
       try {
@@ -661,9 +683,9 @@ export class SandboxService {
         this.transition(next, 'network', { node: next.node });
         return next;
       }
-      this.options.table.publish(sandboxID, policy);
+      this.options.table.publish(sandboxID, policy, upstream);
       try {
-        await this.options.kernel?.enforce(sandboxID, policy);
+        await this.options.kernel?.enforce(sandboxID, policy, upstream);
       } catch (error) {
         metrics.policyPublishes.inc({ result: 'failed' });
         this.log.error({ sandboxID, err: (error as Error).message }, 'firewall update failed');
@@ -692,8 +714,9 @@ export class SandboxService {
         return false;
       }
       const policy = this.restoredPolicy(record);
-      if (!this.options.table.publish(sandboxID, policy)) return false;
-      await this.options.kernel?.enforce(sandboxID, policy).catch((error: Error) => {
+      const upstream = storedUpstream(record);
+      if (!this.options.table.publish(sandboxID, policy, upstream)) return false;
+      await this.options.kernel?.enforce(sandboxID, policy, upstream).catch((error: Error) => {
         this.log.error({ sandboxID, err: error.message }, 'firewall update failed');
       });
       this.transition(record, 'network', { from: 'cluster' });
@@ -956,13 +979,15 @@ export class SandboxService {
     if (frozen && fromFiles) await this.options.runtime.release(record.sandboxID);
     if (!frozen || fromFiles) await this.coldBoot(record);
     await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    const upstream = storedUpstream(record);
     this.options.table.register(
       record.sandboxID,
       { sourceAddress: address.value, egressSecret: record.egressSecret },
       policy,
+      upstream,
     );
     // Addresses learned before the pause were forgotten with it; the firewall forgets them too.
-    await this.options.kernel?.enforce(record.sandboxID, policy).catch((error: Error) => {
+    await this.options.kernel?.enforce(record.sandboxID, policy, upstream).catch((error: Error) => {
       this.log.error({ sandboxID: record.sandboxID, err: error.message }, 'firewall update failed');
     });
     await this.options.runtime.resume(record.sandboxID);
@@ -1129,3 +1154,51 @@ const networkRules = (network: NetworkSettings): EgressRules => ({
     ? {}
     : { allow_internet_access: network.allowInternetAccess }),
 });
+
+/** Each of a SOCKS5 username or password is one length byte's worth (RFC 1929). */
+const MAX_CREDENTIAL_BYTES = 255;
+
+/**
+ * The upstream proxy of a create or PUT network body, checked (a 400 naming the field); null
+ * or absent: none. Credentials are checked by size only and never quoted.
+ */
+function upstreamProxy(
+  settings: EgressProxySettings | null | undefined,
+): UpstreamProxy | undefined {
+  if (settings === null || settings === undefined) return undefined;
+  const field = 'network.egressProxy';
+  const at = parseAuthority(settings.address);
+  if (!at.ok || at.value.port === undefined)
+    throw new SandboxError(
+      400,
+      `${field}.address must be host:port or [ipv6]:port (e.g. proxy.example.com:1080): ${at.ok ? `${JSON.stringify(settings.address)} has no port` : at.error}`,
+    );
+  const { username, password } = settings;
+  if (password !== undefined && username === undefined)
+    throw new SandboxError(400, `${field}.password is only valid together with a username`);
+  for (const [name, value] of [
+    ['username', username],
+    ['password', password],
+  ] as const) {
+    if (value === undefined) continue;
+    const bytes = Buffer.byteLength(value);
+    if (bytes === 0 || bytes > MAX_CREDENTIAL_BYTES)
+      throw new SandboxError(
+        400,
+        `${field}.${name} must be 1 to ${MAX_CREDENTIAL_BYTES} bytes (it is ${bytes})`,
+      );
+  }
+  return {
+    address: settings.address,
+    at: { ...at.value, port: at.value.port },
+    ...(username === undefined ? {} : { username }),
+    ...(password === undefined ? {} : { password }),
+  };
+}
+
+/**
+ * The upstream proxy a stored record names. It was checked when stored; one that no longer
+ * parses is an error (the sandbox is not brought back), never a reason to go direct.
+ */
+const storedUpstream = (record: SandboxRecord): UpstreamProxy | undefined =>
+  upstreamProxy(record.network.egressProxy);

@@ -262,7 +262,14 @@ describe('create and detail', () => {
         envdAccessToken,
         allowInternetAccess: null,
         domain: null,
-        network: { allowPublicTraffic: true, allowOut: [], denyOut: [], maskRequestHost: null },
+        network: {
+          allowPublicTraffic: true,
+          allowOut: [],
+          denyOut: [],
+          maskRequestHost: null,
+          egressProxy: null,
+          httpsPorts: [],
+        },
         lifecycle: { autoResume: false, onTimeout: 'kill' },
         egress: {
           address: expect.stringMatching(/^127\.77\.\d+\.\d+$/),

@@ -21,6 +21,7 @@ import {
   policySets,
   removeHostRuleset,
   sandboxRuleset,
+  tunnelRules,
 } from '../../src/enforce/kernel-rules.js';
 import { EnforcementTable, KernelEnforcer } from '../../src/enforce/index.js';
 import {
@@ -152,6 +153,7 @@ describe('kernel rules: the sandbox table', () => {
       'oifname "lo" accept',
       'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:53',
       'ip daddr @internal4 accept',
+      'jump tunnel_web',
       'ip daddr @allow4 accept',
       'tcp dport { 80, 443 } ip daddr @deny4 dnat ip to 10.216.0.1:3129',
     ]);
@@ -170,6 +172,7 @@ describe('kernel rules: the sandbox table', () => {
       'udp dport 853 drop',
       'ip daddr @internal4 drop',
       'ip daddr 10.216.0.0/24 drop',
+      'jump tunnel_direct',
       'ip daddr @allow4 accept',
       'tcp dport { 80, 443 } ip daddr @deny4 reject with tcp reset',
       'ct state established,related jump this_policy',
@@ -183,6 +186,11 @@ describe('kernel rules: the sandbox table', () => {
   it('starts with empty generation chains: nothing passes on a mark, and learned4 ends in drop', () => {
     expect(table.chains.this_policy).toEqual([]);
     expect(table.chains.learned_open).toEqual([]);
+  });
+
+  it('starts with empty tunnel chains: a sandbox without an upstream proxy goes direct', () => {
+    expect(table.chains.tunnel_web).toEqual([]);
+    expect(table.chains.tunnel_direct).toEqual([]);
   });
 
   it('lets in only answers and new TCP connections from the host end of the link', () => {
@@ -641,6 +649,27 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     expect(timeoutsOf()).toEqual({ '203.0.113.1': 5, '203.0.113.2': 5 });
     nft(learnedElements([learned('203.0.113.1', 120_000), learned('203.0.113.2', 0)], NOW));
     expect(timeoutsOf()).toEqual({ '203.0.113.1': 120 });
+  });
+
+  it('fills the tunnel chains for a sandbox with an upstream proxy, and empties them again', () => {
+    const rulesOf = (chain: string) =>
+      execFileSync(
+        NSENTER,
+        [`--net=/run/netns/${namespace}`, NFT, 'list', 'chain', 'inet', 'moat', chain],
+        { encoding: 'utf8' },
+      )
+        .split('\n')
+        .map((line) => line.trim())
+        .filter((line) => line.startsWith('tcp') || line.startsWith('meta'));
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(tunnelRules(LAYOUT, true));
+    // Twice: a publish that keeps the proxy writes the same rules, not a second copy.
+    nft(tunnelRules(LAYOUT, true));
+    expect(rulesOf('tunnel_web')).toEqual(['tcp dport { 80, 443 } dnat ip to 10.216.0.1:3129']);
+    expect(rulesOf('tunnel_direct')).toEqual(['meta l4proto tcp reject with tcp reset']);
+    nft(tunnelRules(LAYOUT, false));
+    expect(rulesOf('tunnel_web')).toEqual([]);
+    expect(rulesOf('tunnel_direct')).toEqual([]);
   });
 
   it('takes the lockdown after any policy', () => {

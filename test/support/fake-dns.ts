@@ -31,6 +31,8 @@ export class FakeDns {
   readonly handcrafted = new Map<string, (query: Buffer, transport: 'udp' | 'tcp') => Buffer>();
   port = 0;
   private udp: dgram.Socket | undefined;
+  /** Answers to slow names, waiting to be sent. */
+  private readonly held = new Set<NodeJS.Timeout>();
   private tcp: net.Server | undefined;
 
   constructor(
@@ -46,8 +48,13 @@ export class FakeDns {
         const reply = this.answer(message, 'udp');
         const wait = this.slow.get(this.log.at(-1)?.name.toLowerCase() ?? '');
         const send = () => reply && udp.send(reply, from.port, from.address);
-        if (wait === undefined) send();
-        else setTimeout(send, wait);
+        if (wait === undefined) return void send();
+        // Cleared by stop(): an answer held back must not be sent on a closed socket.
+        const timer = setTimeout(() => {
+          this.held.delete(timer);
+          send();
+        }, wait);
+        this.held.add(timer);
       });
       await new Promise<void>((resolve) => udp.bind(0, this.host, resolve));
       const tcp = net.createServer((socket) => this.serveTcp(socket));
@@ -83,6 +90,8 @@ export class FakeDns {
   }
 
   async stop(): Promise<void> {
+    for (const timer of this.held) clearTimeout(timer);
+    this.held.clear();
     await new Promise<void>((resolve) => (this.udp ? this.udp.close(() => resolve()) : resolve()));
     await new Promise<void>((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
   }

@@ -5,8 +5,6 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { MAX_DESCRIPTION_LENGTH } from '../policy/index.js';
-// The sandbox API's port is a wire fact of the gateway; only the constant is used here.
-import { SANDBOX_API_PORT } from '../proxy/index.js';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
@@ -36,6 +34,7 @@ import {
   templatesSchema,
   templateView,
 } from './views.js';
+import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 
 export interface RouteContext {
   readonly service: SandboxService;

@@ -8,9 +8,10 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
+import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 import { type IngressProxy, type IngressTarget, sendSandboxError } from './ingress.js';
 
-export const SANDBOX_API_PORT = 49983;
+export { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 
 /** What the gateway must know of a sandbox to route to it. */
 export interface GatewaySandbox {

@@ -578,7 +578,7 @@ describe('Kubernetes manifests', () => {
     }
   });
 
-  it('probe /health where the kubelet reaches it, or run the image HEALTHCHECK inside', (context) => {
+  it('probe /health (readiness: /ready) where the kubelet reaches it, or run the image HEALTHCHECK inside', (context) => {
     needs(context, yamlMissing);
     for (const { file, pod, moat, config, podIP } of moatPods()) {
       const probes = [moat.startupProbe, moat.readinessProbe, moat.livenessProbe];
@@ -590,7 +590,8 @@ describe('Kubernetes manifests', () => {
           expect(config.apiListen.port).toBe(moatConfig(IMAGE.env).apiListen.port);
           continue;
         }
-        expect(probe!.httpGet!.path).toBe('/health');
+        // Readiness asks whether the store and listeners work; the others only whether Moat runs.
+        expect(probe!.httpGet!.path).toBe(probe === moat.readinessProbe ? '/ready' : '/health');
         expect(reachableFromOutside(config.apiListen, podIP), `${file}: API address`).toBe(true);
         const port = moat.ports!.find(
           (p) => p.name === probe!.httpGet!.port || p.containerPort === probe!.httpGet!.port,

@@ -40,6 +40,8 @@ export interface MoatConfig {
   readonly dnsMinTtl: number;
   readonly dnsMaxTtl: number;
   readonly dnsCacheSize: number;
+  /** Flow records this node keeps in memory (the newest). */
+  readonly flowStoreSize: number;
   readonly dnsRateLimit: number;
   readonly dnsUdpIo: UdpIoSetting;
   readonly proxyIo: TcpIoSetting;
@@ -353,6 +355,15 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_DNS_CACHE_SIZE',
     default: '10000',
     help: 'answers kept in the shared DNS cache (least recently used go first)',
+    parse: positiveInteger(10_000_000),
+  },
+  {
+    key: 'flowStoreSize',
+    metavar: 'N',
+    flag: 'flow-store-size',
+    env: 'MOAT_FLOW_STORE_SIZE',
+    default: '100000',
+    help: 'flow records kept in memory for GET /flows (the newest; about 250 bytes each)',
     parse: positiveInteger(10_000_000),
   },
   {

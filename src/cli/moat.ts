@@ -14,6 +14,7 @@ import {
 import { Cluster } from '../cluster/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
+import { FlowRecorder, FlowStore } from '../flows/index.js';
 import {
   AddressPool,
   EnforcementTable,
@@ -50,6 +51,8 @@ export interface RunningMoat {
   readonly metrics: MoatMetrics;
   readonly internal: InternalDenyList;
   readonly tunnels: TunnelRegistry;
+  /** Every enforcement decision of this node, and its store of recent ones. */
+  readonly flows: FlowRecorder;
   /** The explicit egress proxy (its `io` says how it carries connections). */
   readonly proxy: EgressProxy;
   readonly dns: DnsInterceptor;
@@ -220,6 +223,15 @@ export async function startMoat(
   });
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
+  const flows = new FlowRecorder({
+    store: new FlowStore(config.flowStoreSize, () =>
+      metrics.flowRecordsDropped.inc({ where: 'store' }),
+    ),
+    metrics,
+    logger,
+    node: config.nodeID === 'auto' ? os.hostname() : config.nodeID,
+    now: wallNow,
+  });
   const { network, reason: proxyOnlyReason } = chooseNetwork(config);
   const watch =
     options.hostAddresses === undefined
@@ -255,6 +267,7 @@ export async function startMoat(
     cache,
     metrics,
     logger,
+    flows,
     minLearnTtl: config.dnsMinTtl,
     maxLearnTtl: config.dnsMaxTtl,
     rateLimit: config.dnsRateLimit,
@@ -293,6 +306,7 @@ export async function startMoat(
     tunnels,
     metrics,
     logger,
+    flows,
     checkServerName: config.proxyCheckServerName,
     maxTunnelsPerSandbox: config.proxyMaxTunnels,
     sourceIsProof: network !== undefined,
@@ -316,6 +330,7 @@ export async function startMoat(
     const store = await openStore(config, logger, metrics);
     undo.push(() => store.close());
     const nodeID = store instanceof RedisStore ? await nodeIdentity(config) : undefined;
+    if (nodeID !== undefined) flows.node = nodeID;
     // Set once the API listens (other nodes need its address); until then only this node is known.
     let cluster: Cluster | undefined;
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
@@ -461,6 +476,7 @@ export async function startMoat(
       metrics,
       internal,
       tunnels,
+      flows,
       proxy,
       dns,
       sources,

@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { warnEvery } from '../warn-every.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
+import type { FlowRecorder } from '../flows/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
   type CanonicalName,
@@ -42,6 +43,8 @@ export interface DnsInterceptorOptions {
   readonly cache: AnswerCache;
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
+  /** Where each query's decision is recorded. */
+  readonly flows: FlowRecorder;
   /** Clamp for how long a learned address stays allowed, seconds. */
   readonly minLearnTtl: number;
   readonly maxLearnTtl: number;
@@ -225,19 +228,16 @@ export class DnsInterceptor {
     // Undefined when the sandbox's current policy allows the name; else the NXDOMAIN to send.
     const blocked = () => {
       const verdict = decide(sandbox.policy, { host: name.value, ip: undefined, port: undefined });
-      if (verdict.verdict === 'allow') return undefined;
-      this.count(transport, 'blocked');
-      this.options.logger.info(
+      this.options.flows.decided(
         {
           sandboxID: sandbox.sandboxID,
-          destination: name.value,
-          qtype: query.type,
-          rule: verdict.rule,
-          list: verdict.list,
-          reason: verdict.reason,
+          kind: 'dns',
+          destination: { name: name.value, address: null, port: null, protocol: transport },
         },
-        'dns query denied',
+        verdict,
       );
+      if (verdict.verdict === 'allow') return undefined;
+      this.count(transport, 'blocked');
       return emptyAnswer(query.id, questionOf(query), RCODE.NXDOMAIN, query);
     };
     const denied = blocked();

@@ -1,0 +1,28 @@
+/**
+ * Flows: the one decision record every enforcement point emits, the node's bounded store of
+ * recent records with its followers, and the filters `GET /flows` reads them with.
+ */
+export {
+  CLOSE_FIELDS,
+  DESTINATION_FIELDS,
+  FLOW_ENDS,
+  FLOW_EVENTS,
+  FLOW_FIELDS,
+  FLOW_KINDS,
+  FLOW_VERDICTS,
+  type FlowDestination,
+  type FlowEnd,
+  type FlowKind,
+  type FlowRecord,
+  type FlowVerdict,
+  flowView,
+} from './record.js';
+export {
+  type FlowAsk,
+  type FlowDecision,
+  FlowRecorder,
+  type FlowRecorderOptions,
+  OpenFlow,
+} from './recorder.js';
+export { type FlowFilter, FlowStore, type FlowTotals, matches } from './store.js';
+export { parseFlowQuery, type FlowQuery } from './query.js';

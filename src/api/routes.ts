@@ -4,6 +4,7 @@
  * so the document cannot drift from what is enforced.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FlowStore } from '../flows/index.js';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
@@ -28,10 +29,13 @@ import {
   templatesSchema,
   templateView,
 } from './views.js';
+import { flowSchema, flowsQuerySchema, listFlows } from './flows.js';
 
 export interface RouteContext {
   readonly service: SandboxService;
   readonly egress: EgressInfo;
+  /** This node's recent flow records. */
+  readonly flows: FlowStore;
 }
 
 type Handler = (
@@ -254,8 +258,22 @@ export const ROUTES: readonly RouteSpec[] = [
     summary: 'Get a running or paused sandbox',
     auth: true,
     schema: { params: sandboxParams, response: { 200: detailSchema, ...errors(400, 401, 404) } },
-    handler: async (request, _reply, { service, egress }) =>
-      detailView(await service.get(idOf(request)), egress),
+    handler: async (request, _reply, { service, egress, flows }) => {
+      const record = await service.get(idOf(request));
+      return detailView(record, egress, flows.totalsOf(record.sandboxID));
+    },
+  },
+  {
+    method: 'GET',
+    url: '/flows',
+    summary:
+      'Flow records of this node, newest first; follow=true streams new ones (NDJSON, or SSE)',
+    auth: true,
+    schema: {
+      querystring: flowsQuerySchema,
+      response: { 200: { type: 'array', items: flowSchema }, ...errors(400, 401) },
+    },
+    handler: (request, reply, { flows }) => listFlows(request, reply, flows),
   },
   {
     method: 'DELETE',

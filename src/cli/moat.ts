@@ -224,8 +224,8 @@ export async function startMoat(
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
   const flows = new FlowRecorder({
-    store: new FlowStore(config.flowStoreSize, () =>
-      metrics.flowRecordsDropped.inc({ where: 'store' }),
+    store: new FlowStore(config.flowStoreSize, (where) =>
+      metrics.flowRecordsDropped.inc({ where }),
     ),
     metrics,
     logger,
@@ -412,6 +412,7 @@ export async function startMoat(
     undo.push(() => sandboxes.stop());
     const api = createPlatformApi({
       service: sandboxes,
+      flows: flows.store,
       egress: {
         // What the sandbox itself uses: inside a namespace, the gateway.
         get proxy() {

@@ -24,5 +24,5 @@ export {
   type FlowRecorderOptions,
   OpenFlow,
 } from './recorder.js';
-export { type FlowFilter, FlowStore, type FlowTotals, matches } from './store.js';
+export { type FlowFilter, FlowStore, type FlowTotals, type Follower, matches } from './store.js';
 export { parseFlowQuery, type FlowQuery } from './query.js';

@@ -153,12 +153,18 @@ export class FlowRecorder {
 /** An allowed connection, open until `closed` (once; later calls do nothing). */
 export class OpenFlow {
   private refusal: FlowDecision | undefined;
+  private address: string | undefined;
   private done = false;
 
   constructor(
     private readonly recorder: FlowRecorder,
     readonly record: FlowRecord,
   ) {}
+
+  /** The address dialled, when it was chosen after the decision (a forwarded request). */
+  dialled(address: string): void {
+    this.address = address;
+  }
 
   /** A policy change (or a check of the flow's bytes) denies it now; it is about to close. */
   refused(decision: FlowDecision): void {
@@ -169,7 +175,12 @@ export class OpenFlow {
     if (this.done) return;
     this.done = true;
     const refusal = this.refusal;
-    this.recorder.close(this.record, {
+    const { record, address } = this;
+    const opened =
+      address === undefined || address === record.destination.address
+        ? record
+        : { ...record, destination: { ...record.destination, address } };
+    this.recorder.close(opened, {
       up,
       down,
       end: refusal === undefined ? end : 'policy',

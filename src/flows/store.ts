@@ -31,6 +31,9 @@ export interface FlowTotals {
   bytesDown: number;
 }
 
+/** Takes a new record; false when it has fallen too far behind to take any more. */
+export type Follower = (record: FlowRecord) => boolean;
+
 /** Sandboxes whose totals are kept; the longest-unseen go first beyond it. */
 const MAX_TOTALS = 100_000;
 
@@ -44,12 +47,15 @@ export class FlowStore {
   private next = 0;
   private held = 0;
   private readonly totals = new Map<string, FlowTotals>();
-  private readonly followers = new Set<(record: FlowRecord) => void>();
+  private readonly followers = new Map<Follower, () => void>();
 
   constructor(
     readonly capacity: number,
-    /** Called for each record the bound pushes out. */
-    private readonly onEvicted: () => void = () => {},
+    /**
+     * Called for each record the bound pushes out (store), and for each follower cut for
+     * falling behind (follower: the records it would have been sent are lost to it).
+     */
+    private readonly onDropped: (where: 'store' | 'follower') => void = () => {},
   ) {
     if (!Number.isInteger(capacity) || capacity < 1)
       throw new Error(`flow store size ${capacity} must be a positive integer`);
@@ -61,12 +67,18 @@ export class FlowStore {
   }
 
   add(record: FlowRecord): void {
-    if (this.held === this.capacity) this.onEvicted();
+    if (this.held === this.capacity) this.onDropped('store');
     else this.held++;
     this.ring[this.next] = record;
     this.next = this.next + 1 === this.capacity ? 0 : this.next + 1;
     this.count(record);
-    for (const follower of this.followers) follower(record);
+    if (this.followers.size === 0) return;
+    for (const [follower, cut] of this.followers) {
+      if (follower(record)) continue;
+      this.followers.delete(follower);
+      this.onDropped('follower');
+      cut();
+    }
   }
 
   /** Records matching `filter`, newest first, at most `limit`. */
@@ -81,10 +93,25 @@ export class FlowStore {
     return found;
   }
 
-  /** Calls `onRecord` with every record added from now on; returns the function that stops. */
-  follow(onRecord: (record: FlowRecord) => void): () => void {
-    this.followers.add(onRecord);
-    return () => this.followers.delete(onRecord);
+  /**
+   * Shows `follower` every record added from now on until it answers false (it cannot take
+   * more: it is dropped and `cut` is called) or the returned function is called.
+   */
+  follow(follower: Follower, cut: () => void): () => void {
+    this.followers.set(follower, cut);
+    return () => this.followers.delete(follower);
+  }
+
+  /** Cuts every follower (the server is closing: their streams must not hold it open). */
+  cutFollowers(): void {
+    const cuts = [...this.followers.values()];
+    this.followers.clear();
+    for (const cut of cuts) cut();
+  }
+
+  /** Followers being told of new records. */
+  get followerCount(): number {
+    return this.followers.size;
   }
 
   totalsOf(sandboxID: string): FlowTotals {

@@ -275,6 +275,7 @@ export class Exchange {
   private send(upstream: Upstream): void {
     this.upstream = upstream;
     const { socket } = upstream;
+    this.request.flow.dialled(upstream.ip.text);
     this.upBefore = socket.bytesWritten;
     this.downBefore = socket.bytesRead;
     const { sandbox, target } = this.request;

@@ -36,7 +36,7 @@ export const FLOW_FIELDS = [
   'end',
 ] as const;
 
-/** Only decision records lack the close fields. */
+/** Fields only close records carry (undefined in decision records, left out of their views). */
 export const CLOSE_FIELDS = ['bytesUp', 'bytesDown', 'durationMs', 'end'] as const;
 
 export const DESTINATION_FIELDS = ['name', 'address', 'port', 'protocol'] as const;

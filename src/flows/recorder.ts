@@ -3,6 +3,7 @@ import type { HotCount, MoatMetrics, ProxyKind } from '../metrics/index.js';
 import {
   type FlowDestination,
   type FlowEnd,
+  type FlowEvent,
   type FlowKind,
   type FlowRecord,
   type FlowVerdict,
@@ -23,6 +24,40 @@ export interface FlowDecision {
   readonly list: string;
   readonly rule: string | null;
   readonly reason: string;
+}
+
+/**
+ * A record with every field present, in one order (close fields undefined on a decision): all
+ * records share one shape, which keeps the recorder and the store monomorphic.
+ */
+function flowRecord(
+  time: number,
+  id: number,
+  event: FlowEvent,
+  sandboxID: string,
+  node: string,
+  kind: FlowKind,
+  destination: FlowDestination,
+  decision: FlowDecision,
+  closed: { bytesUp: number; bytesDown: number; durationMs: number; end: FlowEnd } | undefined,
+): FlowRecord {
+  return {
+    time,
+    id,
+    event,
+    sandboxID,
+    node,
+    kind,
+    destination,
+    verdict: decision.verdict,
+    list: decision.list,
+    rule: decision.rule,
+    reason: decision.reason,
+    bytesUp: closed?.bytesUp,
+    bytesDown: closed?.bytesDown,
+    durationMs: closed?.durationMs,
+    end: closed?.end,
+  };
 }
 
 /** The kinds whose decisions the proxy's own counters have always counted, by their label. */
@@ -78,41 +113,40 @@ export class FlowRecorder {
   }
 
   private decisionRecord(ask: FlowAsk, decision: FlowDecision): FlowRecord {
-    return {
-      time: this.now(),
-      id: ++this.lastID,
-      event: 'decision',
-      sandboxID: ask.sandboxID,
-      node: this.options.node,
-      kind: ask.kind,
-      destination: ask.destination,
-      verdict: decision.verdict,
-      list: decision.list,
-      rule: decision.rule,
-      reason: decision.reason,
-    };
+    return flowRecord(
+      this.now(),
+      ++this.lastID,
+      'decision',
+      ask.sandboxID,
+      this.options.node,
+      ask.kind,
+      ask.destination,
+      decision,
+      undefined,
+    );
   }
 
   /** Records the end of an open flow, `refusal` when a policy change or a guard ended it. */
   close(
     opened: FlowRecord,
+    destination: FlowDestination,
     counts: { up: number; down: number; end: FlowEnd; refusal?: FlowDecision },
   ): void {
     const time = this.now();
-    const decided = counts.refusal ?? opened;
-    this.emit({
-      ...opened,
-      time,
-      event: 'close',
-      verdict: decided.verdict,
-      list: decided.list,
-      rule: decided.rule,
-      reason: decided.reason,
-      bytesUp: counts.up,
-      bytesDown: counts.down,
-      durationMs: time - opened.time,
-      end: counts.end,
-    });
+    const { up, down, end, refusal } = counts;
+    this.emit(
+      flowRecord(
+        time,
+        opened.id,
+        'close',
+        opened.sandboxID,
+        opened.node,
+        opened.kind,
+        destination,
+        refusal ?? opened,
+        { bytesUp: up, bytesDown: down, durationMs: time - opened.time, end },
+      ),
+    );
   }
 
   private emit(record: FlowRecord): void {
@@ -132,8 +166,9 @@ export class FlowRecorder {
     if (denied && proxyKind !== undefined)
       metrics.proxyDenials.inc({ kind: proxyKind, list: record.list });
     store.add(record);
-    if (denied) logger.info(flowView(record), 'flow');
-    else if (logger.isLevelEnabled('debug')) logger.debug(flowView(record), 'flow');
+    // The view is built only for a line that is written.
+    const level = denied ? 'info' : 'debug';
+    if (logger.isLevelEnabled(level)) logger[level](flowView(record), 'flow');
   }
 
   private hot(
@@ -176,11 +211,11 @@ export class OpenFlow {
     this.done = true;
     const refusal = this.refusal;
     const { record, address } = this;
-    const opened =
+    const destination =
       address === undefined || address === record.destination.address
-        ? record
-        : { ...record, destination: { ...record.destination, address } };
-    this.recorder.close(opened, {
+        ? record.destination
+        : { ...record.destination, address };
+    this.recorder.close(record, destination, {
       up,
       down,
       end: refusal === undefined ? end : 'policy',

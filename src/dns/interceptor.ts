@@ -226,8 +226,10 @@ export class DnsInterceptor {
     if (!name.ok) return refuse(name.error, sandbox);
 
     // Undefined when the sandbox's current policy allows the name; else the NXDOMAIN to send.
-    const blocked = () => {
+    // Decided again once a slow answer came (`again`): recorded then only if it now denies.
+    const blocked = (again = false) => {
       const verdict = decide(sandbox.policy, { host: name.value, ip: undefined, port: undefined });
+      if (again && verdict.verdict === 'allow') return undefined;
       this.options.flows.decided(
         {
           sandboxID: sandbox.sandboxID,
@@ -265,7 +267,7 @@ export class DnsInterceptor {
     const forwardLate = (answer: CachedAnswer) => {
       if (!this.options.table.holds(sandbox))
         return refuse('the sandbox was removed while its query was answered', sandbox);
-      return blocked() ?? forward(answer);
+      return blocked(true) ?? forward(answer);
     };
     try {
       const resolved = this.options.cache.resolve(name.value, query.type);

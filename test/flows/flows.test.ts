@@ -18,7 +18,7 @@ import {
   parseIP,
   parseNetworkConfig,
 } from '../../src/policy/index.js';
-import { API_KEY, ApiClient } from '../support/api-client.js';
+import { API_KEY, ApiClient, expectNoContent } from '../support/api-client.js';
 import { udpQuery } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { connectThrough, httpEchoOrigin, type Origin } from '../support/origins.js';
@@ -445,6 +445,38 @@ describe('flow records', () => {
       expect(dropped).toMatch(/where="follower"\} [1-9]/);
       socket.destroy();
     });
+  });
+
+  it("adds each sandbox's flow totals to GET /sandboxes/{id}", async () => {
+    const { sandboxID: id } = await api.sandbox();
+    try {
+      const { egress } = await api.detail(id);
+      expectNoContent(
+        await api.put(`/sandboxes/${id}/network`, {
+          allowOut: ['allowed.test'],
+          denyOut: ['0.0.0.0/0'],
+        }),
+      );
+      expect((await api.detail(id)).flows).toEqual({
+        allowed: 0,
+        denied: 0,
+        bytesUp: 0,
+        bytesDown: 0,
+      });
+      await udpQuery(moat.listening.dns.port, egress.address, 'allowed.test');
+      await udpQuery(moat.listening.dns.port, egress.address, 'denied.test');
+      await udpQuery(moat.listening.dns.port, egress.address, 'denied.test');
+      expect((await api.detail(id)).flows).toEqual({
+        allowed: 1,
+        denied: 2,
+        bytesUp: 0,
+        bytesDown: 0,
+      });
+      const own = (await api.call('GET', `/flows?sandboxID=${id}`)).body as View[];
+      expect(own.map((r) => r.verdict)).toEqual(['deny', 'deny', 'allow']);
+    } finally {
+      await api.call('DELETE', `/sandboxes/${id}`);
+    }
   });
 
   it('keeps the newest records under a burst beyond the bound', async () => {

@@ -437,6 +437,7 @@ export async function startMoat(
       sandboxes,
       runtime,
       logger,
+      flows,
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
       moatPorts: () => new Set(ownListeners(listening).map((at) => at.port)),

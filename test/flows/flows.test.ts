@@ -10,8 +10,12 @@ import {
   DESTINATION_FIELDS,
   FLOW_FIELDS,
   type FlowRecord,
+  FlowRecorder,
+  FlowStore,
   flowView,
 } from '../../src/flows/index.js';
+import { MoatMetrics } from '../../src/metrics/index.js';
+import { IngressProxy } from '../../src/proxy/index.js';
 import {
   compileHostAddresses,
   compilePolicy,
@@ -296,6 +300,69 @@ describe('flow records', () => {
       port: null,
       protocol: 'udp',
     });
+  });
+
+  it('records ingress requests: the traffic token decides, the close has the bytes', async () => {
+    const flows = new FlowRecorder({
+      store: new FlowStore(100),
+      metrics: new MoatMetrics({ defaultMetrics: false }),
+      logger: pino({ level: 'silent' }),
+      node: 'test',
+    });
+    const ingress = new IngressProxy({
+      logger: pino({ level: 'silent' }),
+      flows,
+      connectTimeoutMs: 2000,
+      idleTimeoutMs: 5000,
+    });
+    const target = {
+      sandboxID: SANDBOX,
+      host: web.host,
+      port: web.port,
+      trafficToken: 'token-0123456789',
+      maskRequestHost: null,
+    };
+    const front = http.createServer((req, res) => void ingress.request(req, res, target));
+    await new Promise<void>((resolve) => front.listen(0, '127.0.0.1', resolve));
+    const port = (front.address() as net.AddressInfo).port;
+    const get = (token: string) =>
+      new Promise<number>((resolve, reject) => {
+        const req = http.get({
+          host: '127.0.0.1',
+          port,
+          path: '/in',
+          agent: false,
+          headers: { 'e2b-traffic-access-token': token },
+        });
+        req.on('response', (res) => res.resume().on('end', () => resolve(res.statusCode ?? 0)));
+        req.on('error', reject);
+      });
+    try {
+      expect(await get('token-0123456789')).toBe(200);
+      expect(await get('wrong-token')).toBe(403);
+      const deadline = Date.now() + 2000;
+      while (flows.store.size < 3 && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 10));
+      const records = flows.store.query({}, 10).reverse();
+      expect(records.map((r) => [r.kind, r.event, r.verdict, r.list])).toEqual([
+        ['ingress', 'decision', 'allow', 'trafficToken'],
+        ['ingress', 'close', 'allow', 'trafficToken'],
+        ['ingress', 'decision', 'deny', 'trafficToken'],
+      ]);
+      expect(records[0]!.destination).toEqual({
+        name: null,
+        address: web.host,
+        port: web.port,
+        protocol: 'http',
+      });
+      expect(records[1]!.bytesUp).toBeGreaterThan(20);
+      expect(records[1]!.bytesDown).toBeGreaterThan(20);
+      expect(records[2]!.reason).toBe('wrong traffic access token');
+      expect(JSON.stringify(records)).not.toContain('token-0123456789');
+    } finally {
+      ingress.close();
+      await new Promise((resolve) => front.close(resolve));
+    }
   });
 
   describe('GET /flows', () => {

@@ -363,7 +363,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'flow-store-size',
     env: 'MOAT_FLOW_STORE_SIZE',
     default: '100000',
-    help: 'flow records kept in memory for GET /flows (the newest; about 250 bytes each)',
+    help: 'flow records kept in memory for GET /flows (the newest; about 260 bytes each)',
     parse: positiveInteger(10_000_000),
   },
   {

@@ -14,7 +14,7 @@ import {
 import { Cluster } from '../cluster/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
-import { FlowRecorder, FlowStore } from '../flows/index.js';
+import { FlowFileSink, FlowRecorder, FlowStore } from '../flows/index.js';
 import {
   AddressPool,
   EnforcementTable,
@@ -44,6 +44,7 @@ import { SANDBOX_ID, type SandboxRecord, SandboxError, SandboxService } from '..
 import { FileStore, RedisStore, type Store } from '../store/index.js';
 import { createSandboxGateway } from './gateway.js';
 import { VERSION } from './version.js';
+import { warnEvery } from '../warn-every.js';
 
 export interface RunningMoat {
   readonly config: MoatConfig;
@@ -327,6 +328,16 @@ export async function startMoat(
   undo.push(async () => watch?.stop());
   try {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
+    if (config.flowLog !== undefined) {
+      const sink = await FlowFileSink.open(
+        config.flowLog,
+        config.flowLogMaxBytes,
+        () => metrics.flowRecordsDropped.inc({ where: 'file' }),
+        warnEvery(logger, 'flow log write failed', 10_000, wallNow),
+      );
+      flows.sink = sink;
+      undo.push(() => sink.close());
+    }
     const store = await openStore(config, logger, metrics);
     undo.push(() => store.close());
     const nodeID = store instanceof RedisStore ? await nodeIdentity(config) : undefined;
@@ -503,6 +514,8 @@ export async function startMoat(
         await proxy.close(drainMs);
         await transparent?.close();
         await dns.stop();
+        // What was recorded up to here reaches the flow log.
+        await flows.sink?.close();
         await store.close();
         watch?.stop();
       },

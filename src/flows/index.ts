@@ -25,4 +25,5 @@ export {
   OpenFlow,
 } from './recorder.js';
 export { type FlowFilter, FlowStore, type FlowTotals, type Follower, matches } from './store.js';
+export { FlowFileSink, MAX_PENDING_BYTES } from './file-sink.js';
 export { parseFlowQuery, type FlowQuery } from './query.js';

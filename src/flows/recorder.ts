@@ -9,6 +9,7 @@ import {
   type FlowVerdict,
   flowView,
 } from './record.js';
+import type { FlowFileSink } from './file-sink.js';
 import type { FlowStore } from './store.js';
 
 /** What was asked of an enforcement point, by whom. */
@@ -83,6 +84,8 @@ export interface FlowRecorderOptions {
 export class FlowRecorder {
   private lastID = 0;
   private readonly now: () => number;
+  /** The file every record is also appended to (--flow-log), once it is open. */
+  sink: FlowFileSink | undefined;
   /** moat_flows_total cells by kind and verdict, made on first use (added to per record). */
   private readonly flowCounts: Partial<Record<string, HotCount>> = {};
   private readonly byteCounts: Partial<Record<string, HotCount>> = {};
@@ -166,6 +169,7 @@ export class FlowRecorder {
     if (denied && proxyKind !== undefined)
       metrics.proxyDenials.inc({ kind: proxyKind, list: record.list });
     store.add(record);
+    this.sink?.add(record);
     // The view is built only for a line that is written.
     const level = denied ? 'info' : 'debug';
     if (logger.isLevelEnabled(level)) logger[level](flowView(record), 'flow');

@@ -106,7 +106,7 @@ export class MoatMetrics {
 
   readonly flowRecordsDropped = new Counter({
     name: 'moat_flow_records_dropped_total',
-    help: 'Flow records dropped: pushed out of the flow store by its bound (store), or not sent to a follower too slow to read them (follower)',
+    help: 'Flow records dropped: pushed out of the flow store by its bound (store), not sent to a follower too slow to read them (follower), or not written to the flow log file (file)',
     labelNames: ['where'] as const,
     registers: [this.registry],
   });
@@ -268,7 +268,8 @@ export class MoatMetrics {
     }
     for (const result of ['applied', 'invalid', 'failed'] as const)
       this.policyPublishes.inc({ result }, 0);
-    for (const where of ['store', 'follower'] as const) this.flowRecordsDropped.inc({ where }, 0);
+    for (const where of ['store', 'follower', 'file'] as const)
+      this.flowRecordsDropped.inc({ where }, 0);
     if (options.defaultMetrics !== false) {
       collectDefaultMetrics({ register: this.registry, prefix: 'moat_' });
       // prom-client names these gauges `_total`, which Prometheus reserves for counters

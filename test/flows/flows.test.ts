@@ -1,5 +1,8 @@
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
@@ -62,6 +65,8 @@ describe('flow records', () => {
   let moat: RunningMoat;
   let api: ApiClient;
   const scratch = scratchMoatFlags();
+  const logDir = mkdtempSync(path.join(os.tmpdir(), 'moat-flows-'));
+  const flowLog = path.join(logDir, 'flows.jsonl');
   const auth = `${SANDBOX}:${SECRET}`;
 
   beforeAll(async () => {
@@ -84,6 +89,7 @@ describe('flow records', () => {
         'transparent-listen': '127.0.0.1:0',
         'log-level': 'silent',
         'flow-store-size': '1000',
+        'flow-log': flowLog,
         'internal-deny': '10.0.0.0/8,169.254.0.0/16',
       },
     });
@@ -100,6 +106,7 @@ describe('flow records', () => {
   afterAll(async () => {
     await moat.stop();
     scratch.remove();
+    rmSync(logDir, { recursive: true, force: true });
     await Promise.all([web.close(), bulk.close(), upstream.stop()]);
   });
 
@@ -544,6 +551,16 @@ describe('flow records', () => {
     } finally {
       await api.call('DELETE', `/sandboxes/${id}`);
     }
+  });
+
+  it('appends every record to the --flow-log file', async () => {
+    await udpQuery(moat.listening.dns.port, SOURCE, 'denied.test');
+    const newest = moat.flows.store.query({}, 1)[0]!;
+    const deadline = Date.now() + 2000;
+    const logged = () => readFileSync(flowLog, 'utf8').trim().split('\n').at(-1);
+    while (logged() !== JSON.stringify(flowView(newest)) && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 10));
+    expect(JSON.parse(logged()!)).toEqual(flowView(newest));
   });
 
   it('keeps the newest records under a burst beyond the bound', async () => {

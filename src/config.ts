@@ -34,6 +34,11 @@ export interface MoatConfig {
   readonly dnsMinTtl: number;
   readonly dnsMaxTtl: number;
   readonly dnsCacheSize: number;
+  /** Flow records this node keeps in memory (the newest). */
+  readonly flowStoreSize: number;
+  /** JSON Lines file every flow record is appended to; undefined when off. */
+  readonly flowLog: string | undefined;
+  readonly flowLogMaxBytes: number;
   readonly dnsRateLimit: number;
   readonly dnsUdpIo: UdpIoSetting;
   readonly proxyIo: TcpIoSetting;
@@ -355,6 +360,39 @@ export const SETTINGS: readonly AnySetting[] = [
     default: '10000',
     help: 'answers kept in the shared DNS cache (least recently used go first)',
     parse: positiveInteger(10_000_000),
+  },
+  {
+    key: 'flowStoreSize',
+    metavar: 'N',
+    flag: 'flow-store-size',
+    env: 'MOAT_FLOW_STORE_SIZE',
+    default: '100000',
+    help: 'flow records kept in memory for GET /flows (the newest; about 260 bytes each)',
+    parse: positiveInteger(10_000_000),
+  },
+  {
+    key: 'flowLog',
+    metavar: 'FILE|off',
+    flag: 'flow-log',
+    env: 'MOAT_FLOW_LOG',
+    default: 'off',
+    help: 'append every flow record to FILE as JSON Lines (no fsync; lines are dropped and counted when the disk is slow); or "off"',
+    show: (value) => value ?? 'off',
+    parse: (text) =>
+      text === 'off'
+        ? { ok: true, value: undefined }
+        : text.trim() === ''
+          ? { ok: false, error: 'expected a file path or "off", got an empty string' }
+          : { ok: true, value: text },
+  },
+  {
+    key: 'flowLogMaxBytes',
+    metavar: 'BYTES',
+    flag: 'flow-log-max-bytes',
+    env: 'MOAT_FLOW_LOG_MAX_BYTES',
+    default: '104857600',
+    help: 'size at which the flow log becomes FILE.1 (replacing the previous one) and a new FILE begins',
+    parse: positiveInteger(2 ** 40),
   },
   {
     key: 'dnsRateLimit',

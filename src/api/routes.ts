@@ -5,6 +5,7 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { MAX_DESCRIPTION_LENGTH } from '../policy/index.js';
+import type { FlowStore } from '../flows/index.js';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
@@ -35,10 +36,13 @@ import {
   templateView,
 } from './views.js';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
+import { flowSchema, flowsQuerySchema, listFlows } from './flows.js';
 
 export interface RouteContext {
   readonly service: SandboxService;
   readonly egress: EgressInfo;
+  /** This node's recent flow records. */
+  readonly flows: FlowStore;
 }
 
 type Handler = (
@@ -317,8 +321,22 @@ export const ROUTES: readonly RouteSpec[] = [
     summary: 'Get a running or paused sandbox',
     auth: true,
     schema: { params: sandboxParams, response: { 200: detailSchema, ...errors(400, 401, 404) } },
-    handler: async (request, _reply, { service, egress }) =>
-      detailView(await service.get(idOf(request)), egress),
+    handler: async (request, _reply, { service, egress, flows }) => {
+      const record = await service.get(idOf(request));
+      return detailView(record, egress, flows.totalsOf(record.sandboxID));
+    },
+  },
+  {
+    method: 'GET',
+    url: '/flows',
+    summary:
+      'Flow records of this node, newest first; follow=true streams new ones (NDJSON, or SSE)',
+    auth: true,
+    schema: {
+      querystring: flowsQuerySchema,
+      response: { 200: { type: 'array', items: flowSchema }, ...errors(400, 401) },
+    },
+    handler: (request, reply, { flows }) => listFlows(request, reply, flows),
   },
   {
     method: 'DELETE',

@@ -78,6 +78,9 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
     if (!matches(given)) throw new AuthError('invalid API key');
   };
 
+  // A follower's stream never ends on its own: closing would wait for it.
+  app.addHook('preClose', async () => options.flows.cutFollowers());
+
   app.setErrorHandler((error: FastifyError, request, reply) => {
     if (error instanceof SandboxError || error instanceof AuthError) {
       // 501 is a feature Moat lacks, not a failure of Moat's.

@@ -6,6 +6,8 @@
 import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import type { ForkResult, SandboxRecord, SnapshotRecord, UsageSample } from '../sandbox/index.js';
+import type { FlowTotals } from '../flows/index.js';
+import { flowTotalsSchema } from './flows.js';
 
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream
@@ -56,7 +58,7 @@ export const listedView = (r: SandboxRecord) => ({
   envdVersion: ENVD_VERSION,
 });
 
-export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
+export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTotals) => ({
   ...listedView(r),
   envdAccessToken: r.envdAccessToken,
   allowInternetAccess: r.network.allowInternetAccess,
@@ -85,6 +87,7 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo) => ({
     enforcement: egress.enforcement,
     node: r.node ?? null,
   },
+  flows,
   confinement: egress.confinement,
 });
 
@@ -218,6 +221,7 @@ export const detailSchema = object({
     },
     'Moat extension: how this sandbox’s egress is identified and enforced',
   ),
+  flows: flowTotalsSchema,
   confinement: {
     type: 'string',
     enum: ['confined', 'unconfined'],

@@ -7,6 +7,7 @@ import type { Logger } from 'pino';
 import { type EnvdSandbox, SandboxApi, signatureMatches } from '../envd/index.js';
 import { type GatewaySandbox, IngressProxy, SandboxGateway } from '../proxy/index.js';
 import type { SandboxRuntime } from '../runtime/index.js';
+import type { FlowRecorder } from '../flows/index.js';
 import { SANDBOX_ID, type SandboxService } from '../sandbox/index.js';
 
 interface HostedSandbox extends GatewaySandbox {
@@ -17,6 +18,8 @@ export interface GatewayParts {
   readonly sandboxes: SandboxService;
   readonly runtime: SandboxRuntime;
   readonly logger: Logger;
+  /** Where ingress requests are recorded. */
+  readonly flows: FlowRecorder;
   readonly connectTimeoutMs: number;
   readonly idleTimeoutMs: number;
   /** Ports Moat itself listens on: never an ingress target, whatever a sandbox listens on. */
@@ -33,6 +36,7 @@ export function createSandboxGateway(parts: GatewayParts): {
   const api = new SandboxApi(logger);
   const ingress = new IngressProxy({
     logger,
+    flows: parts.flows,
     connectTimeoutMs: parts.connectTimeoutMs,
     idleTimeoutMs: parts.idleTimeoutMs,
   });

@@ -1,7 +1,8 @@
-/** The moat command line: `moat serve`, `moat check`, `moat lint`. */
+/** The moat command line: `moat serve`, `moat check`, `moat lint`, `moat observe`. */
 import { CHECK_HELP, check } from './check.js';
 import { type CliIO, EXIT, switchesFilled, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
+import { OBSERVE_HELP, observe } from './observe.js';
 import { SERVE_HELP, serve } from './serve.js';
 import { VERSION } from './version.js';
 
@@ -26,6 +27,11 @@ const COMMANDS: Record<
     run: lint,
     help: LINT_HELP,
     summary: 'validate policy files and warn about likely mistakes',
+  },
+  observe: {
+    run: observe,
+    help: OBSERVE_HELP,
+    summary: "print a node's flow records (GET /flows), and follow new ones",
   },
 };
 

@@ -15,6 +15,7 @@ import { Cluster } from '../cluster/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { listenFailure } from '../listen-failure.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
+import { FlowFileSink, FlowRecorder, FlowStore } from '../flows/index.js';
 import {
   AddressPool,
   EnforcementTable,
@@ -45,6 +46,7 @@ import { FileStore, RedisStore, type Store } from '../store/index.js';
 import { createSandboxGateway } from './gateway.js';
 import { notReady } from './readiness.js';
 import { VERSION } from './version.js';
+import { warnEvery } from '../warn-every.js';
 
 export interface RunningMoat {
   readonly config: MoatConfig;
@@ -52,6 +54,8 @@ export interface RunningMoat {
   readonly metrics: MoatMetrics;
   readonly internal: InternalDenyList;
   readonly tunnels: TunnelRegistry;
+  /** Every enforcement decision of this node, and its store of recent ones. */
+  readonly flows: FlowRecorder;
   /** The explicit egress proxy (its `io` says how it carries connections). */
   readonly proxy: EgressProxy;
   readonly dns: DnsInterceptor;
@@ -229,6 +233,15 @@ export async function startMoat(
   });
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
+  const flows = new FlowRecorder({
+    store: new FlowStore(config.flowStoreSize, (where) =>
+      metrics.flowRecordsDropped.inc({ where }),
+    ),
+    metrics,
+    logger,
+    node: config.nodeID === 'auto' ? os.hostname() : config.nodeID,
+    now: wallNow,
+  });
   const { network, reason: proxyOnlyReason } = chooseNetwork(config);
   const watch =
     options.hostAddresses === undefined
@@ -264,6 +277,7 @@ export async function startMoat(
     cache,
     metrics,
     logger,
+    flows,
     minLearnTtl: config.dnsMinTtl,
     maxLearnTtl: config.dnsMaxTtl,
     rateLimit: config.dnsRateLimit,
@@ -302,6 +316,7 @@ export async function startMoat(
     tunnels,
     metrics,
     logger,
+    flows,
     checkServerName: config.proxyCheckServerName,
     maxTunnelsPerSandbox: config.proxyMaxTunnels,
     sourceIsProof: network !== undefined,
@@ -322,9 +337,20 @@ export async function startMoat(
   undo.push(async () => watch?.stop());
   try {
     await mkdir(config.dataDir, { recursive: true, mode: 0o700 });
+    if (config.flowLog !== undefined) {
+      const sink = await FlowFileSink.open(
+        config.flowLog,
+        config.flowLogMaxBytes,
+        () => metrics.flowRecordsDropped.inc({ where: 'file' }),
+        warnEvery(logger, 'flow log write failed', 10_000, wallNow),
+      );
+      flows.sink = sink;
+      undo.push(() => sink.close());
+    }
     const store = await openStore(config, logger, metrics);
     undo.push(() => store.close());
     const nodeID = store instanceof RedisStore ? await nodeIdentity(config) : undefined;
+    if (nodeID !== undefined) flows.node = nodeID;
     // Set once the API listens (other nodes need its address); until then only this node is known.
     let cluster: Cluster | undefined;
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
@@ -412,6 +438,7 @@ export async function startMoat(
     undo.push(() => sandboxes.stop());
     const api = createPlatformApi({
       service: sandboxes,
+      flows: flows.store,
       egress: {
         // What the sandbox itself uses: inside a namespace, the gateway.
         get proxy() {
@@ -453,6 +480,7 @@ export async function startMoat(
       sandboxes,
       runtime,
       logger,
+      flows,
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
       moatPorts: () => new Set(ownListeners(listening).map((at) => at.port)),
@@ -498,6 +526,7 @@ export async function startMoat(
       metrics,
       internal,
       tunnels,
+      flows,
       proxy,
       dns,
       sources,
@@ -522,6 +551,8 @@ export async function startMoat(
         await proxy.close(drainMs);
         await transparent?.close();
         await dns.stop();
+        // What was recorded up to here reaches the flow log.
+        await flows.sink?.close();
         await store.close();
         watch?.stop();
       },

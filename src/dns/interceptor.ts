@@ -4,6 +4,7 @@ import { ArrivingBytes } from '../arriving-bytes.js';
 import { warnEvery } from '../warn-every.js';
 import { listenFailure } from '../listen-failure.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
+import type { FlowRecorder } from '../flows/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
   type CanonicalName,
@@ -43,6 +44,8 @@ export interface DnsInterceptorOptions {
   readonly cache: AnswerCache;
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
+  /** Where each query's decision is recorded. */
+  readonly flows: FlowRecorder;
   /** Clamp for how long a learned address stays allowed, seconds. */
   readonly minLearnTtl: number;
   readonly maxLearnTtl: number;
@@ -226,21 +229,20 @@ export class DnsInterceptor {
     if (!name.ok) return refuse(name.error, sandbox);
 
     // Undefined when the sandbox's current policy allows the name; else the NXDOMAIN to send.
-    const blocked = () => {
+    // Decided again once a slow answer came (`again`): recorded then only if it now denies.
+    const blocked = (again = false) => {
       const verdict = decide(sandbox.policy, { host: name.value, ip: undefined, port: undefined });
-      if (verdict.verdict === 'allow') return undefined;
-      this.count(transport, 'blocked');
-      this.options.logger.info(
+      if (again && verdict.verdict === 'allow') return undefined;
+      this.options.flows.decided(
         {
           sandboxID: sandbox.sandboxID,
-          destination: name.value,
-          qtype: query.type,
-          rule: verdict.rule,
-          list: verdict.list,
-          reason: verdict.reason,
+          kind: 'dns',
+          destination: { name: name.value, address: null, port: null, protocol: transport },
         },
-        'dns query denied',
+        verdict,
       );
+      if (verdict.verdict === 'allow') return undefined;
+      this.count(transport, 'blocked');
       return emptyAnswer(query.id, questionOf(query), RCODE.NXDOMAIN, query);
     };
     const denied = blocked();
@@ -268,7 +270,7 @@ export class DnsInterceptor {
     const forwardLate = (answer: CachedAnswer) => {
       if (!this.options.table.holds(sandbox))
         return refuse('the sandbox was removed while its query was answered', sandbox);
-      return blocked() ?? forward(answer);
+      return blocked(true) ?? forward(answer);
     };
     try {
       const resolved = this.options.cache.resolve(name.value, query.type);

@@ -88,6 +88,29 @@ export class MoatMetrics {
     registers: [this.registry],
   });
 
+  readonly flows: Counter<'kind' | 'verdict' | 'direction'> = new Counter({
+    name: 'moat_flows_total',
+    help: 'Flow records (decisions and closes of allowed connections), by kind and verdict',
+    labelNames: ['kind', 'verdict'] as const,
+    registers: [this.registry],
+    collect: (): void => this.publishHotCounts(this.flows),
+  });
+
+  readonly flowBytes: Counter<'kind' | 'verdict' | 'direction'> = new Counter({
+    name: 'moat_flow_bytes_total',
+    help: 'Bytes of closed flows, by kind and direction (up: sandbox to destination)',
+    labelNames: ['kind', 'direction'] as const,
+    registers: [this.registry],
+    collect: (): void => this.publishHotCounts(this.flowBytes),
+  });
+
+  readonly flowRecordsDropped = new Counter({
+    name: 'moat_flow_records_dropped_total',
+    help: 'Flow records dropped: pushed out of the flow store by its bound (store), not sent to a follower too slow to read them (follower), or not written to the flow log file (file)',
+    labelNames: ['where'] as const,
+    registers: [this.registry],
+  });
+
   readonly proxyDialDuration = new Histogram({
     name: 'moat_proxy_dial_duration_seconds',
     help: 'Time to connect to a destination',
@@ -252,6 +275,8 @@ export class MoatMetrics {
     }
     for (const result of ['applied', 'invalid', 'failed'] as const)
       this.policyPublishes.inc({ result }, 0);
+    for (const where of ['store', 'follower', 'file'] as const)
+      this.flowRecordsDropped.inc({ where }, 0);
     if (options.defaultMetrics !== false) {
       collectDefaultMetrics({ register: this.registry, prefix: 'moat_' });
       // prom-client names these gauges `_total`, which Prometheus reserves for counters
@@ -260,7 +285,7 @@ export class MoatMetrics {
     }
   }
 
-  /** A HotCount for one label set of `counter` (dnsQueries or dnsCacheLookups). */
+  /** A HotCount for one label set of `counter` (one whose collect publishes hot counts). */
   hotCount<L extends string>(counter: Counter<L>, labels: Partial<Record<L, string>>): HotCount {
     const cell: HotCell<L> = { labels, count: 0, published: 0 };
     const cells = this.hotCells.get(counter) ?? [];

@@ -32,7 +32,7 @@ export type Connected<T> =
   { ok: true; socket: T; ip: IPAddress; via?: UpstreamProxy } | ({ ok: false } & Refusal);
 
 export type Plan =
-  | { readonly ok: true; readonly addresses: readonly IPAddress[] }
+  | { readonly ok: true; readonly addresses: readonly IPAddress[]; readonly decision: Decision }
   | ({ readonly ok: false } & Refusal);
 
 export interface DialerOptions {
@@ -78,7 +78,7 @@ export class Dialer {
     if (target.ip !== undefined) {
       const decision = this.check(sandbox, target, target.ip);
       return decision.verdict === 'allow'
-        ? { ok: true, addresses: [target.ip] }
+        ? { ok: true, addresses: [target.ip], decision }
         : { ok: false, ...denial(target, decision) };
     }
     const host = target.host!;
@@ -101,7 +101,8 @@ export class Dialer {
     const allowed = decisions.filter((d) => d.decision.verdict === 'allow').map((d) => d.ip);
     if (allowed.length === 0)
       return { ok: false, ...denial({ ...target, ip: decisions[0]!.ip }, decisions[0]!.decision) };
-    return { ok: true, addresses: allowed };
+    // Recorded as decided by the name: its rule is the one a flow record shows.
+    return { ok: true, addresses: allowed, decision: byName };
   }
 
   /** The decision for one address of a target: the host first, then the sandbox's policy. */

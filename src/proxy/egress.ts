@@ -2,6 +2,7 @@ import net from 'node:net';
 import type { Logger } from 'pino';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
+import type { FlowRecorder, OpenFlow } from '../flows/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import {
   canonicalName,
@@ -48,7 +49,7 @@ import {
 } from './native-tcp.js';
 import { type Splice, type SpliceOptions, splice } from './splice.js';
 import { TlsHelloGuard } from './tls-guard.js';
-import { spliceTunnel, type TunnelRegistry } from './tunnels.js';
+import { flowAsk, spliceTunnel, type TunnelRegistry } from './tunnels.js';
 
 export interface ProxyListen {
   readonly host: string;
@@ -61,6 +62,8 @@ export interface ProxyOptions {
   readonly tunnels: TunnelRegistry;
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
+  /** Where every decision, and the close of every allowed connection, is recorded. */
+  readonly flows: FlowRecorder;
   /** Close CONNECT tunnels whose TLS SNI (or port-80 Host) names another host than CONNECT did. */
   readonly checkServerName: boolean;
   readonly maxTunnelsPerSandbox: number;
@@ -265,7 +268,6 @@ export class EgressProxy {
       idleTimeoutMs: options.idleTimeoutMs,
       onRefusal: ({ sandbox, target }, refusal) =>
         this.refused('forward', sandbox, target, refusal),
-      onPolicyClose: (list) => options.metrics.proxyDenials.inc({ kind: 'forward', list }),
       draining: () => this.draining,
     };
   }
@@ -376,7 +378,7 @@ export class EgressProxy {
     this.options.metrics.proxyConnections.inc({ kind, verdict });
   }
 
-  /** Logs and counts a refusal; returns it for the caller to send. */
+  /** Records (a denial) or logs and counts (a failure) a refusal; returns it to be sent. */
   private refused(
     kind: ProxyKind,
     sandbox: EnforcedSandbox,
@@ -384,20 +386,9 @@ export class EgressProxy {
     refusal: Refusal,
   ): Refusal {
     if (refusal.decision !== undefined) {
-      const { list, rule, reason } = refusal.decision;
-      this.count(kind, 'denied');
-      this.options.metrics.proxyDenials.inc({ kind, list });
-      this.options.logger.info(
-        {
-          sandboxID: sandbox.sandboxID,
-          kind,
-          destination: formatDestination(target),
-          rule,
-          list,
-          reason,
-        },
-        'egress denied',
-      );
+      const flowKind = kind === 'forward' ? 'http' : kind;
+      const protocol = kind === 'forward' ? 'http' : 'tcp';
+      this.options.flows.decided(flowAsk(flowKind, sandbox, target, protocol), refusal.decision);
     } else {
       this.count(kind, refusal.status === 429 ? 'limited' : 'failed');
       this.options.logger.warn(
@@ -522,25 +513,16 @@ export class EgressProxy {
       if (abandoned) return client.destroy();
       return client.refuse(403, removed(sandbox).message);
     }
-    this.count('connect', 'allowed');
-    this.options.logger.debug(
-      { sandboxID: sandbox.sandboxID, kind: 'connect', destination: formatDestination(dialled) },
-      'egress allowed',
-    );
-    const tunnel = spliceTunnel(this.options, 'connect', sandbox, dialled, (options) =>
+    const flow = this.options.flows.opened(flowAsk('connect', sandbox, dialled, 'tcp'), now);
+    const tunnel = spliceTunnel(this.options, flow, sandbox, dialled, (options) =>
       client.splice(upstream, options),
     );
     if (!this.options.checkServerName) return tunnel.release(early);
-    this.holdUntilChecked(sandbox, dialled, early, tunnel);
+    this.holdUntilChecked(dialled, early, tunnel, flow);
   }
 
   /** Holds client bytes until the first ones show the tunnel talks to the host CONNECT named. */
-  private holdUntilChecked(
-    sandbox: EnforcedSandbox,
-    target: Target,
-    head: Buffer,
-    tunnel: Splice,
-  ): void {
+  private holdUntilChecked(target: Target, head: Buffer, tunnel: Splice, flow: OpenFlow): void {
     const arriving = new ArrivingBytes();
     let seen = arriving.restart(head);
     const timer = setTimeout(
@@ -563,18 +545,8 @@ export class EgressProxy {
       clearTimeout(timer);
       stopHolding();
     };
-    const refuse = (problem: string) => {
-      this.options.metrics.proxyDenials.inc({ kind: 'connect', list: 'invalid' });
-      this.options.logger.info(
-        {
-          sandboxID: sandbox.sandboxID,
-          kind: 'connect',
-          destination: formatDestination(target),
-          reason: problem,
-        },
-        'tunnel closed',
-      );
-    };
+    const refuse = (problem: string) =>
+      flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: problem });
     const finish = (problem: string) => {
       stopWatching();
       refuse(problem);
@@ -663,13 +635,14 @@ export class EgressProxy {
       slot.release();
       return refuse(plan.ok ? removed(sandbox) : plan);
     }
-    this.count('forward', 'allowed');
+    // Decided by name, or by the one address a bare-address request names.
+    const flow = this.options.flows.opened(flowAsk('http', sandbox, target, 'http'), plan.decision);
     // Retrying another address is only safe while no body has been sent.
     const addresses = hasBody ? plan.addresses.slice(0, 1) : plan.addresses;
     connection.exchange(
       new Exchange(
         this.exchangeContext,
-        { sandbox, target, head, path, framing: framing.value, lastRequest },
+        { sandbox, target, head, path, framing: framing.value, lastRequest, flow },
         connection.inbox,
         addresses,
         (result) => connection.exchangeDone(result.keepAlive),

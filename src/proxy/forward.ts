@@ -1,5 +1,6 @@
 import type net from 'node:net';
 import type { EnforcedSandbox, EnforcementTable, UpstreamProxy } from '../enforce/index.js';
+import type { FlowEnd, OpenFlow } from '../flows/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialer, denial, httpSocket, type Refusal, removed, type Target } from './dial.js';
@@ -142,8 +143,6 @@ export interface ExchangeContext {
   readonly idleTimeoutMs: number;
   /** Counts and logs a refusal the exchange answers (502/504, or a deny found after dialling). */
   readonly onRefusal: (request: ForwardRequest, refusal: Refusal) => void;
-  /** Counts a request closed because the policy now denies it. */
-  readonly onPolicyClose: (list: string) => void;
   /** Moat is shutting down: responses tell clients the connection closes after them. */
   readonly draining: () => boolean;
 }
@@ -157,6 +156,8 @@ export interface ForwardRequest {
   readonly framing: Framing;
   /** The client asked to close after this exchange (HTTP/1.0, Connection: close). */
   readonly lastRequest: boolean;
+  /** Its flow record, closed with the bytes sent to and read from the origin. */
+  readonly flow: OpenFlow;
 }
 
 const REQUEST_DROP = new Set(['host']);
@@ -190,6 +191,12 @@ export class Exchange {
   private relaying = false;
   private removeTunnel = () => {};
   private readonly requestText: string;
+  /** Bytes this exchange sent to and read from origins, and the counts its upstream had before. */
+  private bytesUp = 0;
+  private bytesDown = 0;
+  private upBefore = 0;
+  private downBefore = 0;
+  private end: FlowEnd = 'closed';
 
   constructor(
     private readonly context: ExchangeContext,
@@ -275,13 +282,16 @@ export class Exchange {
   private send(upstream: Upstream): void {
     this.upstream = upstream;
     const { socket } = upstream;
+    this.request.flow.dialled(upstream.ip.text);
+    this.upBefore = socket.bytesWritten;
+    this.downBefore = socket.bytesRead;
     const { sandbox, target } = this.request;
     this.removeTunnel();
     this.removeTunnel = this.context.tunnels.add({
       sandbox,
       target: { ...target, ip: upstream.ip, via: upstream.via },
       close: (decision) => {
-        if (decision !== undefined) this.context.onPolicyClose(decision.list);
+        if (decision !== undefined) this.request.flow.refused(decision);
         this.abort();
       },
     });
@@ -335,6 +345,8 @@ export class Exchange {
       .off('timeout', this.onUpstreamTimeout)
       .off('close', this.onUpstreamClose)
       .off('end', this.onUpstreamClose);
+    this.bytesUp += upstream.socket.bytesWritten - this.upBefore;
+    this.bytesDown += upstream.socket.bytesRead - this.downBefore;
     this.upstream = undefined;
     return upstream;
   }
@@ -480,6 +492,8 @@ export class Exchange {
   private answer(refusal: Refusal): void {
     if (this.finished) return;
     this.context.onRefusal(this.request, refusal);
+    if (refusal.decision !== undefined) this.request.flow.refused(refusal.decision);
+    this.end = 'error';
     this.detach()?.socket.destroy();
     const { status, message, decision } = refusal;
     if (this.responseStarted) this.client.socket.destroy();
@@ -492,6 +506,7 @@ export class Exchange {
 
   /** A message broke in the middle, or the exchange must stop: both connections go. */
   private abort(): void {
+    this.end = 'error';
     this.detach()?.socket.destroy();
     this.client.socket.destroy();
     this.finish(false);
@@ -502,6 +517,7 @@ export class Exchange {
     this.finished = true;
     this.releaseSlot();
     this.removeTunnel();
+    this.request.flow.closed(this.bytesUp, this.bytesDown, this.end);
     this.done({ keepAlive });
   }
 }

@@ -20,6 +20,7 @@ import { endAndLinger } from './http-errors.js';
 import { foldsToConnectionField, isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
 import { sameSecret } from '../same-secret.js';
+import type { FlowAsk, FlowRecorder, OpenFlow } from '../flows/index.js';
 
 export interface IngressTarget {
   readonly sandboxID: string;
@@ -50,6 +51,8 @@ export interface IngressTarget {
 
 export interface IngressOptions {
   readonly logger: Logger;
+  /** Where every request's decision (the traffic token's, the port's) and close are recorded. */
+  readonly flows: FlowRecorder;
   /** Time to get a connection to the sandbox's port (504 after it). */
   readonly connectTimeoutMs: number;
   /**
@@ -243,6 +246,15 @@ interface DialHandlers {
   readonly gone: () => boolean;
 }
 
+/** An ingress request as a flow: to a port of the sandbox, at the address it is dialled on. */
+function ingressAsk(target: IngressTarget): FlowAsk {
+  return {
+    sandboxID: target.sandboxID,
+    kind: 'ingress',
+    destination: { name: null, address: target.host, port: target.port, protocol: 'http' },
+  };
+}
+
 export class IngressProxy {
   private readonly agent: http.Agent;
   /** The same pool, for ports that serve TLS. */
@@ -272,11 +284,12 @@ export class IngressProxy {
     target: IngressTarget,
   ): Promise<void> {
     const log = this.logger(target);
-    if (!this.admitted(request, target, log))
+    if (!this.admitted(request, target))
       return sendSandboxError(response, 403, this.forbidden(request, target), target.sandboxID);
-    const located = await this.locate(target, log);
+    const located = await this.locate(target);
     if ('refused' in located)
       return sendSandboxError(response, 502, located.refused, target.sandboxID);
+    const flow = this.admit(located);
     let gone = false;
     const upstream = this.dial(request, located, false, log, {
       refuse: (status, message) => sendSandboxError(response, status, message, target.sandboxID),
@@ -299,9 +312,20 @@ export class IngressProxy {
         log.debug({ method: request.method, status: answer.statusCode }, 'ingress request'),
       );
     });
+    // The bytes this request moved on its (possibly pooled) upstream connection.
+    let counted: { socket: net.Socket; up: number; down: number } | undefined;
+    upstream.once('socket', (socket: net.Socket) => {
+      counted = { socket, up: socket.bytesWritten, down: socket.bytesRead };
+    });
     // Fires when the response is done or the client's connection went away (mid-body too).
     response.on('close', () => {
-      if (response.writableFinished) return;
+      const finished = response.writableFinished;
+      flow.closed(
+        counted === undefined ? 0 : counted.socket.bytesWritten - counted.up,
+        counted === undefined ? 0 : counted.socket.bytesRead - counted.down,
+        finished ? 'closed' : 'error',
+      );
+      if (finished) return;
       gone = true;
       upstream.destroy();
     });
@@ -318,10 +342,11 @@ export class IngressProxy {
   ): Promise<void> {
     const log = this.logger(target);
     socket.on('error', () => socket.destroy());
-    if (!this.admitted(request, target, log))
+    if (!this.admitted(request, target))
       return this.refuse(socket, 403, this.forbidden(request, target), target.sandboxID);
-    const located = await this.locate(target, log);
+    const located = await this.locate(target);
     if ('refused' in located) return this.refuse(socket, 502, located.refused, target.sandboxID);
+    const flow = this.admit(located);
     if (!(socket instanceof net.Socket)) {
       // Node's servers always hand over a net.Socket (or a TLSSocket, which is one).
       log.error('ingress upgrade on a stream that is not a socket');
@@ -349,8 +374,9 @@ export class IngressProxy {
       log.debug({ status, protocol: answer.headers.upgrade }, 'ingress upgrade');
       const spliced = splice(socket, upstreamSocket, {
         idleTimeoutMs: this.options.idleTimeoutMs,
-        onClose: (up, down) => {
+        onClose: (up, down, end) => {
           this.splices.delete(spliced);
+          flow.closed(up, down, end);
           log.debug({ bytesUp: up, bytesDown: down }, 'ingress upgrade closed');
         },
       });
@@ -396,32 +422,47 @@ export class IngressProxy {
     return this.options.logger.child({ sandboxID: target.sandboxID, port: target.port });
   }
 
-  /** The target as it is dialed (its listener's own address), or why it is refused (logged). */
-  private async locate(
-    target: IngressTarget,
-    log: Logger,
-  ): Promise<IngressTarget | { refused: string }> {
+  /** The target as it is dialed (its listener's own address), or why it is refused (recorded). */
+  private async locate(target: IngressTarget): Promise<IngressTarget | { refused: string }> {
     if (target.locate === undefined) return target;
     const where = await target.locate().catch((error: Error) => ({
       refused: `cannot read the ports of sandbox ${target.sandboxID}: ${error.message}`,
     }));
     if ('refused' in where) {
-      log.info({ reason: where.refused }, 'ingress refused: not a port of the sandbox');
+      this.options.flows.decided(ingressAsk(target), {
+        verdict: 'deny',
+        list: 'ports',
+        rule: null,
+        reason: where.refused,
+      });
       return where;
     }
     return { ...target, host: where.host };
   }
 
-  /** The traffic token check. The token itself is never logged. */
-  private admitted(request: IncomingMessage, target: IngressTarget, log: Logger): boolean {
+  /** The traffic token check. The token itself is never logged or recorded. */
+  private admitted(request: IncomingMessage, target: IngressTarget): boolean {
     if (target.trafficToken === null) return true;
     const given = request.headers[TRAFFIC_TOKEN_HEADER];
     if (tokenMatches(given, target.trafficToken)) return true;
-    log.info(
-      { reason: given === undefined ? 'missing' : 'wrong' },
-      'ingress refused: traffic access token',
-    );
+    this.options.flows.decided(ingressAsk(target), {
+      verdict: 'deny',
+      list: 'trafficToken',
+      rule: null,
+      reason: `${given === undefined ? 'missing' : 'wrong'} traffic access token`,
+    });
     return false;
+  }
+
+  /** Records a request let through to the sandbox's port. */
+  private admit(target: IngressTarget): OpenFlow {
+    const token = target.trafficToken !== null;
+    return this.options.flows.opened(ingressAsk(target), {
+      verdict: 'allow',
+      list: token ? 'trafficToken' : 'public',
+      rule: null,
+      reason: token ? 'the traffic access token matched' : 'the sandbox takes public traffic',
+    });
   }
 
   private forbidden(request: IncomingMessage, target: IngressTarget): string {

@@ -1,4 +1,5 @@
 import net from 'node:net';
+import type { FlowEnd } from '../flows/index.js';
 
 export interface SpliceOptions {
   readonly idleTimeoutMs: number;
@@ -8,8 +9,11 @@ export interface SpliceOptions {
    * slot for the whole idle timeout.
    */
   readonly finishedIdleMs?: number;
-  /** Called once when both sides are closed, with the bytes each way. */
-  readonly onClose: (bytesUp: number, bytesDown: number) => void;
+  /**
+   * Called once when both sides are closed, with the bytes each way and, where the relay
+   * knows it, how the tunnel ended (closed when not).
+   */
+  readonly onClose: (bytesUp: number, bytesDown: number, end?: FlowEnd) => void;
 }
 
 /** What a guard lets through now (possibly bytes it held before), or why the splice must close. */
@@ -179,19 +183,22 @@ export function connectUpstream(options: net.TcpNetConnectOpts): net.Socket {
  */
 export function splice(client: net.Socket, upstream: net.Socket, options: SpliceOptions): Splice {
   let closed = false;
-  const close = () => {
+  const close = (end: FlowEnd = 'closed') => {
     if (closed) return;
     closed = true;
     client.destroy();
     upstream.destroy();
-    options.onClose(upstream.bytesWritten, client.bytesWritten);
+    options.onClose(upstream.bytesWritten, client.bytesWritten, end);
   };
+  const idle = () => close('idle');
+  const failed = (error: NodeJS.ErrnoException) =>
+    close(error.code === 'ECONNRESET' ? 'reset' : 'error');
   for (const [socket, other] of [
     [client, upstream],
     [upstream, client],
   ] as const) {
-    socket.setTimeout(options.idleTimeoutMs, close);
-    socket.on('error', close);
+    socket.setTimeout(options.idleTimeoutMs, idle);
+    socket.on('error', failed);
     // One side is done: the other may not have written all it was given yet (a slow reader),
     // and destroying it would drop that tail. It closes once flushed, or idles out.
     socket.on('close', () => {

@@ -10,7 +10,7 @@ import { identify } from './identity.js';
 import { looksLikeTls, peekName } from './peek.js';
 import { TlsHelloGuard } from './tls-guard.js';
 import { splice } from './splice.js';
-import { spliceTunnel } from './tunnels.js';
+import { flowAsk, spliceTunnel } from './tunnels.js';
 
 /**
  * The transparent listener, for TCP 80/443 that the kernel enforcer redirects here. The sandbox
@@ -75,11 +75,15 @@ export class TransparentProxy {
     this.pending.add(client);
     const arriving = new ArrivingBytes();
     let seen: Buffer = arriving.bytes;
+    // Nothing names a destination yet: recorded as what the kernel redirected (the name unknown).
     const fail = (reason: string) => {
-      metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'invalid' });
-      logger.info(
-        { sandboxID: sandbox.sandboxID, kind: 'transparent', reason },
-        'transparent connection closed',
+      this.options.flows.decided(
+        {
+          sandboxID: sandbox.sandboxID,
+          kind: 'transparent',
+          destination: { name: null, address: null, port: null, protocol: 'tcp' },
+        },
+        { verdict: 'deny', list: 'invalid', rule: null, reason },
       );
       client.destroy();
     };
@@ -131,60 +135,47 @@ export class TransparentProxy {
     client: net.Socket,
     seen: Buffer,
   ): Promise<void> {
-    const { dialer, metrics, logger } = this.options;
+    const { dialer, metrics, logger, flows } = this.options;
+    const protocol = looksLikeTls(seen[0]!) ? 'tls' : 'http';
     const plan = await dialer.plan(sandbox, target);
     const connected = plan.ok
       ? await dialer.reach(sandbox, target, plan.addresses, tunnelSocket)
       : plan;
     if (!connected.ok) {
       const { decision } = connected;
-      metrics.proxyConnections.inc({
-        kind: 'transparent',
-        verdict: decision ? 'denied' : 'failed',
-      });
-      if (decision) metrics.proxyDenials.inc({ kind: 'transparent', list: decision.list });
-      logger.info(
-        {
-          sandboxID: sandbox.sandboxID,
-          kind: 'transparent',
-          destination: formatDestination(target),
-          rule: decision?.rule,
-          list: decision?.list,
-          reason: decision?.reason ?? connected.message,
-        },
-        decision ? 'egress denied' : 'egress failed',
-      );
+      if (decision) flows.decided(flowAsk('transparent', sandbox, target, protocol), decision);
+      else {
+        metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'failed' });
+        logger.info(
+          {
+            sandboxID: sandbox.sandboxID,
+            kind: 'transparent',
+            destination: formatDestination(target),
+            reason: connected.message,
+          },
+          'egress failed',
+        );
+      }
       client.destroy();
       return;
     }
     const dialled: Dialled = { ...target, ip: connected.ip, via: connected.via };
     // Decided again: the policy may have changed, or the sandbox gone, while we dialled.
-    if (
-      client.destroyed ||
-      !this.options.table.holds(sandbox) ||
-      dialer.check(sandbox, dialled, connected.ip).verdict === 'deny'
-    ) {
+    const now = dialer.check(sandbox, dialled, connected.ip);
+    if (client.destroyed || !this.options.table.holds(sandbox) || now.verdict === 'deny') {
       connected.socket.destroy();
       client.destroy();
+      if (now.verdict === 'deny')
+        flows.decided(flowAsk('transparent', sandbox, dialled, protocol), now);
       return;
     }
-    metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'allowed' });
     const upstream = connected.socket;
-    const tunnel = spliceTunnel(this.options, 'transparent', sandbox, dialled, (options) =>
+    const flow = flows.opened(flowAsk('transparent', sandbox, dialled, protocol), now);
+    const tunnel = spliceTunnel(this.options, flow, sandbox, dialled, (options) =>
       splice(client, upstream, options),
     );
-    const refused = (problem: string) => {
-      metrics.proxyDenials.inc({ kind: 'transparent', list: 'invalid' });
-      logger.info(
-        {
-          sandboxID: sandbox.sandboxID,
-          kind: 'transparent',
-          destination: formatDestination(target),
-          reason: problem,
-        },
-        'transparent connection closed',
-      );
-    };
+    const refused = (problem: string) =>
+      flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: problem });
     // The first ClientHello's name, or the first request's Host, chose the destination: every
     // later one the server acts on must name it too.
     const guard = looksLikeTls(seen[0]!)

@@ -1,8 +1,8 @@
-import type { Logger } from 'pino';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
-import type { MoatMetrics, ProxyKind } from '../metrics/index.js';
-import { type Decision, formatDestination } from '../policy/index.js';
-import type { Dialled } from './dial.js';
+import type { FlowAsk, FlowKind, OpenFlow } from '../flows/index.js';
+import type { MoatMetrics } from '../metrics/index.js';
+import type { Decision } from '../policy/index.js';
+import type { Dialled, Target } from './dial.js';
 import type { Splice, SpliceOptions } from './splice.js';
 
 /** An open connection through Moat, decided for one destination. */
@@ -126,50 +126,56 @@ export class TunnelRegistry {
 export interface TunnelContext {
   readonly tunnels: TunnelRegistry;
   readonly metrics: MoatMetrics;
-  readonly logger: Logger;
   readonly idleTimeoutMs: number;
+}
+
+/** What a proxy was asked, for its flow record: the name asked for and the address dialled. */
+export function flowAsk(
+  kind: FlowKind,
+  sandbox: EnforcedSandbox,
+  target: Target,
+  protocol: string,
+): FlowAsk {
+  return {
+    sandboxID: sandbox.sandboxID,
+    kind,
+    destination: {
+      name: target.host ?? null,
+      address: target.ip?.text ?? null,
+      port: target.port,
+      protocol,
+    },
+  };
 }
 
 /**
  * Splices client and upstream (`join` does, with the options given) as a registered tunnel:
  * counted, closed when a policy change denies its destination or the sandbox goes, and
- * unregistered when either side closes.
+ * unregistered when either side closes, which ends its `flow`.
  */
 export function spliceTunnel(
   context: TunnelContext,
-  kind: ProxyKind,
+  flow: OpenFlow,
   sandbox: EnforcedSandbox,
   target: Dialled,
   join: (options: SpliceOptions) => Splice,
 ): Splice {
-  const { metrics, logger, tunnels } = context;
+  const { metrics, tunnels } = context;
   let remove = () => {};
   const spliced = join({
     idleTimeoutMs: context.idleTimeoutMs,
-    onClose: (up, down) => {
+    onClose: (up, down, end) => {
       remove();
       metrics.proxyBytes.inc({ direction: 'up' }, up);
       metrics.proxyBytes.inc({ direction: 'down' }, down);
+      flow.closed(up, down, end);
     },
   });
   remove = tunnels.add({
     sandbox,
     target,
     close: (decision?: Decision) => {
-      if (decision !== undefined) {
-        metrics.proxyDenials.inc({ kind, list: decision.list });
-        logger.info(
-          {
-            sandboxID: sandbox.sandboxID,
-            kind,
-            destination: formatDestination(target),
-            rule: decision.rule,
-            list: decision.list,
-            reason: decision.reason,
-          },
-          'open connection closed: the policy now denies it',
-        );
-      }
+      if (decision !== undefined) flow.refused(decision);
       spliced.close();
     },
   });

@@ -51,6 +51,7 @@ const PLATFORM_ROUTES: ReadonlyArray<{ method: string; url: string; body?: objec
   { method: 'GET', url: '/sandboxes' },
   { method: 'GET', url: '/v2/sandboxes' },
   { method: 'GET', url: '/sandboxes/:sandboxID' },
+  { method: 'GET', url: '/flows' },
   { method: 'DELETE', url: '/sandboxes/:sandboxID' },
   { method: 'POST', url: '/sandboxes/:sandboxID/timeout', body: { timeout: 30 } },
   { method: 'POST', url: '/sandboxes/:sandboxID/refreshes', body: { duration: 30 } },
@@ -278,6 +279,7 @@ describe('create and detail', () => {
           enforcement: 'proxy',
           node: null,
         },
+        flows: { allowed: 0, denied: 0, bytesUp: 0, bytesDown: 0 },
         confinement: expect.stringMatching(/^(confined|unconfined)$/),
       });
     }

@@ -5,6 +5,8 @@ import net from 'node:net';
 import { Readable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { FlowRecorder, FlowStore } from '../../src/flows/index.js';
+import { MoatMetrics } from '../../src/metrics/index.js';
 import { IngressProxy, type IngressTarget } from '../../src/proxy/ingress.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { bodyDigest } from '../support/origins.js';
@@ -190,6 +192,15 @@ async function startUpgradeOrigin() {
 }
 
 /** A front server standing in for the gateway: every request goes to `target()`. */
+/** A flow recorder of its own (ingress requests are recorded as flows). */
+const testFlows = (logger: pino.Logger) =>
+  new FlowRecorder({
+    store: new FlowStore(1000),
+    metrics: new MoatMetrics({ defaultMetrics: false }),
+    logger,
+    node: 'test',
+  });
+
 async function startFront(ingress: IngressProxy, target: () => IngressTarget) {
   const server = http.createServer((req, res) => ingress.request(req, res, target()));
   server.on('upgrade', (req, socket, head) => ingress.upgrade(req, socket, head, target()));
@@ -421,8 +432,10 @@ async function upgraded(reader: ReturnType<typeof received>) {
 beforeAll(async () => {
   origin = await startHttpOrigin();
   upgrades = await startUpgradeOrigin();
+  const logger = pino({ level: 'debug' }, { write: (line: string) => void logLines.push(line) });
   ingress = new IngressProxy({
-    logger: pino({ level: 'debug' }, { write: (line: string) => void logLines.push(line) }),
+    logger,
+    flows: testFlows(logger),
     connectTimeoutMs: CONNECT_TIMEOUT_MS,
     idleTimeoutMs: IDLE_TIMEOUT_MS,
   });
@@ -908,6 +921,7 @@ describe('close', () => {
   it('closes pooled upstream connections and open upgraded connections', async () => {
     const own = new IngressProxy({
       logger: pino({ level: 'silent' }),
+      flows: testFlows(pino({ level: 'silent' })),
       connectTimeoutMs: CONNECT_TIMEOUT_MS,
       idleTimeoutMs: 30_000,
     });

@@ -46,6 +46,7 @@ export interface Detail extends Created {
   allowInternetAccess: boolean | null;
   network: { allowOut: string[]; denyOut: string[] };
   egress: { address: string; proxyUrl: string; dns: string; enforcement: string };
+  flows: { allowed: number; denied: number; bytesUp: number; bytesDown: number };
 }
 
 export class ApiClient {

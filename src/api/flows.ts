@@ -1,0 +1,112 @@
+/**
+ * `GET /flows`: the node's recent flow records, filtered, newest first; with `follow=true`
+ * every new one as it is recorded (NDJSON, or SSE for `Accept: text/event-stream`).
+ */
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import {
+  FLOW_ENDS,
+  FLOW_EVENTS,
+  FLOW_KINDS,
+  FLOW_VERDICTS,
+  type FlowStore,
+  flowView,
+  matches,
+  parseFlowQuery,
+} from '../flows/index.js';
+import { SandboxError } from '../sandbox/index.js';
+
+/** Bytes a follower may leave unread before it is cut: a slow reader never grows memory. */
+export const MAX_FOLLOW_BACKLOG_BYTES = 1 << 20;
+
+const text = { type: 'string' };
+const nullableText = { type: ['string', 'null'] };
+const count = { type: 'integer', minimum: 0 };
+
+export const flowsQuerySchema = {
+  type: 'object',
+  properties: {
+    sandboxID: { ...text, description: 'Only this sandbox’s flows' },
+    verdict: { type: 'string', enum: [...FLOW_VERDICTS] },
+    kind: { type: 'string', enum: [...FLOW_KINDS] },
+    since: { ...text, description: 'ISO 8601 time, or a duration back from now: 30s, 5m, 2h, 1d' },
+    destination: { ...text, description: 'Substring of the name asked for or the address dialled' },
+    limit: { ...text, description: 'At most this many records (1 to 10000, default 100)' },
+    follow: {
+      type: 'string',
+      enum: ['true', 'false'],
+      description:
+        'Stream new records until the client leaves: NDJSON, or SSE with Accept: text/event-stream',
+    },
+  },
+  additionalProperties: false,
+};
+
+export const flowSchema = {
+  type: 'object',
+  properties: {
+    time: { type: 'string', format: 'date-time' },
+    id: count,
+    event: { type: 'string', enum: [...FLOW_EVENTS] },
+    sandboxID: text,
+    node: text,
+    kind: { type: 'string', enum: [...FLOW_KINDS] },
+    destination: {
+      type: 'object',
+      properties: {
+        name: nullableText,
+        address: nullableText,
+        port: { type: ['integer', 'null'] },
+        protocol: text,
+      },
+      required: ['name', 'address', 'port', 'protocol'],
+    },
+    verdict: { type: 'string', enum: [...FLOW_VERDICTS] },
+    list: text,
+    rule: nullableText,
+    reason: text,
+    bytesUp: count,
+    bytesDown: count,
+    durationMs: count,
+    end: { type: 'string', enum: [...FLOW_ENDS] },
+  },
+  required: ['time', 'id', 'event', 'sandboxID', 'node', 'kind', 'destination', 'verdict'],
+};
+
+export const flowTotalsSchema = {
+  type: 'object',
+  description: 'Moat extension: this sandbox’s flows on its node since Moat started',
+  properties: { allowed: count, denied: count, bytesUp: count, bytesDown: count },
+  required: ['allowed', 'denied', 'bytesUp', 'bytesDown'],
+};
+
+export async function listFlows(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  store: FlowStore,
+): Promise<unknown> {
+  const parsed = parseFlowQuery(request.query as Record<string, unknown>);
+  if (!parsed.ok) throw new SandboxError(400, `query.${parsed.parameter}: ${parsed.error}`);
+  const { filter, limit, follow } = parsed.value;
+  if (!follow) return store.query(filter, limit).map(flowView);
+  const sse = (request.headers.accept ?? '').includes('text/event-stream');
+  reply.hijack();
+  const out = reply.raw;
+  out.writeHead(200, {
+    'Content-Type': sse ? 'text/event-stream' : 'application/x-ndjson',
+    'Cache-Control': 'no-store',
+  });
+  // Headers go now: a client waiting for its first record knows the stream is open.
+  out.flushHeaders();
+  const stop = store.follow(
+    (record) => {
+      if (!matches(record, filter)) return true;
+      if (out.writableLength > MAX_FOLLOW_BACKLOG_BYTES) return false;
+      const json = JSON.stringify(flowView(record));
+      out.write(sse ? `data: ${json}\n\n` : `${json}\n`);
+      return true;
+    },
+    () => out.destroy(),
+  );
+  out.once('close', stop);
+  return reply;
+}

@@ -574,23 +574,28 @@ describe('secrets never reach the log', () => {
     const leaked = Object.entries(secrets).filter(([, secret]) => everything.includes(secret));
     expect(leaked.map(([name]) => name)).toEqual([]);
 
-    // Each deny is one structured line with the facts an operator needs.
+    // Each decision is one structured flow line with the facts an operator needs.
     const lines = child.logLines();
     const fact = { rule: expect.any(String), list: expect.any(String), reason: expect.any(String) };
-    const denied = (msg: string, details: object) =>
-      expect.objectContaining({ msg, sandboxID, ...fact, ...details });
+    const flow = (verdict: string, kind: string, destination: object, details: object = {}) =>
+      expect.objectContaining({
+        msg: 'flow',
+        event: 'decision',
+        sandboxID,
+        verdict,
+        kind,
+        destination: expect.objectContaining(destination),
+        ...(verdict === 'deny' ? fact : {}),
+        ...details,
+      });
     expect(lines).toEqual(
       expect.arrayContaining([
-        denied('egress denied', { kind: 'connect', destination: 'denied.moat.test:443' }),
-        denied('egress denied', { kind: 'connect', destination: '10.1.2.3:443', list: 'internal' }),
-        denied('egress denied', { kind: 'forward', destination: 'denied.moat.test:80' }),
-        denied('dns query denied', { destination: 'denied.moat.test' }),
+        flow('deny', 'connect', { name: 'denied.moat.test', port: 443 }),
+        flow('deny', 'connect', { address: '10.1.2.3', port: 443 }, { list: 'internal' }),
+        flow('deny', 'http', { name: 'denied.moat.test', port: 80 }),
+        flow('deny', 'dns', { name: 'denied.moat.test' }),
         // At debug level, the allow too.
-        expect.objectContaining({
-          msg: 'egress allowed',
-          sandboxID,
-          destination: expect.stringContaining(`:${origin.port}`),
-        }),
+        flow('allow', 'connect', { name: 'allowed.moat.test', port: origin.port }),
       ]),
     );
   });

@@ -20,7 +20,7 @@ import { SETTINGS } from '../src/config.js';
 import { FakeDns } from './support/fake-dns.js';
 import { MOAT_BIN, runMoat } from './support/moat.js';
 import { REDIS_PORT, RedisRelay, redisProblem } from './support/redis.js';
-import { ServeChild, type Started } from './support/serve-child.js';
+import { loopbackServeArgs, ServeChild, type Started } from './support/serve-child.js';
 
 const redis = await redisProblem();
 if (redis !== undefined) console.warn(`Redis readiness test skipped: no Redis on ${REDIS_PORT}`);
@@ -49,18 +49,9 @@ afterAll(async () => {
   rmSync(scratch, { recursive: true, force: true });
 });
 
-/** Loopback everywhere, kernel-chosen ports, the FakeDns upstream, sandboxes on the host network. */
-const serveArgs = (dataDir: string, extra: string[] = []) => [
-  ...['--data-dir', dataDir, '--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
-  ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
-  ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
-  ...['--enforcement', 'proxy'],
-  ...extra,
-];
-
 /** serveArgs with one flag's value replaced (a flag given twice is refused). */
 const serveArgsWith = (flag: string, value: string) => {
-  const args = serveArgs(folder());
+  const args = loopbackServeArgs(folder(), zone.port);
   args[args.indexOf(flag) + 1] = value;
   return args;
 };
@@ -69,7 +60,7 @@ async function startServe(
   extra: string[] = [],
   env: Record<string, string> = {},
 ): Promise<{ child: ServeChild; at: Started }> {
-  const child = new ServeChild(serveArgs(folder(), extra), env);
+  const child = new ServeChild(loopbackServeArgs(folder(), zone.port, extra), env);
   return { child, at: await child.started() };
 }
 
@@ -422,7 +413,7 @@ describe('confinement is advertised only after a write test', () => {
         [
           ...['--mount', '--propagation', 'private', 'sh', '-c'],
           `mount -o remount,bind,ro ${FREEZER_MOUNT} && exec "$0" "$@"`,
-          ...[process.execPath, MOAT_BIN, 'serve', ...serveArgs(dataDir)],
+          ...[process.execPath, MOAT_BIN, 'serve', ...loopbackServeArgs(dataDir, zone.port)],
         ],
         { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'ignore', 'pipe'] },
       );

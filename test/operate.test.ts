@@ -19,7 +19,7 @@ import { FakeDns } from './support/fake-dns.js';
 import { runMoat } from './support/moat.js';
 import { httpEchoOrigin, type Origin } from './support/origins.js';
 import { nativeTcpUnavailable } from '../src/proxy/native-tcp.js';
-import { ServeChild, type Started } from './support/serve-child.js';
+import { loopbackServeArgs, ServeChild, type Started } from './support/serve-child.js';
 
 const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-operate-'));
 let folders = 0;
@@ -48,18 +48,8 @@ afterAll(async () => {
 
 // -- the serve child ---------------------------------------------------------------------------
 
-/** Loopback everywhere, ports chosen by the kernel, the FakeDns upstream. */
-const serveArgs = (dataDir: string, extra: string[] = []) => [
-  ...['--data-dir', dataDir, '--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
-  ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
-  ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
-  // Several of these run at once; namespaced Moats would need a pool each (test/netns does that).
-  ...['--enforcement', 'proxy'],
-  ...extra,
-];
-
 async function startServe(extra: string[] = []): Promise<{ child: ServeChild; at: Started }> {
-  const child = new ServeChild(serveArgs(folder(), extra));
+  const child = new ServeChild(loopbackServeArgs(folder(), zone.port, extra));
   return { child, at: await child.started() };
 }
 

@@ -7,7 +7,6 @@
  * only; sandboxes are created through the platform API. The SDK-level behaviour is in
  * test/sdk/commands.test.ts, the filesystem at the raw level in test/envd/filesystem.test.ts.
  */
-import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -20,6 +19,7 @@ import {
   send,
   type StreamCall,
 } from '../support/connect-client.js';
+import { hostProcesses } from '../support/local-host.js';
 
 const DOMAIN = 'moat.test';
 const NOT_FOUND_ID = `i${'0'.repeat(20)}`;
@@ -234,13 +234,6 @@ const listPids = async (sbx: SandboxClient): Promise<number[]> => {
   expect(reply.status, reply.text).toBe(200);
   return (reply.body as { processes: Array<{ pid: number }> }).processes.map((p) => p.pid);
 };
-
-/** Command lines of every process on the host. */
-const hostProcesses = () =>
-  execFileSync('ps', ['-eo', 'args'])
-    .toString()
-    .split('\n')
-    .map((line) => line.trim());
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 

@@ -4,18 +4,11 @@
  * has no call, such as ingress).
  */
 import { CommandExitError, Sandbox, SandboxError, type SandboxOpts, TimeoutError } from 'e2b';
-import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SdkMoat, startSdkMoat, viaHost } from '../support/sdk-moat.js';
+import { hostProcesses } from '../support/local-host.js';
 
 let harness: SdkMoat;
-
-/** Command lines of every process on the host (the sandbox's are among them). */
-const hostProcesses = () =>
-  execFileSync('ps', ['-eo', 'args'])
-    .toString()
-    .split('\n')
-    .map((l) => l.trim());
 
 const sandbox = (options: SandboxOpts = {}) => harness.sandbox(options);
 

@@ -4,18 +4,11 @@
  * some lifecycle combinations itself), which go as plain HTTP to show Moat refuses them too.
  */
 import { Sandbox, SandboxError, SandboxNotFoundError } from 'e2b';
-import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
+import { hostProcesses } from '../support/local-host.js';
 
 let harness: SdkMoat;
-
-/** Command lines of every process on the host (the sandboxes' among them). */
-const hostProcesses = () =>
-  execFileSync('ps', ['-eo', 'args'])
-    .toString()
-    .split('\n')
-    .map((l) => l.trim());
 
 const exists = async (sbx: Sandbox, path: string) => sbx.files.exists(path);
 

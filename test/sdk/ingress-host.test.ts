@@ -8,20 +8,13 @@ import net from 'node:net';
 import type { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SdkMoat, startSdkMoat, viaHost } from '../support/sdk-moat.js';
+import { freePort } from '../support/local-host.js';
 
 let harness: SdkMoat;
 beforeAll(async () => {
   harness = await startSdkMoat({ flags: { enforcement: 'proxy' } });
 });
 afterAll(() => harness.stop());
-
-const freePort = async (): Promise<number> => {
-  const probe = net.createServer();
-  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
-  const { port } = probe.address() as net.AddressInfo;
-  await new Promise((resolve) => probe.close(resolve));
-  return port;
-};
 
 /** Starts an HTTP server inside the sandbox (answering `body`) and waits until ingress reaches it. */
 async function serveInside(

@@ -3,24 +3,16 @@
  * getInfo reads back, and ingress to a sandbox port that serves TLS with a self-signed
  * certificate (reached over TLS, the certificate not verified, as E2B's proxy does).
  */
-import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { testCertificate } from '../../bench/lib/certificate.js';
 import { type SdkMoat, startSdkMoat, viaHost } from '../support/sdk-moat.js';
+import { freePort } from '../support/local-host.js';
 
 let harness: SdkMoat;
 beforeAll(async () => {
   harness = await startSdkMoat({ flags: { enforcement: 'proxy' } });
 });
 afterAll(() => harness.stop());
-
-const freePort = async (): Promise<number> => {
-  const probe = net.createServer();
-  await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve));
-  const { port } = probe.address() as net.AddressInfo;
-  await new Promise((resolve) => probe.close(resolve));
-  return port;
-};
 
 describe('network options through the SDK', () => {
   it('sends egressProxy and httpsPorts on create; getInfo shows them, without the password', async () => {

@@ -114,3 +114,20 @@ export class ServeChild {
     await this.exited;
   }
 }
+
+/**
+ * `moat serve` flags for a test: loopback everywhere, ports chosen by the kernel, the fake DNS on
+ * `dnsUpstreamPort` as upstream, sandboxes on the host network (several of these run at once;
+ * namespaced Moats would need a pool each, as test/netns gives them).
+ */
+export const loopbackServeArgs = (
+  dataDir: string,
+  dnsUpstreamPort: number,
+  extra: string[] = [],
+): string[] => [
+  ...['--data-dir', dataDir, '--api-listen', '127.0.0.1:0', '--sandbox-listen', '127.0.0.1:0'],
+  ...['--dns-listen', '127.0.0.1:0', '--proxy-listen', '127.0.0.1:0'],
+  ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${dnsUpstreamPort}`],
+  ...['--enforcement', 'proxy'],
+  ...extra,
+];

@@ -50,13 +50,15 @@ describe('fork', () => {
     // Enforced, not only shown: the egress proxy refuses a name the rules do not allow.
     const status = (host: string) =>
       fork!.commands
-        .run(`curl -s -o /dev/null -w '%{http_code}' -x "$HTTP_PROXY" http://${host}/`)
+        .run(`curl -sS -o /dev/null -w '%{http_code}' -x "$HTTP_PROXY" http://${host}/`)
         .then(
-          (r) => r.stdout,
-          (e: { stdout: string }) => e.stdout,
+          (r) => r,
+          (e: { stdout: string; stderr: string }) => e,
         );
-    expect(await status('denied.test')).toBe('403');
-    expect(await status('allowed.test')).not.toBe('403');
+    const denied = await status('denied.test');
+    expect(denied.stdout, denied.stderr).toBe('403');
+    const allowed = await status('allowed.test');
+    expect(allowed.stdout, allowed.stderr).not.toBe('403');
 
     // The source keeps its id, expiry and processes.
     const after = await source.getInfo();

@@ -194,6 +194,9 @@ async function upload(context: CallContext, url: URL): Promise<void> {
       let source: Readable = request;
       if (encoding === 'gzip' || encoding === 'x-gzip') {
         const gunzip = createGunzip();
+        // Bad gzip can fail while the file is still being staged, before anything reads it: the
+        // error stays on the stream (the read reports it), it must not be an uncaught exception.
+        gunzip.on('error', () => undefined);
         request.on('error', (error) => gunzip.destroy(error));
         source = request.pipe(gunzip);
       } else if (encoding !== 'identity' && encoding !== '') {

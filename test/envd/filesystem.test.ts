@@ -827,6 +827,28 @@ describe('POST /files', () => {
     expect(await names(dir)).toEqual([]);
   });
 
+  it('survives broken gzip uploads that fail while their files are still being staged', async () => {
+    // Many at once queue at the file agent, so gzip fails before the upload reads it: that
+    // error must reach the one who asked (400), never go unheard and end Moat.
+    const dir = await scratch('gzipburst');
+    const truncated = gzipSync('x'.repeat(1000)).subarray(0, 20);
+    const answers = await Promise.all(
+      Array.from({ length: 24 }, (_, i) =>
+        fetch(filesUrl({ path: `${dir}/${i}.txt` }), {
+          method: 'POST',
+          headers: {
+            'Content-Type': 'application/octet-stream',
+            'Content-Encoding': 'gzip',
+            ...headersFor({}),
+          },
+          body: truncated,
+        }).then((r) => r.status),
+      ),
+    );
+    expect(answers).toEqual(answers.map(() => 400));
+    expect(await names(dir)).toEqual([]);
+  });
+
   it('stores X-Metadata-* headers as user.e2b.* xattrs and returns them from Stat, ListDir and Move', async () => {
     const dir = await scratch('meta');
     const response = await fetch(filesUrl({ path: `${dir}/m.txt` }), {

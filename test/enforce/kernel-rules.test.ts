@@ -538,18 +538,19 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     });
     expect(ran.status, `${line}\n${ran.stderr}`).toBe(0);
   };
-  /** The rules of the two generation chains, as nft lists them. */
+  /** The rules of one chain of Moat's table, as nft lists them, that begin with `starts`. */
+  const chainRules = (chain: string, starts: readonly string[]): string[] =>
+    execFileSync(
+      NSENTER,
+      [`--net=/run/netns/${namespace}`, NFT, 'list', 'chain', 'inet', 'moat', chain],
+      { encoding: 'utf8' },
+    )
+      .split('\n')
+      .map((line) => line.trim())
+      .filter((line) => starts.some((start) => line.startsWith(start)));
+  /** The rules of the two generation chains. */
   const generationRules = (): string[] =>
-    ['this_policy', 'learned_open'].flatMap((chain) =>
-      execFileSync(
-        NSENTER,
-        [`--net=/run/netns/${namespace}`, NFT, 'list', 'chain', 'inet', 'moat', chain],
-        { encoding: 'utf8' },
-      )
-        .split('\n')
-        .map((line) => line.trim())
-        .filter((line) => line.startsWith('ct mark')),
-    );
+    ['this_policy', 'learned_open'].flatMap((chain) => chainRules(chain, ['ct mark']));
   const elementsOf = (set: string, table = 'inet moat'): NftElement[] => {
     const listed = execFileSync(
       NSENTER,
@@ -652,15 +653,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('fills the tunnel chains for a sandbox with an upstream proxy, and empties them again', () => {
-    const rulesOf = (chain: string) =>
-      execFileSync(
-        NSENTER,
-        [`--net=/run/netns/${namespace}`, NFT, 'list', 'chain', 'inet', 'moat', chain],
-        { encoding: 'utf8' },
-      )
-        .split('\n')
-        .map((line) => line.trim())
-        .filter((line) => line.startsWith('tcp') || line.startsWith('meta'));
+    const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta']);
     nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
     nft(tunnelRules(LAYOUT, true));
     // Twice: a publish that keeps the proxy writes the same rules, not a second copy.

@@ -23,6 +23,8 @@ import {
   HostWatch,
   KernelEnforcer,
   listenerGuardRuleset,
+  listenerGuardTable,
+  overlappingListenerGuards,
   removeHostRuleset,
   removeListenerGuard,
 } from '../enforce/index.js';
@@ -37,6 +39,7 @@ import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/
 import {
   NamespaceNetwork,
   namespacesWork,
+  listNftTables,
   NftSession,
   ProcessRuntime,
   type SandboxRuntime,
@@ -124,10 +127,7 @@ function checkHostPorts(config: MoatConfig, listening: Listening): void {
  * (enforce/listener-guard.ts). Undefined when sandboxes are unconfined (they have no ids of
  * their own: `--unconfined-sandboxes` says so at start-up).
  */
-function guardListeners(
-  runtime: SandboxRuntime,
-  config: MoatConfig,
-):
+function guardListeners(runtime: SandboxRuntime):
   | {
       update(listeners: ReadonlyArray<HostPort | undefined>): Promise<void>;
       remove(): Promise<void>;
@@ -135,12 +135,16 @@ function guardListeners(
   | undefined {
   const ids = runtime.sandboxHostIds;
   if (ids === undefined) return undefined;
-  const table = `moat_guard_${createHash('sha256').update(path.resolve(config.dataDir)).digest('hex').slice(0, 12)}`;
+  const table = listenerGuardTable(ids);
   const session = new NftSession(undefined, 'the host namespace');
+  // Read once: tables a killed Moat left over (part of) this range go with the first change.
+  let stale: Promise<string[]> | undefined;
   return {
     async update(listeners) {
       const ports = listeners.flatMap((l) => (l && l.port !== 0 ? [l.port] : []));
-      if (ports.length > 0) await session.run(listenerGuardRuleset({ table, ids, ports }));
+      if (ports.length === 0) return;
+      stale ??= listNftTables('inet').then((listing) => overlappingListenerGuards(listing, ids));
+      await session.run(listenerGuardRuleset({ ids, ports, stale: await stale }));
     },
     async remove() {
       await session.run(removeListenerGuard(table)).catch(() => undefined);
@@ -426,7 +430,7 @@ export async function startMoat(
         pids: config.sandboxPids,
       },
     });
-    const guard = runtime.enforcement === 'proxy' ? guardListeners(runtime, config) : undefined;
+    const guard = runtime.enforcement === 'proxy' ? guardListeners(runtime) : undefined;
     if (guard) {
       // Configured ports now (restored sandboxes run from the next line on), the real ones below.
       await guard.update([config.apiListen, config.sandboxListen, config.metricsListen]);

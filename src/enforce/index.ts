@@ -19,4 +19,10 @@ export {
 } from './kernel.js';
 export { type KernelLayout, type LearnedElement, removeHostRuleset } from './kernel-rules.js';
 export { HOST_REFRESH_MS, HostWatch, type HostWatchOptions } from './host-watch.js';
-export { type ListenerGuard, listenerGuardRuleset, removeListenerGuard } from './listener-guard.js';
+export {
+  type ListenerGuard,
+  listenerGuardRuleset,
+  listenerGuardTable,
+  overlappingListenerGuards,
+  removeListenerGuard,
+} from './listener-guard.js';

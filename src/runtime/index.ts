@@ -2,7 +2,7 @@
 export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
 export { NamespaceNetwork, type NamespaceNetworkOptions, namespacesWork } from './network.js';
-export { NftSession } from './nft-session.js';
+export { listNftTables, NftSession } from './nft-session.js';
 export {
   BASE_TEMPLATE,
   ProcessRuntime,

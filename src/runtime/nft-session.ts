@@ -8,7 +8,8 @@
  * after the change itself is live. A session keeps the socket open and applies a policy change
  * in well under a millisecond.
  */
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import { type ChildProcessWithoutNullStreams, execFile, spawn } from 'node:child_process';
+import { promisify } from 'node:util';
 
 export const NFT = '/usr/sbin/nft';
 export const NSENTER = '/usr/bin/nsenter';
@@ -16,6 +17,14 @@ export const NSENTER = '/usr/bin/nsenter';
 /** A command that changes nothing and prints one fixed line (read once per session). */
 const ACK_COMMAND = 'describe meta mark';
 const TIMEOUT_MS = 5000;
+
+/** `nft list tables <family>` in Moat's own network namespace. */
+export async function listNftTables(family: 'inet' | 'ip' | 'ip6'): Promise<string> {
+  const { stdout } = await promisify(execFile)(NFT, ['list', 'tables', family], {
+    timeout: TIMEOUT_MS,
+  });
+  return stdout;
+}
 
 interface Waiting {
   readonly resolve: () => void;

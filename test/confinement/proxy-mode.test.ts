@@ -5,9 +5,15 @@
  * nftables table refuses the sandboxes' host ids); the DNS interceptor and the egress proxy,
  * which sandboxes need, stay open to them.
  */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ApiMoat, Created } from '../support/api-client.js';
 import { startApiMoat } from '../support/api-client.js';
+import { freePort } from '../support/local-host.js';
+import { loopbackServeArgs, ServeChild } from '../support/serve-child.js';
 import { runShell, shell } from '../support/sandbox-shell.js';
 import { skipReason } from './runtime-harness.js';
 
@@ -119,5 +125,48 @@ describe.skipIf(skip)('proxy mode: no sandbox process reaches Moat’s own liste
       diskSizeMB: 200,
       confinement: 'confined',
     });
+  });
+});
+
+describe.skipIf(skip)('proxy mode: the guard a killed Moat left', () => {
+  it('goes when the next Moat takes that id range: its egress proxy answers on a port the dead guard refused', async () => {
+    // A range of its own, outside `auto` (2^30..2^31), so no other suite's Moat takes it.
+    const first = 2 ** 31 + 2 ** 28;
+    const range = { flag: `${first}+4`, rule: `skuid ${first}-${first + 4 * 65_536 - 1} ` };
+    const guards = () => execFileSync('/usr/sbin/nft', ['list', 'ruleset'], { encoding: 'utf8' });
+    const dataDir = mkdtempSync(path.join(os.tmpdir(), 'moat-killed-'));
+    let next: ApiMoat | undefined;
+    try {
+      const killed = new ServeChild(
+        loopbackServeArgs(dataDir, await freePort(), ['--sandbox-ids', range.flag]),
+      );
+      const apiPort = Number((await killed.started()).api.split(':').pop());
+      await killed.kill();
+      expect(guards()).toContain(range.rule);
+
+      // The next Moat over the range puts its egress proxy where the dead one's API was.
+      next = await startApiMoat(new Map(), {
+        'sandbox-ids': range.flag,
+        'proxy-listen': `127.0.0.1:${apiPort}`,
+        'sandbox-memory-mb': '300',
+        'sandbox-disk-mb': '200',
+      });
+      const { sandboxID } = await next.api.sandbox({ secure: false });
+      const sandbox = next.moat.runtime.sandbox(sandboxID)!;
+      const reached = await runShell(sandbox, 'exec python3 -c "$1" "$2"', {
+        args: [CONNECT, String(apiPort)],
+      });
+      expect(reached.stdout.trim(), reached.stderr).toBe('answered');
+      await next.stop();
+      next = undefined;
+      expect(guards()).not.toContain(range.rule);
+    } finally {
+      await next?.stop();
+      // What the killed one left mounted, its data folder's next Moat takes down.
+      const cleanup = new ServeChild(loopbackServeArgs(dataDir, await freePort()));
+      await cleanup.started();
+      await cleanup.stop('SIGTERM');
+      rmSync(dataDir, { recursive: true, force: true });
+    }
   });
 });

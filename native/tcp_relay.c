@@ -42,6 +42,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/netfilter_ipv4.h> /* SO_ORIGINAL_DST */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <node_api.h>
@@ -1231,6 +1232,36 @@ static napi_value stats(napi_env env, napi_callback_info info) {
   return result;
 }
 
+/*
+ * Where the kernel's NAT sent a connection the transparent listener accepted before it was
+ * redirected (conntrack's original destination, IPv4): [address, port], or undefined when the
+ * connection was not redirected. Needs no engine: it reads one option of the socket `fd`.
+ */
+static napi_value original_destination(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], result, value, nothing;
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  CHECK(napi_get_undefined(env, &nothing));
+  int32_t fd;
+  if (argc < 1 || napi_get_value_int32(env, argv[0], &fd) != napi_ok || fd < 0) {
+    napi_throw_type_error(env, NULL, "originalDestination(fd: a socket's descriptor)");
+    return NULL;
+  }
+  struct sockaddr_in original;
+  socklen_t length = sizeof original;
+  if (getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &original, &length) != 0 ||
+      original.sin_family != AF_INET)
+    return nothing;
+  char text[INET_ADDRSTRLEN];
+  if (inet_ntop(AF_INET, &original.sin_addr, text, sizeof text) == NULL) return nothing;
+  CHECK(napi_create_array_with_length(env, 2, &result));
+  CHECK(napi_create_string_latin1(env, text, NAPI_AUTO_LENGTH, &value));
+  CHECK(napi_set_element(env, result, 0, value));
+  CHECK(napi_create_int32(env, ntohs(original.sin_port), &value));
+  CHECK(napi_set_element(env, result, 1, value));
+  return result;
+}
+
 /* ---- teardown ------------------------------------------------------------------------- */
 
 static void on_handle_closed(uv_handle_t *handle) {
@@ -1281,7 +1312,7 @@ static napi_value Init(napi_env env, napi_value exports) {
       {"init", init},         {"listen", listen_tcp}, {"dial", dial},
       {"adopt", adopt},       {"splice", splice_pair}, {"watch", watch},
       {"send", send_bytes},   {"end", end_side},      {"close", close_any},
-      {"stats", stats},
+      {"stats", stats},       {"originalDestination", original_destination},
   };
   for (size_t i = 0; i < sizeof functions / sizeof functions[0]; i++) {
     napi_value fn;

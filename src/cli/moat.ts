@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { randomBytes } from 'node:crypto';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
@@ -35,7 +36,13 @@ import {
   type InternalDenyList,
   parseIP,
 } from '../policy/index.js';
-import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
+import {
+  Dialer,
+  EgressProxy,
+  originalDestinationUnavailable,
+  TransparentProxy,
+  TunnelRegistry,
+} from '../proxy/index.js';
 import {
   NamespaceNetwork,
   namespacesWork,
@@ -644,6 +651,15 @@ async function startGateway(
       table: parts.table,
       apply: (sandboxID, commands) => network.firewall(sandboxID, commands),
       applyHost: (commands) => network.host(commands),
+      // Only where the original destination of a redirected connection can be read.
+      redirectPort:
+        originalDestinationUnavailable() === undefined
+          ? async (sandboxID) => {
+              const inside = await network.listenInside(sandboxID);
+              parts.transparent.adoptInside(sandboxID, inside);
+              return (inside.address() as AddressInfo).port;
+            }
+          : undefined,
       now: parts.now,
       onApplied: (change, ok, seconds) => {
         metrics.kernelApplies.inc({ change, result: ok ? 'applied' : 'failed' });

@@ -66,21 +66,32 @@ const ipv4 = (cidrs: Iterable<CIDR>) =>
 const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
 
 /**
- * The two chains that send a sandbox with an upstream proxy through Moat: `tunnel_web` takes its
- * web ports to the transparent listener (which decides by name and dials through the proxy),
- * `tunnel_direct` refuses every other TCP that would leave directly (Moat cannot learn where a
- * redirected flow of another protocol was going, and it must never leave direct). Empty for a
- * sandbox without one.
+ * The two chains that send a sandbox with an upstream proxy through Moat: `tunnel_redirect`
+ * takes its web ports to the transparent listener (which decides them by name) and its other TCP
+ * to Moat's listener inside the sandbox's namespace (`redirectPort` on its loopback, which
+ * decides them by the address they were sent to); both dial through the proxy. `tunnel_direct`
+ * refuses any TCP that would still leave directly (all but web ports, when Moat has no listener
+ * inside): it must never go around the proxy. Empty for a sandbox without one.
  */
-const TUNNEL_CHAINS = ['tunnel_web', 'tunnel_direct'] as const;
+const TUNNEL_CHAINS = ['tunnel_redirect', 'tunnel_direct'] as const;
 
 /** Rewrites the tunnel chains: filled for a sandbox with an upstream proxy, else empty. */
-export const tunnelRules = (layout: KernelLayout, tunnelled: boolean): string =>
+export const tunnelRules = (
+  layout: KernelLayout,
+  tunnelled: boolean,
+  redirectPort?: number,
+): string =>
   [
     ...TUNNEL_CHAINS.map((chain) => `flush chain ${TABLE} ${chain}`),
     ...(tunnelled
       ? [
-          `add rule ${TABLE} tunnel_web tcp dport { ${REDIRECTED_PORTS.join(', ')} } dnat ip to ${layout.gateway.text}:${layout.ports.transparent}`,
+          `add rule ${TABLE} tunnel_redirect tcp dport { ${REDIRECTED_PORTS.join(', ')} } dnat ip to ${layout.gateway.text}:${layout.ports.transparent}`,
+          // Moat's own listeners and other sandboxes are on the pool: never redirected.
+          ...(redirectPort === undefined
+            ? []
+            : [
+                `add rule ${TABLE} tunnel_redirect ip daddr != ${layout.pool.text} meta l4proto tcp redirect to :${redirectPort}`,
+              ]),
           `add rule ${TABLE} tunnel_direct meta l4proto tcp reject with tcp reset`,
         ]
       : []),
@@ -120,7 +131,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     // Every DNS query, to whichever resolver it was sent, goes to the interceptor.
     `meta l4proto { tcp, udp } th dport 53 dnat ip to ${gw}:${dns}`,
     'ip daddr @internal4 accept',
-    'jump tunnel_web',
+    'jump tunnel_redirect',
     'ip daddr @allow4 accept',
     // Web ports to a destination the address rules deny are decided by name (SNI or Host):
     // that is how allowed names work, learned addresses included (under a deny-all policy they
@@ -130,6 +141,9 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
   const egress = [
     'type filter hook output priority filter; policy drop',
     'oifname "lo" accept',
+    // TCP redirected to Moat's listener inside (tunnel_redirect): this hook still sees the
+    // device the packet was first routed to, not lo. Only Moat's own rules translate here.
+    'ip daddr 127.0.0.1 ct status dnat accept',
     // IPv6 is switched off on the sandbox's link; this holds even if it came back.
     'meta nfproto ipv6 reject with icmpx admin-prohibited',
     `ip daddr ${gw} udp dport ${dns} accept`,

@@ -22,6 +22,12 @@ export interface KernelEnforcerOptions {
   /** Runs nft commands in the host's namespace. */
   readonly applyHost: (commands: string) => Promise<void>;
   readonly now: () => number;
+  /**
+   * The port of Moat's listener inside the sandbox's namespace that takes the TCP of other ports
+   * than the web's when the sandbox has an upstream proxy (opened on first use); undefined when
+   * there is none, and such TCP is then refused.
+   */
+  readonly redirectPort?: (sandboxID: string) => Promise<number | undefined>;
   /** Each change written (or refused), with how long it took. */
   readonly onApplied?: (change: KernelChange, ok: boolean, seconds: number) => void;
 }
@@ -65,7 +71,8 @@ export class KernelEnforcer {
     upstream?: UpstreamProxy,
   ): Promise<void> {
     const host = AddressPool.offset(address, -1);
-    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnelRules(this.layout, upstream !== undefined)}`;
+    const tunnel = await this.tunnelRules(sandboxID, upstream);
+    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {
@@ -81,12 +88,13 @@ export class KernelEnforcer {
    */
   async enforce(sandboxID: string, policy: Policy, upstream?: UpstreamProxy): Promise<void> {
     // One transaction: the new sets and where allowed TCP goes change together.
+    const tunnel = await this.tunnelRules(sandboxID, upstream);
     const commands = `${policySets(
       policy,
       this.learnedOf(sandboxID),
       this.options.now(),
       this.nextGeneration(),
-    )}; ${tunnelRules(this.layout, upstream !== undefined)}`;
+    )}; ${tunnel}`;
     try {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
     } catch (error) {
@@ -126,6 +134,14 @@ export class KernelEnforcer {
     const sandbox = this.options.table.get(sandboxID);
     if (sandbox === undefined) return [];
     return sandbox.learned.entries();
+  }
+
+  /** The tunnel chains for `upstream`, with the listener inside when one can be had. */
+  private async tunnelRules(sandboxID: string, upstream?: UpstreamProxy): Promise<string> {
+    if (upstream === undefined) return tunnelRules(this.layout, false);
+    // Without the listener, other TCP is refused (stricter), never sent around the proxy.
+    const port = await this.options.redirectPort?.(sandboxID).catch(() => undefined);
+    return tunnelRules(this.layout, true, port);
   }
 
   private async timed(change: KernelChange, work: () => Promise<void>): Promise<void> {

@@ -1,12 +1,13 @@
 import net from 'node:net';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
-import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
+import { canonicalName, formatDestination, parseAuthority, parseIP } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialled, type Target, tunnelSocket } from './dial.js';
 import type { ProxyListen, ProxyOptions } from './egress.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
+import { originalDestination } from './original-destination.js';
 import { looksLikeTls, peekName } from './peek.js';
 import { TlsHelloGuard } from './tls-guard.js';
 import { splice } from './splice.js';
@@ -18,11 +19,15 @@ import { flowAsk, spliceTunnel } from './tunnels.js';
  * the HTTP Host header, read without consuming a byte the origin must see. No name: closed,
  * since deciding addresses is the kernel's job on this path.
  */
+const EMPTY = Buffer.alloc(0);
+
 export class TransparentProxy {
   private readonly server: net.Server;
   private readonly listeners: ListenerGroup;
   /** Accepted connections not yet spliced (naming their host, or being resolved and dialled). */
   private readonly pending = new Set<net.Socket>();
+  /** Moat's listeners inside sandbox namespaces (adoptInside); the runtime closes them. */
+  private readonly inside = new Set<net.Server>();
 
   constructor(private readonly options: ProxyOptions) {
     this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
@@ -44,35 +49,83 @@ export class TransparentProxy {
     ]);
   }
 
-  private accept(client: net.Socket): void {
-    const { logger, metrics } = this.options;
+  /**
+   * Takes the connections of Moat's listener inside `sandboxID`'s namespace: TCP to other ports
+   * than the web's that its firewall redirects there when it has an upstream proxy. Each is
+   * decided by the address it was sent to and dialled at once (its server may speak first).
+   */
+  adoptInside(sandboxID: string, server: net.Server): void {
+    if (this.inside.has(server)) return;
+    this.inside.add(server);
+    server.on('connection', (client) => this.acceptRedirected(sandboxID, client));
+    server.on('close', () => this.inside.delete(server));
+  }
+
+  private acceptRedirected(sandboxID: string, client: net.Socket): void {
     client.on('error', () => client.destroy());
-    const who = identify(this.options.table, undefined, client, this.options.sourceIsProof);
-    if (!who.ok) {
-      metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'unauthenticated' });
-      client.destroy();
-      return;
-    }
-    const sandbox = who.sandbox;
-    // A slot of the sandbox's connection cap, held while the name is read and the origin dialled.
-    const release = this.options.tunnels.reserve(
-      sandbox.sandboxID,
-      this.options.maxTunnelsPerSandbox,
-    );
-    if (release === undefined) {
-      metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'limited' });
-      logger.info(
-        {
-          sandboxID: sandbox.sandboxID,
-          kind: 'transparent',
-          reason: `the sandbox already has ${this.options.maxTunnelsPerSandbox} open connections`,
-        },
-        'transparent connection closed',
-      );
+    const sandbox = this.options.table.get(sandboxID);
+    const original = originalDestination(client);
+    const ip = original === undefined ? undefined : parseIP(original.ip);
+    // Not redirected (equal to where it arrived): a sandbox process dialled this listener.
+    const redirected =
+      original !== undefined &&
+      !(original.ip === client.localAddress && original.port === client.localPort);
+    const release = sandbox && this.reserve(sandbox, client);
+    if (!redirected || !ip?.ok || release === undefined) {
+      release?.();
       client.destroy();
       return;
     }
     this.pending.add(client);
+    const done = () => {
+      release();
+      this.pending.delete(client);
+    };
+    client.on('close', done);
+    const target = { ip: ip.value, port: original.port };
+    void this.connect(sandbox!, target, client, EMPTY, 'tcp').finally(done);
+  }
+
+  /** A slot of the sandbox's connection cap, held while the origin is decided and dialled. */
+  private reserve(sandbox: EnforcedSandbox, client: net.Socket): (() => void) | undefined {
+    const { logger, metrics } = this.options;
+    const release = this.options.tunnels.reserve(
+      sandbox.sandboxID,
+      this.options.maxTunnelsPerSandbox,
+    );
+    if (release !== undefined) return release;
+    metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'limited' });
+    logger.info(
+      {
+        sandboxID: sandbox.sandboxID,
+        kind: 'transparent',
+        reason: `the sandbox already has ${this.options.maxTunnelsPerSandbox} open connections`,
+      },
+      'transparent connection closed',
+    );
+    client.destroy();
+    return undefined;
+  }
+
+  private accept(client: net.Socket): void {
+    client.on('error', () => client.destroy());
+    const who = identify(this.options.table, undefined, client, this.options.sourceIsProof);
+    if (!who.ok) {
+      this.options.metrics.proxyConnections.inc({
+        kind: 'transparent',
+        verdict: 'unauthenticated',
+      });
+      client.destroy();
+      return;
+    }
+    const sandbox = who.sandbox;
+    const release = this.reserve(sandbox, client);
+    if (release === undefined) return;
+    this.pending.add(client);
+    const done = () => {
+      release();
+      this.pending.delete(client);
+    };
     const arriving = new ArrivingBytes();
     let seen: Buffer = arriving.bytes;
     // Nothing names a destination yet: recorded as what the kernel redirected (the name unknown).
@@ -110,20 +163,12 @@ export class TransparentProxy {
         return fail(`${JSON.stringify(peek.name)} is not a host name`);
       // The kernel redirects 443 and 80 only; a port in the Host header is not trusted.
       const ports = this.options.transparentPorts ?? { tls: 443, http: 80 };
-      void this.connect(
-        sandbox,
-        { host: parsed.value.host, port: tls ? ports.tls : ports.http },
-        client,
-        seen,
-      ).finally(() => {
-        release();
-        this.pending.delete(client);
-      });
+      const target = { host: parsed.value.host, port: tls ? ports.tls : ports.http };
+      void this.connect(sandbox, target, client, seen, tls ? 'tls' : 'http').finally(done);
     };
     client.on('close', () => {
       clearTimeout(timer);
-      this.pending.delete(client);
-      release();
+      done();
     });
     client.on('data', onData);
     client.once('end', abandoned);
@@ -134,9 +179,9 @@ export class TransparentProxy {
     target: Target,
     client: net.Socket,
     seen: Buffer,
+    protocol: 'tls' | 'http' | 'tcp',
   ): Promise<void> {
     const { dialer, metrics, logger, flows } = this.options;
-    const protocol = looksLikeTls(seen[0]!) ? 'tls' : 'http';
     const plan = await dialer.plan(sandbox, target);
     const connected = plan.ok
       ? await dialer.reach(sandbox, target, plan.addresses, tunnelSocket)
@@ -177,15 +222,18 @@ export class TransparentProxy {
     const refused = (problem: string) =>
       flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: problem });
     // The first ClientHello's name, or the first request's Host, chose the destination: every
-    // later one the server acts on must name it too.
-    const guard = looksLikeTls(seen[0]!)
-      ? new TlsHelloGuard((name) => {
-          const canonical = name === undefined ? undefined : canonicalName(name);
-          return canonical?.ok && canonical.value === target.host
-            ? undefined
-            : `the TLS server name ${JSON.stringify(name)} is not ${target.host}`;
-        })
-      : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+    // later one the server acts on must name it too. Other protocols were decided by address.
+    const guard =
+      protocol === 'tcp'
+        ? undefined
+        : protocol === 'tls'
+          ? new TlsHelloGuard((name) => {
+              const canonical = name === undefined ? undefined : canonicalName(name);
+              return canonical?.ok && canonical.value === target.host
+                ? undefined
+                : `the TLS server name ${JSON.stringify(name)} is not ${target.host}`;
+            })
+          : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
     tunnel.release(seen, guard, refused);
   }
 }

@@ -9,9 +9,10 @@
  * slot, so that start-up can find and remove what an earlier Moat on the same pool left, and only
  * that.
  */
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
-import { readdir, writeFile } from 'node:fs/promises';
+import { readdir, readFile, writeFile } from 'node:fs/promises';
+import type net from 'node:net';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
 import { RangeLock } from './range-lock.js';
 
@@ -94,7 +95,22 @@ interface Link {
   readonly address: string;
   readonly host: string;
   readonly firewall: NftSession;
+  /** Moat's listener inside the namespace for redirected TCP (listenInside), once opened. */
+  inside?: Promise<net.Server>;
 }
+
+/**
+ * Run by Node inside a sandbox's namespace: listens on a free port of its loopback and hands
+ * the listening socket to Moat (its parent) over the IPC channel, then exits. Moat accepts on
+ * it from then on, in the host's namespace.
+ */
+const LISTEN_INSIDE = `
+const server = require('node:net').createServer();
+server.on('error', (error) => { process.send({ error: error.message }); process.exit(1); });
+server.listen({ host: '127.0.0.1', port: 0 }, () => {
+  process.send({ port: server.address().port }, server, () => process.exit(0));
+});
+`;
 
 export class NamespaceNetwork {
   /** Moat's address for its sandboxes: the pool's first address. */
@@ -147,7 +163,9 @@ export class NamespaceNetwork {
   async prepare(): Promise<string[]> {
     await this.lock.acquire();
     const removed = await this.sweep();
-    await writeFile('/proc/sys/net/ipv4/ip_forward', '1\n');
+    // Written only when off: a host that forwards already is left untouched.
+    const forwarding = '/proc/sys/net/ipv4/ip_forward';
+    if ((await readFile(forwarding, 'utf8')).trim() !== '1') await writeFile(forwarding, '1\n');
     await run(IP, ['addr', 'replace', `${this.gateway}/32`, 'dev', 'lo']);
     return removed;
   }
@@ -221,18 +239,64 @@ export class NamespaceNetwork {
     return link.firewall.run(commands);
   }
 
+  /**
+   * A listening socket on the loopback of the sandbox's namespace, made there and accepted on by
+   * Moat: connections the sandbox's firewall redirects to it keep their original destination
+   * in that namespace's conntrack (the NAT happened there), which a listener in the host's
+   * namespace could not read. Opened once per sandbox; closed with the namespace.
+   */
+  listenInside(sandboxID: string): Promise<net.Server> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined)
+      return Promise.reject(new Error(`sandbox ${sandboxID} has no network namespace`));
+    if (link.inside !== undefined) return link.inside;
+    const opening = new Promise<net.Server>((resolve, reject) => {
+      const child = spawn(
+        NSENTER,
+        [`--net=${NETNS_DIR}/${link.namespace}`, '--', process.execPath, '-e', LISTEN_INSIDE],
+        { stdio: ['ignore', 'ignore', 'ignore', 'ipc'], timeout: COMMAND_TIMEOUT_MS },
+      );
+      const where = `a listener in the namespace of sandbox ${sandboxID}`;
+      child.on('message', (message: { error?: string }, handle?: net.Server) => {
+        if (handle !== undefined) resolve(handle);
+        else
+          reject(new Error(`${where} could not be opened: ${message.error ?? 'no socket came'}`));
+      });
+      child.on('error', (error) => reject(new Error(`${where}: ${error.message}`)));
+      child.on('exit', (code, signal) =>
+        reject(new Error(`${where} could not be opened (its helper ended: ${signal ?? code})`)),
+      );
+    });
+    link.inside = opening;
+    opening.catch(() => {
+      if (link.inside === opening) link.inside = undefined; // the next call tries again
+    });
+    return link.inside;
+  }
+
   /** Removes the sandbox's namespace and link. Idempotent. */
   async destroy(sandboxID: string): Promise<void> {
     const link = this.links.get(sandboxID);
     if (link === undefined) return;
     this.links.delete(sandboxID);
     link.firewall.close();
+    // A socket open in the namespace would keep it alive.
+    void link.inside?.then(
+      (server) => server.close(),
+      () => undefined,
+    );
     await this.removeNamespace(link.namespace, link.hostLink);
   }
 
   /** Removes every namespace and link of this scope, known or not; returns the namespaces. */
   async sweep(): Promise<string[]> {
-    for (const link of this.links.values()) link.firewall.close();
+    for (const link of this.links.values()) {
+      link.firewall.close();
+      void link.inside?.then(
+        (server) => server.close(),
+        () => undefined,
+      );
+    }
     this.links.clear();
     const names = (await readdir(NETNS_DIR).catch(() => [] as string[])).filter((n) =>
       n.startsWith(this.namespacePrefix),

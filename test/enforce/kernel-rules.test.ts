@@ -153,7 +153,7 @@ describe('kernel rules: the sandbox table', () => {
       'oifname "lo" accept',
       'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:53',
       'ip daddr @internal4 accept',
-      'jump tunnel_web',
+      'jump tunnel_redirect',
       'ip daddr @allow4 accept',
       'tcp dport { 80, 443 } ip daddr @deny4 dnat ip to 10.216.0.1:3129',
     ]);
@@ -164,6 +164,7 @@ describe('kernel rules: the sandbox table', () => {
       'type filter hook output priority filter',
       'policy drop',
       'oifname "lo" accept',
+      'ip daddr 127.0.0.1 ct status dnat accept',
       'meta nfproto ipv6 reject with icmpx admin-prohibited',
       'ip daddr 10.216.0.1 udp dport 53 accept',
       'ip daddr 10.216.0.1 tcp dport { 53, 3128, 3129 } accept',
@@ -189,7 +190,7 @@ describe('kernel rules: the sandbox table', () => {
   });
 
   it('starts with empty tunnel chains: a sandbox without an upstream proxy goes direct', () => {
-    expect(table.chains.tunnel_web).toEqual([]);
+    expect(table.chains.tunnel_redirect).toEqual([]);
     expect(table.chains.tunnel_direct).toEqual([]);
   });
 
@@ -653,16 +654,29 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('fills the tunnel chains for a sandbox with an upstream proxy, and empties them again', () => {
-    const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta']);
+    const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta', 'ip']);
     nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
-    nft(tunnelRules(LAYOUT, true));
+    nft(tunnelRules(LAYOUT, true, 41_234));
     // Twice: a publish that keeps the proxy writes the same rules, not a second copy.
-    nft(tunnelRules(LAYOUT, true));
-    expect(rulesOf('tunnel_web')).toEqual(['tcp dport { 80, 443 } dnat ip to 10.216.0.1:3129']);
+    nft(tunnelRules(LAYOUT, true, 41_234));
+    expect(rulesOf('tunnel_redirect')).toEqual([
+      'tcp dport { 80, 443 } dnat ip to 10.216.0.1:3129',
+      'ip daddr != 10.216.0.0/24 meta l4proto tcp redirect to :41234',
+    ]);
     expect(rulesOf('tunnel_direct')).toEqual(['meta l4proto tcp reject with tcp reset']);
     nft(tunnelRules(LAYOUT, false));
-    expect(rulesOf('tunnel_web')).toEqual([]);
+    expect(rulesOf('tunnel_redirect')).toEqual([]);
     expect(rulesOf('tunnel_direct')).toEqual([]);
+  });
+
+  it('redirects only web ports when Moat has no listener inside; other TCP is refused', () => {
+    const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta', 'ip']);
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(tunnelRules(LAYOUT, true));
+    expect(rulesOf('tunnel_redirect')).toEqual([
+      'tcp dport { 80, 443 } dnat ip to 10.216.0.1:3129',
+    ]);
+    expect(rulesOf('tunnel_direct')).toEqual(['meta l4proto tcp reject with tcp reset']);
   });
 
   it('takes the lockdown after any policy', () => {

@@ -123,10 +123,13 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
       expect(seenSince(mark)).toEqual([`https ${SOCKS_IP}`, `http ${SOCKS_IP}`]);
     });
 
-    it('refuses other direct TCP rather than send it around the proxy', async () => {
+    it('tunnels other direct TCP by the address it was sent to (ATYP IPv4), never around the proxy', async () => {
+      const requests = open.requests.length;
       const echoed = await run(sandbox, tcpEcho(ORIGIN_IP));
-      expect(echoed.stdout).toBe('');
-      expect(echoed.stderr).toMatch(/Connection refused/);
+      expect(echoed.stdout, echoed.stderr).toBe('ping');
+      expect(open.requests.slice(requests)).toEqual([
+        { kind: 'ipv4', host: ORIGIN_IP, port: WORLD_PORTS.echo },
+      ]);
     });
 
     it('goes direct again once a PUT leaves the proxy out, and back through it when named', async () => {
@@ -218,6 +221,15 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
     const accepted = open.accepted;
     const denied = await run(sandbox, viaProxyVars(`http://${ORIGIN_IP}/`));
     expect(denied.stdout).toMatch(/denied by denyOut/);
+    // Direct TCP to another port: redirected to Moat, decided by its address, closed.
+    const echoed = await run(sandbox, tcpEcho(ORIGIN_IP));
+    expect(echoed.stdout).toBe('');
+    expect(echoed.exitCode).not.toBe(0);
     expect(open.accepted).toBe(accepted);
+    const flows = (await harness.api.get(`/flows?sandboxID=${sandbox.sandboxId}&verdict=deny`))
+      .body as Array<{ destination: { address: string | null; port: number | null } }>;
+    expect(flows.map((f) => f.destination)).toContainEqual(
+      expect.objectContaining({ address: ORIGIN_IP, port: WORLD_PORTS.echo }),
+    );
   });
 });

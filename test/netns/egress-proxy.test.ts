@@ -132,6 +132,18 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
       ]);
     });
 
+    it('closes a connection a sandbox process makes to Moat’s listener inside itself', async () => {
+      const requests = open.requests.length;
+      // The only listener on the sandbox's loopback is Moat's (the sandbox started none).
+      const probe = await run(
+        sandbox,
+        `port=$(ss -ltnH | awk '$4 ~ /^127\\.0\\.0\\.1:/ {split($4, a, ":"); print a[2]; exit}'); echo "port=$port"; exec 3<>/dev/tcp/127.0.0.1/$port && printf ping >&3 && timeout 3 head -c4 <&3; echo "read=$?"`,
+      );
+      expect(probe.stdout, probe.stderr).toMatch(/^port=\d+\nread=\d+\n$/);
+      expect(probe.stdout).not.toContain('ping');
+      expect(open.requests.slice(requests)).toEqual([]);
+    });
+
     it('goes direct again once a PUT leaves the proxy out, and back through it when named', async () => {
       await Sandbox.updateNetwork(sandbox.sandboxId, {});
       const mark = world.events.length;

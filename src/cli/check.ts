@@ -25,8 +25,12 @@ const CHECK_CONFIG = configFlags([
   'dnsMaxTtl',
 ]);
 import { readPolicyFile } from './policy-file.js';
+import { replayRecords } from './replay-source.js';
+import { type ReplayChange, replay } from './replay.js';
 
 export const CHECK_HELP = `Usage: moat check --policy FILE [options] [DEST...]
+       moat check --policy FILE --replay FLOWS.jsonl [--sandbox ID] [--json]
+       moat check --policy FILE --replay-api URL (--key KEY | --key-file FILE) [--sandbox ID]
 
 Decides destinations against a policy file, as Moat would enforce it. Without --resolve it
 touches no network. With no DEST arguments, reads destinations from standard input, one per
@@ -48,16 +52,24 @@ Options:
                             {"destination","canonical","verdict","rule","list","reason"},
                             with --resolve also "addresses": [{"address","verdict","rule",
                             "list","reason"}] for a name that was looked up
+  --replay FILE             what-if: decide every decision recorded in a flow log (the JSON
+                            Lines of --flow-log) under the policy and print what would change
+  --replay-api URL          the same for the records a Moat node keeps (GET /flows, the
+                            newest 10,000), with --key KEY or --key-file FILE
+  --sandbox ID              replay only this sandbox's records
 ${CHECK_CONFIG.help}
   -h, --help                this help
 
 Exit status: 0 when every destination is allowed, 1 when any is denied (an unparsable
 destination counts as denied, list "invalid"; with --resolve, a name that does not resolve
-counts as denied, list "unresolved"), 2 on usage errors or an invalid policy.
+counts as denied, list "unresolved"), 2 on usage errors or an invalid policy. With a replay:
+0 when nothing recorded would be newly denied, 1 when something would (or --replay-api
+could not be read), 2 on usage errors (an unreadable --replay file among them).
 
 Examples:
   moat check --policy policies/github.json api.github.com https://example.com/ 10.0.0.1
-  moat check --policy open.json --resolve --dns-upstream 127.0.0.1:53 example.com`;
+  moat check --policy open.json --resolve --dns-upstream 127.0.0.1:53 example.com
+  moat check --policy tight.json --replay /var/log/moat/flows.jsonl --sandbox i7x2...`;
 
 /** A decision as check reports it: the policy's, or a name that did not resolve. */
 type CheckDecision = Omit<Decision, 'list'> & { readonly list: DecisionList | 'unresolved' };
@@ -175,6 +187,11 @@ export async function check(args: string[], io: CliIO): Promise<number> {
       policy: { type: 'string' },
       resolve: { type: 'boolean' },
       json: { type: 'boolean' },
+      replay: { type: 'string' },
+      'replay-api': { type: 'string' },
+      sandbox: { type: 'string' },
+      key: { type: 'string' },
+      'key-file': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
       ...CHECK_CONFIG.options,
     },
@@ -192,6 +209,12 @@ export async function check(args: string[], io: CliIO): Promise<number> {
     return EXIT.usage;
   }
   const policy = compilePolicy(file.rules, compileInternalDenyList(config.internalDeny));
+  if (values.replay !== undefined || values['replay-api'] !== undefined) {
+    if (positionals.length > 0 || values.resolve)
+      throw new UsageError('a replay takes no DEST arguments and no --resolve');
+    return replayCommand(policy, values, io);
+  }
+  if (values.sandbox !== undefined) throw new UsageError('--sandbox is for --replay');
   const resolver = values.resolve === true ? resolverFor(config) : undefined;
   let denied = false;
   const emit = async (text: string) => {
@@ -218,4 +241,46 @@ export async function check(args: string[], io: CliIO): Promise<number> {
       throw new UsageError('no destinations given (as arguments or on standard input)');
   }
   return denied ? EXIT.denied : EXIT.ok;
+}
+
+const shownDestination = ({ name, address, port }: ReplayChange['destination']): string => {
+  const where = [name, address].filter((part) => part !== null).join(' ');
+  return port === null ? where : `${where}:${port}`;
+};
+
+/** `moat check --replay`: what the recorded traffic would meet under the policy. */
+async function replayCommand(
+  policy: Policy,
+  values: {
+    replay?: string;
+    'replay-api'?: string;
+    sandbox?: string;
+    key?: string;
+    'key-file'?: string;
+    json?: boolean;
+  },
+  io: CliIO,
+): Promise<number> {
+  const records = await replayRecords(values, io);
+  if (records === undefined) return EXIT.failed;
+  const result = replay(records, policy);
+  for (const change of result.changes) {
+    if (values.json === true) {
+      io.stdout.write(`${JSON.stringify(change)}\n`);
+      continue;
+    }
+    const { now, was } = change;
+    const label = change.change === 'newly-denied' ? 'NEWLY DENIED ' : 'NEWLY ALLOWED';
+    const rule = (list: string, r: string | null) => `[${list}${r === null ? '' : ` ${r}`}]`;
+    io.stdout.write(
+      `${label}  ${shownDestination(change.destination)}  (${change.flows} flow${change.flows === 1 ? '' : 's'}, ${change.sandboxes.length} sandbox${change.sandboxes.length === 1 ? '' : 'es'})  was ${rule(was.list, was.rule)}  now ${rule(now.list, now.rule)}  ${now.reason}\n`,
+    );
+  }
+  const count = (change: string) =>
+    result.changes.filter((c) => c.change === change).reduce((n, c) => n + c.flows, 0);
+  const denied = count('newly-denied');
+  io.stderr.write(
+    `replayed ${records.length} recorded decision${records.length === 1 ? '' : 's'}: ${denied} newly denied, ${count('newly-allowed')} newly allowed, ${result.unchanged} unchanged, ${result.notReplayable} decided by host protection or invalid requests (not replayed)\n`,
+  );
+  return denied > 0 ? EXIT.denied : EXIT.ok;
 }

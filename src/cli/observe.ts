@@ -1,6 +1,6 @@
-import { readFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
 import { parseFlowQuery } from '../flows/index.js';
+import { API_HELP, API_OPTIONS, apiFrom, apiGet } from './api-client.js';
 import { type CliIO, EXIT, UsageError } from './io.js';
 
 export const OBSERVE_HELP = `Usage: moat observe [options]
@@ -17,9 +17,7 @@ Options:
   --limit N            at most N stored records (1 to 10000, default 100)
   --follow             then print new records as they come, until interrupted
   --json               one JSON object per line instead of aligned text
-  --api URL            the platform API (default http://127.0.0.1:3000)
-  --key KEY            its API key
-  --key-file FILE      read the API key from FILE
+${API_HELP}
   -h, --help           this help
 
 Exit status: 0 done, 1 the API could not be reached or refused, 2 usage error.`;
@@ -59,19 +57,6 @@ export function flowLine(view: View, colour: boolean): string {
   return `${view.time}  ${view.sandboxID.padEnd(24)}  ${view.kind.padEnd(11)}  ${painted}  ${destination.padEnd(40)}  ${rule}${closed}`;
 }
 
-/** The API key from --key or --key-file. */
-async function apiKey(values: { key?: string; 'key-file'?: string }): Promise<string> {
-  if (values.key !== undefined && values['key-file'] !== undefined)
-    throw new UsageError('give --key or --key-file, not both');
-  if (values.key !== undefined) return values.key;
-  if (values['key-file'] === undefined) throw new UsageError('--key or --key-file is required');
-  const file = values['key-file'];
-  const text = await readFile(file, 'utf8').catch((error: Error) => {
-    throw new UsageError(`--key-file ${file}: ${error.message}`);
-  });
-  return text.trim();
-}
-
 export async function observe(args: string[], io: CliIO): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
@@ -83,9 +68,7 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
       limit: { type: 'string' },
       follow: { type: 'boolean' },
       json: { type: 'boolean' },
-      api: { type: 'string' },
-      key: { type: 'string' },
-      'key-file': { type: 'string' },
+      ...API_OPTIONS,
       help: { type: 'boolean', short: 'h' },
     },
     allowPositionals: true,
@@ -107,22 +90,21 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
   // The API's own rules, checked here first: a usage error, not a refusal.
   const parsed = parseFlowQuery(params);
   if (!parsed.ok) throw new UsageError(parsed.error.replace(/^sandboxID/, '--sandbox'));
-  const key = await apiKey(values);
-  const api = (values.api ?? 'http://127.0.0.1:3000').replace(/\/+$/, '');
-  if (!/^https?:\/\//.test(api)) throw new UsageError(`--api ${api} must be an http(s) URL`);
+  const { api, key } = await apiFrom(values);
   const colour = !values.json && (io.stdout as { isTTY?: boolean }).isTTY === true;
   const print = (view: View) =>
     io.stdout.write(`${values.json ? JSON.stringify(view) : flowLine(view, colour)}\n`);
   const query = new URLSearchParams(params).toString();
-  const fetched = await request(`${api}/flows?${query}`, key, io);
+  const fetched = await apiGet(`${api}/flows?${query}`, key, io, 'moat observe');
   if (fetched === undefined) return EXIT.failed;
   for (const view of ((await fetched.json()) as View[]).reverse()) print(view);
   if (!values.follow) return EXIT.ok;
   delete params.limit;
-  const stream = await request(
+  const stream = await apiGet(
     `${api}/flows?${new URLSearchParams({ ...params, follow: 'true' })}`,
     key,
     io,
+    'moat observe',
   );
   if (stream === undefined || stream.body === null) return EXIT.failed;
   let partial = '';
@@ -139,22 +121,4 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
   }
   io.stderr.write(`moat observe: ${api} ended the stream\n`);
   return EXIT.failed;
-}
-
-/** A GET of the API, or undefined after saying why it failed. */
-async function request(url: string, key: string, io: CliIO): Promise<Response | undefined> {
-  let response: Response;
-  try {
-    response = await fetch(url, { headers: { 'X-API-Key': key } });
-  } catch (error) {
-    const cause = (error as { cause?: Error }).cause?.message ?? (error as Error).message;
-    io.stderr.write(`moat observe: cannot reach ${new URL(url).origin}: ${cause}\n`);
-    return undefined;
-  }
-  if (response.ok) return response;
-  const body = (await response.json().catch(() => ({}))) as { message?: string };
-  io.stderr.write(
-    `moat observe: ${new URL(url).origin} answered ${response.status}: ${body.message ?? response.statusText}\n`,
-  );
-  return undefined;
 }

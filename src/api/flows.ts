@@ -31,6 +31,12 @@ export const flowsQuerySchema = {
     since: { ...text, description: 'ISO 8601 time, or a duration back from now: 30s, 5m, 2h, 1d' },
     destination: { ...text, description: 'Substring of the name asked for or the address dialled' },
     limit: { ...text, description: 'At most this many records (1 to 10000, default 100)' },
+    nodes: {
+      type: 'string',
+      enum: ['self', 'all'],
+      description:
+        'self (default): this node’s records; all: every live node’s of a cluster, merged (not with follow)',
+    },
     follow: {
       type: 'string',
       enum: ['true', 'false'],
@@ -79,14 +85,24 @@ export const flowTotalsSchema = {
   required: ['allowed', 'denied', 'bytesUp', 'bytesDown'],
 };
 
+/** How long a fan-out waits for each other node. */
+const PEER_TIMEOUT_MS = 10_000;
+
 export async function listFlows(
   request: FastifyRequest,
   reply: FastifyReply,
   store: FlowStore,
+  peers: () => readonly string[],
 ): Promise<unknown> {
-  const parsed = parseFlowQuery(request.query as Record<string, unknown>);
+  const { nodes, ...query } = request.query as Record<string, unknown>;
+  const parsed = parseFlowQuery(query);
   if (!parsed.ok) throw new SandboxError(400, `query.${parsed.parameter}: ${parsed.error}`);
   const { filter, limit, follow } = parsed.value;
+  if (nodes === 'all') {
+    if (follow)
+      throw new SandboxError(400, 'query.nodes: nodes=all cannot be followed; follow each node');
+    return everyNode(request, reply, store.query(filter, limit).map(flowView), peers(), limit);
+  }
   if (!follow) return store.query(filter, limit).map(flowView);
   const sse = (request.headers.accept ?? '').includes('text/event-stream');
   reply.hijack();
@@ -109,4 +125,42 @@ export async function listFlows(
   );
   out.once('close', stop);
   return reply;
+}
+
+/**
+ * This node's records and every other live node's for the same query (asked with the caller's
+ * key), newest first, up to `limit`. Nodes that did not answer are named in a header rather
+ * than failing the whole answer: the records of the others are still worth having.
+ */
+async function everyNode(
+  request: FastifyRequest,
+  reply: FastifyReply,
+  own: ReadonlyArray<Record<string, unknown>>,
+  peers: readonly string[],
+  limit: number,
+): Promise<unknown> {
+  const query = new URLSearchParams(
+    Object.entries(request.query as Record<string, string>).filter(([key]) => key !== 'nodes'),
+  ).toString();
+  const unreached: string[] = [];
+  const answers = await Promise.all(
+    peers.map(async (api) => {
+      try {
+        const response = await fetch(`http://${api}/flows?${query}`, {
+          headers: { 'x-api-key': String(request.headers['x-api-key'] ?? '') },
+          signal: AbortSignal.timeout(PEER_TIMEOUT_MS),
+        });
+        if (!response.ok) throw new Error(`it answered ${response.status}`);
+        return (await response.json()) as Array<Record<string, unknown>>;
+      } catch (error) {
+        unreached.push(`${api} (${(error as Error).message})`);
+        return [];
+      }
+    }),
+  );
+  if (unreached.length > 0) reply.header('X-Moat-Unreached-Nodes', unreached.join(', '));
+  // ISO 8601 times in UTC order as text; ties stay in node order.
+  return [...own, ...answers.flat()]
+    .sort((a, b) => (a.time === b.time ? 0 : String(a.time) < String(b.time) ? 1 : -1))
+    .slice(0, limit);
 }

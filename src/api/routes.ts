@@ -43,6 +43,8 @@ export interface RouteContext {
   readonly egress: EgressInfo;
   /** This node's recent flow records. */
   readonly flows: FlowStore;
+  /** host:port of the platform API of every other live node (none outside a cluster). */
+  readonly peers: () => readonly string[];
 }
 
 type Handler = (
@@ -330,13 +332,13 @@ export const ROUTES: readonly RouteSpec[] = [
     method: 'GET',
     url: '/flows',
     summary:
-      'Flow records of this node, newest first; follow=true streams new ones (NDJSON, or SSE)',
+      'Flow records of this node (nodes=all: of every node), newest first; follow=true streams new ones (NDJSON, or SSE)',
     auth: true,
     schema: {
       querystring: flowsQuerySchema,
       response: { 200: { type: 'array', items: flowSchema }, ...errors(400, 401) },
     },
-    handler: (request, reply, { flows }) => listFlows(request, reply, flows),
+    handler: (request, reply, { flows, peers }) => listFlows(request, reply, flows, peers),
   },
   {
     method: 'DELETE',

@@ -450,6 +450,7 @@ export async function startMoat(
     const api = createPlatformApi({
       service: sandboxes,
       flows: flows.store,
+      peers: () => cluster?.nodes().flatMap((node) => (node.id === nodeID ? [] : [node.api])) ?? [],
       egress: {
         // What the sandbox itself uses: inside a namespace, the gateway.
         get proxy() {

@@ -132,6 +132,27 @@ describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
     expect(await dnsAtB(source, 'second.cluster.test')).toBe('NXDOMAIN');
   });
 
+  it('answers GET /flows with its own records, and with nodes=all every live node’s, merged', async () => {
+    const query = `sandboxID=${sandboxID}&kind=dns&limit=1000`;
+    // A replica decided nothing for the sandbox; B decided both lookups above.
+    expect((await nodes.a.api.call('GET', `/flows?${query}`)).body).toEqual([]);
+    const own = (await nodes.b.api.call('GET', `/flows?${query}`)).body as Array<{
+      node: string;
+      destination: { name: string };
+    }>;
+    const merged = await nodes.a.api.call('GET', `/flows?${query}&nodes=all`);
+    expect(merged.status).toBe(200);
+    expect(merged.headers.get('x-moat-unreached-nodes')).toBeNull();
+    expect(merged.body).toEqual(own);
+    expect(own.map((r) => [r.node, r.destination.name]).sort()).toEqual([
+      ['node-b', 'first.cluster.test'],
+      ['node-b', 'second.cluster.test'],
+    ]);
+    const followed = await nodes.a.api.call('GET', `/flows?nodes=all&follow=true`);
+    expect(followed.status).toBe(400);
+    expect((followed.body as { message: string }).message).toContain('query.nodes');
+  });
+
   it('serves the sandbox API of a sandbox on B through a replica (the E2B SDK, pointed at A)', async () => {
     const sandbox = await Sandbox.connect(sandboxID, {
       apiUrl: `http://${nodes.a.at.api}`,

@@ -3,10 +3,10 @@
  * each, and the file agent's answers (an errno name, or invalid/exists/exhausted) turned into
  * them with the path as the sandbox names it. A host path never appears in a message.
  */
-import type { ServerResponse } from 'node:http';
 import { FileAgentError } from '../runtime/index.js';
 import { type ConnectCode, ConnectError } from './connect.js';
 import type { CallContext } from './context.js';
+import { sendSandboxError } from '../http-answers.js';
 
 /** A Connect error that also knows its /files HTTP status (the REST routes need both). */
 export class FileError extends ConnectError {
@@ -86,23 +86,6 @@ const REST_STATUS: Partial<Record<ConnectCode, number>> = {
   unimplemented: 405,
   unavailable: 503,
 };
-
-/** The sandbox error body `{message, code, sandboxID}` with `status` as code. */
-export function sendSandboxError(
-  response: ServerResponse,
-  status: number,
-  message: string,
-  sandboxID: string,
-  close = false,
-): void {
-  const body = JSON.stringify({ message, code: status, sandboxID });
-  response.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
-    ...(close ? { Connection: 'close' } : {}),
-  });
-  response.end(body);
-}
 
 /** A /files failure as a REST reply (or a cut connection, when the reply had begun). */
 export function sendFileFailure(context: CallContext, error: unknown): void {

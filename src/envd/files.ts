@@ -6,7 +6,6 @@
  * An upload lands completely or not at all: each file is written under a temporary name beside
  * its target and every file of the request is renamed into place only once all have arrived.
  */
-import type { ServerResponse } from 'node:http';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -24,6 +23,7 @@ import {
   unauthenticated,
 } from './file-errors.js';
 import { checkSignature } from './signed-urls.js';
+import { sendJson } from '../http-answers.js';
 
 /** Largest upload (all parts together, after gzip decoding). */
 export const MAX_UPLOAD_BYTES = 1 << 30;
@@ -38,15 +38,6 @@ const MAX_METADATA_BYTES = 4096;
 const METADATA_PREFIX = 'user.e2b.';
 
 export type Metadata = Record<string, string>;
-
-function sendJson(response: ServerResponse, status: number, value: unknown): void {
-  const body = JSON.stringify(value);
-  response.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
-  });
-  response.end(body);
-}
 
 const PRINTABLE = /^[\x20-\x7e]*$/;
 

@@ -3,6 +3,5 @@
  * REST routes /health, /envs, /files, /files/compose.
  */
 export type { EnvdSandbox } from './context.js';
-export { sendSandboxError } from './file-errors.js';
 export { SandboxApi } from './server.js';
 export { signatureMatches } from './signed-urls.js';

@@ -19,7 +19,7 @@ import {
   ServerStream,
 } from './connect.js';
 import type { CallContext, EnvdSandbox, Method } from './context.js';
-import { sendSandboxError } from './file-errors.js';
+import { sendJson, sendSandboxError } from '../http-answers.js';
 import { handleCompose, handleFiles } from './files.js';
 import { FILESYSTEM_METHODS } from './filesystem-service.js';
 import { PROCESS_METHODS } from './process-service.js';
@@ -193,13 +193,4 @@ function keepaliveOf(request: IncomingMessage): number | undefined {
   if (typeof header !== 'string' || !/^[0-9]{1,6}$/.test(header) || header === '0')
     return undefined;
   return Number(header) * 1000;
-}
-
-export function sendJson(response: ServerResponse, status: number, value: unknown): void {
-  const body = JSON.stringify(value);
-  response.writeHead(status, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
-  });
-  response.end(body);
 }

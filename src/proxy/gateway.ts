@@ -9,7 +9,8 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
-import { type IngressProxy, type IngressTarget, sendSandboxError } from './ingress.js';
+import { sendSandboxError } from '../http-answers.js';
+import type { IngressProxy, IngressTarget } from './ingress.js';
 
 export { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 

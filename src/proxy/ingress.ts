@@ -19,6 +19,7 @@ import type { Logger } from 'pino';
 import { endAndLinger } from './http-errors.js';
 import { foldsToConnectionField, isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
+import { jsonAnswer, sandboxErrorBody, sendSandboxError } from '../http-answers.js';
 import { sameSecret } from '../same-secret.js';
 import type { FlowAsk, FlowRecorder, OpenFlow } from '../flows/index.js';
 
@@ -155,33 +156,6 @@ function canonicalNames(headers: OutgoingHttpHeaders): OutgoingHttpHeaders {
     out[canonical] = value;
   }
   return out;
-}
-
-/** The seed's sandbox error body: `{message, code, sandboxID}`. */
-function errorBody(status: number, message: string, sandboxID: string) {
-  const body = JSON.stringify({ message, code: status, sandboxID });
-  return {
-    body,
-    headers: {
-      'Content-Type': 'application/json',
-      'Content-Length': String(Buffer.byteLength(body)),
-    },
-  };
-}
-
-/** The sandbox error body `{message, code, sandboxID}` as an HTTP answer. */
-export function sendSandboxError(
-  response: ServerResponse,
-  status: number,
-  message: string,
-  sandboxID: string,
-): void {
-  if (response.headersSent) {
-    response.destroy();
-    return;
-  }
-  const { body, headers } = errorBody(status, message, sandboxID);
-  response.writeHead(status, headers).end(body);
 }
 
 /** A response head for a raw socket (upgrade requests have no ServerResponse). */
@@ -538,8 +512,8 @@ export class IngressProxy {
   /** An error on a raw socket: the whole response, then close once the client has read it. */
   refuse(socket: Duplex, status: number, message: string, sandboxID: string): void {
     if (socket.destroyed) return;
-    const { body, headers } = errorBody(status, message, sandboxID);
-    const pairs: [string, string][] = [...Object.entries(headers), ['Connection', 'close']];
+    const { body, headers } = jsonAnswer(sandboxErrorBody(status, message, sandboxID), true);
+    const pairs = Object.entries(headers);
     this.end(socket as net.Socket, rawHead(status, STATUS_CODES[status] ?? '', pairs) + body);
   }
 }

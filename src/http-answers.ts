@@ -1,0 +1,55 @@
+/**
+ * The JSON answers Moat's own HTTP servers write outside Fastify (the sandbox API, ingress, the
+ * gateway): one way to write a JSON body, and the sandbox error body `{message, code,
+ * sandboxID}` that the SDK reads, for a ServerResponse or a raw socket.
+ */
+import type { ServerResponse } from 'node:http';
+
+/** A JSON body with its headers; `close` asks the client to close (an unread request body). */
+export function jsonAnswer(
+  value: unknown,
+  close = false,
+): { readonly body: string; readonly headers: Record<string, string> } {
+  const body = JSON.stringify(value);
+  return {
+    body,
+    headers: {
+      'Content-Type': 'application/json',
+      'Content-Length': String(Buffer.byteLength(body)),
+      ...(close ? { Connection: 'close' } : {}),
+    },
+  };
+}
+
+/** The sandbox error body as Moat and the SDK know it. */
+export const sandboxErrorBody = (status: number, message: string, sandboxID: string) => ({
+  message,
+  code: status,
+  sandboxID,
+});
+
+/** Answers with `value` as JSON; a response already begun is cut (its status is gone). */
+export function sendJson(
+  response: ServerResponse,
+  status: number,
+  value: unknown,
+  close = false,
+): void {
+  if (response.headersSent) {
+    response.destroy();
+    return;
+  }
+  const { body, headers } = jsonAnswer(value, close);
+  response.writeHead(status, headers).end(body);
+}
+
+/** The sandbox error body `{message, code, sandboxID}` with `status` as code. */
+export function sendSandboxError(
+  response: ServerResponse,
+  status: number,
+  message: string,
+  sandboxID: string,
+  close = false,
+): void {
+  sendJson(response, status, sandboxErrorBody(status, message, sandboxID), close);
+}

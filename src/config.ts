@@ -265,6 +265,21 @@ const optionalHostPort = (text: string): Result<HostPort | undefined> =>
 
 type AnySetting = { [K in keyof MoatConfig]: Setting<K> }[keyof MoatConfig];
 
+/** A node's name or a team namespace: lower-case letters, digits and "-", 1 to 63. */
+const LOWER_NAME = /^[a-z0-9][a-z0-9-]{0,62}$/;
+
+/** Whether `text` can name a node (a kept `--node-id auto` name is checked again at start). */
+export const isNodeID = (text: string): boolean => LOWER_NAME.test(text);
+
+function lowerName(text: string): Result<string> {
+  return LOWER_NAME.test(text)
+    ? { ok: true, value: text }
+    : {
+        ok: false,
+        error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
+      };
+}
+
 export const SETTINGS: readonly AnySetting[] = [
   {
     key: 'internalDeny',
@@ -653,13 +668,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_NAMESPACE',
     default: 'moat',
     help: 'team namespace of named snapshots, as in <namespace>/<name>:<tag>',
-    parse: (text) =>
-      /^[a-z0-9][a-z0-9-]{0,62}$/.test(text)
-        ? { ok: true, value: text }
-        : {
-            ok: false,
-            error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
-          },
+    parse: lowerName,
   },
   {
     key: 'store',
@@ -691,13 +700,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_NODE_ID',
     default: 'auto',
     help: 'this node\'s name in a Redis-backed platform; "auto" makes one once and keeps it in the data folder',
-    parse: (text) =>
-      /^[a-z0-9][a-z0-9-]{0,62}$/.test(text)
-        ? { ok: true, value: text }
-        : {
-            ok: false,
-            error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
-          },
+    parse: lowerName,
   },
   {
     key: 'nodeTtlMs',

@@ -9,6 +9,7 @@ import { type GatewaySandbox, IngressProxy, SandboxGateway } from '../proxy/inde
 import type { SandboxRuntime } from '../runtime/index.js';
 import type { FlowRecorder } from '../flows/index.js';
 import { SANDBOX_ID, type SandboxService } from '../sandbox/index.js';
+import type { HostPort } from '../host-port.js';
 
 interface HostedSandbox extends GatewaySandbox {
   readonly envd: EnvdSandbox;
@@ -25,7 +26,7 @@ export interface GatewayParts {
   /** Ports Moat itself listens on: never an ingress target, whatever a sandbox listens on. */
   readonly moatPorts: () => ReadonlySet<number>;
   /** The sandbox listener of the node hosting a sandbox that is not here (many nodes). */
-  readonly elsewhere?: (sandboxID: string) => Promise<{ host: string; port: number } | undefined>;
+  readonly elsewhere?: (sandboxID: string) => Promise<HostPort | undefined>;
 }
 
 export function createSandboxGateway(parts: GatewayParts): {

@@ -13,7 +13,7 @@ import {
   loadApiKeys,
 } from '../api/index.js';
 import { Cluster } from '../cluster/index.js';
-import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
+import { formatHostPort, type HostPort, isNodeID, type MoatConfig } from '../config.js';
 import { listenFailure } from '../listen-failure.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import { FlowFileSink, FlowRecorder, FlowStore } from '../flows/index.js';
@@ -693,7 +693,7 @@ async function nodeIdentity(config: MoatConfig): Promise<string> {
   if (config.nodeID !== 'auto') return config.nodeID;
   const file = path.join(config.dataDir, 'node-id');
   const kept = (await readFile(file, 'utf8').catch(() => '')).trim();
-  if (/^[a-z0-9][a-z0-9-]{0,62}$/.test(kept)) return kept;
+  if (isNodeID(kept)) return kept;
   const made = `${os
     .hostname()
     .toLowerCase()

@@ -12,13 +12,14 @@
  * enforced within milliseconds even while the owner is busy.
  */
 import type { Redis } from 'ioredis';
+import type { HostPort } from '../host-port.js';
 
 export interface NodeInfo {
   readonly id: string;
   /** host:port of its platform API, for forwarded requests. */
   readonly api: string;
   /** Its sandbox listener (sandbox API and ingress), for relayed requests. */
-  readonly sandbox: { readonly host: string; readonly port: number };
+  readonly sandbox: HostPort;
   /** host:port of its egress proxy, where its sandboxes' explicit proxy traffic goes. */
   readonly proxy: string;
   readonly hostsSandboxes: boolean;

@@ -32,14 +32,10 @@ import {
   TYPE,
   udpLimit,
 } from './wire.js';
-
-export interface ListenAddress {
-  readonly host: string;
-  readonly port: number;
-}
+import type { HostPort } from '../host-port.js';
 
 export interface DnsInterceptorOptions {
-  readonly listen: ListenAddress;
+  readonly listen: HostPort;
   readonly table: EnforcementTable;
   readonly cache: AnswerCache;
   readonly metrics: MoatMetrics;
@@ -116,7 +112,7 @@ export class DnsInterceptor {
   }
 
   /** Binds UDP and TCP on one more address (and port); resolves to the bound port. */
-  async listen({ host, port }: ListenAddress): Promise<number> {
+  async listen({ host, port }: HostPort): Promise<number> {
     // With port 0 the UDP port is free but the same number may be taken for TCP: try again.
     for (let attempt = 1; ; attempt++) {
       const udp = await listenUdp(host, port, {

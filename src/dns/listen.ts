@@ -1,10 +1,8 @@
 import net from 'node:net';
+import type { HostPort } from '../host-port.js';
 
 /** Starts a server on an address; resolves to the bound port (useful when 0 was asked for). */
-export function listenOn(
-  server: net.Server,
-  address: { host: string; port: number },
-): Promise<number> {
+export function listenOn(server: net.Server, address: HostPort): Promise<number> {
   return new Promise((resolve, reject) => {
     server.once('error', reject);
     server.listen(address.port, address.host, () => {
@@ -25,7 +23,7 @@ export class ListenerGroup {
 
   constructor(private readonly server: net.Server) {}
 
-  async listen(address: { host: string; port: number }): Promise<number> {
+  async listen(address: HostPort): Promise<number> {
     if (!this.bound) {
       this.bound = true;
       return listenOn(this.server, address);

@@ -2,11 +2,7 @@ import { randomInt } from 'node:crypto';
 import dgram from 'node:dgram';
 import net from 'node:net';
 import { answersQuestion, encodeUpstreamQuery, isTruncated } from './wire.js';
-
-export interface UpstreamServer {
-  readonly host: string;
-  readonly port: number;
-}
+import type { HostPort } from '../host-port.js';
 
 export interface UpstreamOptions {
   /** Total time for one question across every resolver and retry. */
@@ -17,7 +13,7 @@ export interface UpstreamOptions {
    */
   readonly attemptTimeoutMs?: number;
   /** Called with the seconds an upstream took to answer, for the latency histogram. */
-  readonly onLatency?: (seconds: number, server: UpstreamServer) => void;
+  readonly onLatency?: (seconds: number, server: HostPort) => void;
 }
 
 export class UpstreamError extends Error {}
@@ -61,7 +57,7 @@ export class UpstreamClient {
   private readonly attemptTimeoutMs: number;
 
   constructor(
-    readonly servers: readonly UpstreamServer[],
+    readonly servers: readonly HostPort[],
     private readonly options: UpstreamOptions,
   ) {
     if (servers.length === 0) throw new Error('at least one upstream DNS server is needed');
@@ -111,12 +107,7 @@ export class UpstreamClient {
     );
   }
 
-  private overUdp(
-    server: UpstreamServer,
-    query: Buffer,
-    id: number,
-    timeoutMs: number,
-  ): Promise<Buffer> {
+  private overUdp(server: HostPort, query: Buffer, id: number, timeoutMs: number): Promise<Buffer> {
     return new Promise((resolve, reject) => {
       const socket = dgram.createSocket(net.isIPv6(server.host) ? 'udp6' : 'udp4');
       const finish = settleOnce(resolve, reject, timeoutMs, 'UDP', () => socket.close());
@@ -133,12 +124,7 @@ export class UpstreamClient {
     });
   }
 
-  private overTcp(
-    server: UpstreamServer,
-    query: Buffer,
-    id: number,
-    timeoutMs: number,
-  ): Promise<Buffer> {
+  private overTcp(server: HostPort, query: Buffer, id: number, timeoutMs: number): Promise<Buffer> {
     return new Promise((resolve, reject) => {
       const socket = net.connect({ host: server.host, port: server.port });
       let buffered = Buffer.alloc(0);

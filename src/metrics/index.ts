@@ -5,6 +5,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+import type { HostPort } from '../host-port.js';
 
 export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'servfail' | 'dropped';
 
@@ -319,10 +320,7 @@ export interface MetricsListener {
  * A listener serving only `GET /metrics` from `registry`, without the API key: Prometheus
  * scrapes it without any route to the platform API. Anything else gets 404 or 405.
  */
-export function listenMetrics(
-  registry: Registry,
-  at: { readonly host: string; readonly port: number },
-): Promise<MetricsListener> {
+export function listenMetrics(registry: Registry, at: HostPort): Promise<MetricsListener> {
   const server = http.createServer(
     { headersTimeout: 10_000, requestTimeout: 10_000 },
     (req, res) => {

@@ -50,11 +50,10 @@ import {
 import { type Splice, type SpliceOptions, splice } from './splice.js';
 import { TlsHelloGuard } from './tls-guard.js';
 import { flowAsk, spliceTunnel, type TunnelRegistry } from './tunnels.js';
+import type { HostPort } from '../host-port.js';
 
-export interface ProxyListen {
-  readonly host: string;
-  readonly port: number;
-}
+/** Where a proxy listener binds. */
+export type ProxyListen = HostPort;
 
 export interface ProxyOptions {
   readonly table: EnforcementTable;

@@ -11,6 +11,7 @@ import type { Logger } from 'pino';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 import { sendSandboxError } from '../http-answers.js';
 import type { IngressProxy, IngressTarget } from './ingress.js';
+import type { HostPort } from '../host-port.js';
 
 export { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 
@@ -40,7 +41,7 @@ export interface SandboxGatewayOptions<S extends GatewaySandbox> {
    * The sandbox listener (host:port) of the node that hosts a sandbox not running here, when
    * many nodes share a store: requests for it are relayed there as they came.
    */
-  elsewhere?(sandboxID: string): Promise<{ host: string; port: number } | undefined>;
+  elsewhere?(sandboxID: string): Promise<HostPort | undefined>;
   /** A secure sandbox whose signed /files URL this is (URLs that name no sandbox). */
   bySignature(url: URL): Promise<S | undefined>;
   /** Serves the sandbox API (port 49983). */
@@ -86,7 +87,7 @@ function routeOf(request: IncomingMessage, url: URL): Route {
 
 export const NOT_RUNNING = 'The sandbox was not found';
 
-const relayTo = (node: { host: string; port: number }, sandboxID: string): IngressTarget => ({
+const relayTo = (node: HostPort, sandboxID: string): IngressTarget => ({
   sandboxID,
   host: node.host,
   port: node.port,
@@ -219,7 +220,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
     };
   }
 
-  async listen(at: { host: string; port: number }): Promise<number> {
+  async listen(at: HostPort): Promise<number> {
     await new Promise<void>((resolve, reject) => {
       this.server.once('error', reject);
       this.server.listen(at.port, at.host, () => {

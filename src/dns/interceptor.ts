@@ -1,6 +1,5 @@
 import net from 'node:net';
 import type { Logger } from 'pino';
-import { ArrivingBytes } from '../arriving-bytes.js';
 import { warnEvery } from '../warn-every.js';
 import { listenFailure } from '../listen-failure.js';
 import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
@@ -14,6 +13,7 @@ import {
   parseIP,
 } from '../policy/index.js';
 import { listenOn } from './listen.js';
+import { DnsTcpConnections } from './tcp-connections.js';
 import {
   batchedUdpUnavailable,
   listenUdp,
@@ -66,20 +66,6 @@ type Transport = 'udp' | 'tcp';
 
 const TCP_LIMIT = 65535;
 const MAX_TCP_CONNECTIONS = 1024;
-/**
- * TCP connections one sandbox (or all unknown sources together) may hold at once, so that no
- * sandbox can crowd the others out of DNS over TCP (their fallback for truncated answers).
- */
-export const MAX_TCP_CONNECTIONS_PER_SOURCE = 32;
-/** A TCP message that has begun must arrive whole within this: a trickle holds no connection. */
-export const TCP_MESSAGE_TIMEOUT_MS = 2_000;
-/**
- * Queries of one TCP connection in progress at once, and answers waiting unsent, before it is
- * read no further. Answers in progress are written whatever waits, so a connection holds at most
- * about 256 KiB + 16 x 64 KiB (1.3 MiB) of answers, a sandbox's 32 connections about 41 MiB.
- */
-const MAX_PIPELINED = 16;
-const MAX_UNSENT_BYTES = 256 * 1024;
 
 /**
  * The DNS interceptor: every sandbox's resolver. It decides each query name with the
@@ -90,13 +76,17 @@ const MAX_UNSENT_BYTES = 256 * 1024;
 export class DnsInterceptor {
   private readonly sockets: Array<{ udp: UdpListener; tcp: net.Server }> = [];
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
-  private readonly connections = new Set<net.Socket>();
-  /** Open TCP connections by sandbox ID ('' for sources that are no sandbox). */
-  private readonly tcpBySource = new Map<string, number>();
+  private readonly tcpConnections: DnsTcpConnections;
   /** Failed UDP sends (one per batch on the batched path) logged at most every 10 s. */
   private readonly sendFailed: (error: Error) => void;
 
   constructor(private readonly options: DnsInterceptorOptions) {
+    this.tcpConnections = new DnsTcpConnections({
+      logger: options.logger,
+      idleTimeoutMs: options.tcpIdleTimeoutMs ?? 10_000,
+      ownerOf: (source) => this.sandboxAt(source)?.sandboxID ?? '',
+      answer: (message, source) => this.answer(message, source, 'tcp'),
+    });
     this.sendFailed = warnEvery(options.logger, 'dns udp socket error', 10_000, options.now);
     options.metrics.countLearnedWith(() =>
       options.table.all().reduce((sum, s) => sum + s.learned.size, 0),
@@ -127,7 +117,7 @@ export class DnsInterceptor {
       }).catch((error: unknown) => {
         throw listenFailure('DNS listener udp', { host, port }, error);
       });
-      const tcp = net.createServer((socket) => this.serveTcp(socket));
+      const tcp = net.createServer((socket) => this.tcpConnections.serve(socket));
       tcp.maxConnections = MAX_TCP_CONNECTIONS;
       try {
         await listenOn(tcp, { host, port: udp.port });
@@ -160,7 +150,7 @@ export class DnsInterceptor {
   }
 
   async stop(): Promise<void> {
-    for (const socket of this.connections) socket.destroy();
+    this.tcpConnections.closeAll();
     await Promise.all(
       this.sockets
         .splice(0)
@@ -374,77 +364,5 @@ export class DnsInterceptor {
     if (bucket.tokens < 1) return false;
     bucket.tokens -= 1;
     return true;
-  }
-
-  /**
-   * RFC 7766: length-prefixed messages, pipelined, answered as each completes. Reading stops
-   * while too many queries are in progress or too many answers wait unsent (a client that
-   * never reads must not grow our memory), and resumes when both drain.
-   */
-  private serveTcp(socket: net.Socket): void {
-    socket.on('error', () => socket.destroy());
-    const owner = this.sandboxAt(socket.remoteAddress ?? '')?.sandboxID ?? '';
-    const held = this.tcpBySource.get(owner) ?? 0;
-    if (held >= MAX_TCP_CONNECTIONS_PER_SOURCE) {
-      this.options.logger.warn(
-        { sandboxID: owner || undefined, source: socket.remoteAddress, held },
-        'dns tcp connection refused: too many open from this source',
-      );
-      return void socket.destroy();
-    }
-    this.tcpBySource.set(owner, held + 1);
-    this.connections.add(socket);
-    socket.setTimeout(this.options.tcpIdleTimeoutMs ?? 10_000, () => socket.destroy());
-    let partial: NodeJS.Timeout | undefined;
-    socket.on('close', () => {
-      clearTimeout(partial);
-      this.connections.delete(socket);
-      const left = (this.tcpBySource.get(owner) ?? 1) - 1;
-      if (left > 0) this.tcpBySource.set(owner, left);
-      else this.tcpBySource.delete(owner);
-    });
-    // A message sent a byte at a time must not be copied whole once per byte.
-    const arriving = new ArrivingBytes();
-    let buffered = arriving.bytes;
-    let pending = 0;
-    const busy = () => pending >= MAX_PIPELINED || socket.writableLength >= MAX_UNSENT_BYTES;
-    const pump = (): void => {
-      while (!busy() && buffered.length >= 2 && buffered.length >= 2 + buffered.readUInt16BE(0)) {
-        const length = buffered.readUInt16BE(0);
-        const message = Buffer.from(buffered.subarray(2, 2 + length));
-        buffered = arriving.restart(buffered.subarray(2 + length));
-        clearTimeout(partial);
-        partial = undefined;
-        pending++;
-        void Promise.resolve(this.answer(message, socket.remoteAddress ?? '', 'tcp')).then(
-          (reply) => {
-            pending--;
-            if (reply !== undefined && !socket.destroyed) {
-              const framed = Buffer.allocUnsafe(2 + reply.length);
-              framed.writeUInt16BE(reply.length, 0);
-              reply.copy(framed, 2);
-              socket.write(framed);
-            }
-            pump();
-          },
-        );
-      }
-      if (busy()) {
-        // Not reading: whatever waits is ours to get to, not the client's to finish.
-        socket.pause();
-        clearTimeout(partial);
-        partial = undefined;
-      } else {
-        socket.resume();
-        // Part of a message is here: the rest must follow soon.
-        if (buffered.length > 0)
-          partial ??= setTimeout(() => socket.destroy(), TCP_MESSAGE_TIMEOUT_MS);
-      }
-    };
-    socket.on('drain', pump);
-    socket.on('data', (chunk: Buffer) => {
-      buffered = arriving.append(chunk);
-      pump();
-    });
   }
 }

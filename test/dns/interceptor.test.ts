@@ -17,7 +17,7 @@ import {
 import {
   MAX_TCP_CONNECTIONS_PER_SOURCE,
   TCP_MESSAGE_TIMEOUT_MS,
-} from '../../src/dns/interceptor.js';
+} from '../../src/dns/tcp-connections.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { steadyValue } from '../support/steady.js';

@@ -23,7 +23,11 @@ const problem = await redisProblem();
 if (problem !== undefined)
   console.warn(`cluster tests skipped: no Redis on 127.0.0.1:${REDIS_PORT} (${problem})`);
 
-const TTL_MS = 3000;
+/**
+ * Long enough that a node killed and started again (a restart under a loaded CI machine takes
+ * seconds) comes back before the others count it gone and remove its sandboxes.
+ */
+const TTL_MS = 6000;
 const SOURCE_POOL = '127.79.0.0/24';
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 

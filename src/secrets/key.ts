@@ -35,7 +35,9 @@ export async function loadSecretsKey(
     text = await readFile(file, 'utf8');
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT' || configured !== undefined) {
-      throw new Error(`cannot read the secrets key file ${file}: ${(error as Error).message}`);
+      throw new Error(`cannot read the secrets key file ${file}: ${(error as Error).message}`, {
+        cause: error,
+      });
     }
   }
   if (text === undefined) {

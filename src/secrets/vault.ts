@@ -89,7 +89,7 @@ export class SecretVault {
     this.now = options.now ?? Date.now;
   }
 
-  create(
+  async create(
     name: string,
     value: string,
     metadata: Readonly<Record<string, string>> = {},
@@ -119,7 +119,7 @@ export class SecretVault {
   }
 
   /** Stores `value` as the secret's next version; metadata, when given, replaces the old. */
-  update(
+  async update(
     secret: string,
     value: string,
     metadata?: Readonly<Record<string, string>>,

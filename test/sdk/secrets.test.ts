@@ -297,7 +297,7 @@ describe('where a value must never appear', () => {
     expect(child.output()).not.toContain(VALUE);
     for (const value of [VALUE, NEW_VALUE]) {
       // grep exits 1 when nothing matches. Moat's own files: the sandbox file trees (the base
-      // image, layers, templates, roots) hold what sandboxes wrote, never what Moat stores.
+      // image, disk images, layers, templates, roots) hold what sandboxes wrote, never what Moat stores.
       const found = (() => {
         try {
           return execFileSync(
@@ -306,7 +306,9 @@ describe('where a value must never appear', () => {
               '-rlF',
               '--binary-files=text',
               '--devices=skip',
-              ...['base', 'layers', 'templates', 'sandboxes'].map((d) => `--exclude-dir=${d}`),
+              ...['base', 'disks', 'layers', 'templates', 'sandboxes'].map(
+                (d) => `--exclude-dir=${d}`,
+              ),
               '--',
               value,
               dataDir,

@@ -5,8 +5,8 @@
  * of the data folder looks for: a secret's value, which must be in none of them.
  */
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { mkdtempSync } from 'node:fs';
+import { randomBytes, randomUUID } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
@@ -17,12 +17,14 @@ import {
   SecretError,
   SecretNotFoundError,
 } from 'e2b';
+import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMoatFolder } from '../../bench/lib/scratch.js';
 import { loadSecretsKey, SecretVault } from '../../src/secrets/index.js';
 import { FileStore } from '../../src/store/index.js';
 import { ApiClient } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { REDIS_PORT, redisProblem } from '../support/redis.js';
 import { loopbackServeArgs, ServeChild, type Started } from '../support/serve-child.js';
 
 const API_KEY = 'secrets-test-key-0123456789abcdef';
@@ -363,4 +365,63 @@ describe('where a value must never appear', () => {
     expect(withRules).toEqual([['api.rules.test', '*.rules.test']]);
     expect(child.output()).not.toContain(VALUE);
   }, 60_000);
+});
+
+const redisMissing = await redisProblem();
+
+describe.skipIf(redisMissing !== undefined)('the Redis store mode', () => {
+  const prefix = `moat-test:${randomUUID()}:`;
+  const redisDir = mkdtempSync(path.join(os.tmpdir(), 'moat-secrets-redis-'));
+  const keyFile = path.join(redisDir, 'shared-key');
+  const args = () =>
+    loopbackServeArgs(path.join(redisDir, 'node'), zone.port, [
+      ...['--api-keys', API_KEY, '--log-level', 'debug'],
+      ...['--store', `redis://127.0.0.1:${REDIS_PORT}`, '--store-prefix', prefix],
+      ...['--secrets-key-file', keyFile],
+    ]);
+
+  afterAll(async () => {
+    const admin = new Redis(REDIS_PORT, '127.0.0.1');
+    const keys = await admin.keys(`${prefix}*`);
+    if (keys.length > 0) await admin.del(...keys);
+    admin.disconnect();
+    removeMoatFolder(redisDir);
+  });
+
+  it('keeps secrets and a sandbox’s rules in Redis, across a restart, sealed', async () => {
+    // The file store's Moat and its sandboxes are done with.
+    await Promise.all(sandboxes.splice(0).map((s) => s.kill().catch(() => undefined)));
+    await child.stop('SIGTERM');
+    writeFileSync(keyFile, `${randomBytes(32).toString('hex')}\n`, { mode: 0o600 });
+    child = new ServeChild(args());
+    at = await child.started();
+    const secret = await Secret.create('redis-token', VALUE, connection());
+    const rules = {
+      'api.redis.test': [
+        { transform: { headers: { Authorization: 'Bearer ${e2b.secrets.redis-token}' } } },
+      ],
+    };
+    const created = await sandbox({ network: { rules } });
+    expect((await created.getInfo()).network?.rules).toEqual(rules);
+    expect((await child.stop('SIGTERM')).code).toBe(0);
+
+    child = new ServeChild(args());
+    at = await child.started();
+    expect(await Secret.getInfo(secret.secretId, connection())).toEqual(secret);
+    const info = await Sandbox.getInfo(created.sandboxId, connection());
+    expect(info.network?.rules).toEqual(rules);
+
+    const admin = new Redis(REDIS_PORT, '127.0.0.1');
+    try {
+      const dump: string[] = [];
+      for (const name of await admin.keys(`${prefix}*`))
+        if ((await admin.type(name)) === 'hash')
+          dump.push(JSON.stringify(await admin.hgetall(name)));
+      expect(dump.join('\n')).toContain('redis-token');
+      expect(dump.join('\n')).not.toContain(VALUE);
+    } finally {
+      admin.disconnect();
+    }
+    expect(child.output()).not.toContain(VALUE);
+  }, 90_000);
 });

@@ -49,7 +49,8 @@ Options:
   --json                    one JSON object per line:
                             {"destination","canonical","verdict","rule","list","reason"},
                             with --resolve also "addresses": [{"address","verdict","rule",
-                            "list","reason"}] for a name that was looked up
+                            "list","reason"}] for a name that was looked up, and "intercept":
+                            the network.rules key whose headers an allowed name would get
 ${CHECK_CONFIG.help}
   -h, --help                this help
 

@@ -68,6 +68,8 @@ export interface MoatConfig {
   readonly metricsListen: HostPort | undefined;
   /** Where sandboxes, snapshots, the store and the generated API key live. */
   readonly dataDir: string;
+  /** The key file sealing secret values at rest; undefined: `<dataDir>/secrets-key`. */
+  readonly secretsKeyFile: string | undefined;
   /** Start sandboxes unconfined where they cannot be confined (loudly named on purpose). */
   readonly unconfinedSandboxes: boolean;
   /** Host ids for sandboxes: `auto` or a first id and a number of 65,536-id slots. */
@@ -605,6 +607,16 @@ export const SETTINGS: readonly AnySetting[] = [
       text.trim() === ''
         ? { ok: false, error: 'expected a folder path, got an empty string' }
         : { ok: true, value: text },
+  },
+  {
+    key: 'secretsKeyFile',
+    metavar: 'FILE',
+    flag: 'secrets-key-file',
+    env: 'MOAT_SECRETS_KEY_FILE',
+    default: '',
+    help: 'file holding the AES-256-GCM key that seals secret values in the store, as 64 hex digits (openssl rand -hex 32); empty: <data-dir>/secrets-key, generated on first start with mode 0600. Every node sharing a Redis store needs the same key',
+    show: (value) => value ?? '',
+    parse: (text) => ({ ok: true, value: text.trim() === '' ? undefined : text }),
   },
   {
     key: 'unconfinedSandboxes',

@@ -68,6 +68,48 @@ describe('moat check', () => {
     expect(lines[2]).toMatch(/^DENY +10\.0\.0\.1 +\[internal 10\.0\.0\.0\/8\]/);
   });
 
+  it('names the network.rules key that applies to each allowed destination (TLS intercepted)', async () => {
+    const withRules = file('rules.json', {
+      allowOut: ['api.example.com', '*.example.org'],
+      denyOut: ['0.0.0.0/0'],
+      rules: {
+        'API.example.com': [{ transform: { headers: { Authorization: '${e2b.secrets.token}' } } }],
+        '*.example.org': [],
+        'denied.test': [],
+      },
+    });
+    const r = await runMoat([
+      'check',
+      '--policy',
+      withRules,
+      'api.example.com',
+      'www.example.org',
+      'example.org',
+      'denied.test',
+    ]);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(
+      /^ALLOW api\.example\.com .*\(TLS intercepted: headers of rule api\.example\.com\)$/,
+    );
+    expect(lines[1]).toMatch(/\(TLS intercepted: headers of rule \*\.example\.org\)$/);
+    // The apex is not below its wildcard; a rule opens nothing allowOut does not.
+    expect(lines[2]).toMatch(/^DENY +example\.org /);
+    expect(lines[3]).toMatch(/^DENY +denied\.test /);
+    expect(lines[3]).not.toMatch(/intercepted/);
+    const json = await runMoat(['check', '--json', '--policy', withRules, 'api.example.com']);
+    expect(JSON.parse(json.stdout)).toMatchObject({
+      verdict: 'allow',
+      intercept: 'api.example.com',
+    });
+    const bad = file('bad-rules.json', {
+      rules: { 'a.test': [{ transform: { headers: { 'X-Key': 'sk-secret-value\r\n' } } }] },
+    });
+    const refused = await runMoat(['check', '--policy', bad, 'a.test']);
+    expect(refused.code).toBe(2);
+    expect(refused.stdout + refused.stderr).toMatch(/a\.test .*header "X-Key".*control character/);
+    expect(refused.stdout + refused.stderr).not.toContain('sk-secret-value');
+  });
+
   it('exits 0 when every destination is allowed', async () => {
     const r = await runMoat([
       'check',

@@ -4,8 +4,9 @@
  * so the document cannot drift from what is enforced.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { MAX_DESCRIPTION_LENGTH } from '../policy/index.js';
+import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS } from '../policy/index.js';
 import type { FlowStore } from '../flows/index.js';
+import type { SecretVault } from '../secrets/index.js';
 import {
   type CreateRequest,
   DEFAULT_TIMEOUT,
@@ -45,6 +46,8 @@ export interface RouteContext {
   readonly flows: FlowStore;
   /** host:port of the platform API of every other live node (none outside a cluster). */
   readonly peers: () => readonly string[];
+  /** The secrets API's records (shared by every node of a Redis store). */
+  readonly secrets: SecretVault;
 }
 
 type Handler = (
@@ -116,6 +119,22 @@ const egressProxy = {
   type: ['object', 'null'],
 };
 
+/** E2B's `network.rules`; keys, headers and values are checked by the policy parser. */
+export const networkRulesSchema = {
+  type: 'object',
+  maxProperties: MAX_RULE_KEYS,
+  description:
+    'Headers Moat sets on intercepted HTTPS requests to a destination: { "<name or *.name>": [ { "transform": { "headers": { "<Name>": "<value, may hold ${e2b.secrets.<name>}>" } } } ] }. Rules grant no access: allowOut decides',
+  additionalProperties: {
+    type: 'array',
+    items: bodyObject({
+      transform: bodyObject({
+        headers: { type: 'object', additionalProperties: { type: 'string' } },
+      }),
+    }),
+  },
+};
+
 const createBody = bodyObject(
   {
     templateID: { type: 'string', minLength: 1, maxLength: 512 },
@@ -141,6 +160,7 @@ const createBody = bodyObject(
         items: { type: 'integer', minimum: 1, maximum: 65535 },
         description: `Sandbox ports that serve TLS; not ${SANDBOX_API_PORT}`,
       },
+      rules: networkRulesSchema,
     }),
     metadata: { type: 'object', additionalProperties: { type: 'string' } },
     envVars: { type: 'object', additionalProperties: { type: 'string' } },
@@ -161,6 +181,7 @@ const networkBody = bodyObject({
     description: 'Accepted and ignored: what a policy file is for',
   },
   egressProxy,
+  rules: { ...networkRulesSchema, description: 'Replaces the rules; left out, they are cleared' },
 });
 
 const listQuery = {

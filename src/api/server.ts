@@ -16,6 +16,7 @@ import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbo
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
 import { ROUTES, type RouteContext, type RouteSpec } from './routes.js';
+import { SECRET_ROUTES } from './secrets.js';
 import { unsupportedRoutes } from './unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
 
@@ -125,7 +126,8 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
     );
   });
 
-  const routes = [...ROUTES, ...unsupportedRoutes(ROUTES)];
+  const served = [...ROUTES, ...SECRET_ROUTES];
+  const routes = [...served, ...unsupportedRoutes(served)];
   for (const route of routes) {
     app.route({
       method: route.method,

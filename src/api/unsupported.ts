@@ -10,11 +10,6 @@ import { errorSchema } from './views.js';
 const FEATURES: ReadonlyArray<readonly [RouteSpec['method'], string, string]> = [
   ['GET', '/sandboxes/:sandboxID/logs', 'Sandbox logs'],
   ['GET', '/v2/sandboxes/:sandboxID/logs', 'Sandbox logs'],
-  ['GET', '/secrets', 'Secrets'],
-  ['POST', '/secrets', 'Secrets'],
-  ['GET', '/secrets/:secretID', 'Secrets'],
-  ['POST', '/secrets/:secretID', 'Secrets'],
-  ['DELETE', '/secrets/:secretID', 'Secrets'],
   ['GET', '/teams', 'Teams'],
   ['GET', '/teams/:teamID/metrics', 'Team metrics'],
   ['GET', '/teams/:teamID/metrics/max', 'Team metrics'],

@@ -78,6 +78,8 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTota
         }
       : null,
     httpsPorts: r.network.httpsPorts ?? [],
+    // Exactly as stored: placeholders stay placeholders, and literal values are the client's own.
+    ...(r.network.rules === undefined ? {} : { rules: r.network.rules }),
   },
   lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
   egress: {
@@ -149,6 +151,12 @@ const object = (properties: Record<string, object>, description?: string) => ({
   required: Object.keys(properties),
 });
 
+/** An object schema with more properties that may be left out. */
+const withOptional = (schema: ReturnType<typeof object>, optional: Record<string, object>) => ({
+  ...schema,
+  properties: { ...schema.properties, ...optional },
+});
+
 export const errorSchema = object(
   { code: integer, message: string },
   'Every platform error: code repeats the HTTP status',
@@ -190,20 +198,42 @@ export const detailSchema = object({
   envdAccessToken: nullableString,
   allowInternetAccess: { type: ['boolean', 'null'] },
   domain: { type: 'null' },
-  network: object({
-    allowPublicTraffic: { type: 'boolean' },
-    allowOut: stringList,
-    denyOut: stringList,
-    maskRequestHost: nullableString,
-    egressProxy: {
-      type: ['object', 'null'],
-      properties: { address: string, username: string },
-      required: ['address'],
-      additionalProperties: false,
-      description: 'The SOCKS5 proxy allowed TCP is tunnelled through (never its password)',
+  network: withOptional(
+    object({
+      allowPublicTraffic: { type: 'boolean' },
+      allowOut: stringList,
+      denyOut: stringList,
+      maskRequestHost: nullableString,
+      egressProxy: {
+        type: ['object', 'null'],
+        properties: { address: string, username: string },
+        required: ['address'],
+        additionalProperties: false,
+        description: 'The SOCKS5 proxy allowed TCP is tunnelled through (never its password)',
+      },
+      httpsPorts: { type: 'array', items: { type: 'integer' } },
+    }),
+    {
+      rules: {
+        type: 'object',
+        additionalProperties: {
+          type: 'array',
+          items: {
+            type: 'object',
+            properties: {
+              transform: {
+                type: 'object',
+                properties: {
+                  headers: { type: 'object', additionalProperties: { type: 'string' } },
+                },
+              },
+            },
+          },
+        },
+        description: 'network.rules as stored (keys canonical); absent when there are none',
+      },
     },
-    httpsPorts: { type: 'array', items: { type: 'integer' } },
-  }),
+  ),
   lifecycle: object({
     autoResume: { type: 'boolean' },
     onTimeout: { type: 'string', enum: ['kill', 'pause'] },

@@ -8,6 +8,8 @@ import {
   type Decision,
   type DecisionList,
   decide,
+  headerTransformFor,
+  type CanonicalName,
   formatDestination,
   type Policy,
   parseDestination,
@@ -51,7 +53,8 @@ Options:
   --json                    one JSON object per line:
                             {"destination","canonical","verdict","rule","list","reason"},
                             with --resolve also "addresses": [{"address","verdict","rule",
-                            "list","reason"}] for a name that was looked up
+                            "list","reason"}] for a name that was looked up, and "intercept":
+                            the network.rules key whose headers an allowed name would get
   --replay FILE             what-if: decide every decision recorded in a flow log (the JSON
                             Lines of --flow-log) under the policy and print what would change
   --replay-api URL          the same for the records a Moat node keeps (GET /flows, the
@@ -80,6 +83,15 @@ interface Verdict {
   readonly decision: CheckDecision;
   /** With --resolve, each address a name resolved to, decided on its own. */
   readonly addresses?: ReadonlyArray<{ readonly address: string; readonly decision: Decision }>;
+  /** The `network.rules` key whose headers Moat would set (intercepting TLS), if any. */
+  readonly ruleKey?: string;
+}
+
+/** An allowed name that a rule covers is intercepted, and that rule's headers are set. */
+function withRuleKey(policy: Policy, verdict: Verdict, host: CanonicalName | undefined): Verdict {
+  if (host === undefined || verdict.decision.verdict !== 'allow') return verdict;
+  const transform = headerTransformFor(policy, host);
+  return transform === undefined ? verdict : { ...verdict, ruleKey: transform.ruleKey };
 }
 
 const unresolved = (reason: string): CheckDecision => ({
@@ -95,6 +107,16 @@ const unresolved = (reason: string): CheckDecision => ({
  * when any address is (by the first allowed one), and denied by the first address otherwise.
  */
 async function judge(policy: Policy, text: string, resolver?: HostResolver): Promise<Verdict> {
+  const verdict = await decideDestination(policy, text, resolver);
+  const parsed = parseDestination(text);
+  return withRuleKey(policy, verdict, parsed.ok ? parsed.value.host : undefined);
+}
+
+async function decideDestination(
+  policy: Policy,
+  text: string,
+  resolver?: HostResolver,
+): Promise<Verdict> {
   const parsed = parseDestination(text);
   if (!parsed.ok) {
     return {
@@ -158,10 +180,13 @@ function format(verdict: Verdict, json: boolean): string {
               ...fields(a.decision),
             })),
           }),
+      ...(verdict.ruleKey === undefined ? {} : { intercept: verdict.ruleKey }),
     });
   }
+  const intercepted =
+    verdict.ruleKey === undefined ? '' : `  (TLS intercepted: headers of rule ${verdict.ruleKey})`;
   return [
-    line(verdict.canonical ?? verdict.destination, verdict.decision),
+    line(verdict.canonical ?? verdict.destination, verdict.decision) + intercepted,
     ...(verdict.addresses ?? []).map((a) => `  ${line(a.address, a.decision)}`),
   ].join('\n');
 }

@@ -53,6 +53,7 @@ import {
 } from '../runtime/index.js';
 import { SANDBOX_ID, type SandboxRecord, SandboxError, SandboxService } from '../sandbox/index.js';
 import { FileStore, RedisStore, type Store } from '../store/index.js';
+import { loadSecretsKey, SecretVault } from '../secrets/index.js';
 import { createSandboxGateway } from './gateway.js';
 import { notReady } from './readiness.js';
 import { VERSION } from './version.js';
@@ -77,6 +78,10 @@ export interface RunningMoat {
   readonly network: NamespaceNetwork | undefined;
   readonly sandboxes: SandboxService;
   readonly apiKeys: ApiKeys;
+  /** Secrets by name (current values read at request time) for the egress gateway. */
+  readonly secrets: SecretVault;
+  /** Where the key sealing secret values came from (never the key). */
+  readonly secretsKeySource: string;
   /** The other nodes sharing the store; undefined for a Moat on its own. */
   readonly cluster: Cluster | undefined;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
@@ -365,6 +370,8 @@ export async function startMoat(
     // Set once the API listens (other nodes need its address); until then only this node is known.
     let cluster: Cluster | undefined;
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
+    const secretsKey = await loadSecretsKey(config.secretsKeyFile, config.dataDir);
+    const secrets = new SecretVault({ store, key: secretsKey, now: wallNow });
     listening.dns = { ...config.dnsListen, port: await dns.start() };
     undo.push(() => dns.stop());
     listening.proxy = {
@@ -426,6 +433,7 @@ export async function startMoat(
       metrics,
       logger,
       maxPolicyEntries: config.maxPolicyEntries,
+      secretExists: (name) => secrets.exists(name),
       namespace: config.namespace,
       now: wallNow,
       environment: (record) =>
@@ -451,6 +459,7 @@ export async function startMoat(
       service: sandboxes,
       flows: flows.store,
       peers: () => cluster?.nodes().flatMap((node) => (node.id === nodeID ? [] : [node.api])) ?? [],
+      secrets,
       egress: {
         // What the sandbox itself uses: inside a namespace, the gateway.
         get proxy() {
@@ -547,6 +556,8 @@ export async function startMoat(
       network,
       sandboxes,
       apiKeys,
+      secrets,
+      secretsKeySource: secretsKey.source,
       cluster,
       listening,
       async stop(drainMs = 0) {

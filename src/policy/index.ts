@@ -26,6 +26,7 @@ export {
   type Decision,
   type DecisionList,
   decide,
+  headerTransformFor,
   type InternalDenyList,
   type LearnedAddresses,
   matchName,
@@ -44,3 +45,15 @@ export {
   parseNetworkConfig,
   type Rule,
 } from './rules.js';
+export type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
+export {
+  IDENTITY_TOKENS_MESSAGE,
+  MAX_HEADER_VALUE_LENGTH,
+  MAX_RULE_HEADERS,
+  MAX_RULE_KEYS,
+  MAX_SECRET_NAME_LENGTH,
+  MAX_SECRETS_PER_RULE,
+  SECRET_NAME,
+  canonicalRuleKeys,
+  secretsOf,
+} from './transforms.js';

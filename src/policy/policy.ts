@@ -11,6 +11,7 @@ import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NetworkRules, type Rule } from './rules.js';
+import type { HeaderTransform } from './transform-types.js';
 
 export type DecisionList =
   | 'allowOut'
@@ -87,6 +88,8 @@ export interface Policy {
   readonly allowNames: DomainTrie<Decision>;
   /** @internal to the policy part: internal list, allowOut and denyOut prefixes, merged. */
   readonly addresses: AddressIntervals<Decision>;
+  /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
+  readonly transforms: DomainTrie<HeaderTransform>;
 }
 
 function allowDecision(rule: Rule): Decision {
@@ -215,14 +218,34 @@ export function compilePolicy(
           null,
           'no rule matches; the default is allow (each resolved address is still checked against the internal deny list)',
         );
+  const transforms = new DomainTrie<HeaderTransform>();
+  for (const transform of rules.transforms) {
+    const wildcard = transform.ruleKey.startsWith('*.');
+    transforms.insert(
+      wildcard ? transform.ruleKey.slice(2) : transform.ruleKey,
+      wildcard ? 'wildcard' : 'exact',
+      transform,
+    );
+  }
   return Object.freeze({
     rules,
     internal,
     unmatchedName,
     allowNames,
     addresses: new AddressIntervals(prefixes),
+    transforms,
   });
 }
+
+/**
+ * The `network.rules` transform for requests to a canonical name: the exact key, else the
+ * longest `*.` key below which the name lies (never the wildcard's own apex). Rule sets are not
+ * merged, and a transform grants nothing: `decide` alone says whether the name may be reached.
+ */
+export const headerTransformFor = (
+  policy: Policy,
+  name: CanonicalName,
+): HeaderTransform | undefined => policy.transforms.lookup(name);
 
 /** The allowOut name rule covering a canonical name, if any (exact beats wildcard). */
 export const matchName = (policy: Policy, name: CanonicalName): Decision | undefined =>

@@ -6,6 +6,8 @@
  */
 import { type CIDR, isUnspecifiedNetwork, parseCIDR } from './address.js';
 import { type CanonicalName, canonicalName } from './host.js';
+import type { HeaderTransform } from './transform-types.js';
+import { parseTransforms } from './transforms.js';
 
 export type RuleList = 'allowOut' | 'denyOut';
 
@@ -36,6 +38,8 @@ export interface NetworkRules {
   /** denyOut holds 0.0.0.0/0 (ALL_TRAFFIC) or allow_internet_access is false. */
   readonly denyAll: boolean;
   readonly description: string | undefined;
+  /** `network.rules`: headers set on intercepted requests, one transform per rule key. */
+  readonly transforms: readonly HeaderTransform[];
 }
 
 export interface PolicyProblem {
@@ -58,7 +62,13 @@ export const ALL_TRAFFIC = '0.0.0.0/0';
 export const ALL_TRAFFIC_MESSAGE =
   "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.";
 
-const KNOWN_FIELDS = new Set(['allowOut', 'denyOut', 'allow_internet_access', 'description']);
+const KNOWN_FIELDS = new Set([
+  'allowOut',
+  'denyOut',
+  'allow_internet_access',
+  'description',
+  'rules',
+]);
 
 /** The E2B SDK's name for 0.0.0.0/0, accepted as an entry in its place. */
 const ALL_TRAFFIC_NAME = 'ALL_TRAFFIC';
@@ -189,7 +199,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
     if (!KNOWN_FIELDS.has(key)) {
       errors.push({
         at: key,
-        message: `unknown field ${JSON.stringify(key)}; a network configuration has allowOut, denyOut, allow_internet_access and description`,
+        message: `unknown field ${JSON.stringify(key)}; a network configuration has allowOut, denyOut, allow_internet_access, rules and description`,
       });
     }
   }
@@ -211,6 +221,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
   }
   const allowOut = readList(config, 'allowOut', maxEntries, parseAllowEntry, errors);
   const denyOut = readList(config, 'denyOut', maxEntries, parseDenyEntry, errors);
+  const transforms = parseTransforms(config.rules, errors);
   const denyAll = access === false || denyOut.some((rule) => rule.entry === ALL_TRAFFIC);
   const firstName = allowOut.find((rule) => rule.kind !== 'address');
   if (firstName && !denyAll) {
@@ -229,6 +240,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
       allowInternetAccess: typeof access === 'boolean' ? access : undefined,
       denyAll,
       description: typeof description === 'string' ? description : undefined,
+      transforms,
     },
   };
 }

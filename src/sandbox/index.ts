@@ -4,7 +4,7 @@
  * table.
  */
 export { SANDBOX_ID } from './ids.js';
-export { InvalidTokenError, type Order, type Page } from './pages.js';
+export { InvalidTokenError, type Order, type Page, paginate } from './pages.js';
 export type { NetworkSettings, SandboxRecord, SandboxState, SnapshotRecord } from './records.js';
 export {
   type CreateRequest,

@@ -21,6 +21,8 @@ export interface NetworkSettings {
   readonly egressProxy?: EgressProxySettings | null;
   /** Its ports that serve TLS, which ingress reaches over TLS (absent in older records: none). */
   readonly httpsPorts?: readonly number[];
+  /** `network.rules`, keys canonical, values as written (absent: none). */
+  readonly rules?: Readonly<Record<string, JsonValue>>;
 }
 
 /** E2B's `network.egressProxy`, as accepted; the password is a secret the API never returns. */
@@ -115,6 +117,8 @@ const NETWORK: Shape = {
       password: (p) => p === undefined || isString(p),
     }),
   httpsPorts: (v) => v === undefined || (Array.isArray(v) && v.every(isPort)),
+  // Checked in full when compiled: a stored rule set that no longer parses is enforced deny-all.
+  rules: (v) => v === undefined || (typeof v === 'object' && v !== null && !Array.isArray(v)),
 };
 
 const SANDBOX: Shape = {

@@ -14,6 +14,7 @@ import {
   parseAuthority,
   parseIP,
   parseNetworkConfig,
+  canonicalRuleKeys,
   type Policy,
 } from '../policy/index.js';
 import {
@@ -66,6 +67,8 @@ export interface EgressRules {
   readonly denyOut?: readonly string[];
   readonly allow_internet_access?: boolean;
   readonly egressProxy?: EgressProxySettings | null;
+  /** `network.rules`: headers Moat sets on requests to a destination (as the client sent them). */
+  readonly rules?: Readonly<Record<string, unknown>>;
 }
 
 export interface CreateRequest {
@@ -84,6 +87,7 @@ export interface CreateRequest {
     readonly maskRequestHost?: string;
     readonly egressProxy?: EgressProxySettings | null;
     readonly httpsPorts?: readonly number[];
+    readonly rules?: Readonly<Record<string, unknown>>;
   };
   readonly metadata?: Readonly<Record<string, string>>;
   readonly envVars?: Readonly<Record<string, string>>;
@@ -129,6 +133,11 @@ export interface SandboxServiceOptions {
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
   readonly maxPolicyEntries: number;
+  /**
+   * Whether a stored secret has this name: `network.rules` may name only those. Absent, rules
+   * that name a secret are refused.
+   */
+  readonly secretExists?: (name: string) => Promise<boolean>;
   /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
   readonly namespace: string;
   /** Clock in milliseconds (tests pass a controllable one). */
@@ -334,6 +343,22 @@ export class SandboxService {
     return compilePolicy(parsed.value, this.options.internal);
   }
 
+  /** Every secret the policy's rules name must be stored (a 400 naming key, header and secret). */
+  private async checkSecrets(policy: Policy): Promise<void> {
+    const exists = this.options.secretExists ?? (async () => false);
+    for (const transform of policy.rules.transforms) {
+      for (const header of transform.headers) {
+        for (const part of header.value) {
+          if (!('secret' in part) || (await exists(part.secret))) continue;
+          throw new SandboxError(
+            400,
+            `network.rules[${JSON.stringify(transform.ruleKey)}] header ${JSON.stringify(header.name)} names the secret ${JSON.stringify(part.secret)}, which does not exist (create it with POST /secrets first)`,
+          );
+        }
+      }
+    }
+  }
+
   async create(request: CreateRequest): Promise<SandboxRecord> {
     const { sources } = this.options;
     const timeout = request.timeout ?? DEFAULT_TIMEOUT;
@@ -345,8 +370,10 @@ export class SandboxService {
       maskRequestHost: request.network?.maskRequestHost ?? null,
       egressProxy: request.network?.egressProxy ?? null,
       httpsPorts: request.network?.httpsPorts ?? [],
+      ...storedRules(request.network?.rules),
     };
     const policy = this.compile(networkRules(network));
+    await this.checkSecrets(policy);
     // A proxy that cannot be used is refused before anything is made.
     upstreamProxy(network.egressProxy);
     const secure = request.secure ?? false;
@@ -644,6 +671,7 @@ export class SandboxService {
       try {
         policy = this.compile(policyRules);
         upstream = upstreamProxy(egressProxy);
+        await this.checkSecrets(policy);
       } catch (error) {
         metrics.policyPublishes.inc({ result: 'invalid' });
         throw error;
@@ -656,6 +684,9 @@ export class SandboxService {
           denyOut: rules.denyOut ?? [],
           allowInternetAccess: rules.allow_internet_access ?? null,
           egressProxy: egressProxy ?? null,
+          // Replaced like every other field: a body without rules clears them.
+          rules: undefined,
+          ...storedRules(rules.rules),
         },
       };
       try {
@@ -1147,9 +1178,18 @@ const isBaseTemplate = (id: string) =>
 
 const templateKey = (id: string) => `template:${id}`;
 
+/** `network.rules` as stored: keys canonical, rules as written; nothing when there are none. */
+const storedRules = (
+  rules: Readonly<Record<string, unknown>> | undefined,
+): Pick<NetworkSettings, 'rules'> =>
+  rules === undefined || Object.keys(rules).length === 0
+    ? {}
+    : { rules: canonicalRuleKeys(rules) as NetworkSettings['rules'] };
+
 const networkRules = (network: NetworkSettings): EgressRules => ({
   allowOut: network.allowOut,
   denyOut: network.denyOut,
+  ...(network.rules === undefined ? {} : { rules: network.rules }),
   ...(network.allowInternetAccess === null
     ? {}
     : { allow_internet_access: network.allowInternetAccess }),

@@ -6,6 +6,7 @@
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROUTES } from '../../src/api/routes.js';
+import { SECRET_ROUTES } from '../../src/api/secrets.js';
 import { unsupportedRoutes } from '../../src/api/unsupported.js';
 import { ALL_TRAFFIC_MESSAGE } from '../../src/policy/rules.js';
 import {
@@ -67,7 +68,13 @@ const PLATFORM_ROUTES: ReadonlyArray<{ method: string; url: string; body?: objec
   { method: 'GET', url: '/snapshots' },
   { method: 'GET', url: '/templates' },
   { method: 'DELETE', url: '/templates/:templateID' },
+  { method: 'GET', url: '/secrets' },
+  { method: 'POST', url: '/secrets', body: { name: 'n', value: 'v' } },
+  { method: 'GET', url: '/secrets/:secretID' },
+  { method: 'POST', url: '/secrets/:secretID', body: { value: 'v' } },
+  { method: 'DELETE', url: '/secrets/:secretID' },
 ];
+const SERVED = [...ROUTES, ...SECRET_ROUTES];
 const SANDBOX_ROUTES = PLATFORM_ROUTES.filter((r) => r.url.includes(':sandboxID'));
 const at = (url: string, id: string) =>
   url.replace(':sandboxID', id).replace(':templateID', encodeURIComponent(id));
@@ -148,7 +155,12 @@ describe('errors', () => {
     ['POST', V2, base({ timeout: -1 }), 'body.timeout must be >= 0'],
     ['POST', '/sandboxes', base({ timeout: '5' }), 'body.timeout must be integer'],
     ['POST', V2, base({ timeot: 5 }), 'body has unknown field "timeot"'],
-    ['POST', V2, base({ network: { rules: {} } }), 'body.network has unknown field "rules"'],
+    [
+      'POST',
+      V2,
+      base({ network: { rules: { 'a.test': [{ inject: {} }] } } }),
+      'body.network.rules.a.test[0] has unknown field "inject"',
+    ],
     ['POST', V2, base({ network: { allowOut: [1] } }), 'body.network.allowOut[0] must be string'],
     ['POST', V2, base({ metadata: { a: 1 } }), 'body.metadata.a must be string'],
     ['POST', V2, base({ mcp: {} }), 'MCP gateways are not supported by Moat'],
@@ -164,7 +176,7 @@ describe('errors', () => {
     ['POST', `${S}/refreshes`, { duration: 3601 }, 'body.duration must be <= 3600'],
     ['POST', `${S}/pause`, { memory: 'yes' }, 'body.memory must be boolean'],
     ['PUT', `${S}/network`, { allowOut: 'x.test' }, 'body.allowOut must be array'],
-    ['PUT', `${S}/network`, { rules: {} }, 'body has unknown field "rules"'],
+    ['PUT', `${S}/network`, { rules: { 'a.test': 'x' } }, 'body.rules.a.test must be array'],
     ['POST', `${S}/snapshots`, { name: '' }, 'body.name must NOT have fewer than 1 characters'],
     ['GET', `${V2}?order=up`, undefined, 'query.order must be one of "asc", "desc"'],
     ['GET', `${V2}?limit=ten`, undefined, 'query.limit must be integer'],
@@ -193,7 +205,7 @@ describe('errors', () => {
 
   // The E2B routes Moat lacks: a 501 naming the feature, never a 404 the SDK reads as
   // "sandbox not found"; the key is still required.
-  it.each(unsupportedRoutes(ROUTES).map((r) => [label(r), r] as const))(
+  it.each(unsupportedRoutes(SERVED).map((r) => [label(r), r] as const))(
     '%s answers 501 naming the feature',
     async (_label, route) => {
       const path = route.url.replace(/:(\w+)/g, (_m, name: string) =>
@@ -642,12 +654,12 @@ describe('/openapi.json', () => {
     operation(r)?.requestBody?.content['application/json']?.schema;
 
   it('is OpenAPI 3.1 with every route, each needing the key', () => {
-    expect(ROUTES.map(label).sort()).toEqual(PLATFORM_ROUTES.map(label).sort());
+    expect(SERVED.map(label).sort()).toEqual(PLATFORM_ROUTES.map(label).sort());
     expect(doc.openapi).toMatch(/^3\.1\.\d+$/);
     const documented = Object.entries(doc.paths).flatMap(([path, ops]) =>
       Object.keys(ops).map((method) => `${method.toUpperCase()} ${path}`),
     );
-    const expected = [...PLATFORM_ROUTES, ...unsupportedRoutes(ROUTES)].map(
+    const expected = [...PLATFORM_ROUTES, ...unsupportedRoutes(SERVED)].map(
       (r) => `${r.method} ${openApiPath(r.url)}`,
     );
     expect(documented.sort()).toEqual(expected.sort());
@@ -673,7 +685,8 @@ describe('/openapi.json', () => {
       expect(schema.additionalProperties).toBe(false);
       expectError(await send({ ...r.body, zzz: 1 }), 400, 'body has unknown field "zzz"');
       for (const field of schema.required ?? []) {
-        expectError(await send({}), 400, `body.${field} is required`);
+        const without = Object.fromEntries(Object.entries(r.body!).filter(([k]) => k !== field));
+        expectError(await send(without), 400, `body.${field} is required`);
       }
       // Just past each documented bound (only the integer fields have bounds).
       const outside = Object.entries(schema.properties).flatMap(([field, { minimum, maximum }]) => [

@@ -1,0 +1,229 @@
+/**
+ * `network.rules`: per-destination header transforms (E2B's `rules.transform.headers`). Parsed
+ * here into canonical rule keys and values split into literal text and secret references; the
+ * lookup a request's host name goes through is `headerTransformFor`.
+ *
+ * Values may hold credentials, so no message here ever quotes a value: problems name the rule
+ * key and the header, and say what is wrong.
+ */
+import { canonicalName } from './host.js';
+import type { PolicyProblem } from './rules.js';
+import type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
+
+/** Rule keys in one configuration. */
+export const MAX_RULE_KEYS = 1000;
+/** Headers one rule key sets. */
+export const MAX_RULE_HEADERS = 64;
+/** Distinct secrets the headers of one rule key name. */
+export const MAX_SECRETS_PER_RULE = 32;
+/** Characters of one header value as written (placeholders included). */
+export const MAX_HEADER_VALUE_LENGTH = 8192;
+/** A secret's name: what `${e2b.secrets.<name>}` may name (stored lower-cased). */
+export const SECRET_NAME = /^[a-zA-Z0-9_-]+$/;
+export const MAX_SECRET_NAME_LENGTH = 128;
+
+export const IDENTITY_TOKENS_MESSAGE = 'identity tokens are not supported by Moat';
+
+/** RFC 9110 token characters: what a header name is made of. */
+const HTTP_TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+
+/**
+ * Headers that frame the request or name its destination. Setting them would let a rule
+ * smuggle a second request past the origin's parser or front another host, so no rule may.
+ */
+const FRAMING_HEADERS = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'upgrade',
+  'expect',
+]);
+
+/** Control characters other than horizontal tab: CR, LF and NUL among them. */
+// eslint-disable-next-line no-control-regex
+const CONTROL = /[\u0000-\u0008\u000a-\u001f\u007f]/;
+
+const PLACEHOLDER_START = '${';
+const SECRETS_PREFIX = 'e2b.secrets.';
+const IDENTITY_PREFIX = 'e2b.identity.tokens.';
+
+/** A rule key in canonical form (`api.example.com`, `*.example.com`), or why it is not one. */
+function ruleKey(written: string): { key: string } | { problem: string } {
+  const wildcard = written.startsWith('*.');
+  const rest = wildcard ? written.slice(2) : written;
+  if (written === '*' || rest.includes('*')) {
+    return {
+      problem:
+        '"*" may only be the whole first label of a key, as in "*.example.com" (a bare "*" is not a key)',
+    };
+  }
+  const name = canonicalName(rest);
+  if (!name.ok) return { problem: name.error };
+  return { key: wildcard ? `*.${name.value}` : name.value };
+}
+
+/**
+ * Splits a header value into literal text and secret references. The problem it returns never
+ * quotes the value; only the position of a bad placeholder.
+ */
+function parseValue(value: string): { parts: HeaderValuePart[] } | { problem: string } {
+  if (value.length > MAX_HEADER_VALUE_LENGTH) {
+    return { problem: `the value is longer than ${MAX_HEADER_VALUE_LENGTH} characters` };
+  }
+  if (CONTROL.test(value)) {
+    return {
+      problem: 'the value holds a control character (CR, LF, NUL or another); none may be sent',
+    };
+  }
+  const parts: HeaderValuePart[] = [];
+  let at = 0;
+  while (at < value.length) {
+    const start = value.indexOf(PLACEHOLDER_START, at);
+    if (start < 0) break;
+    if (start > at) parts.push({ literal: value.slice(at, start) });
+    const end = value.indexOf('}', start);
+    const inner = end < 0 ? '' : value.slice(start + 2, end);
+    if (inner.startsWith(IDENTITY_PREFIX)) return { problem: IDENTITY_TOKENS_MESSAGE };
+    const name = inner.slice(SECRETS_PREFIX.length);
+    if (
+      end < 0 ||
+      !inner.startsWith(SECRETS_PREFIX) ||
+      !SECRET_NAME.test(name) ||
+      name.length > MAX_SECRET_NAME_LENGTH
+    ) {
+      return {
+        problem: `the "\${" at character ${start + 1} of the value does not begin a placeholder \${e2b.secrets.<name>} (names are letters, digits, "_" and "-")`,
+      };
+    }
+    parts.push({ secret: name.toLowerCase() });
+    at = end + 1;
+  }
+  if (at < value.length) parts.push({ literal: value.slice(at) });
+  return { parts };
+}
+
+const isObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** The headers of one rule key, in the order written (all of its rules' transforms). */
+function readHeaders(
+  written: string,
+  rules: unknown,
+  errors: PolicyProblem[],
+): HeaderRule[] | undefined {
+  const at = `rules[${JSON.stringify(written)}]`;
+  const fail = (message: string) => {
+    errors.push({ at, entry: written, message: `invalid rule ${written} (${at}): ${message}` });
+    return undefined;
+  };
+  if (!Array.isArray(rules)) return fail('a rule key takes an array of rules');
+  const headers: HeaderRule[] = [];
+  const secrets = new Set<string>();
+  for (const [index, rule] of rules.entries()) {
+    if (!isObject(rule)) return fail(`rule ${index} must be an object`);
+    const unknown = Object.keys(rule).find((field) => field !== 'transform');
+    if (unknown !== undefined)
+      return fail(`rule ${index} has unknown field ${JSON.stringify(unknown)}`);
+    const transform = rule.transform;
+    if (transform === undefined) continue;
+    if (!isObject(transform)) return fail(`rule ${index}'s transform must be an object`);
+    const unknownField = Object.keys(transform).find((field) => field !== 'headers');
+    if (unknownField !== undefined)
+      return fail(`rule ${index}'s transform has unknown field ${JSON.stringify(unknownField)}`);
+    const written = transform.headers;
+    if (written === undefined) continue;
+    if (!isObject(written)) return fail(`rule ${index}'s transform.headers must be an object`);
+    for (const [name, value] of Object.entries(written)) {
+      const header = `header ${JSON.stringify(name)}`;
+      if (!HTTP_TOKEN.test(name)) return fail(`${header} is not an HTTP header name (a token)`);
+      if (FRAMING_HEADERS.has(name.toLowerCase()))
+        return fail(`${header} frames the request or names its destination; no rule may set it`);
+      if (typeof value !== 'string') return fail(`${header} must have a string value`);
+      const parsed = parseValue(value);
+      if ('problem' in parsed) return fail(`${header}: ${parsed.problem}`);
+      for (const part of parsed.parts) if ('secret' in part) secrets.add(part.secret);
+      headers.push({ name, value: parsed.parts });
+    }
+  }
+  if (headers.length > MAX_RULE_HEADERS)
+    return fail(`it sets ${headers.length} headers; the limit is ${MAX_RULE_HEADERS}`);
+  if (secrets.size > MAX_SECRETS_PER_RULE)
+    return fail(`its headers name ${secrets.size} secrets; the limit is ${MAX_SECRETS_PER_RULE}`);
+  return headers;
+}
+
+/**
+ * Parses `network.rules` into one transform per canonical key, adding every problem to
+ * `errors`. Two keys that canonicalise to the same name are refused, not merged.
+ */
+export function parseTransforms(input: unknown, errors: PolicyProblem[]): HeaderTransform[] {
+  if (input === undefined || input === null) return [];
+  if (!isObject(input)) {
+    errors.push({ at: 'rules', message: 'rules must be an object of rule keys' });
+    return [];
+  }
+  const entries = Object.entries(input);
+  if (entries.length > MAX_RULE_KEYS) {
+    errors.push({
+      at: 'rules',
+      message: `rules has ${entries.length} keys; the limit is ${MAX_RULE_KEYS}`,
+    });
+    return [];
+  }
+  const transforms: HeaderTransform[] = [];
+  const writtenAs = new Map<string, string>();
+  for (const [written, rules] of entries) {
+    const at = `rules[${JSON.stringify(written)}]`;
+    const key = ruleKey(written);
+    if ('problem' in key) {
+      errors.push({
+        at,
+        entry: written,
+        message: `invalid rule key ${written} (${at}): ${key.problem}`,
+      });
+      continue;
+    }
+    const earlier = writtenAs.get(key.key);
+    if (earlier !== undefined) {
+      errors.push({
+        at,
+        entry: written,
+        message: `rule keys ${JSON.stringify(earlier)} and ${JSON.stringify(written)} both name ${key.key}; give each destination one key`,
+      });
+      continue;
+    }
+    writtenAs.set(key.key, written);
+    const headers = readHeaders(written, rules, errors);
+    if (headers !== undefined) transforms.push({ ruleKey: key.key, headers });
+  }
+  return transforms;
+}
+
+/** The secrets a transform's headers name, each once. */
+export const secretsOf = (transform: HeaderTransform): string[] => [
+  ...new Set(
+    transform.headers.flatMap((header) =>
+      header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
+    ),
+  ),
+];
+
+/**
+ * `network.rules` as it is stored and shown: each key in canonical form, rules as written
+ * (placeholders stay placeholders). For a configuration `parseNetworkConfig` accepted.
+ */
+export function canonicalRuleKeys(
+  rules: Readonly<Record<string, unknown>>,
+): Record<string, unknown> {
+  return Object.fromEntries(
+    Object.entries(rules).map(([written, value]) => {
+      const key = ruleKey(written);
+      return ['key' in key ? key.key : written, value];
+    }),
+  );
+}

@@ -44,3 +44,4 @@ export {
   parseNetworkConfig,
   type Rule,
 } from './rules.js';
+export type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';

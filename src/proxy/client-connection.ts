@@ -1,5 +1,6 @@
 import type net from 'node:net';
 import type { Logger } from 'pino';
+import type { Decision } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import type { Exchange } from './forward.js';
 import { endAndLinger, errorResponseText } from './http-errors.js';
@@ -195,6 +196,19 @@ export class ClientConnection {
     const early = this.inbox.detach();
     this.socket.on('error', () => this.socket.destroy());
     void takeConnect(parsed.value, this.socket, early).catch(this.failed);
+  }
+
+  /** Moat's own error answer to `head`; the next request is read only if `keepAlive`. */
+  refuse(
+    head: RequestHead,
+    keepAlive: boolean,
+    status: number,
+    message: string,
+    decision?: Decision,
+    extra: Record<string, string> = {},
+  ): void {
+    const toHead = head.method === 'HEAD';
+    this.answer(errorResponseText(status, message, decision, extra, !keepAlive, toHead), keepAlive);
   }
 
   /** Sends Moat's own answer to the current request; the next is read only if `keepAlive`. */

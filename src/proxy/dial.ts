@@ -25,6 +25,8 @@ export interface Refusal {
   readonly status: 403 | 429 | 502 | 504;
   readonly message: string;
   readonly decision?: Decision;
+  /** The origin's TLS failed verification (or its handshake): an intercepted request's refusal. */
+  readonly cause?: 'origin-tls';
 }
 
 /** A connection made, to the address it was decided for, or a refusal. */

@@ -5,6 +5,7 @@ import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { FlowRecorder, OpenFlow } from '../flows/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import {
+  type CanonicalName,
   canonicalName,
   type Decision,
   formatDestination,
@@ -24,7 +25,7 @@ import {
 } from './dial.js';
 import { ClientConnection, type RequestHandler } from './client-connection.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
-import { errorResponseText, writeRawError } from './http-errors.js';
+import { writeRawError } from './http-errors.js';
 import {
   fieldTokens,
   fieldValues,
@@ -48,6 +49,7 @@ import {
   type TcpIoSetting,
 } from './native-tcp.js';
 import { type Splice, type SpliceOptions, splice } from './splice.js';
+import { type HeaderInjection, Interceptor, protocolRefusal, readFirstBytes } from './intercept.js';
 import { TlsHelloGuard } from './tls-guard.js';
 import { flowAsk, spliceTunnel, type TunnelRegistry } from './tunnels.js';
 
@@ -79,6 +81,19 @@ export interface ProxyOptions {
   readonly transparentPorts?: { readonly tls: number; readonly http: number };
   /** `auto` (default): the native relay where it loads; `node`: net.Server and net.Socket. */
   readonly tcpIo?: TcpIoSetting;
+  /**
+   * Secretless egress: TLS to a destination with a header rule is intercepted and the rule's
+   * headers set on its requests. Undefined: every flow is a tunnel.
+   */
+  readonly injection?: HeaderInjection;
+  /** PEM text of CAs trusted for origins of intercepted TLS, beside Node's roots. */
+  readonly upstreamCa?: string;
+}
+
+/** The interceptor of a proxy whose options ask for one. */
+export function interceptorFor(options: ProxyOptions): Interceptor | undefined {
+  const { injection } = options;
+  return injection === undefined ? undefined : new Interceptor({ ...options, injection });
 }
 
 const CONNECT_ESTABLISHED = 'HTTP/1.1 200 Connection Established\r\n\r\n';
@@ -87,6 +102,8 @@ const CONNECT_ESTABLISHED_BYTES = Buffer.from(CONNECT_ESTABLISHED, 'latin1');
 /** The client of a CONNECT, on Node's sockets or on the native relay, and how it dials. */
 interface ConnectClient<U> {
   readonly remoteAddress: string | undefined;
+  /** Node's socket of the client (undefined on the native relay). */
+  readonly socket: net.Socket | undefined;
   /** The client left while its tunnel was being dialled. */
   readonly gone: boolean;
   /** Answers with an error and closes. */
@@ -111,6 +128,7 @@ interface ConnectClient<U> {
 
 function nodeClient(client: net.Socket, early: Buffer): ConnectClient<net.Socket> {
   return {
+    socket: client,
     get remoteAddress() {
       return client.remoteAddress;
     },
@@ -144,6 +162,7 @@ function nativeConnectClient(
   clients.add(client);
   const forget = () => clients.delete(client);
   return {
+    socket: undefined,
     remoteAddress: client.remoteAddress,
     // Closed by shutdown while it was dialled (the relay never closes a parked client).
     get gone() {
@@ -240,6 +259,8 @@ export class EgressProxy implements RequestHandler {
   private readonly stopHearingDefects: (() => void) | undefined;
   private readonly connections = new Set<ClientConnection>();
   private readonly exchangeContext: ExchangeContext;
+  /** Intercepts TLS to destinations with a header rule (secretless egress), when configured. */
+  private readonly interceptor: Interceptor | undefined;
   private logged = false;
   /** close() was called: connections finish what they carry and take no new request. */
   draining = false;
@@ -256,6 +277,7 @@ export class EgressProxy implements RequestHandler {
     // Upstream connections of a sandbox whose policy changed are dropped: every new request is
     // decided again anyway, and nothing idles towards a now-denied address.
     this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
+    this.interceptor = interceptorFor(options);
     options.table.subscribe((event) => this.pool.drop(event.sandboxID));
     this.exchangeContext = {
       table: options.table,
@@ -338,9 +360,17 @@ export class EgressProxy implements RequestHandler {
     });
   }
 
+  /** A CONNECT through the sandbox's upstream proxy, or one Moat may intercept: Node's. */
   private tunnelled(head: RequestHead, client: NativeClient): boolean {
     const who = this.identify(head, client);
-    return who.ok && who.sandbox.upstream !== undefined;
+    if (!who.ok) return false;
+    if (who.sandbox.upstream !== undefined) return true;
+    const target = parseAuthority(head.target);
+    return (
+      target.ok &&
+      target.value.port !== undefined &&
+      this.interceptor?.ruleFor(who.sandbox, target.value as Target) !== undefined
+    );
   }
 
   /** Stops accepting, lets open tunnels and requests finish for up to `drainMs`, then closes. */
@@ -358,6 +388,7 @@ export class EgressProxy implements RequestHandler {
     for (const client of this.nativeClients) this.native!.close(client);
     this.nativeClients.clear();
     this.stopHearingDefects?.();
+    this.interceptor?.close();
     this.pool.closeAll();
     await Promise.all([closed, extraClosed]);
   }
@@ -510,6 +541,40 @@ export class EgressProxy implements RequestHandler {
   ): Promise<void> {
     const plan = await this.options.dialer.plan(sandbox, target);
     if (!plan.ok) return refuse(plan);
+    const rule = this.interceptor?.ruleFor(sandbox, target);
+    if (rule !== undefined && client.socket !== undefined) {
+      const at: Dialled = { ...target, ip: plan.addresses[0]!, via: sandbox.upstream };
+      client.socket.write(CONNECT_ESTABLISHED);
+      const hello = await readFirstBytes(
+        client.socket,
+        early,
+        this.options.handshakeTimeoutMs,
+        (seen) => checkFirstBytes(target, seen) !== 'wait',
+      );
+      if (hello === undefined) return client.destroy();
+      const verdict = checkFirstBytes(target, hello);
+      if (verdict === 'tls')
+        return this.interceptor!.intercept(
+          'connect',
+          sandbox,
+          target as Target & { host: CanonicalName },
+          at,
+          plan.decision,
+          rule,
+          client.socket,
+          hello,
+        );
+      const plain =
+        verdict === 'http' ? this.interceptor!.plainRefusal(sandbox, target) : undefined;
+      return refuse(
+        plain ??
+          protocolRefusal(
+            verdict === 'ok'
+              ? `the tunnel to ${target.host} carries neither TLS nor HTTP`
+              : verdict,
+          ),
+      );
+    }
     const connected = await client.dial(this.options.dialer, sandbox, target, plan.addresses);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
@@ -593,10 +658,7 @@ export class EgressProxy implements RequestHandler {
     // Moat's own answers to a request with a body close the connection: the body is not read.
     const keepAlive = !hasBody && !lastRequest && !this.draining;
     const answer = (status: number, message: string, decision?: Decision, extra = {}) =>
-      connection.answer(
-        errorResponseText(status, message, decision, extra, !keepAlive, head.method === 'HEAD'),
-        keepAlive,
-      );
+      connection.refuse(head, keepAlive, status, message, decision, extra);
     if (!framing.ok) {
       this.count('forward', 'invalid');
       return answer(
@@ -641,9 +703,10 @@ export class EgressProxy implements RequestHandler {
     if (!slot.ok) return refuse(slot);
     const plan = await this.options.dialer.plan(sandbox, target);
     if (client.destroyed) return slot.release();
-    if (!plan.ok || !this.options.table.holds(sandbox)) {
+    const plain = plan.ok ? this.interceptor?.plainRefusal(sandbox, target) : undefined;
+    if (!plan.ok || !this.options.table.holds(sandbox) || plain !== undefined) {
       slot.release();
-      return refuse(plan.ok ? removed(sandbox) : plan);
+      return refuse(plan.ok ? (plain ?? removed(sandbox)) : plan);
     }
     // Decided by name, or by the one address a bare-address request names.
     const flow = this.options.flows.opened(flowAsk('http', sandbox, target, 'http'), plan.decision);

@@ -68,7 +68,10 @@ export class UpstreamPool {
     port: number,
     tlsName: string | undefined,
   ): Upstream | undefined {
-    const idle = this.bySandbox.get(sandboxID)?.get(poolKey(ip, port, tlsName))?.at(-1);
+    const idle = this.bySandbox
+      .get(sandboxID)
+      ?.get(poolKey(ip, port, tlsName))
+      ?.at(-1);
     if (idle === undefined) return undefined;
     this.forget(idle);
     const { socket, inbox } = idle.upstream;
@@ -159,8 +162,11 @@ export interface ExchangeContext {
   readonly onRefusal: (request: ForwardRequest, refusal: Refusal) => void;
   /** Moat is shutting down: responses tell clients the connection closes after them. */
   readonly draining: () => boolean;
-  /** The CAs an origin reached over TLS is verified against. */
-  readonly originTrust: tls.SecureContext;
+  /**
+   * Origins are reached over TLS, their certificates verified for the target's name against
+   * these CAs (intercepted connections); undefined: plain HTTP (absolute-form requests).
+   */
+  readonly originTls?: tls.SecureContext;
 }
 
 /** A header Moat sets on a request, replacing any of the same name. */
@@ -178,14 +184,17 @@ export interface ForwardRequest {
   readonly framing: Framing;
   /** The client asked to close after this exchange (HTTP/1.0, Connection: close). */
   readonly lastRequest: boolean;
-  /** Its flow record, closed with the bytes sent to and read from the origin. */
-  readonly flow: OpenFlow;
-  /** The origin is reached over TLS, its certificate verified for the target's name. */
-  readonly overTls?: boolean;
+  /**
+   * Its flow record, closed with the bytes sent to and read from the origin (an intercepted
+   * connection's requests share the connection's record, which closes with the connection).
+   */
+  readonly flow: Pick<OpenFlow, 'dialled' | 'refused' | 'closed'>;
   /** Fields set on the request, each replacing any field of its name (case-insensitively). */
   readonly setFields?: readonly SetField[];
   /** The protocol the client asks to switch to (`Upgrade`), passed to the origin. */
   readonly upgrade?: string;
+  /** The request head went to the origin (with `setFields`). */
+  readonly onSent?: () => void;
 }
 
 const REQUEST_DROP = new Set(['host']);
@@ -201,7 +210,7 @@ function hostHeader(target: Target, defaultPort: number): string {
 }
 
 /** The request head sent to the origin. */
-function originRequestText(request: ForwardRequest): string {
+function originRequestText(request: ForwardRequest, overTls: boolean): string {
   const { head, target, path, setFields = [], upgrade } = request;
   const drop = new Set(REQUEST_DROP);
   let set = '';
@@ -217,7 +226,7 @@ function originRequestText(request: ForwardRequest): string {
         : `Connection: Upgrade\r\nUpgrade: ${upgrade}\r\n`;
   return (
     `${head.method} ${path} HTTP/1.${head.minor}\r\n` +
-    `Host: ${hostHeader(target, request.overTls ? 443 : 80)}\r\n` +
+    `Host: ${hostHeader(target, overTls ? 443 : 80)}\r\n` +
     endToEndFields(head.fields, drop) +
     set +
     framingFields(head.fields, request.framing) +
@@ -299,7 +308,7 @@ export class Exchange {
     private readonly releaseSlot: () => void = () => {},
   ) {
     this.requestDone = request.framing.kind === 'none';
-    this.requestText = originRequestText(request);
+    this.requestText = originRequestText(request, context.originTls !== undefined);
   }
 
   private get what(): string {
@@ -322,7 +331,7 @@ export class Exchange {
   }
 
   private get tlsName(): string | undefined {
-    return this.request.overTls ? this.request.target.host : undefined;
+    return this.context.originTls === undefined ? undefined : this.request.target.host;
   }
 
   /** Closes both sides: a policy change denied the destination, the sandbox or client left. */
@@ -362,19 +371,15 @@ export class Exchange {
       connected.socket.destroy();
       return this.answer(denial(dialled, now));
     }
-    const tlsName = this.tlsName;
+    const { tlsName } = this;
+    const trust = this.context.originTls;
     let socket: net.Socket = connected.socket;
-    if (tlsName !== undefined) {
-      const secured = await secureOrigin(
-        socket,
-        tlsName,
-        this.context.originTrust,
-        dialer.connectTimeoutMs,
-      );
+    if (tlsName !== undefined && trust !== undefined) {
+      const secured = await secureOrigin(socket, tlsName, trust, dialer.connectTimeoutMs);
       if (!secured.ok) {
         socket.destroy();
         const message = `${formatDestination(dialled)}: TLS to the origin failed: ${secured.reason}`;
-        return this.answer({ status: secured.status, message });
+        return this.answer({ status: secured.status, message, cause: 'origin-tls' });
       }
       socket = secured.socket;
       if (this.finished) return void socket.destroy();
@@ -408,6 +413,7 @@ export class Exchange {
     // Closed between the pool and here: handled as a connection that died unanswered.
     if (socket.destroyed) return this.onUpstreamClose();
     socket.write(this.requestText, 'latin1');
+    this.request.onSent?.();
     this.readResponseHead(upstream);
     if (!this.requestDone) this.relayRequestBody(socket);
   }

@@ -1,10 +1,17 @@
 import net from 'node:net';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
-import { canonicalName, formatDestination, parseAuthority } from '../policy/index.js';
+import {
+  type CanonicalName,
+  canonicalName,
+  formatDestination,
+  parseAuthority,
+} from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialled, type Target, tunnelSocket } from './dial.js';
-import type { ProxyListen, ProxyOptions } from './egress.js';
+import { interceptorFor, type ProxyListen, type ProxyOptions } from './egress.js';
+import { writeRawError } from './http-errors.js';
+import type { Interceptor } from './intercept.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
 import { looksLikeTls, peekName } from './peek.js';
@@ -23,12 +30,15 @@ export class TransparentProxy {
   private readonly listeners: ListenerGroup;
   /** Accepted connections not yet spliced (naming their host, or being resolved and dialled). */
   private readonly pending = new Set<net.Socket>();
+  /** Intercepts TLS to destinations with a header rule (secretless egress), when configured. */
+  private readonly interceptor: Interceptor | undefined;
 
   constructor(private readonly options: ProxyOptions) {
     this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
       this.accept(socket),
     );
     this.listeners = new ListenerGroup(this.server);
+    this.interceptor = interceptorFor(options);
   }
 
   /** Listens on one more address; resolves to the bound port. */
@@ -38,6 +48,7 @@ export class TransparentProxy {
 
   async close(): Promise<void> {
     for (const socket of this.pending) socket.destroy();
+    this.interceptor?.close();
     await Promise.all([
       new Promise<void>((resolve) => this.server.close(() => resolve())),
       this.listeners.closeExtra(),
@@ -138,6 +149,25 @@ export class TransparentProxy {
     const { dialer, metrics, logger, flows } = this.options;
     const protocol = looksLikeTls(seen[0]!) ? 'tls' : 'http';
     const plan = await dialer.plan(sandbox, target);
+    const rule = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
+    if (plan.ok && rule !== undefined) {
+      if (protocol === 'http') {
+        const { status, message, decision } = this.interceptor!.plainRefusal(sandbox, target)!;
+        flows.decided(flowAsk('transparent', sandbox, target, protocol), decision!);
+        return writeRawError(client, status, message, decision);
+      }
+      const at: Dialled = { ...target, ip: plan.addresses[0]!, via: sandbox.upstream };
+      return this.interceptor!.intercept(
+        'transparent',
+        sandbox,
+        target as Target & { host: CanonicalName },
+        at,
+        plan.decision,
+        rule,
+        client,
+        seen,
+      );
+    }
     const connected = plan.ok
       ? await dialer.reach(sandbox, target, plan.addresses, tunnelSocket)
       : plan;

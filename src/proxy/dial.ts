@@ -38,7 +38,7 @@ export type Plan =
   | ({ readonly ok: false } & Refusal);
 
 export interface DialerOptions {
-  readonly resolver: HostResolver;
+  readonly resolver: Pick<HostResolver, 'lookup'>;
   readonly connectTimeoutMs: number;
   /**
    * The host itself (its addresses, Moat's listeners on them), the gateway and sandbox links:

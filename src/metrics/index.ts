@@ -114,7 +114,7 @@ export class MoatMetrics {
 
   readonly secretInjections = new Counter({
     name: 'moat_secret_injections_total',
-    help: 'Requests on intercepted TLS connections, by outcome: injected (the rule\'s headers set and sent), missing_secret (a secret the rule names is not stored: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused)',
+    help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused)",
     labelNames: ['outcome'] as const,
     registers: [this.registry],
   });

@@ -42,6 +42,7 @@ export class TestCa {
     ]);
     this.cert = readFileSync(this.path('ca.pem'), 'utf8');
     writeFileSync(this.path('index.txt'), '');
+    writeFileSync(this.path('serial'), '01\n');
     writeFileSync(
       this.path('ca.cnf'),
       [
@@ -50,6 +51,7 @@ export class TestCa {
         '[test]',
         `dir = ${this.dir}`,
         `database = ${this.path('index.txt')}`,
+        `serial = ${this.path('serial')}`,
         `new_certs_dir = ${this.dir}`,
         'default_md = sha256',
         'policy = any',
@@ -102,7 +104,6 @@ export class TestCa {
       this.path(`${id}.pem`),
       '-extfile',
       this.path(`${id}.ext`),
-      '-rand_serial',
       ...dates,
     ]);
     return {

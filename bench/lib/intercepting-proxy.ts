@@ -15,6 +15,7 @@ import {
   Dialer,
   EgressProxy,
   type HeaderInjection,
+  type TcpIoSetting,
   TransparentProxy,
   TunnelRegistry,
 } from '../../src/proxy/index.js';
@@ -30,6 +31,8 @@ export interface InterceptingProxyOptions {
   readonly logger?: Logger;
   readonly handshakeTimeoutMs?: number;
   readonly maxTunnelsPerSandbox?: number;
+  /** How the explicit proxy carries connections (default: Node's sockets). */
+  readonly tcpIo?: TcpIoSetting;
 }
 
 export interface InterceptingProxy {
@@ -40,6 +43,8 @@ export interface InterceptingProxy {
   readonly metrics: MoatMetrics;
   /** Registers a sandbox (egress secret, source address) with a network configuration. */
   register(sandboxID: string, secret: string, source: string, network: object): void;
+  /** Publishes a new network configuration for a registered sandbox (as a PUT would). */
+  publish(sandboxID: string, network: object): void;
   close(): Promise<void>;
 }
 
@@ -63,6 +68,11 @@ export async function startInterceptingProxy(
   const store = new FlowStore(10_000);
   const flows = new FlowRecorder({ store, metrics, logger, node: 'bench' });
   const internal = compileInternalDenyList([]);
+  const compile = (network: object) => {
+    const parsed = parseNetworkConfig(network);
+    if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+    return compilePolicy(parsed.value, internal);
+  };
   const dialer = new Dialer({
     resolver: {
       lookup: async (name) => {
@@ -90,7 +100,7 @@ export async function startInterceptingProxy(
     handshakeTimeoutMs: options.handshakeTimeoutMs ?? 10_000,
     idleTimeoutMs: 300_000,
     transparentPorts: options.transparentPorts,
-    tcpIo: 'node' as const,
+    tcpIo: options.tcpIo ?? 'node',
     injection: options.injection,
     upstreamCa: options.upstreamCa,
   };
@@ -105,14 +115,15 @@ export async function startInterceptingProxy(
     flows: store,
     metrics,
     register(sandboxID, secret, source, network) {
-      const parsed = parseNetworkConfig(network);
-      if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
       table.remove(sandboxID);
       table.register(
         sandboxID,
         { sourceAddress: ipOf(source), egressSecret: secret },
-        compilePolicy(parsed.value, internal),
+        compile(network),
       );
+    },
+    publish(sandboxID, network) {
+      table.publish(sandboxID, compile(network));
     },
     async close() {
       await Promise.all([egress.close(), transparent.close()]);

@@ -18,6 +18,8 @@ import {
   startInterceptingProxy,
 } from '../../bench/lib/intercepting-proxy.js';
 import type { HeaderTransform } from '../../src/policy/index.js';
+import type { HeaderInjection } from '../../src/proxy/index.js';
+import { nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
 import { connectThrough, readUntil } from '../support/origins.js';
 import { type KeyPair, TestCa } from '../support/test-ca.js';
 
@@ -114,6 +116,20 @@ describe('TLS interception for header rules', () => {
   const origins: https.Server[] = [];
   let port = 0;
   let moat: InterceptingProxy;
+  const leaves = new Map<string, tls.SecureContext>();
+  const moatInjection: HeaderInjection = {
+    transformFor: (sandboxID, name) =>
+      sandboxID !== SANDBOX
+        ? undefined
+        : (RULES[name] ?? (name.endsWith('.rule.test') ? RULES['*.rule.test'] : undefined)),
+    leafContext: async (name) => {
+      let context = leaves.get(name);
+      if (context === undefined)
+        leaves.set(name, (context = tls.createSecureContext(moatCa.issue([name]))));
+      return context;
+    },
+    secretValue: async (name) => secrets.get(name),
+  };
 
   beforeAll(async () => {
     for (const origin of Object.values(ORIGINS)) {
@@ -149,7 +165,6 @@ describe('TLS interception for header rules', () => {
       port = (server.address() as net.AddressInfo).port;
       origins.push(server);
     }
-    const leaves = new Map<string, tls.SecureContext>();
     moat = await startInterceptingProxy({
       names: NAMES,
       upstreamCa: originCa.cert,
@@ -164,19 +179,7 @@ describe('TLS interception for header rules', () => {
           },
         }),
       ),
-      injection: {
-        transformFor: (sandboxID, name) =>
-          sandboxID !== SANDBOX
-            ? undefined
-            : (RULES[name] ?? (name.endsWith('.rule.test') ? RULES['*.rule.test'] : undefined)),
-        leafContext: async (name) => {
-          let context = leaves.get(name);
-          if (context === undefined)
-            leaves.set(name, (context = tls.createSecureContext(moatCa.issue([name]))));
-          return context;
-        },
-        secretValue: async (name) => secrets.get(name),
-      },
+      injection: moatInjection,
     });
   }, 60_000);
 
@@ -304,6 +307,53 @@ describe('TLS interception for header rules', () => {
     expect(socket.getPeerCertificate().issuer.CN).toBe('moat-test-ca');
     expect(socket.alpnProtocol).toBe('http/1.1');
     socket.destroy();
+  });
+
+  it('closes an intercepted connection when a policy change denies its destination', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    expect((await exchange(socket, get('api.rule.test'))).status).toBe(200);
+    const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    socket.resume();
+    moat.publish(SANDBOX, { allowOut: ['norule.test'], denyOut: ['0.0.0.0/0'] });
+    await closed;
+    const denied = moat.flows
+      .query({ sandboxID: SANDBOX }, 100)
+      .find((r) => r.event === 'close' && r.ruleKey === 'api.rule.test');
+    expect(denied?.end).toBe('policy');
+  });
+
+  it('intercepts a CONNECT that arrives on the native relay (handed to Node)', async () => {
+    const native = await startInterceptingProxy({
+      names: NAMES,
+      upstreamCa: originCa.cert,
+      transparentPorts: { tls: port, http: port },
+      tcpIo: 'auto',
+      injection: moatInjection,
+    });
+    const why = nativeTcpUnavailable();
+    if (why !== undefined) console.warn(`CONNECT arrives on Node's sockets here: ${why}`);
+    try {
+      native.register(SANDBOX, SECRET, SOURCE, NETWORK);
+      const { stdout } = await run(
+        'curl',
+        [
+          '-sS',
+          '--max-time',
+          '10',
+          '--proxy',
+          `http://${native.proxy.host}:${native.proxy.port}`,
+          '--proxy-user',
+          auth,
+          '--cacert',
+          moatCa.certFile(),
+          `https://api.rule.test:${port}/native`,
+        ],
+        { timeout: 15_000 },
+      );
+      expect(seen(JSON.parse(stdout) as Echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+    } finally {
+      await native.close();
+    }
   });
 
   it('does not open a destination that has a rule but no allowOut entry', async () => {

@@ -703,10 +703,15 @@ export class EgressProxy implements RequestHandler {
     if (!slot.ok) return refuse(slot);
     const plan = await this.options.dialer.plan(sandbox, target);
     if (client.destroyed) return slot.release();
-    const plain = plan.ok ? this.interceptor?.plainRefusal(sandbox, target) : undefined;
-    if (!plan.ok || !this.options.table.holds(sandbox) || plain !== undefined) {
+    // Plain HTTP to a destination with a header rule, or a request leaking a stored secret.
+    const secretRefusal = plan.ok
+      ? (this.interceptor?.plainRefusal(sandbox, target) ??
+        (await this.interceptor?.leakRefusal(sandbox, target, head)))
+      : undefined;
+    if (client.destroyed) return slot.release();
+    if (!plan.ok || !this.options.table.holds(sandbox) || secretRefusal !== undefined) {
       slot.release();
-      return refuse(plan.ok ? (plain ?? removed(sandbox)) : plan);
+      return refuse(plan.ok ? (secretRefusal ?? removed(sandbox)) : plan);
     }
     // Decided by name, or by the one address a bare-address request names.
     const flow = this.options.flows.opened(flowAsk('http', sandbox, target, 'http'), plan.decision);

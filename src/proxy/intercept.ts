@@ -31,6 +31,11 @@ export interface HeaderInjection {
   leafContext(name: CanonicalName): Promise<tls.SecureContext>;
   /** A stored secret's current value, read for every request; undefined when none is stored. */
   secretValue(name: string): Promise<string | undefined>;
+  /**
+   * Every stored secret's name and current value, for the leak guard (a request Moat reads that
+   * carries one to a destination not bound to it is refused). Undefined: no leak guard.
+   */
+  secretValues?(): Promise<ReadonlyMap<string, string>>;
 }
 
 /** Options of a proxy that intercepts: the proxy's own, with the injection parts. */
@@ -145,6 +150,49 @@ export class Interceptor {
     return protocolRefusal(
       `${target.host} has a header rule (${rule.ruleKey}): credentials for that rule are added over HTTPS only; use https://${target.host}/`,
     );
+  }
+
+  /**
+   * The refusal of a request whose head (target or a header) carries a stored secret, by value
+   * or placeholder, to a destination whose header rule does not name that secret; undefined
+   * when it carries none. Bodies are not read.
+   */
+  async leakRefusal(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    head: RequestHead,
+  ): Promise<Refusal | undefined> {
+    const secrets = await this.options.injection.secretValues?.();
+    if (secrets === undefined || secrets.size === 0) return undefined;
+    const rule = this.ruleFor(sandbox, target);
+    const bound = new Set(
+      rule?.headers.flatMap((header) =>
+        header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
+      ),
+    );
+    let decoded = head.target;
+    try {
+      decoded = decodeURIComponent(head.target);
+    } catch {
+      // Not percent-encoded text: read as it is.
+    }
+    const text = [head.target, decoded, ...head.fields.map((field) => field.value)].join('\n');
+    const lower = text.toLowerCase();
+    for (const [name, value] of secrets) {
+      if (bound.has(name)) continue;
+      const carried =
+        (value !== '' && text.includes(value)) ||
+        lower.includes(`\${e2b.secrets.${name.toLowerCase()}}`);
+      if (!carried) continue;
+      this.count('leak');
+      const reason = `the request carries secret ${JSON.stringify(name)} to ${formatDestination(target)}, which no header rule binds to it`;
+      this.options.logger.warn(
+        { sandboxID: sandbox.sandboxID, destination: formatDestination(target), secret: name },
+        'secret leak refused',
+      );
+      return protocolRefusal(reason);
+    }
+    return undefined;
   }
 
   /**
@@ -340,6 +388,12 @@ class InterceptedConnection implements RequestHandler {
     // Rules change: each request is given the rule current now, or none (then the client
     // reconnects, and gets an opaque tunnel).
     const rule = interceptor.ruleFor(sandbox, target);
+    const leak =
+      rule === undefined ? undefined : await interceptor.leakRefusal(sandbox, target, head);
+    if (leak !== undefined) {
+      if (leak.decision !== undefined) flow.refused(leak.decision);
+      return answer(leak.status, leak.message, false);
+    }
     if (rule === undefined)
       return answer(
         421,

@@ -129,6 +129,7 @@ describe('TLS interception for header rules', () => {
       return context;
     },
     secretValue: async (name) => secrets.get(name),
+    secretValues: async () => new Map(secrets),
   };
 
   beforeAll(async () => {
@@ -464,6 +465,45 @@ describe('TLS interception for header rules', () => {
     }
   });
 
+  it('refuses (403, naming the secret) a request carrying a secret to a destination not bound to it', async () => {
+    const refused = async (name: string, extra: string, path = '/path?q=1') => {
+      const socket = await tunnelTls(name, moatCa.cert);
+      const reply = await exchange(socket, `GET ${path} HTTP/1.1\r\nHost: ${name}\r\n${extra}\r\n`);
+      socket.destroy();
+      return reply;
+    };
+    // api.rule.test binds `token` only; ws.rule.test (the wildcard) binds `key` only.
+    const byValue = await refused('api.rule.test', `X-Other: pre-${API_KEY}-post\r\n`);
+    expect(byValue.status).toBe(403);
+    expect(byValue.body).toContain('secret \\"key\\"');
+    const byPlaceholder = await refused('ws.rule.test', 'X-T: ${e2b.secrets.TOKEN}\r\n');
+    expect(byPlaceholder.status).toBe(403);
+    expect(byPlaceholder.body).toContain('secret \\"token\\"');
+    const inPath = await refused('ws.rule.test', '', `/q?t=${encodeURIComponent(TOKEN)}`);
+    expect(inPath.status).toBe(403);
+    // Its own secret may go where it is bound.
+    expect((await refused('api.rule.test', '', `/q?t=${TOKEN}`)).status).toBe(200);
+    // Plaintext, through the proxy: the same guard.
+    const { stdout } = await run('curl', [
+      '-sS',
+      '--max-time',
+      '10',
+      '--proxy',
+      `http://${moat.proxy.host}:${moat.proxy.port}`,
+      '--proxy-user',
+      auth,
+      '-w',
+      '\\n%{http_code}',
+      '-H',
+      `X-Key: ${API_KEY}`,
+      `http://norule.test:${port}/`,
+    ]);
+    expect(stdout).toMatch(/403$/);
+    expect(stdout).toContain('secret \\"key\\"');
+    for (const reply of [byValue, byPlaceholder, inPath])
+      for (const value of SECRET_VALUES) expect(reply.body).not.toContain(value);
+  });
+
   describe('a hostile sandbox', () => {
     it('gets garbage, oversized and slow heads refused within bounds, and Moat serves on', async () => {
       const garbage = await tunnelTls('api.rule.test', moatCa.cert);
@@ -530,7 +570,7 @@ describe('TLS interception for header rules', () => {
     const metrics = await moat.metrics.registry.getSingleMetricAsString(
       'moat_secret_injections_total',
     );
-    for (const outcome of ['injected', 'missing_secret', 'upstream_refused', 'fronting'])
+    for (const outcome of ['injected', 'missing_secret', 'upstream_refused', 'fronting', 'leak'])
       expect(metrics).toMatch(new RegExp(`outcome="${outcome}"} [1-9]`));
 
     const logs = logLines.join('');

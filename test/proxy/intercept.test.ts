@@ -138,6 +138,7 @@ describe('TLS interception for header rules', () => {
         const chunks: Buffer[] = [];
         req.on('data', (chunk: Buffer) => chunks.push(chunk));
         req.on('end', () => {
+          if (req.url === '/204') return void res.writeHead(204).end();
           const echo: Echo = {
             method: req.method!,
             url: req.url!,
@@ -227,14 +228,14 @@ describe('TLS interception for header rules', () => {
   }
 
   /** Sends raw request text on a connection; resolves the response head and body. */
-  async function exchange(socket: net.Socket, text: string | Buffer) {
+  async function exchange(socket: net.Socket, text: string | Buffer, bodyless = false) {
     socket.write(text);
     let head = '';
     const whole = (all: string) => {
       const end = all.indexOf('\r\n\r\n');
       if (end < 0) return false;
       head = all.slice(0, end);
-      const length = Number(/content-length: (\d+)/i.exec(head)?.[1] ?? 0);
+      const length = bodyless ? 0 : Number(/content-length: (\d+)/i.exec(head)?.[1] ?? 0);
       return all.length >= end + 4 + length;
     };
     const all = await readUntil(socket, whole);
@@ -292,6 +293,19 @@ describe('TLS interception for header rules', () => {
     }
     expect(values).toEqual([[`Bearer ${TOKEN}`], [`Bearer ${TOKEN}`], [`Bearer ${ROTATED}`]]);
     expect(socket.destroyed).toBe(false);
+    socket.destroy();
+  });
+
+  it('relays HEAD and 204 answers (no body) and keeps the connection in step', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const head = await exchange(socket, get('api.rule.test').replace('GET', 'HEAD'), true);
+    expect(head.status).toBe(200);
+    expect(head.head).toMatch(/content-length: \d+/i);
+    expect(head.body).toBe('');
+    const empty = await exchange(socket, 'GET /204 HTTP/1.1\r\nHost: api.rule.test\r\n\r\n', true);
+    expect(empty.status).toBe(204);
+    const after = await exchange(socket, get('api.rule.test'));
+    expect(seen(JSON.parse(after.body) as Echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
     socket.destroy();
   });
 

@@ -209,8 +209,11 @@ function hostHeader(target: Target, defaultPort: number): string {
   return target.port === defaultPort ? host : `${host}:${target.port}`;
 }
 
-/** The request head sent to the origin. */
-function originRequestText(request: ForwardRequest, overTls: boolean): string {
+/** The request head sent to the origin: the client's end-to-end fields, `setFields` replacing theirs. */
+export function originRequestText(
+  request: Pick<ForwardRequest, 'head' | 'target' | 'path' | 'framing' | 'setFields' | 'upgrade'>,
+  overTls: boolean,
+): string {
   const { head, target, path, setFields = [], upgrade } = request;
   const drop = new Set(REQUEST_DROP);
   let set = '';

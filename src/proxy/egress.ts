@@ -365,11 +365,12 @@ export class EgressProxy implements RequestHandler {
     const who = this.identify(head, client);
     if (!who.ok) return false;
     if (who.sandbox.upstream !== undefined) return true;
+    if (this.interceptor === undefined) return false;
     const target = parseAuthority(head.target);
     return (
       target.ok &&
       target.value.port !== undefined &&
-      this.interceptor?.ruleFor(who.sandbox, target.value as Target) !== undefined
+      this.interceptor.ruleFor(who.sandbox, target.value as Target) !== undefined
     );
   }
 

@@ -139,6 +139,12 @@ describe('TLS interception for header rules', () => {
         req.on('data', (chunk: Buffer) => chunks.push(chunk));
         req.on('end', () => {
           if (req.url === '/204') return void res.writeHead(204).end();
+          // The body back in pieces, with no length: chunked.
+          if (req.url === '/chunked') {
+            const body = Buffer.concat(chunks);
+            res.write(body.subarray(0, body.length >> 1));
+            return void setTimeout(() => res.end(body.subarray(body.length >> 1)), 10);
+          }
           const echo: Echo = {
             method: req.method!,
             url: req.url!,
@@ -441,6 +447,22 @@ describe('TLS interception for header rules', () => {
     const echo = JSON.parse(reply.body) as Echo;
     expect(echo.body).toBe(body);
     expect(seen(echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+    socket.destroy();
+  });
+
+  it('streams a length-framed upload and a chunked answer', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const body = 'y'.repeat(300_000);
+    socket.write(
+      `POST /chunked HTTP/1.1\r\nHost: api.rule.test\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+    );
+    const answer = await readUntil(socket, (text) => text.endsWith('\r\n0\r\n\r\n'), 5000);
+    expect(answer).toMatch(/^HTTP\/1\.1 200/);
+    expect(answer.toLowerCase()).toContain('transfer-encoding: chunked');
+    const payload = answer
+      .slice(answer.indexOf('\r\n\r\n') + 4)
+      .replace(/(^|\r\n)[0-9a-f]+\r\n/g, '');
+    expect(payload.replaceAll('\r\n', '')).toBe(body);
     socket.destroy();
   });
 

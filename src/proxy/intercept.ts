@@ -1,3 +1,4 @@
+import { X509Certificate } from 'node:crypto';
 import type net from 'node:net';
 import tls from 'node:tls';
 import type { Logger } from 'pino';
@@ -41,11 +42,26 @@ export interface HeaderInjection {
 /** Options of a proxy that intercepts: the proxy's own, with the injection parts. */
 export type InterceptOptions = ProxyOptions & { readonly injection: HeaderInjection };
 
-/** The CAs origins of intercepted connections are verified against: Node's roots and `extra`. */
+/**
+ * The CAs origins of intercepted connections are verified against: Node's roots and the
+ * certificates of the PEM bundle `extra`. Throws, naming the problem, when `extra` holds no
+ * certificate or one that does not parse (OpenSSL would skip it silently, trusting less).
+ */
 export function originTrust(extra: string | undefined): tls.SecureContext {
-  return tls.createSecureContext({
-    ca: extra === undefined ? [...tls.rootCertificates] : [...tls.rootCertificates, extra],
+  if (extra === undefined) return tls.createSecureContext({ ca: [...tls.rootCertificates] });
+  const blocks = extra.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g);
+  if (blocks === null) throw new Error('the upstream CA bundle holds no PEM certificate');
+  blocks.forEach((block, i) => {
+    try {
+      new X509Certificate(block);
+    } catch (error) {
+      throw new Error(
+        `certificate ${i + 1} of the upstream CA bundle does not parse: ${(error as Error).message}`,
+        { cause: error },
+      );
+    }
   });
+  return tls.createSecureContext({ ca: [...tls.rootCertificates, ...blocks] });
 }
 
 /** Headers a rule may not set: Moat writes them itself, or they describe one connection. */
@@ -117,7 +133,8 @@ export class Interceptor {
   constructor(private readonly options: InterceptOptions) {
     this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
     options.table.subscribe((event) => this.pool.drop(event.sandboxID));
-    let trust: tls.SecureContext | undefined;
+    // Made now: a bundle that does not parse stops Moat at start, not at the first request.
+    const trust = originTrust(options.upstreamCa);
     this.context = {
       table: options.table,
       dialer: options.dialer,
@@ -126,10 +143,7 @@ export class Interceptor {
       idleTimeoutMs: options.idleTimeoutMs,
       onRefusal: ({ sandbox, target }, refusal) => this.refused(sandbox, target, refusal),
       draining: () => this.draining,
-      // Built on first use: parsing every root costs milliseconds.
-      get originTls() {
-        return (trust ??= originTrust(options.upstreamCa));
-      },
+      originTls: trust,
     };
   }
 

@@ -20,6 +20,7 @@ import {
 import type { HeaderTransform } from '../../src/policy/index.js';
 import type { HeaderInjection } from '../../src/proxy/index.js';
 import { nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
+import { originTrust } from '../../src/proxy/intercept.js';
 import { connectThrough, readUntil } from '../support/origins.js';
 import { type KeyPair, TestCa } from '../support/test-ca.js';
 
@@ -375,6 +376,14 @@ describe('TLS interception for header rules', () => {
     } finally {
       await native.close();
     }
+  });
+
+  it('refuses an upstream CA bundle that holds no certificate, or a broken one, naming it', () => {
+    expect(() => originTrust('not a certificate')).toThrow('holds no PEM certificate');
+    expect(() =>
+      originTrust(`${originCa.cert}-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n`),
+    ).toThrow('certificate 2 of the upstream CA bundle does not parse');
+    expect(() => originTrust(originCa.cert)).not.toThrow();
   });
 
   it('does not open a destination that has a rule but no allowOut entry', async () => {

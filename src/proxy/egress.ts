@@ -9,6 +9,7 @@ import {
   canonicalName,
   type Decision,
   formatDestination,
+  type HeaderTransform,
   type IPAddress,
   parseAuthority,
 } from '../policy/index.js';
@@ -18,6 +19,7 @@ import {
   type Dialer,
   type Dialled,
   denial,
+  type Plan,
   type Refusal,
   removed,
   type Target,
@@ -543,39 +545,8 @@ export class EgressProxy implements RequestHandler {
     const plan = await this.options.dialer.plan(sandbox, target);
     if (!plan.ok) return refuse(plan);
     const rule = this.interceptor?.ruleFor(sandbox, target);
-    if (rule !== undefined && client.socket !== undefined) {
-      const at: Dialled = { ...target, ip: plan.addresses[0]!, via: sandbox.upstream };
-      client.socket.write(CONNECT_ESTABLISHED);
-      const hello = await readFirstBytes(
-        client.socket,
-        early,
-        this.options.handshakeTimeoutMs,
-        (seen) => checkFirstBytes(target, seen) !== 'wait',
-      );
-      if (hello === undefined) return client.destroy();
-      const verdict = checkFirstBytes(target, hello);
-      if (verdict === 'tls')
-        return this.interceptor!.intercept(
-          'connect',
-          sandbox,
-          target as Target & { host: CanonicalName },
-          at,
-          plan.decision,
-          rule,
-          client.socket,
-          hello,
-        );
-      const plain =
-        verdict === 'http' ? this.interceptor!.plainRefusal(sandbox, target) : undefined;
-      return refuse(
-        plain ??
-          protocolRefusal(
-            verdict === 'ok'
-              ? `the tunnel to ${target.host} carries neither TLS nor HTTP`
-              : verdict,
-          ),
-      );
-    }
+    if (rule !== undefined && client.socket !== undefined)
+      return this.interceptTunnel(sandbox, target, plan, rule, client.socket, early, refuse);
     const connected = await client.dial(this.options.dialer, sandbox, target, plan.addresses);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
@@ -595,6 +566,52 @@ export class EgressProxy implements RequestHandler {
     );
     if (!this.options.checkServerName) return tunnel.release(early);
     this.holdUntilChecked(dialled, early, tunnel, flow);
+  }
+
+  /**
+   * A CONNECT to a destination with a header rule: answered 200, then its first bytes must be a
+   * ClientHello naming the CONNECT's host, which Moat serves itself (plain HTTP there is refused:
+   * credentials go over HTTPS only).
+   */
+  private async interceptTunnel(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    plan: Plan & { ok: true },
+    rule: HeaderTransform,
+    socket: net.Socket,
+    early: Buffer,
+    refuse: (refusal: Refusal) => void,
+  ): Promise<void> {
+    const interceptor = this.interceptor!;
+    socket.write(CONNECT_ESTABLISHED);
+    const hello = await readFirstBytes(
+      socket,
+      early,
+      this.options.handshakeTimeoutMs,
+      (seen) => checkFirstBytes(target, seen) !== 'wait',
+    );
+    if (hello === undefined) return void socket.destroy();
+    const verdict = checkFirstBytes(target, hello);
+    if (verdict === 'tls') {
+      const at: Dialled = { ...target, ip: plan.addresses[0]!, via: sandbox.upstream };
+      const named = target as Target & { host: CanonicalName };
+      return interceptor.intercept(
+        'connect',
+        sandbox,
+        named,
+        at,
+        plan.decision,
+        rule,
+        socket,
+        hello,
+      );
+    }
+    if (verdict === 'http') return refuse(interceptor.plainRefusal(sandbox, target)!);
+    refuse(
+      protocolRefusal(
+        verdict === 'ok' ? `the tunnel to ${target.host} carries neither TLS nor HTTP` : verdict,
+      ),
+    );
   }
 
   /** Holds client bytes until the first ones show the tunnel talks to the host CONNECT named. */

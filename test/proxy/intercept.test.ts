@@ -7,7 +7,7 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import https from 'node:https';
-import type net from 'node:net';
+import net from 'node:net';
 import { Writable } from 'node:stream';
 import tls from 'node:tls';
 import { promisify } from 'node:util';
@@ -415,7 +415,7 @@ describe('TLS interception for header rules', () => {
     socket.destroy();
   });
 
-  it('refuses plain HTTP to a rule domain: absolute-form and transparent port 80', async () => {
+  it('refuses plain HTTP to a rule domain: absolute-form, inside a CONNECT, and transparent port 80', async () => {
     const { stdout } = await run('curl', [
       '-sS',
       '--max-time',
@@ -430,13 +430,13 @@ describe('TLS interception for header rules', () => {
     ]);
     expect(stdout).toMatch(/403$/);
     expect(stdout).toContain('added over HTTPS only');
-    const { socket, status } = await connectThrough(moat.transparent, 'ignored:1', {
-      localAddress: SOURCE,
-    }).catch(() => ({ socket: undefined, status: -1 }));
-    // The transparent listener takes no CONNECT: a plain request names its host by Host.
-    socket?.destroy();
-    expect(status).not.toBe(200);
-    const net = await import('node:net');
+    const tunnel = await connectThrough(moat.proxy, `api.rule.test:${port}`, { auth });
+    expect(tunnel.status).toBe(200);
+    const inTunnel = await exchange(tunnel.socket, get('api.rule.test'));
+    expect(inTunnel.status).toBe(403);
+    expect(inTunnel.body).toContain('added over HTTPS only');
+    tunnel.socket.destroy();
+    // Transparent port 80: the request names its host by Host.
     const plain = net.connect({ ...moat.transparent, localAddress: SOURCE });
     const reply = await exchange(plain, get('api.rule.test'));
     expect(reply.status).toBe(403);

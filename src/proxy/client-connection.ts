@@ -4,11 +4,39 @@ import type { Decision } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import type { Exchange } from './forward.js';
 import { endAndLinger, errorResponseText } from './http-errors.js';
-import { headEnd, MAX_REQUEST_HEAD_BYTES, parseRequestHead, type RequestHead } from './http1.js';
+import {
+  fieldTokens,
+  type Framing,
+  headEnd,
+  MAX_REQUEST_HEAD_BYTES,
+  type Parsed,
+  parseRequestHead,
+  type RequestHead,
+  requestFraming,
+} from './http1.js';
 import { Inbox } from './inbox.js';
 
 /** How long a client connection may wait between two requests. */
 const KEEP_ALIVE_MS = 30_000;
+
+/** How a request's exchange ends the client connection's turn. */
+export interface RequestTurn {
+  readonly framing: Parsed<Framing>;
+  /** A body follows the head (or its framing is broken). */
+  readonly hasBody: boolean;
+  /** The client asked to close after this exchange (HTTP/1.0, Connection: close). */
+  readonly lastRequest: boolean;
+  /** Moat's own answer may keep the connection (no unread body, no close asked, not draining). */
+  readonly keepAlive: boolean;
+}
+
+export function requestTurn(head: RequestHead, draining: boolean): RequestTurn {
+  const framing = requestFraming(head);
+  const hasBody = !framing.ok || framing.value.kind !== 'none';
+  const lastRequest = head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
+  // Moat's own answers to a request with a body close the connection: the body is not read.
+  return { framing, hasBody, lastRequest, keepAlive: !hasBody && !lastRequest && !draining };
+}
 
 /** What serves the requests a ClientConnection reads. */
 export interface RequestHandler {

@@ -25,17 +25,15 @@ import {
   type Target,
   tunnelSocket,
 } from './dial.js';
-import { ClientConnection, type RequestHandler } from './client-connection.js';
+import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
 import { writeRawError } from './http-errors.js';
 import {
-  fieldTokens,
   fieldValues,
   headEnd,
   MAX_REQUEST_HEAD_BYTES,
   parseRequestHead,
   type RequestHead,
-  requestFraming,
 } from './http1.js';
 import { type Identity, identify } from './identity.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
@@ -669,12 +667,7 @@ export class EgressProxy implements RequestHandler {
   async onRequest(head: RequestHead, connection: ClientConnection): Promise<void> {
     const client = connection.socket;
     const url = head.target;
-    const framing = requestFraming(head);
-    const hasBody = !framing.ok || framing.value.kind !== 'none';
-    const lastRequest =
-      head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
-    // Moat's own answers to a request with a body close the connection: the body is not read.
-    const keepAlive = !hasBody && !lastRequest && !this.draining;
+    const { framing, hasBody, lastRequest, keepAlive } = requestTurn(head, this.draining);
     const answer = (status: number, message: string, decision?: Decision, extra = {}) =>
       connection.refuse(head, keepAlive, status, message, decision, extra);
     if (!framing.ok) {

@@ -12,12 +12,12 @@ import {
   type HeaderTransform,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
-import { ClientConnection, type RequestHandler } from './client-connection.js';
+import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
 import type { Dialled, Refusal, Target } from './dial.js';
 import type { ProxyOptions } from './egress.js';
 import { Exchange, type ExchangeContext, type SetField, UpstreamPool } from './forward.js';
 import { authorityMismatch } from './host-guard.js';
-import { fieldTokens, fieldValues, isHopByHop, type RequestHead, requestFraming } from './http1.js';
+import { fieldTokens, fieldValues, isHopByHop, type RequestHead } from './http1.js';
 import { flowAsk } from './tunnels.js';
 
 /**
@@ -376,11 +376,7 @@ class InterceptedConnection implements RequestHandler {
   async onRequest(head: RequestHead, connection: ClientConnection): Promise<void> {
     const { sandbox, target, flow, interceptor } = this;
     const options = interceptor.handlerOptions;
-    const framing = requestFraming(head);
-    const hasBody = !framing.ok || framing.value.kind !== 'none';
-    const lastRequest =
-      head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
-    const keepAlive = !hasBody && !lastRequest && !this.draining;
+    const { framing, hasBody, lastRequest, keepAlive } = requestTurn(head, this.draining);
     const answer = (status: number, message: string, keep = keepAlive) =>
       connection.refuse(head, keep, status, message);
     if (!framing.ok) return answer(framing.status, `request ${head.target}: ${framing.message}`);

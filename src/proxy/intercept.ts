@@ -211,8 +211,10 @@ export class Interceptor {
 
   /**
    * Serves the sandbox's TLS connection `socket` (its ClientHello, already checked to name the
-   * target, in `hello`) with Moat's leaf certificate for the target, as a registered connection
-   * of the sandbox decided by `decision`; `release` gives back the slot held for it so far.
+   * target, in `hello`) with Moat's leaf certificate for the target, as a connection of the
+   * sandbox (`at`: the address it was decided for) registered with the tunnel registry, so a
+   * policy change that denies it closes it. The caller holds the sandbox's slot until this
+   * resolves.
    */
   async intercept(
     kind: FlowKind,
@@ -269,7 +271,10 @@ export class Interceptor {
       socket.destroy();
       this.sockets.delete(socket);
       remove();
-      flow.closed(socket.bytesRead, socket.bytesWritten);
+      const { bytesRead: up, bytesWritten: down } = socket;
+      this.options.metrics.proxyBytes.inc({ direction: 'up' }, up);
+      this.options.metrics.proxyBytes.inc({ direction: 'down' }, down);
+      flow.closed(up, down);
     });
   }
 

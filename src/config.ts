@@ -50,6 +50,8 @@ export interface MoatConfig {
   readonly proxyHandshakeTimeoutMs: number;
   readonly proxyIdleTimeoutMs: number;
   readonly proxyCheckServerName: boolean;
+  /** PEM file of CAs trusted for origins of intercepted TLS, beside Node's roots; undefined: none. */
+  readonly upstreamCa: string | undefined;
   /** Where per-sandbox source addresses come from (loopback in the process runtime). */
   readonly sourcePool: CIDR;
   /** namespace: each sandbox in its own network namespace; proxy: shared network; auto: namespace where it works. */
@@ -111,6 +113,14 @@ interface Setting<K extends keyof MoatConfig> {
    * configuration reads back as the same configuration. Plain values are shown as they are.
    */
   show?(value: MoatConfig[K]): unknown;
+}
+
+/** A file path, or "off" (undefined). */
+function optionalFile(text: string): Result<string | undefined> {
+  if (text === 'off') return { ok: true, value: undefined };
+  return text.trim() === ''
+    ? { ok: false, error: 'expected a file path or "off", got an empty string' }
+    : { ok: true, value: text };
 }
 
 const positiveInteger =
@@ -395,12 +405,7 @@ export const SETTINGS: readonly AnySetting[] = [
     default: 'off',
     help: 'append every flow record to FILE as JSON Lines (no fsync; lines are dropped and counted when the disk is slow); or "off"',
     show: (value) => value ?? 'off',
-    parse: (text) =>
-      text === 'off'
-        ? { ok: true, value: undefined }
-        : text.trim() === ''
-          ? { ok: false, error: 'expected a file path or "off", got an empty string' }
-          : { ok: true, value: text },
+    parse: optionalFile,
   },
   {
     key: 'flowLogMaxBytes',
@@ -502,6 +507,16 @@ export const SETTINGS: readonly AnySetting[] = [
     default: 'true',
     help: 'close CONNECT tunnels whose TLS SNI (or, on port 80, Host header) names another host than CONNECT did (domain fronting)',
     parse: booleanValue,
+  },
+  {
+    key: 'upstreamCa',
+    metavar: 'FILE|off',
+    flag: 'upstream-ca',
+    env: 'MOAT_UPSTREAM_CA',
+    default: 'off',
+    help: 'PEM bundle of CAs trusted, beside Node\'s built-in roots, for origins Moat connects to when it intercepts TLS to add a rule\'s headers; or "off"',
+    show: (value) => value ?? 'off',
+    parse: optionalFile,
   },
   {
     key: 'sourcePool',

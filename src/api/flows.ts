@@ -74,6 +74,8 @@ export const flowSchema = {
     bytesDown: count,
     durationMs: count,
     end: { type: 'string', enum: [...FLOW_ENDS] },
+    ruleKey: text,
+    injectedHeaders: { type: 'array', items: text },
   },
   required: ['time', 'id', 'event', 'sandboxID', 'node', 'kind', 'destination', 'verdict'],
 };

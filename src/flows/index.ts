@@ -10,6 +10,7 @@ export {
   FLOW_FIELDS,
   FLOW_KINDS,
   FLOW_VERDICTS,
+  INJECTION_FIELDS,
   type FlowDestination,
   type FlowEnd,
   type FlowKind,

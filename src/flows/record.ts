@@ -34,10 +34,19 @@ export const FLOW_FIELDS = [
   'bytesDown',
   'durationMs',
   'end',
+  'ruleKey',
+  'injectedHeaders',
 ] as const;
 
 /** Fields only close records carry (undefined in decision records, left out of their views). */
 export const CLOSE_FIELDS = ['bytesUp', 'bytesDown', 'durationMs', 'end'] as const;
+
+/**
+ * Fields only records of connections Moat intercepted to set a rule's headers carry (undefined
+ * elsewhere, left out of their views): the rule's key, and the names (never the values) of the
+ * headers set on the connection's requests so far (none on the decision record).
+ */
+export const INJECTION_FIELDS = ['ruleKey', 'injectedHeaders'] as const;
 
 export const DESTINATION_FIELDS = ['name', 'address', 'port', 'protocol'] as const;
 
@@ -71,6 +80,8 @@ export interface FlowRecord {
   readonly bytesDown?: number;
   readonly durationMs?: number;
   readonly end?: FlowEnd;
+  readonly ruleKey?: string;
+  readonly injectedHeaders?: readonly string[];
 }
 
 /** The record as JSON shows it: fields in FLOW_FIELDS order, time as ISO 8601. */
@@ -93,6 +104,10 @@ export function flowView(record: FlowRecord): Record<string, unknown> {
     view.bytesDown = record.bytesDown;
     view.durationMs = record.durationMs;
     view.end = record.end;
+  }
+  if (record.ruleKey !== undefined) {
+    view.ruleKey = record.ruleKey;
+    view.injectedHeaders = record.injectedHeaders;
   }
   return view;
 }

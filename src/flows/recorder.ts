@@ -17,6 +17,8 @@ export interface FlowAsk {
   readonly sandboxID: string;
   readonly kind: FlowKind;
   readonly destination: FlowDestination;
+  /** The key of the header rule a connection is intercepted for (undefined: not intercepted). */
+  readonly ruleKey?: string;
 }
 
 /** The decision's answer (the policy's Decision has this shape). */
@@ -41,6 +43,7 @@ function flowRecord(
   destination: FlowDestination,
   decision: FlowDecision,
   closed: { bytesUp: number; bytesDown: number; durationMs: number; end: FlowEnd } | undefined,
+  injection: { ruleKey: string; injectedHeaders: readonly string[] } | undefined,
 ): FlowRecord {
   return {
     time,
@@ -58,6 +61,8 @@ function flowRecord(
     bytesDown: closed?.bytesDown,
     durationMs: closed?.durationMs,
     end: closed?.end,
+    ruleKey: injection?.ruleKey,
+    injectedHeaders: injection?.injectedHeaders,
   };
 }
 
@@ -126,6 +131,7 @@ export class FlowRecorder {
       ask.destination,
       decision,
       undefined,
+      ask.ruleKey === undefined ? undefined : { ruleKey: ask.ruleKey, injectedHeaders: [] },
     );
   }
 
@@ -133,7 +139,13 @@ export class FlowRecorder {
   close(
     opened: FlowRecord,
     destination: FlowDestination,
-    counts: { up: number; down: number; end: FlowEnd; refusal?: FlowDecision },
+    counts: {
+      up: number;
+      down: number;
+      end: FlowEnd;
+      refusal?: FlowDecision;
+      injectedHeaders: readonly string[];
+    },
   ): void {
     const time = this.now();
     const { up, down, end, refusal } = counts;
@@ -148,6 +160,9 @@ export class FlowRecorder {
         destination,
         refusal ?? opened,
         { bytesUp: up, bytesDown: down, durationMs: time - opened.time, end },
+        opened.ruleKey === undefined
+          ? undefined
+          : { ruleKey: opened.ruleKey, injectedHeaders: counts.injectedHeaders },
       ),
     );
   }
@@ -194,6 +209,8 @@ export class OpenFlow {
   private refusal: FlowDecision | undefined;
   private address: string | undefined;
   private done = false;
+  /** Names of the headers set on its requests (lower case, each once). */
+  private readonly injected = new Set<string>();
 
   constructor(
     private readonly recorder: FlowRecorder,
@@ -203,6 +220,11 @@ export class OpenFlow {
   /** The address dialled, when it was chosen after the decision (a forwarded request). */
   dialled(address: string): void {
     this.address = address;
+  }
+
+  /** Headers (their names) were set on one of its requests. */
+  injectedHeaders(names: readonly string[]): void {
+    for (const name of names) this.injected.add(name.toLowerCase());
   }
 
   /** A policy change (or a check of the flow's bytes) denies it now; it is about to close. */
@@ -224,6 +246,7 @@ export class OpenFlow {
       down,
       end: refusal === undefined ? end : 'policy',
       refusal,
+      injectedHeaders: [...this.injected],
     });
   }
 }

@@ -10,6 +10,8 @@ import type { HostPort } from '../host-port.js';
 export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'servfail' | 'dropped';
 
 export type ProxyKind = 'connect' | 'forward' | 'transparent';
+export type InjectionOutcome =
+  'injected' | 'missing_secret' | 'upstream_refused' | 'fronting' | 'leak';
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 
@@ -109,6 +111,13 @@ export class MoatMetrics {
     name: 'moat_flow_records_dropped_total',
     help: 'Flow records dropped: pushed out of the flow store by its bound (store), not sent to a follower too slow to read them (follower), or not written to the flow log file (file)',
     labelNames: ['where'] as const,
+    registers: [this.registry],
+  });
+
+  readonly secretInjections = new Counter({
+    name: 'moat_secret_injections_total',
+    help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused), leak (a request Moat read carried a stored secret to a destination not bound to it: 403)",
+    labelNames: ['outcome'] as const,
     registers: [this.registry],
   });
 

@@ -25,6 +25,8 @@ export interface Refusal {
   readonly status: 403 | 429 | 502 | 504;
   readonly message: string;
   readonly decision?: Decision;
+  /** The origin's TLS failed verification (or its handshake): an intercepted request's refusal. */
+  readonly cause?: 'origin-tls';
 }
 
 /** A connection made, to the address it was decided for, or a refusal. */
@@ -36,7 +38,7 @@ export type Plan =
   | ({ readonly ok: false } & Refusal);
 
 export interface DialerOptions {
-  readonly resolver: HostResolver;
+  readonly resolver: Pick<HostResolver, 'lookup'>;
   readonly connectTimeoutMs: number;
   /**
    * The host itself (its addresses, Moat's listeners on them), the gateway and sandbox links:

@@ -5,9 +5,11 @@ import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { FlowRecorder, OpenFlow } from '../flows/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import {
+  type CanonicalName,
   canonicalName,
   type Decision,
   formatDestination,
+  type HeaderTransform,
   type IPAddress,
   parseAuthority,
 } from '../policy/index.js';
@@ -17,24 +19,23 @@ import {
   type Dialer,
   type Dialled,
   denial,
+  type Plan,
   type Refusal,
   removed,
   type Target,
   tunnelSocket,
 } from './dial.js';
+import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
 import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
-import { endAndLinger, errorResponseText, writeRawError } from './http-errors.js';
+import { writeRawError } from './http-errors.js';
 import {
-  fieldTokens,
   fieldValues,
   headEnd,
   MAX_REQUEST_HEAD_BYTES,
   parseRequestHead,
   type RequestHead,
-  requestFraming,
 } from './http1.js';
 import { type Identity, identify } from './identity.js';
-import { Inbox } from './inbox.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { looksLikeTls, readClientHello, startsLikeHttp, tlsRecordStart } from './peek.js';
 import {
@@ -48,6 +49,7 @@ import {
   type TcpIoSetting,
 } from './native-tcp.js';
 import { type Splice, type SpliceOptions, splice } from './splice.js';
+import { type HeaderInjection, Interceptor, protocolRefusal, readFirstBytes } from './intercept.js';
 import { TlsHelloGuard } from './tls-guard.js';
 import { flowAsk, spliceTunnel, type TunnelRegistry } from './tunnels.js';
 import type { HostPort } from '../host-port.js';
@@ -78,6 +80,19 @@ export interface ProxyOptions {
   readonly transparentPorts?: { readonly tls: number; readonly http: number };
   /** `auto` (default): the native relay where it loads; `node`: net.Server and net.Socket. */
   readonly tcpIo?: TcpIoSetting;
+  /**
+   * Secretless egress: TLS to a destination with a header rule is intercepted and the rule's
+   * headers set on its requests. Undefined: every flow is a tunnel.
+   */
+  readonly injection?: HeaderInjection;
+  /** PEM text of CAs trusted for origins of intercepted TLS, beside Node's roots. */
+  readonly upstreamCa?: string;
+}
+
+/** The interceptor of a proxy whose options ask for one. */
+export function interceptorFor(options: ProxyOptions): Interceptor | undefined {
+  const { injection } = options;
+  return injection === undefined ? undefined : new Interceptor({ ...options, injection });
 }
 
 const CONNECT_ESTABLISHED = 'HTTP/1.1 200 Connection Established\r\n\r\n';
@@ -86,6 +101,8 @@ const CONNECT_ESTABLISHED_BYTES = Buffer.from(CONNECT_ESTABLISHED, 'latin1');
 /** The client of a CONNECT, on Node's sockets or on the native relay, and how it dials. */
 interface ConnectClient<U> {
   readonly remoteAddress: string | undefined;
+  /** Node's socket of the client (undefined on the native relay). */
+  readonly socket: net.Socket | undefined;
   /** The client left while its tunnel was being dialled. */
   readonly gone: boolean;
   /** Answers with an error and closes. */
@@ -110,6 +127,7 @@ interface ConnectClient<U> {
 
 function nodeClient(client: net.Socket, early: Buffer): ConnectClient<net.Socket> {
   return {
+    socket: client,
     get remoteAddress() {
       return client.remoteAddress;
     },
@@ -143,6 +161,7 @@ function nativeConnectClient(
   clients.add(client);
   const forget = () => clients.delete(client);
   return {
+    socket: undefined,
     remoteAddress: client.remoteAddress,
     // Closed by shutdown while it was dialled (the relay never closes a parked client).
     get gone() {
@@ -177,9 +196,6 @@ function nativeConnectClient(
       }),
   };
 }
-
-/** How long a client connection may wait between two requests. */
-const KEEP_ALIVE_MS = 30_000;
 
 /**
  * Why a TLS server name (undefined: the ClientHello sent none) is not the one a tunnel was
@@ -229,7 +245,7 @@ function checkFirstBytes(target: Target, data: Buffer): 'wait' | 'ok' | 'http' |
  * own strict HTTP/1.1 code (src/proxy/http1.ts), which is also what lets a forwarded request
  * reach its origin as one write and its answer come back as one.
  */
-export class EgressProxy {
+export class EgressProxy implements RequestHandler {
   private readonly server: net.Server;
   private readonly listeners: ListenerGroup;
   private readonly pool: UpstreamPool;
@@ -242,6 +258,8 @@ export class EgressProxy {
   private readonly stopHearingDefects: (() => void) | undefined;
   private readonly connections = new Set<ClientConnection>();
   private readonly exchangeContext: ExchangeContext;
+  /** Intercepts TLS to destinations with a header rule (secretless egress), when configured. */
+  private readonly interceptor: Interceptor | undefined;
   private logged = false;
   /** close() was called: connections finish what they carry and take no new request. */
   draining = false;
@@ -258,6 +276,7 @@ export class EgressProxy {
     // Upstream connections of a sandbox whose policy changed are dropped: every new request is
     // decided again anyway, and nothing idles towards a now-denied address.
     this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
+    this.interceptor = interceptorFor(options);
     options.table.subscribe((event) => this.pool.drop(event.sandboxID));
     this.exchangeContext = {
       table: options.table,
@@ -340,9 +359,18 @@ export class EgressProxy {
     });
   }
 
+  /** A CONNECT through the sandbox's upstream proxy, or one Moat may intercept: Node's. */
   private tunnelled(head: RequestHead, client: NativeClient): boolean {
     const who = this.identify(head, client);
-    return who.ok && who.sandbox.upstream !== undefined;
+    if (!who.ok) return false;
+    if (who.sandbox.upstream !== undefined) return true;
+    if (this.interceptor === undefined) return false;
+    const target = parseAuthority(head.target);
+    return (
+      target.ok &&
+      target.value.port !== undefined &&
+      this.interceptor.ruleFor(who.sandbox, target.value as Target) !== undefined
+    );
   }
 
   /** Stops accepting, lets open tunnels and requests finish for up to `drainMs`, then closes. */
@@ -360,6 +388,7 @@ export class EgressProxy {
     for (const client of this.nativeClients) this.native!.close(client);
     this.nativeClients.clear();
     this.stopHearingDefects?.();
+    this.interceptor?.close();
     this.pool.closeAll();
     await Promise.all([closed, extraClosed]);
   }
@@ -371,6 +400,19 @@ export class EgressProxy {
 
   forget(connection: ClientConnection): void {
     this.connections.delete(connection);
+  }
+
+  get logger(): Logger {
+    return this.options.logger;
+  }
+
+  get handshakeTimeoutMs(): number {
+    return this.options.handshakeTimeoutMs;
+  }
+
+  /** A CONNECT read by a ClientConnection: the tunnel takes its socket over. */
+  takeConnect(head: RequestHead, socket: net.Socket, early: Buffer): Promise<void> {
+    return this.onConnect(head, nodeClient(socket, early), early);
   }
 
   private count(kind: ProxyKind, verdict: ProxyVerdict): void {
@@ -499,6 +541,9 @@ export class EgressProxy {
   ): Promise<void> {
     const plan = await this.options.dialer.plan(sandbox, target);
     if (!plan.ok) return refuse(plan);
+    const rule = this.interceptor?.ruleFor(sandbox, target);
+    if (rule !== undefined && client.socket !== undefined)
+      return this.interceptTunnel(sandbox, target, plan, rule, client.socket, early, refuse);
     const connected = await client.dial(this.options.dialer, sandbox, target, plan.addresses);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;
@@ -518,6 +563,52 @@ export class EgressProxy {
     );
     if (!this.options.checkServerName) return tunnel.release(early);
     this.holdUntilChecked(dialled, early, tunnel, flow);
+  }
+
+  /**
+   * A CONNECT to a destination with a header rule: answered 200, then its first bytes must be a
+   * ClientHello naming the CONNECT's host, which Moat serves itself (plain HTTP there is refused:
+   * credentials go over HTTPS only).
+   */
+  private async interceptTunnel(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    plan: Plan & { ok: true },
+    rule: HeaderTransform,
+    socket: net.Socket,
+    early: Buffer,
+    refuse: (refusal: Refusal) => void,
+  ): Promise<void> {
+    const interceptor = this.interceptor!;
+    socket.write(CONNECT_ESTABLISHED);
+    const hello = await readFirstBytes(
+      socket,
+      early,
+      this.options.handshakeTimeoutMs,
+      (seen) => checkFirstBytes(target, seen) !== 'wait',
+    );
+    if (hello === undefined) return void socket.destroy();
+    const verdict = checkFirstBytes(target, hello);
+    if (verdict === 'tls') {
+      const at: Dialled = { ...target, ip: plan.addresses[0]!, via: sandbox.upstream };
+      const named = target as Target & { host: CanonicalName };
+      return interceptor.intercept(
+        'connect',
+        sandbox,
+        named,
+        at,
+        plan.decision,
+        rule,
+        socket,
+        hello,
+      );
+    }
+    if (verdict === 'http') return refuse(interceptor.plainRefusal(sandbox, target)!);
+    refuse(
+      protocolRefusal(
+        verdict === 'ok' ? `the tunnel to ${target.host} carries neither TLS nor HTTP` : verdict,
+      ),
+    );
   }
 
   /** Holds client bytes until the first ones show the tunnel talks to the host CONNECT named. */
@@ -575,17 +666,9 @@ export class EgressProxy {
   async onRequest(head: RequestHead, connection: ClientConnection): Promise<void> {
     const client = connection.socket;
     const url = head.target;
-    const framing = requestFraming(head);
-    const hasBody = !framing.ok || framing.value.kind !== 'none';
-    const lastRequest =
-      head.minor === 0 || fieldTokens(head.fields, 'connection').includes('close');
-    // Moat's own answers to a request with a body close the connection: the body is not read.
-    const keepAlive = !hasBody && !lastRequest && !this.draining;
+    const { framing, hasBody, lastRequest, keepAlive } = requestTurn(head, this.draining);
     const answer = (status: number, message: string, decision?: Decision, extra = {}) =>
-      connection.answer(
-        errorResponseText(status, message, decision, extra, !keepAlive, head.method === 'HEAD'),
-        keepAlive,
-      );
+      connection.refuse(head, keepAlive, status, message, decision, extra);
     if (!framing.ok) {
       this.count('forward', 'invalid');
       return answer(
@@ -630,9 +713,15 @@ export class EgressProxy {
     if (!slot.ok) return refuse(slot);
     const plan = await this.options.dialer.plan(sandbox, target);
     if (client.destroyed) return slot.release();
-    if (!plan.ok || !this.options.table.holds(sandbox)) {
+    // Plain HTTP to a destination with a header rule, or a request leaking a stored secret.
+    const secretRefusal = plan.ok
+      ? (this.interceptor?.plainRefusal(sandbox, target) ??
+        (await this.interceptor?.leakRefusal(sandbox, target, head)))
+      : undefined;
+    if (client.destroyed) return slot.release();
+    if (!plan.ok || !this.options.table.holds(sandbox) || secretRefusal !== undefined) {
       slot.release();
-      return refuse(plan.ok ? removed(sandbox) : plan);
+      return refuse(plan.ok ? (secretRefusal ?? removed(sandbox)) : plan);
     }
     // Decided by name, or by the one address a bare-address request names.
     const flow = this.options.flows.opened(flowAsk('http', sandbox, target, 'http'), plan.decision);
@@ -648,208 +737,5 @@ export class EgressProxy {
         slot.release,
       ),
     );
-  }
-}
-
-/**
- * One client connection to the explicit proxy: reads request heads one at a time and hands
- * each to the proxy; a CONNECT takes the connection over, anything else is answered (by Moat
- * or by an origin through an Exchange) before the next head is read.
- */
-class ClientConnection {
-  readonly inbox: Inbox;
-  /** Reading a head, answering a request, closing after the last answer, or no longer ours. */
-  private state: 'head' | 'busy' | 'closing' | 'gone' = 'head';
-  /** Bytes of the next head have arrived (a pause from here on is no longer keep-alive idling). */
-  private started = false;
-  private served = 0;
-  private ended = false;
-  private current: Exchange | undefined;
-
-  /**
-   * `firstBytes`: already read (by the native relay), `waitedMs` after the client connected;
-   * the first head is due a handshake timeout after it connected all the same.
-   */
-  constructor(
-    private readonly proxy: EgressProxy,
-    readonly socket: net.Socket,
-    firstBytes?: Buffer,
-    private readonly waitedMs = 0,
-  ) {
-    this.inbox = new Inbox(socket, firstBytes);
-    socket.on('error', this.onError);
-    socket.on('end', this.onEnd);
-    socket.on('timeout', this.onTimeout);
-    socket.on('close', this.onClose);
-    this.readHead();
-  }
-
-  /** Carrying a request, or still writing its last answer (shutdown waits for both). */
-  get busy(): boolean {
-    return this.state === 'busy' || (this.state === 'closing' && !this.socket.writableFinished);
-  }
-
-  /** Closes the connection if it is waiting for a request that has not begun. */
-  closeIfIdle(): void {
-    if (this.state === 'head' && !this.started) this.socket.destroy();
-  }
-
-  private readonly onError = () => this.socket.destroy();
-
-  /** A defect in handling a request: this connection goes, the process (and every sandbox) stays. */
-  private readonly failed = (error: unknown) => {
-    this.proxy.options.logger.error({ err: error }, 'egress request failed');
-    this.socket.destroy();
-  };
-
-  // The client sent its last byte: a request it has not finished will never come.
-  private readonly onEnd = () => {
-    this.ended = true;
-    // Whole requests still waiting (a client pipelining, then reading slowly) are answered
-    // first: readHead closes once none is left.
-    if (this.state === 'head' && !this.inbox.pending) this.close();
-    else this.current?.clientEnded();
-  };
-
-  private readonly onTimeout = () => {
-    if (this.state !== 'head') return;
-    if (this.socket.writableNeedDrain) return void this.socket.destroy();
-    // A client idling between requests just loses the connection; one stuck in a head is told.
-    if (this.started || this.served === 0)
-      this.close(
-        errorResponseText(
-          408,
-          'no complete request head within the handshake timeout',
-          undefined,
-          {},
-          true,
-        ),
-      );
-    else this.close();
-  };
-
-  private readonly onClose = () => {
-    this.headDone();
-    this.state = 'gone';
-    this.current?.close();
-    this.proxy.forget(this);
-  };
-
-  /** The head being read must be whole by then, however its bytes trickle in. */
-  private headDeadline: NodeJS.Timeout | undefined;
-
-  private headDone(): void {
-    clearTimeout(this.headDeadline);
-    this.headDeadline = undefined;
-    this.socket.setTimeout(0);
-  }
-
-  private readHead(): void {
-    this.state = 'head';
-    this.started = false;
-    if (this.proxy.draining || (this.ended && !this.inbox.pending)) return this.close();
-    const { handshakeTimeoutMs } = this.proxy.options;
-    // The first head is due a handshake timeout after the client connected; between requests
-    // a quiet client may wait KEEP_ALIVE_MS, and a head, once begun, has the handshake timeout.
-    if (this.served === 0)
-      this.headDeadline ??= setTimeout(
-        this.onTimeout,
-        Math.max(0, handshakeTimeoutMs - this.waitedMs),
-      );
-    else this.socket.setTimeout(KEEP_ALIVE_MS);
-    // A client that does not read its answers gets no more of them (pipelined requests would
-    // otherwise queue answers without bound); one that never reads again times out.
-    if (this.socket.writableNeedDrain) {
-      this.socket.once('drain', () => {
-        if (this.state === 'head') this.readHead();
-      });
-      return;
-    }
-    const arriving = new ArrivingBytes();
-    this.inbox.read((chunk) => {
-      const scanned = arriving.bytes.length;
-      const seen = arriving.append(chunk);
-      const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);
-      if (end === 'incomplete') {
-        // A head begun and not whole (one that arrives whole, the usual case, needs no timer).
-        if (!this.started) {
-          this.started = true;
-          if (this.served > 0) {
-            this.socket.setTimeout(0);
-            this.headDeadline = setTimeout(this.onTimeout, handshakeTimeoutMs);
-          }
-        }
-        return chunk.length;
-      }
-      this.inbox.stop();
-      this.state = 'busy';
-      this.headDone();
-      if (typeof end !== 'number') {
-        this.answer(
-          errorResponseText(end.status, `request head: ${end.message}`, undefined, {}, true),
-          false,
-        );
-        return chunk.length;
-      }
-      const head = seen.subarray(0, end);
-      // Handled once the inbox holds the bytes after the head (a CONNECT's first tunnel bytes).
-      queueMicrotask(() => this.dispatch(head));
-      return chunk.length - (seen.length - end);
-    });
-  }
-
-  private dispatch(bytes: Buffer): void {
-    if (this.state === 'gone') return;
-    this.served++;
-    const parsed = parseRequestHead(bytes);
-    if (!parsed.ok)
-      return this.answer(
-        errorResponseText(parsed.status, `request head: ${parsed.message}`, undefined, {}, true),
-        false,
-      );
-    if (parsed.value.method !== 'CONNECT')
-      return void this.proxy.onRequest(parsed.value, this).catch(this.failed);
-    // The tunnel takes the socket over.
-    this.state = 'gone';
-    this.proxy.forget(this);
-    this.socket.off('error', this.onError).off('end', this.onEnd).off('timeout', this.onTimeout);
-    this.socket.off('close', this.onClose);
-    // Stays paused until the tunnel reads it: bytes sent meanwhile wait in the socket.
-    const early = this.inbox.detach();
-    this.socket.on('error', () => this.socket.destroy());
-    void this.proxy
-      .onConnect(parsed.value, nodeClient(this.socket, early), early)
-      .catch(this.failed);
-  }
-
-  /** Sends Moat's own answer to the current request; the next is read only if `keepAlive`. */
-  answer(text: string, keepAlive: boolean): void {
-    if (this.state === 'gone' || this.state === 'closing') return;
-    if (!keepAlive) return this.close(text);
-    this.socket.write(text);
-    this.exchangeDone(true);
-  }
-
-  exchange(exchange: Exchange): void {
-    if (this.state === 'gone') return exchange.close();
-    this.current = exchange;
-    exchange.start();
-    if (this.ended) exchange.clientEnded();
-  }
-
-  exchangeDone(keepAlive: boolean): void {
-    this.current = undefined;
-    if (this.state === 'gone' || this.state === 'closing') return;
-    if (keepAlive) this.readHead();
-    else this.close();
-  }
-
-  /** Ends the connection after `text`; what the client sends from here on is dropped. */
-  private close(text?: string): void {
-    if (this.state === 'gone' || this.state === 'closing') return;
-    this.headDone();
-    this.state = 'closing';
-    this.inbox.detach();
-    endAndLinger(this.socket, text, this.proxy.options.handshakeTimeoutMs);
   }
 }

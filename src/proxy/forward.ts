@@ -1,4 +1,5 @@
 import type net from 'node:net';
+import tls from 'node:tls';
 import type { EnforcedSandbox, EnforcementTable, UpstreamProxy } from '../enforce/index.js';
 import type { FlowEnd, OpenFlow } from '../flows/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
@@ -8,12 +9,14 @@ import { errorResponseText } from './http-errors.js';
 import {
   bodyScanner,
   endToEndFields,
+  fieldValues,
   type Framing,
   framingFields,
   headEnd,
   MAX_RESPONSE_HEAD_BYTES,
   parseResponseHead,
   type RequestHead,
+  type ResponseHead,
   responseFraming,
 } from './http1.js';
 import { Inbox } from './inbox.js';
@@ -28,7 +31,13 @@ interface Upstream {
   readonly ip: IPAddress;
   /** The upstream proxy it goes through (undefined: direct to `ip`). */
   readonly via?: UpstreamProxy;
+  /** The name its TLS certificate was verified for (undefined: plain HTTP). */
+  readonly tlsName?: string;
 }
+
+/** A pooled connection serves only requests for the same address, port and TLS name. */
+const poolKey = (ip: IPAddress, port: number, tlsName: string | undefined) =>
+  `${ip.text} ${port} ${tlsName ?? ''}`;
 
 /** Idle origin connections kept for all sandboxes together. */
 const MAX_IDLE_UPSTREAMS = 512;
@@ -53,8 +62,16 @@ export class UpstreamPool {
     private readonly maxIdle = MAX_IDLE_UPSTREAMS,
   ) {}
 
-  take(sandboxID: string, ip: IPAddress, port: number): Upstream | undefined {
-    const idle = this.bySandbox.get(sandboxID)?.get(`${ip.text} ${port}`)?.at(-1);
+  take(
+    sandboxID: string,
+    ip: IPAddress,
+    port: number,
+    tlsName: string | undefined,
+  ): Upstream | undefined {
+    const idle = this.bySandbox
+      .get(sandboxID)
+      ?.get(poolKey(ip, port, tlsName))
+      ?.at(-1);
     if (idle === undefined) return undefined;
     this.forget(idle);
     const { socket, inbox } = idle.upstream;
@@ -72,7 +89,7 @@ export class UpstreamPool {
     if (this.all.size >= this.maxIdle) this.all.values().next().value?.drop();
     const idle: IdleUpstream = {
       sandboxID,
-      key: `${upstream.ip.text} ${port}`,
+      key: poolKey(upstream.ip, port, upstream.tlsName),
       upstream,
       drop: () => {
         socket.destroy();
@@ -145,6 +162,17 @@ export interface ExchangeContext {
   readonly onRefusal: (request: ForwardRequest, refusal: Refusal) => void;
   /** Moat is shutting down: responses tell clients the connection closes after them. */
   readonly draining: () => boolean;
+  /**
+   * Origins are reached over TLS, their certificates verified for the target's name against
+   * these CAs (intercepted connections); undefined: plain HTTP (absolute-form requests).
+   */
+  readonly originTls?: tls.SecureContext;
+}
+
+/** A header Moat sets on a request, replacing any of the same name. */
+export interface SetField {
+  readonly name: string;
+  readonly value: string;
 }
 
 export interface ForwardRequest {
@@ -156,8 +184,17 @@ export interface ForwardRequest {
   readonly framing: Framing;
   /** The client asked to close after this exchange (HTTP/1.0, Connection: close). */
   readonly lastRequest: boolean;
-  /** Its flow record, closed with the bytes sent to and read from the origin. */
-  readonly flow: OpenFlow;
+  /**
+   * Its flow record, closed with the bytes sent to and read from the origin (an intercepted
+   * connection's requests share the connection's record, which closes with the connection).
+   */
+  readonly flow: Pick<OpenFlow, 'dialled' | 'refused' | 'closed'>;
+  /** Fields set on the request, each replacing any field of its name (case-insensitively). */
+  readonly setFields?: readonly SetField[];
+  /** The protocol the client asks to switch to (`Upgrade`), passed to the origin. */
+  readonly upgrade?: string;
+  /** The request head went to the origin (with `setFields`). */
+  readonly onSent?: () => void;
 }
 
 const REQUEST_DROP = new Set(['host']);
@@ -167,9 +204,75 @@ const MAX_INTERIM_RESPONSES = 16;
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
 
 /** The Host header for a target, as the absolute URI gave it (RFC 9112 3.2.2). */
-function hostHeader(target: Target): string {
+function hostHeader(target: Target, defaultPort: number): string {
   const host = target.host ?? (target.ip!.version === 6 ? `[${target.ip!.text}]` : target.ip!.text);
-  return target.port === 80 ? host : `${host}:${target.port}`;
+  return target.port === defaultPort ? host : `${host}:${target.port}`;
+}
+
+/** The request head sent to the origin: the client's end-to-end fields, `setFields` replacing theirs. */
+export function originRequestText(
+  request: Pick<ForwardRequest, 'head' | 'target' | 'path' | 'framing' | 'setFields' | 'upgrade'>,
+  overTls: boolean,
+): string {
+  const { head, target, path, setFields = [], upgrade } = request;
+  const drop = new Set(REQUEST_DROP);
+  let set = '';
+  for (const field of setFields) {
+    drop.add(field.name.toLowerCase());
+    set += `${field.name}: ${field.value}\r\n`;
+  }
+  const connection =
+    head.minor === 0
+      ? 'Connection: close\r\n'
+      : upgrade === undefined
+        ? ''
+        : `Connection: Upgrade\r\nUpgrade: ${upgrade}\r\n`;
+  return (
+    `${head.method} ${path} HTTP/1.${head.minor}\r\n` +
+    `Host: ${hostHeader(target, overTls ? 443 : 80)}\r\n` +
+    endToEndFields(head.fields, drop) +
+    set +
+    framingFields(head.fields, request.framing) +
+    connection +
+    '\r\n'
+  );
+}
+
+/**
+ * Wraps a connection to an origin in TLS for `name`, verified against `trust`: the TLS socket,
+ * or why the origin is refused (its certificate's problem, as OpenSSL and Node name it).
+ */
+function secureOrigin(
+  socket: net.Socket,
+  name: string,
+  trust: tls.SecureContext,
+  timeoutMs: number,
+): Promise<{ ok: true; socket: tls.TLSSocket } | { ok: false; status: 502 | 504; reason: string }> {
+  return new Promise((resolve) => {
+    const secure = tls.connect({
+      socket,
+      servername: name,
+      secureContext: trust,
+      ALPNProtocols: ['http/1.1'],
+      rejectUnauthorized: true,
+    });
+    const timer = setTimeout(() => {
+      secure.destroy();
+      resolve({ ok: false, status: 504, reason: `no TLS handshake within ${timeoutMs} ms` });
+    }, timeoutMs);
+    const failed = (error: Error) => {
+      clearTimeout(timer);
+      secure.destroy();
+      resolve({ ok: false, status: 502, reason: error.message });
+    };
+    secure.once('error', failed);
+    secure.once('secureConnect', () => {
+      clearTimeout(timer);
+      secure.off('error', failed);
+      secure.on('error', () => secure.destroy());
+      resolve({ ok: true, socket: secure });
+    });
+  });
 }
 
 /**
@@ -207,13 +310,8 @@ export class Exchange {
     /** Gives back the sandbox's connection slot held for this request until it is registered. */
     private readonly releaseSlot: () => void = () => {},
   ) {
-    const { head, target, path } = request;
     this.requestDone = request.framing.kind === 'none';
-    this.requestText =
-      `${head.method} ${path} HTTP/1.${head.minor}\r\nHost: ${hostHeader(target)}\r\n` +
-      endToEndFields(head.fields, REQUEST_DROP) +
-      framingFields(head.fields, request.framing) +
-      (head.minor === 0 ? 'Connection: close\r\n\r\n' : '\r\n');
+    this.requestText = originRequestText(request, context.originTls !== undefined);
   }
 
   private get what(): string {
@@ -224,14 +322,19 @@ export class Exchange {
   /** Sends the request over a pooled connection to one of `addresses`, or a new one. */
   start(): void {
     const { sandbox, target } = this.request;
+    const tlsName = this.tlsName;
     for (const ip of this.addresses) {
-      const idle = this.context.pool.take(sandbox.sandboxID, ip, target.port);
+      const idle = this.context.pool.take(sandbox.sandboxID, ip, target.port, tlsName);
       if (idle !== undefined) {
         this.reused = true;
         return this.send(idle);
       }
     }
     void this.dial();
+  }
+
+  private get tlsName(): string | undefined {
+    return this.context.originTls === undefined ? undefined : this.request.target.host;
   }
 
   /** Closes both sides: a policy change denied the destination, the sandbox or client left. */
@@ -271,12 +374,20 @@ export class Exchange {
       connected.socket.destroy();
       return this.answer(denial(dialled, now));
     }
-    this.send({
-      socket: connected.socket,
-      inbox: new Inbox(connected.socket),
-      ip: connected.ip,
-      via: connected.via,
-    });
+    const { tlsName } = this;
+    const trust = this.context.originTls;
+    let socket: net.Socket = connected.socket;
+    if (tlsName !== undefined && trust !== undefined) {
+      const secured = await secureOrigin(socket, tlsName, trust, dialer.connectTimeoutMs);
+      if (!secured.ok) {
+        socket.destroy();
+        const message = `${formatDestination(dialled)}: TLS to the origin failed: ${secured.reason}`;
+        return this.answer({ status: secured.status, message, cause: 'origin-tls' });
+      }
+      socket = secured.socket;
+      if (this.finished) return void socket.destroy();
+    }
+    this.send({ socket, inbox: new Inbox(socket), ip: connected.ip, via: connected.via, tlsName });
   }
 
   private send(upstream: Upstream): void {
@@ -305,6 +416,7 @@ export class Exchange {
     // Closed between the pool and here: handled as a connection that died unanswered.
     if (socket.destroyed) return this.onUpstreamClose();
     socket.write(this.requestText, 'latin1');
+    this.request.onSent?.();
     this.readResponseHead(upstream);
     if (!this.requestDone) this.relayRequestBody(socket);
   }
@@ -405,6 +517,10 @@ export class Exchange {
         return chunk.length;
       }
       const head = parsed.value;
+      if (head.status === 101 && this.request.upgrade !== undefined) {
+        this.switchProtocols(upstream, head);
+        return chunk.length - unused;
+      }
       if (head.status === 101) {
         this.answer({
           status: 502,
@@ -461,6 +577,28 @@ export class Exchange {
       client.uncork();
       return chunk.length - unused;
     });
+  }
+
+  /**
+   * The origin accepted the Upgrade the client asked for: from here on both connections carry
+   * the new protocol as it is, until either closes (which closes both and ends the exchange).
+   */
+  private switchProtocols(upstream: Upstream, head: ResponseHead): void {
+    this.responseStarted = true;
+    const client = this.client.socket;
+    const protocol = fieldValues(head.fields, 'upgrade').join(', ');
+    client.write(
+      `HTTP/1.1 101 ${head.reason}\r\n${endToEndFields(head.fields)}` +
+        `Connection: Upgrade\r\nUpgrade: ${protocol}\r\n\r\n`,
+      'latin1',
+    );
+    const fromOrigin = upstream.inbox.detach();
+    const fromClient = this.client.detach();
+    if (fromOrigin.length > 0) client.write(fromOrigin);
+    if (fromClient.length > 0) upstream.socket.write(fromClient);
+    client.pipe(upstream.socket);
+    upstream.socket.pipe(client);
+    client.once('close', () => this.abort());
   }
 
   private relayResponseBody(upstream: Upstream, framing: Framing, reusable: boolean): void {

@@ -1,10 +1,18 @@
 import net from 'node:net';
 import { ListenerGroup } from '../dns/index.js';
 import type { EnforcedSandbox } from '../enforce/index.js';
-import { canonicalName, formatDestination, parseAuthority, parseIP } from '../policy/index.js';
+import {
+  type CanonicalName,
+  canonicalName,
+  formatDestination,
+  parseAuthority,
+  parseIP,
+} from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { type Dialled, type Target, tunnelSocket } from './dial.js';
-import type { ProxyListen, ProxyOptions } from './egress.js';
+import { interceptorFor, type ProxyListen, type ProxyOptions } from './egress.js';
+import { writeRawError } from './http-errors.js';
+import type { Interceptor } from './intercept.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
 import { originalDestination } from './original-destination.js';
@@ -13,14 +21,15 @@ import { TlsHelloGuard } from './tls-guard.js';
 import { splice } from './splice.js';
 import { flowAsk, spliceTunnel } from './tunnels.js';
 
+const EMPTY = Buffer.alloc(0);
+
 /**
  * The transparent listener, for TCP 80/443 that the kernel enforcer redirects here. The sandbox
  * is known by its source address; the destination is the name in the TLS ClientHello (SNI) or
  * the HTTP Host header, read without consuming a byte the origin must see. No name: closed,
- * since deciding addresses is the kernel's job on this path.
+ * since deciding addresses is the kernel's job on this path. Other TCP of a sandbox with an
+ * upstream proxy comes through Moat's listener inside its namespace (adoptInside).
  */
-const EMPTY = Buffer.alloc(0);
-
 export class TransparentProxy {
   private readonly server: net.Server;
   private readonly listeners: ListenerGroup;
@@ -28,12 +37,15 @@ export class TransparentProxy {
   private readonly pending = new Set<net.Socket>();
   /** Moat's listeners inside sandbox namespaces (adoptInside); the runtime closes them. */
   private readonly inside = new Set<net.Server>();
+  /** Intercepts TLS to destinations with a header rule (secretless egress), when configured. */
+  private readonly interceptor: Interceptor | undefined;
 
   constructor(private readonly options: ProxyOptions) {
     this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
       this.accept(socket),
     );
     this.listeners = new ListenerGroup(this.server);
+    this.interceptor = interceptorFor(options);
   }
 
   /** Listens on one more address; resolves to the bound port. */
@@ -43,6 +55,7 @@ export class TransparentProxy {
 
   async close(): Promise<void> {
     for (const socket of this.pending) socket.destroy();
+    this.interceptor?.close();
     await Promise.all([
       new Promise<void>((resolve) => this.server.close(() => resolve())),
       this.listeners.closeExtra(),
@@ -183,6 +196,25 @@ export class TransparentProxy {
   ): Promise<void> {
     const { dialer, metrics, logger, flows } = this.options;
     const plan = await dialer.plan(sandbox, target);
+    const rule = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
+    if (plan.ok && rule !== undefined) {
+      if (protocol === 'http') {
+        const { status, message, decision } = this.interceptor!.plainRefusal(sandbox, target)!;
+        flows.decided(flowAsk('transparent', sandbox, target, protocol), decision!);
+        return writeRawError(client, status, message, decision);
+      }
+      const at: Dialled = { ...target, ip: plan.addresses[0]!, via: sandbox.upstream };
+      return this.interceptor!.intercept(
+        'transparent',
+        sandbox,
+        target as Target & { host: CanonicalName },
+        at,
+        plan.decision,
+        rule,
+        client,
+        seen,
+      );
+    }
     const connected = plan.ok
       ? await dialer.reach(sandbox, target, plan.addresses, tunnelSocket)
       : plan;

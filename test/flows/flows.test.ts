@@ -12,6 +12,7 @@ import {
   CLOSE_FIELDS,
   DESTINATION_FIELDS,
   FLOW_FIELDS,
+  INJECTION_FIELDS,
   type FlowRecord,
   FlowRecorder,
   FlowStore,
@@ -147,7 +148,9 @@ describe('flow records', () => {
   /** Every record carries exactly the fixed fields (close fields only on close records). */
   function expectShape(record: FlowRecord): void {
     const fields = FLOW_FIELDS.filter(
-      (f) => record.event === 'close' || !(CLOSE_FIELDS as readonly string[]).includes(f),
+      (f) =>
+        (record.event === 'close' || !(CLOSE_FIELDS as readonly string[]).includes(f)) &&
+        (record.ruleKey !== undefined || !(INJECTION_FIELDS as readonly string[]).includes(f)),
     );
     expect(Object.keys(flowView(record))).toEqual(fields);
     expect(Object.keys(record.destination).sort()).toEqual([...DESTINATION_FIELDS].sort());

@@ -1,0 +1,479 @@
+import { X509Certificate } from 'node:crypto';
+import type net from 'node:net';
+import tls from 'node:tls';
+import type { Logger } from 'pino';
+import type { EnforcedSandbox } from '../enforce/index.js';
+import type { FlowKind, OpenFlow } from '../flows/index.js';
+import type { InjectionOutcome } from '../metrics/index.js';
+import {
+  type CanonicalName,
+  type Decision,
+  formatDestination,
+  type HeaderTransform,
+} from '../policy/index.js';
+import { ArrivingBytes } from '../arriving-bytes.js';
+import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
+import type { Dialled, Refusal, Target } from './dial.js';
+import type { ProxyOptions } from './egress.js';
+import { Exchange, type ExchangeContext, type SetField, UpstreamPool } from './forward.js';
+import { authorityMismatch } from './host-guard.js';
+import { fieldTokens, fieldValues, isHopByHop, type RequestHead } from './http1.js';
+import { flowAsk } from './tunnels.js';
+
+/**
+ * What secretless egress needs from the parts that own rules, secrets and Moat's CA (the
+ * composition root passes them): the header rule of a destination, the certificate Moat
+ * serves the sandbox for a name, and a secret's current value.
+ */
+export interface HeaderInjection {
+  /** The header rule a sandbox has for a destination name; undefined: none (no interception). */
+  transformFor(sandboxID: string, name: CanonicalName): HeaderTransform | undefined;
+  /** A TLS server context holding a leaf certificate for `name`, issued by Moat's CA. */
+  leafContext(name: CanonicalName): Promise<tls.SecureContext>;
+  /** A stored secret's current value, read for every request; undefined when none is stored. */
+  secretValue(name: string): Promise<string | undefined>;
+  /**
+   * Every stored secret's name and current value, for the leak guard (a request Moat reads that
+   * carries one to a destination not bound to it is refused). Undefined: no leak guard.
+   */
+  secretValues?(): Promise<ReadonlyMap<string, string>>;
+}
+
+/** Options of a proxy that intercepts: the proxy's own, with the injection parts. */
+export type InterceptOptions = ProxyOptions & { readonly injection: HeaderInjection };
+
+/**
+ * The CAs origins of intercepted connections are verified against: Node's roots and the
+ * certificates of the PEM bundle `extra`. Throws, naming the problem, when `extra` holds no
+ * certificate or one that does not parse (OpenSSL would skip it silently, trusting less).
+ */
+export function originTrust(extra: string | undefined): tls.SecureContext {
+  if (extra === undefined) return tls.createSecureContext({ ca: [...tls.rootCertificates] });
+  const blocks = extra.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g);
+  if (blocks === null) throw new Error('the upstream CA bundle holds no PEM certificate');
+  blocks.forEach((block, i) => {
+    try {
+      new X509Certificate(block);
+    } catch (error) {
+      throw new Error(
+        `certificate ${i + 1} of the upstream CA bundle does not parse: ${(error as Error).message}`,
+        { cause: error },
+      );
+    }
+  });
+  return tls.createSecureContext({ ca: [...tls.rootCertificates, ...blocks] });
+}
+
+/** Headers a rule may not set: Moat writes them itself, or they describe one connection. */
+const RESERVED_FIELDS = new Set(['host', 'content-length', 'transfer-encoding']);
+/** What a header value may hold (as the HTTP/1 parser accepts): no CR, LF, NUL or controls. */
+const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+/** A refusal for breaking a protocol check (recorded as a denial by the `invalid` list). */
+export function protocolRefusal(reason: string): Refusal {
+  return {
+    status: 403,
+    message: reason,
+    decision: { verdict: 'deny', list: 'invalid', rule: null, reason },
+  };
+}
+
+/**
+ * Reads a socket (after the bytes `early` already read) until `enough` says what arrived is
+ * enough, within `timeoutMs`; undefined when the client left or the time ran out. The socket is
+ * left paused, its bytes all in the result.
+ */
+export function readFirstBytes(
+  socket: net.Socket,
+  early: Buffer,
+  timeoutMs: number,
+  enough: (seen: Buffer) => boolean,
+): Promise<Buffer | undefined> {
+  const arriving = new ArrivingBytes();
+  let seen = arriving.restart(early);
+  if (seen.length > 0 && enough(seen)) return Promise.resolve(seen);
+  return new Promise((resolve) => {
+    const finish = (result: Buffer | undefined) => {
+      clearTimeout(timer);
+      socket.off('data', onData).off('end', gone).off('close', gone);
+      socket.pause();
+      resolve(result);
+    };
+    const onData = (chunk: Buffer) => {
+      seen = arriving.append(chunk);
+      if (enough(seen)) finish(seen);
+    };
+    const gone = () => finish(undefined);
+    const timer = setTimeout(gone, timeoutMs);
+    socket.on('data', onData).once('end', gone).once('close', gone);
+    socket.resume();
+  });
+}
+
+/** A rule's headers with their values substituted, or why they cannot be. */
+type Substituted =
+  | { readonly ok: true; readonly fields: readonly SetField[] }
+  | {
+      readonly ok: false;
+      readonly outcome: InjectionOutcome | undefined;
+      readonly message: string;
+    };
+
+/**
+ * Terminates the TLS of connections to destinations with a header rule, and re-sends each of
+ * their requests to the origin over a new, verified TLS connection with the rule's headers set.
+ * Only where a rule asks for it: everything else stays an opaque tunnel.
+ */
+export class Interceptor {
+  private readonly pool: UpstreamPool;
+  private readonly context: ExchangeContext;
+  private readonly sockets = new Set<net.Socket>();
+  private draining = false;
+
+  constructor(private readonly options: InterceptOptions) {
+    this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
+    options.table.subscribe((event) => this.pool.drop(event.sandboxID));
+    // Made now: a bundle that does not parse stops Moat at start, not at the first request.
+    const trust = originTrust(options.upstreamCa);
+    this.context = {
+      table: options.table,
+      dialer: options.dialer,
+      pool: this.pool,
+      tunnels: options.tunnels,
+      idleTimeoutMs: options.idleTimeoutMs,
+      onRefusal: ({ sandbox, target }, refusal) => this.refused(sandbox, target, refusal),
+      draining: () => this.draining,
+      originTls: trust,
+    };
+  }
+
+  /** The header rule a decided target is intercepted for; undefined: it is not. */
+  ruleFor(sandbox: EnforcedSandbox, target: Target): HeaderTransform | undefined {
+    if (target.host === undefined) return undefined;
+    return this.options.injection.transformFor(sandbox.sandboxID, target.host);
+  }
+
+  /** The refusal of plain HTTP to a destination with a header rule (never given credentials). */
+  plainRefusal(sandbox: EnforcedSandbox, target: Target): Refusal | undefined {
+    const rule = this.ruleFor(sandbox, target);
+    if (rule === undefined) return undefined;
+    this.options.logger.info(
+      { sandboxID: sandbox.sandboxID, destination: formatDestination(target), rule: rule.ruleKey },
+      'plain HTTP to a destination with a header rule refused',
+    );
+    return protocolRefusal(
+      `${target.host} has a header rule (${rule.ruleKey}): credentials for that rule are added over HTTPS only; use https://${target.host}/`,
+    );
+  }
+
+  /**
+   * The refusal of a request whose head (target or a header) carries a stored secret, by value
+   * or placeholder, to a destination whose header rule does not name that secret; undefined
+   * when it carries none. Bodies are not read.
+   */
+  async leakRefusal(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    head: RequestHead,
+  ): Promise<Refusal | undefined> {
+    const secrets = await this.options.injection.secretValues?.();
+    if (secrets === undefined || secrets.size === 0) return undefined;
+    const rule = this.ruleFor(sandbox, target);
+    const bound = new Set(
+      rule?.headers.flatMap((header) =>
+        header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
+      ),
+    );
+    let decoded = head.target;
+    try {
+      decoded = decodeURIComponent(head.target);
+    } catch {
+      // Not percent-encoded text: read as it is.
+    }
+    const text = [head.target, decoded, ...head.fields.map((field) => field.value)].join('\n');
+    const lower = text.toLowerCase();
+    for (const [name, value] of secrets) {
+      if (bound.has(name)) continue;
+      const carried =
+        (value !== '' && text.includes(value)) ||
+        lower.includes(`\${e2b.secrets.${name.toLowerCase()}}`);
+      if (!carried) continue;
+      this.count('leak');
+      const reason = `the request carries secret ${JSON.stringify(name)} to ${formatDestination(target)}, which no header rule binds to it`;
+      this.options.logger.warn(
+        { sandboxID: sandbox.sandboxID, destination: formatDestination(target), secret: name },
+        'secret leak refused',
+      );
+      return protocolRefusal(reason);
+    }
+    return undefined;
+  }
+
+  /**
+   * Serves the sandbox's TLS connection `socket` (its ClientHello, already checked to name the
+   * target, in `hello`) with Moat's leaf certificate for the target, as a connection of the
+   * sandbox (`at`: the address it was decided for) registered with the tunnel registry, so a
+   * policy change that denies it closes it. The caller holds the sandbox's slot until this
+   * resolves.
+   */
+  async intercept(
+    kind: FlowKind,
+    sandbox: EnforcedSandbox,
+    target: Target & { readonly host: CanonicalName },
+    at: Dialled,
+    decision: Decision,
+    rule: HeaderTransform,
+    socket: net.Socket,
+    hello: Buffer,
+  ): Promise<void> {
+    const { logger, flows, tunnels } = this.options;
+    let context: tls.SecureContext;
+    try {
+      context = await this.options.injection.leafContext(target.host);
+    } catch (error) {
+      logger.error(
+        { err: error, sandboxID: sandbox.sandboxID, destination: target.host },
+        'no certificate to intercept with',
+      );
+      socket.destroy();
+      return;
+    }
+    if (socket.destroyed || this.draining) return void socket.destroy();
+    const flow = flows.opened(
+      { ...flowAsk(kind, sandbox, at, 'tls'), ruleKey: rule.ruleKey },
+      decision,
+    );
+    // The ClientHello goes back into the socket: the TLS server reads it first.
+    socket.unshift(hello);
+    const secure = new tls.TLSSocket(socket, {
+      isServer: true,
+      secureContext: context,
+      ALPNProtocols: ['http/1.1'],
+    });
+    this.sockets.add(socket);
+    const remove = tunnels.add({
+      sandbox,
+      target: at,
+      close: (denied) => {
+        if (denied !== undefined) flow.refused(denied);
+        secure.destroy();
+        socket.destroy();
+      },
+    });
+    const handshake = setTimeout(() => secure.destroy(), this.options.handshakeTimeoutMs);
+    secure.on('error', () => secure.destroy());
+    secure.once('secure', () => {
+      clearTimeout(handshake);
+      new ClientConnection(new InterceptedConnection(this, sandbox, target, flow), secure);
+    });
+    secure.once('close', () => {
+      clearTimeout(handshake);
+      socket.destroy();
+      this.sockets.delete(socket);
+      remove();
+      const { bytesRead: up, bytesWritten: down } = socket;
+      this.options.metrics.proxyBytes.inc({ direction: 'up' }, up);
+      this.options.metrics.proxyBytes.inc({ direction: 'down' }, down);
+      flow.closed(up, down);
+    });
+  }
+
+  /** Ends every intercepted connection and idle origin connection. */
+  close(): void {
+    this.draining = true;
+    for (const socket of this.sockets) socket.destroy();
+    this.pool.closeAll();
+  }
+
+  get isDraining(): boolean {
+    return this.draining;
+  }
+
+  get handlerOptions(): InterceptOptions {
+    return this.options;
+  }
+
+  get exchangeContext(): ExchangeContext {
+    return this.context;
+  }
+
+  count(outcome: InjectionOutcome): void {
+    this.options.metrics.secretInjections.inc({ outcome });
+  }
+
+  /** A rule's headers with every secret's current value in place. */
+  async substitute(rule: HeaderTransform): Promise<Substituted> {
+    const fields: SetField[] = [];
+    for (const header of rule.headers) {
+      if (RESERVED_FIELDS.has(header.name.toLowerCase()) || isHopByHop(header.name.toLowerCase()))
+        return {
+          ok: false,
+          outcome: undefined,
+          message: `header rule ${rule.ruleKey} sets ${header.name}, which Moat does not let a rule set`,
+        };
+      let value = '';
+      for (const part of header.value) {
+        if ('literal' in part) {
+          value += part.literal;
+          continue;
+        }
+        const secret = await this.options.injection.secretValue(part.secret);
+        if (secret === undefined)
+          return {
+            ok: false,
+            outcome: 'missing_secret',
+            message: `header rule ${rule.ruleKey} names secret ${JSON.stringify(part.secret)} for ${header.name}, and no secret of that name is stored`,
+          };
+        value += secret;
+      }
+      // A value that could end the header line would let a stored value write the request.
+      if (!FIELD_VALUE.test(value))
+        return {
+          ok: false,
+          outcome: undefined,
+          message: `header ${header.name} of rule ${rule.ruleKey} would hold a control character (CR, LF or NUL): not sent`,
+        };
+      fields.push({ name: header.name, value });
+    }
+    return { ok: true, fields };
+  }
+
+  /** Logs a refusal an intercepted request's exchange answered (the origin's 502/504). */
+  private refused(sandbox: EnforcedSandbox, target: Target, refusal: Refusal): Refusal {
+    if (refusal.cause === 'origin-tls') this.count('upstream_refused');
+    this.options.logger.warn(
+      {
+        sandboxID: sandbox.sandboxID,
+        kind: 'intercepted',
+        destination: formatDestination(target),
+        status: refusal.status,
+        reason: refusal.message,
+      },
+      'egress failed',
+    );
+    return refusal;
+  }
+}
+
+/** The requests of one intercepted TLS connection: checked, given the rule's headers, sent. */
+class InterceptedConnection implements RequestHandler {
+  constructor(
+    private readonly interceptor: Interceptor,
+    private readonly sandbox: EnforcedSandbox,
+    private readonly target: Target & { readonly host: CanonicalName },
+    private readonly flow: OpenFlow,
+  ) {}
+
+  get draining(): boolean {
+    return this.interceptor.isDraining;
+  }
+
+  get logger(): Logger {
+    return this.interceptor.handlerOptions.logger;
+  }
+
+  get handshakeTimeoutMs(): number {
+    return this.interceptor.handlerOptions.handshakeTimeoutMs;
+  }
+
+  forget(): void {}
+
+  async onRequest(head: RequestHead, connection: ClientConnection): Promise<void> {
+    const { sandbox, target, flow, interceptor } = this;
+    const options = interceptor.handlerOptions;
+    const { framing, hasBody, lastRequest, keepAlive } = requestTurn(head, this.draining);
+    const answer = (status: number, message: string, keep = keepAlive) =>
+      connection.refuse(head, keep, status, message);
+    if (!framing.ok) return answer(framing.status, `request ${head.target}: ${framing.message}`);
+    if (!head.target.startsWith('/') && !(head.method === 'OPTIONS' && head.target === '*'))
+      return answer(
+        400,
+        `request target ${JSON.stringify(head.target.slice(0, 200))}: requests to ${target.host} over its intercepted TLS connection are in origin form (GET /path)`,
+      );
+    const hosts = fieldValues(head.fields, 'host');
+    const fronting =
+      hosts.length === 1
+        ? authorityMismatch(target, hosts[0])
+        : `a request to ${target.host} has ${hosts.length} Host headers`;
+    if (fronting !== undefined) {
+      interceptor.count('fronting');
+      flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: fronting });
+      return answer(421, `${fronting}; refused`, false);
+    }
+    // Rules change: each request is given the rule current now, or none (then the client
+    // reconnects, and gets an opaque tunnel).
+    const rule = interceptor.ruleFor(sandbox, target);
+    const leak =
+      rule === undefined ? undefined : await interceptor.leakRefusal(sandbox, target, head);
+    if (leak !== undefined) {
+      if (leak.decision !== undefined) flow.refused(leak.decision);
+      return answer(leak.status, leak.message, false);
+    }
+    if (rule === undefined)
+      return answer(
+        421,
+        `${target.host} no longer has a header rule for this sandbox; reconnect`,
+        false,
+      );
+    const plan = await options.dialer.plan(sandbox, target);
+    if (connection.socket.destroyed) return;
+    if (!plan.ok) {
+      if (plan.decision !== undefined) flow.refused(plan.decision);
+      return answer(plan.status, plan.message, false);
+    }
+    const release = options.tunnels.reserve(sandbox.sandboxID, options.maxTunnelsPerSandbox);
+    if (release === undefined)
+      return answer(
+        429,
+        `sandbox ${sandbox.sandboxID} already has ${options.maxTunnelsPerSandbox} open connections; ${target.host} refused`,
+      );
+    const substituted = await interceptor.substitute(rule);
+    if (!substituted.ok || connection.socket.destroyed) {
+      release();
+      if (substituted.ok) return;
+      if (substituted.outcome !== undefined) interceptor.count(substituted.outcome);
+      this.logger.warn(
+        { sandboxID: sandbox.sandboxID, destination: target.host, rule: rule.ruleKey },
+        substituted.message,
+      );
+      return answer(502, substituted.message);
+    }
+    const names = substituted.fields.map((field) => field.name);
+    const upgrades = fieldTokens(head.fields, 'connection').includes('upgrade');
+    const upgrade = upgrades ? fieldValues(head.fields, 'upgrade').join(', ') : '';
+    connection.exchange(
+      new Exchange(
+        interceptor.exchangeContext,
+        {
+          sandbox,
+          target,
+          head,
+          path: head.target,
+          framing: framing.value,
+          lastRequest,
+          flow: { dialled: (ip) => flow.dialled(ip), refused: (d) => flow.refused(d), closed() {} },
+          setFields: substituted.fields,
+          upgrade: upgrade === '' ? undefined : upgrade,
+          onSent: () => {
+            interceptor.count('injected');
+            flow.injectedHeaders(names);
+            this.logger.info(
+              {
+                sandboxID: sandbox.sandboxID,
+                destination: target.host,
+                rule: rule.ruleKey,
+                headers: names,
+              },
+              'secret headers injected',
+            );
+          },
+        },
+        connection.inbox,
+        // Retrying another address is only safe while no body has been sent.
+        hasBody ? plan.addresses.slice(0, 1) : plan.addresses,
+        (result) => connection.exchangeDone(result.keepAlive),
+        release,
+      ),
+    );
+  }
+}

@@ -1,0 +1,630 @@
+/**
+ * Secretless egress: TLS to a destination with a header rule is terminated by Moat, and each
+ * request is re-sent over verified TLS with the rule's headers. Attacker first: a sandbox that
+ * fronts, sends garbage or stalls, origins Moat must not trust, plain HTTP to a rule's domain;
+ * secret values never in logs or flow records.
+ */
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import https from 'node:https';
+import net from 'node:net';
+import { Writable } from 'node:stream';
+import tls from 'node:tls';
+import { promisify } from 'node:util';
+import { pino } from 'pino';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import {
+  type InterceptingProxy,
+  startInterceptingProxy,
+} from '../../bench/lib/intercepting-proxy.js';
+import type { HeaderTransform } from '../../src/policy/index.js';
+import type { HeaderInjection } from '../../src/proxy/index.js';
+import { nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
+import { originTrust } from '../../src/proxy/intercept.js';
+import { connectThrough, readUntil } from '../support/origins.js';
+import { type KeyPair, TestCa } from '../support/test-ca.js';
+
+const run = promisify(execFile);
+
+const SANDBOX = 'iinterceptsandbox0001';
+const SECRET = 'egress-secret-intercept';
+const SOURCE = '127.77.0.3';
+const auth = `${SANDBOX}:${SECRET}`;
+
+/** Secret values: none may ever show in a log line or a flow record. */
+const TOKEN = 'tok-5ecret-value-one';
+const ROTATED = 'tok-5ecret-value-two';
+const API_KEY = 'key-5ecret-value-abc';
+const CRLF = 'crlf-5ecret\r\nX-Evil: 1';
+const SECRET_VALUES = [TOKEN, ROTATED, API_KEY, 'crlf-5ecret'];
+
+const ORIGINS: Record<string, { ip: string; cert: (origin: TestCa) => KeyPair }> = {
+  good: { ip: '127.0.0.31', cert: (ca) => ca.issue(['api.rule.test', '*.rule.test']) },
+  expired: { ip: '127.0.0.32', cert: (ca) => ca.issue(['old.rule.test'], { expired: true }) },
+  self: { ip: '127.0.0.33', cert: (ca) => ca.selfSigned('self.rule.test') },
+  wrong: { ip: '127.0.0.34', cert: (ca) => ca.issue(['elsewhere.test']) },
+  plain: { ip: '127.0.0.35', cert: (ca) => ca.issue(['norule.test']) },
+};
+
+const NAMES = new Map<string, string[]>([
+  ['api.rule.test', ['127.0.0.31']],
+  ['ws.rule.test', ['127.0.0.31']],
+  ['missing.rule.test', ['127.0.0.31']],
+  ['crlf.rule.test', ['127.0.0.31']],
+  ['noallow.rule.test', ['127.0.0.31']],
+  ['old.rule.test', ['127.0.0.32']],
+  ['self.rule.test', ['127.0.0.33']],
+  ['wrong.rule.test', ['127.0.0.34']],
+  ['norule.test', ['127.0.0.35']],
+]);
+
+const NETWORK = {
+  allowOut: [
+    'api.rule.test',
+    'ws.rule.test',
+    'missing.rule.test',
+    'crlf.rule.test',
+    'old.rule.test',
+    'self.rule.test',
+    'wrong.rule.test',
+    'norule.test',
+  ],
+  denyOut: ['0.0.0.0/0'],
+};
+
+const RULES: Record<string, HeaderTransform> = {
+  'api.rule.test': {
+    ruleKey: 'api.rule.test',
+    headers: [
+      { name: 'Authorization', value: [{ literal: 'Bearer ' }, { secret: 'token' }] },
+      { name: 'X-Literal', value: [{ literal: 'lit-1' }] },
+    ],
+  },
+  'missing.rule.test': {
+    ruleKey: 'missing.rule.test',
+    headers: [{ name: 'X-Api-Key', value: [{ secret: 'absent' }] }],
+  },
+  'crlf.rule.test': {
+    ruleKey: 'crlf.rule.test',
+    headers: [{ name: 'X-Api-Key', value: [{ secret: 'crlf' }] }],
+  },
+  '*.rule.test': {
+    ruleKey: '*.rule.test',
+    headers: [{ name: 'X-Api-Key', value: [{ secret: 'key' }] }],
+  },
+};
+
+interface Echo {
+  method: string;
+  url: string;
+  rawHeaders: string[];
+  body: string;
+}
+
+/** The values of one header an origin saw (rawHeaders keeps duplicates and case). */
+const seen = (echo: Echo, name: string) =>
+  echo.rawHeaders.filter((_, i) => i % 2 === 1 && echo.rawHeaders[i - 1]!.toLowerCase() === name);
+
+describe('TLS interception for header rules', () => {
+  const moatCa = new TestCa('moat-test-ca');
+  const originCa = new TestCa('origin-test-ca');
+  const secrets = new Map<string, string>([
+    ['token', TOKEN],
+    ['key', API_KEY],
+    ['crlf', CRLF],
+  ]);
+  const logLines: string[] = [];
+  const origins: https.Server[] = [];
+  let port = 0;
+  let moat: InterceptingProxy;
+  const leaves = new Map<string, tls.SecureContext>();
+  const moatInjection: HeaderInjection = {
+    transformFor: (sandboxID, name) =>
+      sandboxID !== SANDBOX
+        ? undefined
+        : (RULES[name] ?? (name.endsWith('.rule.test') ? RULES['*.rule.test'] : undefined)),
+    leafContext: async (name) => {
+      let context = leaves.get(name);
+      if (context === undefined)
+        leaves.set(name, (context = tls.createSecureContext(moatCa.issue([name]))));
+      return context;
+    },
+    secretValue: async (name) => secrets.get(name),
+    secretValues: async () => new Map(secrets),
+  };
+
+  beforeAll(async () => {
+    for (const origin of Object.values(ORIGINS)) {
+      const server = https.createServer(origin.cert(originCa), (req, res) => {
+        const chunks: Buffer[] = [];
+        req.on('data', (chunk: Buffer) => chunks.push(chunk));
+        req.on('end', () => {
+          if (req.url === '/204') return void res.writeHead(204).end();
+          // The body back in pieces, with no length: chunked.
+          if (req.url === '/chunked') {
+            const body = Buffer.concat(chunks);
+            res.write(body.subarray(0, body.length >> 1));
+            return void setTimeout(() => res.end(body.subarray(body.length >> 1)), 10);
+          }
+          const echo: Echo = {
+            method: req.method!,
+            url: req.url!,
+            rawHeaders: req.rawHeaders,
+            body: Buffer.concat(chunks).toString('latin1'),
+          };
+          const text = JSON.stringify(echo);
+          res.writeHead(200, {
+            'content-type': 'application/json',
+            'content-length': Buffer.byteLength(text),
+          });
+          res.end(text);
+        });
+      });
+      server.on('upgrade', (req, socket: net.Socket) => {
+        const accept = createHash('sha1')
+          .update(`${req.headers['sec-websocket-key']}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`)
+          .digest('base64');
+        socket.write(
+          'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n' +
+            `Sec-WebSocket-Accept: ${accept}\r\nX-Key-Seen: ${req.headers['x-api-key'] === API_KEY}\r\n\r\n`,
+        );
+        socket.on('data', (data) => socket.write(data));
+      });
+      await new Promise<void>((resolve) => server.listen(port, origin.ip, resolve));
+      port = (server.address() as net.AddressInfo).port;
+      origins.push(server);
+    }
+    moat = await startInterceptingProxy({
+      names: NAMES,
+      upstreamCa: originCa.cert,
+      transparentPorts: { tls: port, http: port },
+      handshakeTimeoutMs: 1000,
+      logger: pino(
+        { level: 'debug' },
+        new Writable({
+          write(chunk: Buffer, _encoding, done) {
+            logLines.push(chunk.toString());
+            done();
+          },
+        }),
+      ),
+      injection: moatInjection,
+    });
+  }, 60_000);
+
+  afterAll(async () => {
+    await moat?.close();
+    await Promise.all(origins.map((s) => new Promise((resolve) => s.close(resolve))));
+    moatCa.remove();
+    originCa.remove();
+  });
+
+  beforeEach(() => {
+    moat.register(SANDBOX, SECRET, SOURCE, NETWORK);
+    secrets.set('token', TOKEN);
+  });
+
+  const curlProxy = (url: string, ...args: string[]) =>
+    run(
+      'curl',
+      [
+        '-sS',
+        '--max-time',
+        '10',
+        '--proxy',
+        `http://${moat.proxy.host}:${moat.proxy.port}`,
+        '--proxy-user',
+        auth,
+        '--cacert',
+        moatCa.certFile(),
+        ...args,
+        url,
+      ],
+      { timeout: 15_000 },
+    );
+
+  /** A TLS connection to `name` through a CONNECT tunnel, trusting `ca`. */
+  async function tunnelTls(name: string, ca: string): Promise<tls.TLSSocket> {
+    const { socket, status } = await connectThrough(moat.proxy, `${name}:${port}`, { auth });
+    expect(status).toBe(200);
+    return new Promise((resolve, reject) => {
+      const secure = tls.connect({ socket, servername: name, ca, ALPNProtocols: ['http/1.1'] });
+      secure.once('secureConnect', () => resolve(secure));
+      secure.once('error', reject);
+    });
+  }
+
+  /** Sends raw request text on a connection; resolves the response head and body. */
+  async function exchange(socket: net.Socket, text: string | Buffer, bodyless = false) {
+    socket.write(text);
+    let head = '';
+    const whole = (all: string) => {
+      const end = all.indexOf('\r\n\r\n');
+      if (end < 0) return false;
+      head = all.slice(0, end);
+      const length = bodyless ? 0 : Number(/content-length: (\d+)/i.exec(head)?.[1] ?? 0);
+      return all.length >= end + 4 + length;
+    };
+    const all = await readUntil(socket, whole);
+    socket.pause();
+    const status = Number(head.split(' ')[1] ?? 0);
+    return { status, head, body: all.slice(head.length + 4) };
+  }
+
+  const get = (host: string, extra = '') =>
+    `GET /path?q=1 HTTP/1.1\r\nHost: ${host}\r\n${extra}\r\n`;
+
+  it('injects literal and secret headers through CONNECT (curl), replacing any the client sent in another case', async () => {
+    const { stdout } = await curlProxy(
+      `https://api.rule.test:${port}/hello`,
+      '-H',
+      'authorization: from-the-sandbox',
+      '-H',
+      'x-literal: mine',
+    );
+    const echo = JSON.parse(stdout) as Echo;
+    expect(echo.url).toBe('/hello');
+    expect(seen(echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+    expect(seen(echo, 'x-literal')).toEqual(['lit-1']);
+  });
+
+  it('injects through the transparent listener (curl from the sandbox source address)', async () => {
+    const { stdout } = await run(
+      'curl',
+      [
+        '-sS',
+        '--max-time',
+        '10',
+        '--interface',
+        SOURCE,
+        '--connect-to',
+        `ws.rule.test:${port}:127.0.0.1:${moat.transparent.port}`,
+        '--cacert',
+        moatCa.certFile(),
+        `https://ws.rule.test:${port}/t`,
+      ],
+      { timeout: 15_000 },
+    );
+    const echo = JSON.parse(stdout) as Echo;
+    expect(seen(echo, 'x-api-key')).toEqual([API_KEY]);
+  });
+
+  it('keeps a connection alive for 3 requests; a secret changed after the 2nd applies to the 3rd', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const values: string[][] = [];
+    for (let i = 0; i < 3; i++) {
+      if (i === 2) secrets.set('token', ROTATED);
+      const reply = await exchange(socket, get('api.rule.test'));
+      expect(reply.status).toBe(200);
+      values.push(seen(JSON.parse(reply.body) as Echo, 'authorization'));
+    }
+    expect(values).toEqual([[`Bearer ${TOKEN}`], [`Bearer ${TOKEN}`], [`Bearer ${ROTATED}`]]);
+    expect(socket.destroyed).toBe(false);
+    socket.destroy();
+  });
+
+  it('relays HEAD and 204 answers (no body) and keeps the connection in step', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const head = await exchange(socket, get('api.rule.test').replace('GET', 'HEAD'), true);
+    expect(head.status).toBe(200);
+    expect(head.head).toMatch(/content-length: \d+/i);
+    expect(head.body).toBe('');
+    const empty = await exchange(socket, 'GET /204 HTTP/1.1\r\nHost: api.rule.test\r\n\r\n', true);
+    expect(empty.status).toBe(204);
+    const after = await exchange(socket, get('api.rule.test'));
+    expect(seen(JSON.parse(after.body) as Echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+    socket.destroy();
+  });
+
+  it('leaves a flow without a rule an opaque tunnel: the client sees the origin certificate', async () => {
+    const socket = await tunnelTls('norule.test', originCa.cert);
+    expect(socket.getPeerCertificate().issuer.CN).toBe('origin-test-ca');
+    const reply = await exchange(socket, get('norule.test', 'X-Api-Key: sandbox-own\r\n'));
+    expect(seen(JSON.parse(reply.body) as Echo, 'x-api-key')).toEqual(['sandbox-own']);
+    socket.destroy();
+  });
+
+  it('serves a Moat leaf (not the origin certificate) where a rule applies', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    expect(socket.getPeerCertificate().issuer.CN).toBe('moat-test-ca');
+    expect(socket.alpnProtocol).toBe('http/1.1');
+    socket.destroy();
+  });
+
+  it('closes an intercepted connection when a policy change denies its destination', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    expect((await exchange(socket, get('api.rule.test'))).status).toBe(200);
+    const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
+    socket.resume();
+    moat.publish(SANDBOX, { allowOut: ['norule.test'], denyOut: ['0.0.0.0/0'] });
+    await closed;
+    const denied = moat.flows
+      .query({ sandboxID: SANDBOX }, 100)
+      .find((r) => r.event === 'close' && r.ruleKey === 'api.rule.test');
+    expect(denied?.end).toBe('policy');
+  });
+
+  it('intercepts a CONNECT that arrives on the native relay (handed to Node)', async () => {
+    const native = await startInterceptingProxy({
+      names: NAMES,
+      upstreamCa: originCa.cert,
+      transparentPorts: { tls: port, http: port },
+      tcpIo: 'auto',
+      injection: moatInjection,
+    });
+    const why = nativeTcpUnavailable();
+    if (why !== undefined) console.warn(`CONNECT arrives on Node's sockets here: ${why}`);
+    try {
+      native.register(SANDBOX, SECRET, SOURCE, NETWORK);
+      const { stdout } = await run(
+        'curl',
+        [
+          '-sS',
+          '--max-time',
+          '10',
+          '--proxy',
+          `http://${native.proxy.host}:${native.proxy.port}`,
+          '--proxy-user',
+          auth,
+          '--cacert',
+          moatCa.certFile(),
+          `https://api.rule.test:${port}/native`,
+        ],
+        { timeout: 15_000 },
+      );
+      expect(seen(JSON.parse(stdout) as Echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+    } finally {
+      await native.close();
+    }
+  });
+
+  it('refuses an upstream CA bundle that holds no certificate, or a broken one, naming it', () => {
+    expect(() => originTrust('not a certificate')).toThrow('holds no PEM certificate');
+    expect(() =>
+      originTrust(`${originCa.cert}-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n`),
+    ).toThrow('certificate 2 of the upstream CA bundle does not parse');
+    expect(() => originTrust(originCa.cert)).not.toThrow();
+  });
+
+  it('does not open a destination that has a rule but no allowOut entry', async () => {
+    const { status, body } = await connectThrough(moat.proxy, `noallow.rule.test:${port}`, {
+      auth,
+    });
+    expect(status).toBe(403);
+    expect(body).toContain('noallow.rule.test');
+  });
+
+  it('refuses a request whose Host is not the TLS name (domain fronting) and closes', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const reply = await exchange(socket, get('norule.test'));
+    expect(reply.status).toBe(421);
+    expect(reply.body).toContain('domain fronting');
+    await readUntil(socket, () => false, 1000);
+    expect(socket.readableEnded || socket.destroyed).toBe(true);
+  });
+
+  it.each([
+    ['expired', 'old.rule.test', 'certificate has expired'],
+    ['self-signed', 'self.rule.test', 'self-signed certificate'],
+    ['for another name', 'wrong.rule.test', "does not match certificate's altnames"],
+  ])('answers 502 naming the reason when the origin certificate is %s', async (_, name, reason) => {
+    const socket = await tunnelTls(name, moatCa.cert);
+    const reply = await exchange(socket, get(name));
+    expect(reply.status).toBe(502);
+    expect(reply.body).toContain(reason);
+    socket.destroy();
+  });
+
+  it('refuses plain HTTP to a rule domain: absolute-form, inside a CONNECT, and transparent port 80', async () => {
+    const { stdout } = await run('curl', [
+      '-sS',
+      '--max-time',
+      '10',
+      '--proxy',
+      `http://${moat.proxy.host}:${moat.proxy.port}`,
+      '--proxy-user',
+      auth,
+      '-w',
+      '\\n%{http_code}',
+      'http://api.rule.test/',
+    ]);
+    expect(stdout).toMatch(/403$/);
+    expect(stdout).toContain('added over HTTPS only');
+    const tunnel = await connectThrough(moat.proxy, `api.rule.test:${port}`, { auth });
+    expect(tunnel.status).toBe(200);
+    const inTunnel = await exchange(tunnel.socket, get('api.rule.test'));
+    expect(inTunnel.status).toBe(403);
+    expect(inTunnel.body).toContain('added over HTTPS only');
+    tunnel.socket.destroy();
+    // Transparent port 80: the request names its host by Host.
+    const plain = net.connect({ ...moat.transparent, localAddress: SOURCE });
+    const reply = await exchange(plain, get('api.rule.test'));
+    expect(reply.status).toBe(403);
+    expect(reply.body).toContain('added over HTTPS only');
+    plain.destroy();
+  });
+
+  it('streams a chunked upload body to the origin', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const body = 'x'.repeat(70_000);
+    const chunked = `${(40_000).toString(16)}\r\n${body.slice(0, 40_000)}\r\n${(30_000).toString(16)}\r\n${body.slice(40_000)}\r\n0\r\n\r\n`;
+    const reply = await exchange(
+      socket,
+      `POST /up HTTP/1.1\r\nHost: api.rule.test\r\nTransfer-Encoding: chunked\r\n\r\n${chunked}`,
+    );
+    expect(reply.status).toBe(200);
+    const echo = JSON.parse(reply.body) as Echo;
+    expect(echo.body).toBe(body);
+    expect(seen(echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+    socket.destroy();
+  });
+
+  it('streams a length-framed upload and a chunked answer', async () => {
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    const body = 'y'.repeat(300_000);
+    socket.write(
+      `POST /chunked HTTP/1.1\r\nHost: api.rule.test\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+    );
+    const answer = await readUntil(socket, (text) => text.endsWith('\r\n0\r\n\r\n'), 5000);
+    expect(answer).toMatch(/^HTTP\/1\.1 200/);
+    expect(answer.toLowerCase()).toContain('transfer-encoding: chunked');
+    const payload = answer
+      .slice(answer.indexOf('\r\n\r\n') + 4)
+      .replace(/(^|\r\n)[0-9a-f]+\r\n/g, '');
+    expect(payload.replaceAll('\r\n', '')).toBe(body);
+    socket.destroy();
+  });
+
+  it('passes a WebSocket upgrade after injecting, then carries its bytes both ways', async () => {
+    const socket = await tunnelTls('ws.rule.test', moatCa.cert);
+    const reply = await exchange(
+      socket,
+      get(
+        'ws.rule.test',
+        'Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n' +
+          'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n',
+      ),
+    );
+    expect(reply.status).toBe(101);
+    expect(reply.head).toContain('X-Key-Seen: true');
+    expect(reply.head).toContain('s3pPLMBiTxaQ9kYGzzhZRbK+xOo=');
+    socket.write('ping-frame');
+    expect(await readUntil(socket, (t) => t.includes('ping-frame'))).toContain('ping-frame');
+    socket.destroy();
+  });
+
+  it('answers 502 naming a missing secret, and refuses a secret that would break the header line', async () => {
+    for (const [name, expected] of [
+      [
+        'missing.rule.test',
+        'names secret "absent" for X-Api-Key, and no secret of that name is stored',
+      ],
+      ['crlf.rule.test', 'control character'],
+    ] as const) {
+      const socket = await tunnelTls(name, moatCa.cert);
+      const reply = await exchange(socket, get(name));
+      expect(reply.status).toBe(502);
+      expect((JSON.parse(reply.body) as { message: string }).message).toContain(expected);
+      for (const value of SECRET_VALUES) expect(reply.body).not.toContain(value);
+      socket.destroy();
+    }
+  });
+
+  it('refuses (403, naming the secret) a request carrying a secret to a destination not bound to it', async () => {
+    const refused = async (name: string, extra: string, path = '/path?q=1') => {
+      const socket = await tunnelTls(name, moatCa.cert);
+      const reply = await exchange(socket, `GET ${path} HTTP/1.1\r\nHost: ${name}\r\n${extra}\r\n`);
+      socket.destroy();
+      return reply;
+    };
+    // api.rule.test binds `token` only; ws.rule.test (the wildcard) binds `key` only.
+    const byValue = await refused('api.rule.test', `X-Other: pre-${API_KEY}-post\r\n`);
+    expect(byValue.status).toBe(403);
+    expect(byValue.body).toContain('secret \\"key\\"');
+    const byPlaceholder = await refused('ws.rule.test', 'X-T: ${e2b.secrets.TOKEN}\r\n');
+    expect(byPlaceholder.status).toBe(403);
+    expect(byPlaceholder.body).toContain('secret \\"token\\"');
+    const inPath = await refused('ws.rule.test', '', `/q?t=${encodeURIComponent(TOKEN)}`);
+    expect(inPath.status).toBe(403);
+    // Its own secret may go where it is bound.
+    expect((await refused('api.rule.test', '', `/q?t=${TOKEN}`)).status).toBe(200);
+    // Plaintext, through the proxy: the same guard.
+    const { stdout } = await run('curl', [
+      '-sS',
+      '--max-time',
+      '10',
+      '--proxy',
+      `http://${moat.proxy.host}:${moat.proxy.port}`,
+      '--proxy-user',
+      auth,
+      '-w',
+      '\\n%{http_code}',
+      '-H',
+      `X-Key: ${API_KEY}`,
+      `http://norule.test:${port}/`,
+    ]);
+    expect(stdout).toMatch(/403$/);
+    expect(stdout).toContain('secret \\"key\\"');
+    for (const reply of [byValue, byPlaceholder, inPath])
+      for (const value of SECRET_VALUES) expect(reply.body).not.toContain(value);
+  });
+
+  describe('a hostile sandbox', () => {
+    it('gets garbage, oversized and slow heads refused within bounds, and Moat serves on', async () => {
+      const garbage = await tunnelTls('api.rule.test', moatCa.cert);
+      expect((await exchange(garbage, '\x00\x01\x02 not http\r\n\r\n')).status).toBe(400);
+      garbage.destroy();
+
+      const big = await tunnelTls('api.rule.test', moatCa.cert);
+      const huge = get('api.rule.test', `X-Big: ${'a'.repeat(20_000)}\r\n`);
+      expect((await exchange(big, huge)).status).toBe(431);
+      big.destroy();
+
+      const slow = await tunnelTls('api.rule.test', moatCa.cert);
+      const started = Date.now();
+      slow.write('GET / HTTP/1.1\r\nHost: api.rule.test\r\n');
+      const drip = setInterval(() => slow.writable && slow.write('X-Drip: 1\r\n'), 100);
+      const answer = await readUntil(slow, () => false, 5000);
+      clearInterval(drip);
+      expect(answer).toContain('408');
+      expect(Date.now() - started).toBeLessThan(3000);
+      slow.destroy();
+
+      // Not a ClientHello at all, and a TLS handshake never finished: closed.
+      const { socket: notTls } = await connectThrough(moat.proxy, `api.rule.test:${port}`, {
+        auth,
+      });
+      notTls.write('\x16\x03\x01\x00\x05hello-not-tls');
+      await readUntil(notTls, () => false, 3000);
+      expect(notTls.destroyed || notTls.readableEnded).toBe(true);
+
+      const stalled = await connectThrough(moat.proxy, `api.rule.test:${port}`, { auth });
+      const hello = tls.connect({ socket: stalled.socket, servername: 'api.rule.test' });
+      hello.on('error', () => {});
+      // The client never reads or answers the server's flight: dropped within the timeout.
+      stalled.socket.pause();
+      const closed = await new Promise<number>((resolve) => {
+        const t0 = Date.now();
+        stalled.socket.once('close', () => resolve(Date.now() - t0));
+        setTimeout(() => resolve(-1), 5000);
+      });
+      expect(closed).toBeGreaterThanOrEqual(0);
+
+      const { stdout } = await curlProxy(`https://api.rule.test:${port}/after`);
+      expect((JSON.parse(stdout) as Echo).url).toBe('/after');
+    });
+  });
+
+  it('records the rule key and header names (never values) in flow records, counts and logs each injection', async () => {
+    const since = Date.now();
+    const socket = await tunnelTls('api.rule.test', moatCa.cert);
+    await exchange(socket, get('api.rule.test'));
+    socket.destroy();
+    const deadline = Date.now() + 2000;
+    const closes = () =>
+      moat.flows
+        .query({ since }, 10_000)
+        .filter((r) => r.event === 'close' && r.ruleKey === 'api.rule.test');
+    while (!closes().some((r) => r.injectedHeaders!.length > 0) && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 20));
+    // Connections of earlier tests may close meanwhile: this one is the one that injected.
+    const close = closes().find((r) => r.injectedHeaders!.length > 0)!;
+    expect(close.injectedHeaders).toEqual(['authorization', 'x-literal']);
+    expect(close.destination.name).toBe('api.rule.test');
+
+    const metrics = await moat.metrics.registry.getSingleMetricAsString(
+      'moat_secret_injections_total',
+    );
+    for (const outcome of ['injected', 'missing_secret', 'upstream_refused', 'fronting', 'leak'])
+      expect(metrics).toMatch(new RegExp(`outcome="${outcome}"} [1-9]`));
+
+    const logs = logLines.join('');
+    expect(logs).toContain('secret headers injected');
+    expect(logs).toContain('"rule":"api.rule.test"');
+    const records = JSON.stringify(moat.flows.query({}, 10_000));
+    for (const value of SECRET_VALUES) {
+      expect(logs.includes(value), 'a secret value in the logs').toBe(false);
+      expect(records.includes(value), 'a secret value in flow records').toBe(false);
+    }
+  });
+});

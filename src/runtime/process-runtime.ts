@@ -46,6 +46,7 @@ import type {
   SandboxRuntime,
 } from './runtime.js';
 import { SandboxFiles } from './sandbox-files.js';
+import { SANDBOX_TRUST_BUNDLE, trustEnvironment, writeTrustBundle } from './trust-store.js';
 import { IDS_PER_SANDBOX, type IdRangeSetting, SandboxIds } from './sandbox-ids.js';
 import { diskUsage, processUsage, type SandboxUsage } from './usage.js';
 import {
@@ -76,6 +77,8 @@ export interface ProcessRuntimeOptions {
   readonly ids: IdRangeSetting;
   /** Size of a sandbox's disk when its limits do not say (--sandbox-disk-mb). */
   readonly defaultDiskMB: number;
+  /** A CA (PEM) every sandbox trusts besides the host's bundle: Moat's egress CA. */
+  readonly trustedCaPem?: string;
 }
 
 /** What a sandbox's folder records, so that a restart can take it back. */
@@ -126,6 +129,7 @@ export class ProcessRuntime implements SandboxRuntime {
   readonly enforcementReason: string;
   readonly confined: boolean;
   readonly confinementReason: string;
+  readonly trustEnvironment: SandboxEnvironment;
   private readonly sandboxesDir: string;
   private readonly live = new Map<string, Live>();
   private readonly parts: Part[];
@@ -136,6 +140,8 @@ export class ProcessRuntime implements SandboxRuntime {
     private readonly dataDir: string,
     private readonly options: ProcessRuntimeOptions,
     private readonly agents: AgentSocket,
+    /** The host path of the CA bundle sandboxes trust, when Moat adds a CA. */
+    private readonly trustBundle: string | undefined,
     /** Set when sandboxes are confined. */
     private readonly confinedParts:
       | {
@@ -152,6 +158,11 @@ export class ProcessRuntime implements SandboxRuntime {
     this.sandboxesDir = path.join(dataDir, 'sandboxes');
     this.confined = confinedParts !== undefined;
     this.confinementReason = reasons.confinement;
+    // Confined, the bundle is mounted at the system path; unconfined, there is no mount.
+    this.trustEnvironment =
+      trustBundle === undefined
+        ? {}
+        : trustEnvironment(confinedParts ? SANDBOX_TRUST_BUNDLE : trustBundle);
     this.enforcement = options.network ? 'namespace' : 'proxy';
     this.enforcementReason = options.network
       ? `each sandbox in its own network namespace, a /30 link each from ${options.network.pool}, firewall generated into nftables`
@@ -194,6 +205,10 @@ export class ProcessRuntime implements SandboxRuntime {
           await cgroupsProblem((cgroups as { cgroups: Cgroups }).cgroups);
     const socketDir = process.getuid?.() === 0 ? LOCK_DIR : path.join(data, 'run');
     const agents = await AgentSocket.listen(path.join(socketDir, `agents-${scope}.sock`));
+    const trustBundle =
+      options.trustedCaPem === undefined
+        ? undefined
+        : await writeTrustBundle(data, options.trustedCaPem);
     if (problem !== undefined) {
       if (options.network) {
         await agents.close();
@@ -210,6 +225,7 @@ export class ProcessRuntime implements SandboxRuntime {
         data,
         options,
         agents,
+        trustBundle,
         undefined,
         options.allowUnconfined ? undefined : reasons.confinement,
         reasons,
@@ -240,6 +256,7 @@ export class ProcessRuntime implements SandboxRuntime {
         data,
         options,
         agents,
+        trustBundle,
         { ids, cgroups: groups, layers, disks },
         undefined,
         reasons,
@@ -582,6 +599,7 @@ export class ProcessRuntime implements SandboxRuntime {
         root: this.unconfinedRoot(sandboxID),
         scratch: this.folder(sandboxID),
         overlays: [],
+        trustBundle: null,
         seccomp: false,
       };
     }
@@ -615,6 +633,7 @@ export class ProcessRuntime implements SandboxRuntime {
           work: path.join(work, part.name),
         };
       }),
+      trustBundle: this.trustBundle ?? null,
       seccomp: true,
     };
   }

@@ -22,6 +22,11 @@ export interface SandboxRuntime {
   readonly confined: boolean;
   /** How sandboxes are confined, or why they are not (and whether they are refused). */
   readonly confinementReason: string;
+  /**
+   * Variables naming the CA bundle sandboxes trust (the host's and Moat's CA), for every
+   * sandbox's environment: NODE_EXTRA_CA_CERTS, SSL_CERT_FILE... Empty when Moat adds no CA.
+   */
+  readonly trustEnvironment: SandboxEnvironment;
   /** The host uids (and gids) every sandbox process runs as: undefined when unconfined. */
   readonly sandboxHostIds: { readonly first: number; readonly last: number } | undefined;
   /**

@@ -39,6 +39,8 @@ export interface SupervisorConfig {
     readonly upper: string;
     readonly work: string;
   }[];
+  /** Mounted read-only over the sandbox's /etc/ssl/certs/ca-certificates.crt (confined). */
+  readonly trustBundle: string | null;
   readonly hostname: string;
   readonly shmBytes: number;
   readonly limits: { readonly nofile: number };

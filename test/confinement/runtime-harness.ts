@@ -25,12 +25,16 @@ export interface Harness {
 
 let counter = 0;
 
-export async function startHarness(): Promise<Harness> {
-  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'moat-confine-'));
+/** `dataDir` (default: a new scratch folder) is removed by close(). */
+export async function startHarness(
+  options: { dataDir?: string; trustedCaPem?: string } = {},
+): Promise<Harness> {
+  const dataDir = options.dataDir ?? mkdtempSync(path.join(os.tmpdir(), 'moat-confine-'));
   const runtime = await ProcessRuntime.start(dataDir, {
     allowUnconfined: false,
     ids: 'auto',
     defaultDiskMB: LIMITS.diskSizeMB,
+    ...(options.trustedCaPem === undefined ? {} : { trustedCaPem: options.trustedCaPem }),
   });
   const made: string[] = [];
   return {
@@ -38,7 +42,10 @@ export async function startHarness(): Promise<Harness> {
     dataDir,
     async sandbox(limits = {}, template = 'base') {
       const id = `iconfine${process.pid}x${++counter}`.slice(0, 21).padEnd(21, '0');
-      await runtime.create(id, template, {}, '127.0.0.1', { ...LIMITS, ...limits });
+      await runtime.create(id, template, runtime.trustEnvironment, '127.0.0.1', {
+        ...LIMITS,
+        ...limits,
+      });
       made.push(id);
       return runtime.sandbox(id)!;
     },

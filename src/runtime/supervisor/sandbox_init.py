@@ -28,6 +28,8 @@ PROC_READ_ONLY = ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs']
 PROC_MASKED = ['kcore', 'keys', 'timer_list', 'sched_debug', 'latency_stats']
 DEVICES = ['null', 'zero', 'full', 'random', 'urandom', 'tty']
 BASE_FLAGS = sysapi.MS_NOSUID | sysapi.MS_NODEV
+# The Debian system bundle; /usr/lib/ssl/cert.pem and the variables Moat sets name it.
+TRUST_BUNDLE = '/etc/ssl/certs/ca-certificates.crt'
 
 
 def escape(path):
@@ -102,6 +104,26 @@ def build_proc(proc):
         target = os.path.join(proc, name)
         if os.path.exists(target):
             sysapi.mount('/dev/null', target, None, sysapi.MS_BIND)
+
+
+def trust_bundle_mount(config, sandbox_ns):
+    """A read-only copy of the mount of Moat's CA bundle file (host root shown as the sandbox's root)."""
+    bundle = config.get('trustBundle')
+    return None if bundle is None else sysapi.idmapped_clone(bundle, sandbox_ns, read_only=True)
+
+
+def mount_trust_bundle(fd):
+    """Puts the bundle over the system bundle; called in the sandbox's root, before confine()
+    locks every mount: no process of the sandbox, root included, can change or unmount it."""
+    target = TRUST_BUNDLE
+    if not os.path.isfile(target):
+        # Removed in its template: made again (owned by no user of the sandbox) to mount on.
+        os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
+    try:
+        sysapi.move_mount(fd, target)
+    finally:
+        os.close(fd)
 
 
 def enter_root(root):
@@ -215,7 +237,12 @@ def run(config, broker, sandbox_ns, store_ns):
             sysapi.unshare(sysapi.CLONE_NEWNS)
             sysapi.mount(None, '/', None, sysapi.MS_REC | sysapi.MS_PRIVATE)
             build_root(config, sandbox_ns, store_ns)
+            # Cloned while the host's tree is visible; mounted once paths resolve in the sandbox's
+            # own root, where no symbolic link of its files can point into the host's.
+            bundle = trust_bundle_mount(config, sandbox_ns)
             enter_root(config['root'])
+            if bundle is not None:
+                mount_trust_bundle(bundle)
             confine(config, sandbox_ns)
             os.close(sandbox_ns)
             os.close(store_ns)

@@ -37,6 +37,7 @@ import {
   templateView,
 } from './views.js';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
+import { caRoute } from './ca.js';
 import { flowSchema, flowsQuerySchema, listFlows } from './flows.js';
 
 export interface RouteContext {
@@ -48,6 +49,8 @@ export interface RouteContext {
   readonly peers: () => readonly string[];
   /** The secrets API's records (shared by every node of a Redis store). */
   readonly secrets: SecretVault;
+  /** This node's egress CA certificate (PEM), served at GET /ca.pem. */
+  readonly caCertificatePem: string;
 }
 
 type Handler = (
@@ -361,6 +364,7 @@ export const ROUTES: readonly RouteSpec[] = [
     },
     handler: (request, reply, { flows, peers }) => listFlows(request, reply, flows, peers),
   },
+  caRoute,
   {
     method: 'DELETE',
     url: '/sandboxes/:sandboxID',

@@ -17,6 +17,7 @@ import { formatHostPort, type HostPort, isNodeID, type MoatConfig } from '../con
 import { listenFailure } from '../listen-failure.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import { FlowFileSink, FlowRecorder, FlowStore } from '../flows/index.js';
+import { MoatCa } from '../intercept-ca/index.js';
 import {
   AddressPool,
   EnforcementTable,
@@ -31,7 +32,9 @@ import {
 } from '../enforce/index.js';
 import { listenMetrics, MoatMetrics } from '../metrics/index.js';
 import {
+  type CanonicalName,
   compileInternalDenyList,
+  headerTransformFor,
   type HostAddresses,
   type InternalDenyList,
   parseIP,
@@ -49,6 +52,7 @@ import {
   listNftTables,
   NftSession,
   ProcessRuntime,
+  type SandboxEnvironment,
   type SandboxRuntime,
 } from '../runtime/index.js';
 import { SANDBOX_ID, type SandboxRecord, SandboxError, SandboxService } from '../sandbox/index.js';
@@ -82,6 +86,8 @@ export interface RunningMoat {
   readonly secrets: SecretVault;
   /** Where the key sealing secret values came from (never the key). */
   readonly secretsKeySource: string;
+  /** Moat's egress CA: leaves for the TLS it terminates; every sandbox trusts it. */
+  readonly ca: MoatCa;
   /** The other nodes sharing the store; undefined for a Moat on its own. */
   readonly cluster: Cluster | undefined;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
@@ -196,12 +202,18 @@ function chooseNetwork(config: MoatConfig): { network?: NamespaceNetwork; reason
  * What every process of a sandbox finds in its environment: its create `envVars`, then the
  * egress proxy with its credential (both spellings: curl reads only the lower-case http_proxy).
  */
-function sandboxEnvironment(record: SandboxRecord, proxy: HostPort): Record<string, string> {
+function sandboxEnvironment(
+  record: SandboxRecord,
+  proxy: HostPort,
+  trust: SandboxEnvironment,
+): Record<string, string> {
   // Inside a namespace 127.0.0.1 is the sandbox's own; the proxy is on the gateway.
   const url = `http://${record.sandboxID}:${record.egressSecret}@${formatHostPort(proxy)}`;
   return {
     NO_PROXY: 'localhost,127.0.0.1,::1',
     no_proxy: 'localhost,127.0.0.1,::1',
+    // Before envVars: a sandbox may name a bundle of its own.
+    ...trust,
     ...record.envVars,
     HTTP_PROXY: url,
     HTTPS_PROXY: url,
@@ -258,6 +270,14 @@ export async function startMoat(
     node: config.nodeID === 'auto' ? os.hostname() : config.nodeID,
     now: wallNow,
   });
+  const opened = await MoatCa.open({
+    dataDir: config.dataDir,
+    certFile: config.caCert,
+    keyFile: config.caKey,
+    owner: config.nodeID === 'auto' ? os.hostname() : config.nodeID,
+  });
+  if (!opened.ok) throw new Error(opened.error);
+  const ca = opened.value;
   const { network, reason: proxyOnlyReason } = chooseNetwork(config);
   const watch =
     options.hostAddresses === undefined
@@ -326,26 +346,6 @@ export async function startMoat(
     () => tunnels.size,
     () => tunnels.countsBySandbox(),
   );
-  const proxyOptions = {
-    table,
-    dialer,
-    tunnels,
-    metrics,
-    logger,
-    flows,
-    checkServerName: config.proxyCheckServerName,
-    maxTunnelsPerSandbox: config.proxyMaxTunnels,
-    sourceIsProof: network !== undefined,
-    handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
-    idleTimeoutMs: config.proxyIdleTimeoutMs,
-    transparentPorts: options.transparentPorts,
-    tcpIo: config.proxyIo,
-  };
-  const proxy = new EgressProxy(proxyOptions);
-  metrics.countClientConnectionsWith(() => proxy.openConnections);
-  // Namespaced sandboxes' web traffic always has a transparent listener on the gateway.
-  const transparent =
-    config.transparentListen || network ? new TransparentProxy(proxyOptions) : undefined;
   // Whatever started is stopped again if a later step fails (a port in use, a damaged store),
   // so a failed start leaves no listener open and no store lock held.
   const undo: Array<() => Promise<unknown>> = [];
@@ -372,6 +372,39 @@ export async function startMoat(
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
     const secretsKey = await loadSecretsKey(config.secretsKeyFile, config.dataDir);
     const secrets = new SecretVault({ store, key: secretsKey, now: wallNow });
+    const proxyOptions = {
+      table,
+      dialer,
+      tunnels,
+      metrics,
+      logger,
+      flows,
+      checkServerName: config.proxyCheckServerName,
+      maxTunnelsPerSandbox: config.proxyMaxTunnels,
+      sourceIsProof: network !== undefined,
+      handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
+      idleTimeoutMs: config.proxyIdleTimeoutMs,
+      transparentPorts: options.transparentPorts,
+      tcpIo: config.proxyIo,
+      // Secretless egress: where a sandbox's rule names a destination, its TLS is terminated
+      // with a leaf of Moat's CA and each request gets the rule's headers.
+      injection: {
+        transformFor: (sandboxID: string, name: CanonicalName) => {
+          const sandbox = table.get(sandboxID);
+          return sandbox === undefined ? undefined : headerTransformFor(sandbox.policy, name);
+        },
+        leafContext: (name: CanonicalName) => ca.secureContextFor(name),
+        secretValue: (name: string) => secrets.value(name),
+        secretValues: () => secrets.values(),
+      },
+      upstreamCa:
+        config.upstreamCa === undefined ? undefined : await readFile(config.upstreamCa, 'utf8'),
+    };
+    const proxy = new EgressProxy(proxyOptions);
+    metrics.countClientConnectionsWith(() => proxy.openConnections);
+    // Namespaced sandboxes' web traffic always has a transparent listener on the gateway.
+    const transparent =
+      config.transparentListen || network ? new TransparentProxy(proxyOptions) : undefined;
     listening.dns = { ...config.dnsListen, port: await dns.start() };
     undo.push(() => dns.stop());
     listening.proxy = {
@@ -410,6 +443,7 @@ export async function startMoat(
       allowUnconfined: config.unconfinedSandboxes,
       ids: config.sandboxIds,
       defaultDiskMB: config.sandboxDiskMB,
+      trustedCaPem: ca.certificatePem,
     });
     undo.push(() => runtime.stop());
     const sources = network
@@ -437,7 +471,11 @@ export async function startMoat(
       namespace: config.namespace,
       now: wallNow,
       environment: (record) =>
-        sandboxEnvironment(record, listening.gateway?.proxy ?? listening.proxy),
+        sandboxEnvironment(
+          record,
+          listening.gateway?.proxy ?? listening.proxy,
+          runtime.trustEnvironment,
+        ),
       defaultLimits: {
         cpuCount: config.sandboxCpus,
         memoryMB: config.sandboxMemoryMB,
@@ -472,6 +510,7 @@ export async function startMoat(
         confinement: runtime.confined ? 'confined' : 'unconfined',
       },
       keys: apiKeys.keys,
+      caCertificatePem: ca.certificatePem,
       metrics,
       logger,
       metricsRequireKey: config.metricsRequireKey,
@@ -558,6 +597,7 @@ export async function startMoat(
       apiKeys,
       secrets,
       secretsKeySource: secretsKey.source,
+      ca,
       cluster,
       listening,
       async stop(drainMs = 0) {

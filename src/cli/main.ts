@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { runCli } from './index.js';
+import { runCli } from './run-cli.js';
 
 process.exitCode = await runCli(process.argv.slice(2), {
   stdin: process.stdin,

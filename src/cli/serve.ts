@@ -10,7 +10,7 @@ import {
 } from '../config.js';
 import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
 import { unknownEnvironment, unknownEnvironmentMessage } from './unknown-environment.js';
-import { type RunningMoat, startMoat } from './moat.js';
+import type { RunningMoat } from './moat.js';
 import { VERSION } from './version.js';
 
 /** Every setting is a flag of serve. */
@@ -162,6 +162,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
   const stopping = firstSignal();
   let moat: RunningMoat;
   try {
+    const { startMoat } = await import('./moat.js');
     moat = await startMoat(config, logger);
   } catch (error) {
     // A port in use, a damaged store, a data folder held by another Moat: say which, briefly.

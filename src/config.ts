@@ -68,6 +68,10 @@ export interface MoatConfig {
   readonly metricsListen: HostPort | undefined;
   /** Where sandboxes, snapshots, the store and the generated API key live. */
   readonly dataDir: string;
+  /** The operator's CA certificate for interception (PEM); undefined: the one in the data folder. */
+  readonly caCert: string | undefined;
+  /** Its private key (PEM); given with caCert or not at all. */
+  readonly caKey: string | undefined;
   /** Start sandboxes unconfined where they cannot be confined (loudly named on purpose). */
   readonly unconfinedSandboxes: boolean;
   /** Host ids for sandboxes: `auto` or a first id and a number of 65,536-id slots. */
@@ -120,6 +124,14 @@ const positiveInteger =
           ok: false,
           error: `expected a whole number from 1 to ${max}, got ${JSON.stringify(text)}`,
         };
+
+/** A CA file path, or `generated` (undefined: the CA Moat makes in its data folder). */
+function caFile(text: string): Result<string | undefined> {
+  if (text === 'generated') return { ok: true, value: undefined };
+  return text.trim() === ''
+    ? { ok: false, error: 'expected a file path or "generated", got an empty string' }
+    : { ok: true, value: text };
+}
 
 /**
  * `ip:port`, `[ipv6]:port`, or a bare IP when a default port applies. Port 0 = any free port.
@@ -590,6 +602,26 @@ export const SETTINGS: readonly AnySetting[] = [
       text.trim() === ''
         ? { ok: false, error: 'expected a folder path, got an empty string' }
         : { ok: true, value: text },
+  },
+  {
+    key: 'caCert',
+    show: (value: string | undefined) => value ?? 'generated',
+    metavar: 'FILE|generated',
+    flag: 'ca-cert',
+    env: 'MOAT_CA_CERT',
+    default: 'generated',
+    help: 'CA certificate (PEM) whose leaves Moat shows sandboxes where it terminates their TLS; every sandbox trusts it. "generated": Moat\'s own, made once in <data-dir>/ca. Give --ca-key with it',
+    parse: caFile,
+  },
+  {
+    key: 'caKey',
+    show: (value: string | undefined) => value ?? 'generated',
+    metavar: 'FILE|generated',
+    flag: 'ca-key',
+    env: 'MOAT_CA_KEY',
+    default: 'generated',
+    help: 'private key (PEM) of --ca-cert; read at start only. Whoever holds it can impersonate any site to every sandbox that trusts the CA',
+    parse: caFile,
   },
   {
     key: 'unconfinedSandboxes',

@@ -36,6 +36,7 @@ import {
   templateView,
 } from './views.js';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
+import { caRoute } from './ca.js';
 import { flowSchema, flowsQuerySchema, listFlows } from './flows.js';
 
 export interface RouteContext {
@@ -43,6 +44,8 @@ export interface RouteContext {
   readonly egress: EgressInfo;
   /** This node's recent flow records. */
   readonly flows: FlowStore;
+  /** This node's egress CA certificate (PEM), served at GET /ca.pem. */
+  readonly caCertificatePem: string;
 }
 
 type Handler = (
@@ -338,6 +341,7 @@ export const ROUTES: readonly RouteSpec[] = [
     },
     handler: (request, reply, { flows }) => listFlows(request, reply, flows),
   },
+  caRoute,
   {
     method: 'DELETE',
     url: '/sandboxes/:sandboxID',

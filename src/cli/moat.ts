@@ -16,6 +16,7 @@ import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import { listenFailure } from '../listen-failure.js';
 import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
 import { FlowFileSink, FlowRecorder, FlowStore } from '../flows/index.js';
+import { MoatCa } from '../intercept-ca/index.js';
 import {
   AddressPool,
   EnforcementTable,
@@ -42,6 +43,7 @@ import {
   listNftTables,
   NftSession,
   ProcessRuntime,
+  type SandboxEnvironment,
   type SandboxRuntime,
 } from '../runtime/index.js';
 import { SANDBOX_ID, type SandboxRecord, SandboxError, SandboxService } from '../sandbox/index.js';
@@ -70,6 +72,8 @@ export interface RunningMoat {
   readonly network: NamespaceNetwork | undefined;
   readonly sandboxes: SandboxService;
   readonly apiKeys: ApiKeys;
+  /** Moat's egress CA: leaves for the TLS it terminates; every sandbox trusts it. */
+  readonly ca: MoatCa;
   /** The other nodes sharing the store; undefined for a Moat on its own. */
   readonly cluster: Cluster | undefined;
   /** Where each listener ended up (ports resolved when 0 was asked for). */
@@ -184,12 +188,18 @@ function chooseNetwork(config: MoatConfig): { network?: NamespaceNetwork; reason
  * What every process of a sandbox finds in its environment: its create `envVars`, then the
  * egress proxy with its credential (both spellings: curl reads only the lower-case http_proxy).
  */
-function sandboxEnvironment(record: SandboxRecord, proxy: HostPort): Record<string, string> {
+function sandboxEnvironment(
+  record: SandboxRecord,
+  proxy: HostPort,
+  trust: SandboxEnvironment,
+): Record<string, string> {
   // Inside a namespace 127.0.0.1 is the sandbox's own; the proxy is on the gateway.
   const url = `http://${record.sandboxID}:${record.egressSecret}@${formatHostPort(proxy)}`;
   return {
     NO_PROXY: 'localhost,127.0.0.1,::1',
     no_proxy: 'localhost,127.0.0.1,::1',
+    // Before envVars: a sandbox may name a bundle of its own.
+    ...trust,
     ...record.envVars,
     HTTP_PROXY: url,
     HTTPS_PROXY: url,
@@ -246,6 +256,14 @@ export async function startMoat(
     node: config.nodeID === 'auto' ? os.hostname() : config.nodeID,
     now: wallNow,
   });
+  const opened = await MoatCa.open({
+    dataDir: config.dataDir,
+    certFile: config.caCert,
+    keyFile: config.caKey,
+    owner: config.nodeID === 'auto' ? os.hostname() : config.nodeID,
+  });
+  if (!opened.ok) throw new Error(opened.error);
+  const ca = opened.value;
   const { network, reason: proxyOnlyReason } = chooseNetwork(config);
   const watch =
     options.hostAddresses === undefined
@@ -396,6 +414,7 @@ export async function startMoat(
       allowUnconfined: config.unconfinedSandboxes,
       ids: config.sandboxIds,
       defaultDiskMB: config.sandboxDiskMB,
+      trustedCaPem: ca.certificatePem,
     });
     undo.push(() => runtime.stop());
     const sources = network
@@ -422,7 +441,11 @@ export async function startMoat(
       namespace: config.namespace,
       now: wallNow,
       environment: (record) =>
-        sandboxEnvironment(record, listening.gateway?.proxy ?? listening.proxy),
+        sandboxEnvironment(
+          record,
+          listening.gateway?.proxy ?? listening.proxy,
+          runtime.trustEnvironment,
+        ),
       defaultLimits: {
         cpuCount: config.sandboxCpus,
         memoryMB: config.sandboxMemoryMB,
@@ -455,6 +478,7 @@ export async function startMoat(
         confinement: runtime.confined ? 'confined' : 'unconfined',
       },
       keys: apiKeys.keys,
+      caCertificatePem: ca.certificatePem,
       metrics,
       logger,
       metricsRequireKey: config.metricsRequireKey,
@@ -539,6 +563,7 @@ export async function startMoat(
       network,
       sandboxes,
       apiKeys,
+      ca,
       cluster,
       listening,
       async stop(drainMs = 0) {

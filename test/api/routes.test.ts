@@ -3,6 +3,7 @@
  * listing as the e2b SDK queries it, snapshots, /openapi.json, /metrics, and enforcement of
  * published rules by the DNS interceptor.
  */
+import { X509Certificate } from 'node:crypto';
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROUTES } from '../../src/api/routes.js';
@@ -52,6 +53,7 @@ const PLATFORM_ROUTES: ReadonlyArray<{ method: string; url: string; body?: objec
   { method: 'GET', url: '/v2/sandboxes' },
   { method: 'GET', url: '/sandboxes/:sandboxID' },
   { method: 'GET', url: '/flows' },
+  { method: 'GET', url: '/ca.pem' },
   { method: 'DELETE', url: '/sandboxes/:sandboxID' },
   { method: 'POST', url: '/sandboxes/:sandboxID/timeout', body: { timeout: 30 } },
   { method: 'POST', url: '/sandboxes/:sandboxID/refreshes', body: { duration: 30 } },
@@ -108,6 +110,15 @@ describe('auth', () => {
     expect([health.status, health.body]).toEqual([200, { status: 'ok' }]);
     expect((await api.get('/metrics', { key: null })).status).toBe(200);
     expect((await api.get('/openapi.json', { key: null })).status).toBe(200);
+  });
+
+  it("GET /ca.pem serves the node's CA certificate (PEM) and nothing of its key", async () => {
+    const reply = await api.get('/ca.pem');
+    expect(reply.status).toBe(200);
+    expect(reply.headers.get('content-type')).toBe('application/x-pem-file');
+    expect(reply.text).toBe(env.moat.ca.certificatePem);
+    expect(new X509Certificate(reply.text).ca).toBe(true);
+    expect(reply.text).not.toContain('PRIVATE KEY');
   });
 
   it('requires the key on /metrics when metrics-require-key is set', async () => {

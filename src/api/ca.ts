@@ -1,0 +1,24 @@
+/**
+ * `GET /ca.pem`: the certificate of this node's egress CA, for operators who bring their own
+ * images (Moat's own sandboxes trust it already). Only the certificate: the key never leaves the
+ * node's data folder.
+ */
+import type { RouteSpec } from './routes.js';
+import { errorSchema } from './views.js';
+
+export const caRoute: RouteSpec = {
+  method: 'GET',
+  url: '/ca.pem',
+  summary: "This node's egress CA certificate (PEM): add it to the trust store of your own images",
+  auth: true,
+  schema: {
+    response: {
+      200: { type: 'string', description: 'application/x-pem-file' },
+      401: errorSchema,
+    },
+  },
+  handler: async (_request, reply, { caCertificatePem }) => {
+    reply.header('content-type', 'application/x-pem-file');
+    return caCertificatePem;
+  },
+};

@@ -371,7 +371,17 @@ export async function startMoat(
     let cluster: Cluster | undefined;
     const apiKeys = await loadApiKeys(config.apiKeys, config.dataDir);
     const secretsKey = await loadSecretsKey(config.secretsKeyFile, config.dataDir);
-    const secrets = new SecretVault({ store, key: secretsKey, now: wallNow });
+    const secrets = new SecretVault({
+      store,
+      key: secretsKey,
+      now: wallNow,
+      onChange: () =>
+        void cluster
+          ?.announceSecretsChange()
+          .catch((error: Error) =>
+            logger.warn({ err: error.message }, 'announcing a secrets change failed'),
+          ),
+    });
     const proxyOptions = {
       table,
       dialer,
@@ -562,7 +572,14 @@ export async function startMoat(
       ingress.close();
     });
     if (store instanceof RedisStore && nodeID !== undefined) {
-      cluster = await joinCluster(store, nodeID, { config, logger, metrics, listening, sandboxes });
+      cluster = await joinCluster(store, nodeID, {
+        config,
+        logger,
+        metrics,
+        listening,
+        sandboxes,
+        secrets,
+      });
       const joined = cluster;
       undo.push(() => joined.stop());
       // Records of nodes that died before this one started (only now is the view complete).
@@ -800,11 +817,12 @@ interface ClusterParts {
   readonly metrics: MoatMetrics;
   readonly listening: Listening;
   readonly sandboxes: SandboxService;
+  readonly secrets: SecretVault;
 }
 
 /** Announces this node and acts on what the others announce. */
 async function joinCluster(store: RedisStore, self: string, parts: ClusterParts): Promise<Cluster> {
-  const { config, logger, metrics, listening, sandboxes } = parts;
+  const { config, logger, metrics, listening, sandboxes, secrets } = parts;
   const reload = new RetryingTask(
     async () => {
       await sandboxes.reloadAll();
@@ -838,7 +856,12 @@ async function joinCluster(store: RedisStore, self: string, parts: ClusterParts)
           ),
       );
     },
-    onReconnect: () => reload.request(),
+    onSecretsChange: () => secrets.invalidate(),
+    onReconnect: () => {
+      // Secrets changed while the channel was down went unannounced.
+      secrets.invalidate();
+      reload.request();
+    },
     onNodesGone: (ids) => {
       logger.warn({ nodes: ids }, 'nodes stopped sending heartbeats; their sandboxes are gone');
       void sandboxes

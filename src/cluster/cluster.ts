@@ -35,6 +35,14 @@ export interface PolicyChange {
   readonly sentAt: number;
 }
 
+/** A secret was created, updated or deleted (every node but the sender drops its copies). */
+interface SecretsChange {
+  readonly secrets: true;
+  /** The node that made the change. */
+  readonly node: string;
+  readonly sentAt: number;
+}
+
 export interface ClusterOptions {
   readonly client: Redis;
   readonly prefix: string;
@@ -44,6 +52,8 @@ export interface ClusterOptions {
   readonly sandboxCount: () => number;
   /** A change for a sandbox this node hosts. */
   readonly onPolicyChange: (change: PolicyChange) => void;
+  /** Another node changed a secret (this node's decrypted copies are out of date). */
+  readonly onSecretsChange: () => void;
   /** The channel is back after an outage: changes may have been missed. */
   readonly onReconnect: () => void;
   /** Nodes whose heartbeat lapsed since the last look. */
@@ -83,14 +93,17 @@ export class Cluster {
   /** Announces this node, learns the others and starts listening for changes. */
   async start(): Promise<void> {
     this.subscriber.on('message', (_channel: string, text: string) => {
-      let change: PolicyChange;
+      let change: PolicyChange | SecretsChange;
       try {
-        change = JSON.parse(text) as PolicyChange;
+        change = JSON.parse(text) as PolicyChange | SecretsChange;
       } catch {
         return;
       }
-      if (change.node === this.self && typeof change.sandboxID === 'string')
+      if ('secrets' in change) {
+        if (change.node !== this.self) this.options.onSecretsChange();
+      } else if (change.node === this.self && typeof change.sandboxID === 'string') {
         this.options.onPolicyChange(change);
+      }
     });
     // Either connection coming back may be the later one: each ready after an outage asks for a
     // reload (the caller retries until the store answers, and runs one at a time).
@@ -151,6 +164,12 @@ export class Cluster {
 
   /** Tells the sandbox's node that its network config changed (it reads the store). */
   async announce(change: PolicyChange): Promise<void> {
+    await this.options.client.publish(this.channel, JSON.stringify(change));
+  }
+
+  /** Tells every other node that this one changed a secret. */
+  async announceSecretsChange(): Promise<void> {
+    const change: SecretsChange = { secrets: true, node: this.self, sentAt: Date.now() };
     await this.options.client.publish(this.channel, JSON.stringify(change));
   }
 

@@ -11,7 +11,7 @@ export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'serv
 
 export type ProxyKind = 'connect' | 'forward' | 'transparent';
 export type InjectionOutcome =
-  'injected' | 'missing_secret' | 'upstream_refused' | 'fronting' | 'leak';
+  'injected' | 'missing_secret' | 'store_error' | 'upstream_refused' | 'fronting' | 'leak';
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 
@@ -116,7 +116,7 @@ export class MoatMetrics {
 
   readonly secretInjections = new Counter({
     name: 'moat_secret_injections_total',
-    help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused), leak (a request Moat read carried a stored secret to a destination not bound to it: 403)",
+    help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), store_error (the stored secrets could not be read: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused), leak (a request Moat read carried a stored secret to a destination not bound to it: 403)",
     labelNames: ['outcome'] as const,
     registers: [this.registry],
   });

@@ -70,6 +70,16 @@ const RESERVED_FIELDS = new Set(['host', 'content-length', 'transfer-encoding'])
 const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 
 /** A refusal for breaking a protocol check (recorded as a denial by the `invalid` list). */
+/** A request the leak guard could not check, because the stored secrets could not be read. */
+function unreadableSecrets(target: Target): Refusal {
+  const reason = `Moat could not read its stored secrets to check this request to ${formatDestination(target)}; refused (the operator's log says why)`;
+  return {
+    status: 502,
+    message: reason,
+    decision: { verdict: 'deny', list: 'invalid', rule: null, reason },
+  };
+}
+
 export function protocolRefusal(reason: string): Refusal {
   return {
     status: 403,
@@ -176,7 +186,19 @@ export class Interceptor {
     target: Target,
     head: RequestHead,
   ): Promise<Refusal | undefined> {
-    const secrets = await this.options.injection.secretValues?.();
+    let secrets: ReadonlyMap<string, string> | undefined;
+    try {
+      secrets = await this.options.injection.secretValues?.();
+    } catch (error) {
+      // Fail closed: a request that cannot be checked is not sent. The cause (a store outage,
+      // another node's key) is the operator's to read, not the sandbox's.
+      this.options.logger.error(
+        { err: error, sandboxID: sandbox.sandboxID, destination: formatDestination(target) },
+        'stored secrets unreadable; request refused',
+      );
+      this.count('store_error');
+      return unreadableSecrets(target);
+    }
     if (secrets === undefined || secrets.size === 0) return undefined;
     const rule = this.ruleFor(sandbox, target);
     const bound = new Set(
@@ -317,7 +339,20 @@ export class Interceptor {
           value += part.literal;
           continue;
         }
-        const secret = await this.options.injection.secretValue(part.secret);
+        let secret: string | undefined;
+        try {
+          secret = await this.options.injection.secretValue(part.secret);
+        } catch (error) {
+          this.options.logger.error(
+            { err: error, rule: rule.ruleKey, secret: part.secret },
+            'stored secret unreadable; request refused',
+          );
+          return {
+            ok: false,
+            outcome: 'store_error',
+            message: `Moat could not read secret ${JSON.stringify(part.secret)} of header rule ${rule.ruleKey}; request not sent (the operator's log says why)`,
+          };
+        }
         if (secret === undefined)
           return {
             ok: false,

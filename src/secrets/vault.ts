@@ -4,8 +4,11 @@
  * which the egress gateway calls when it sends a request; nothing that describes a secret
  * (its info, an error) carries its value.
  *
- * Every read goes to the store, so with Redis a value another node updated is the one the
- * next request gets: there is no cache to fall out of date.
+ * `value` reads the store each time, so with Redis a value another node updated is the one the
+ * next injected request gets. `values`, which the leak guard asks for on every request Moat
+ * reads, is kept decrypted until a change: this node's own changes drop it at once, another
+ * node's when the cluster channel says so (`invalidate`), within milliseconds, as network
+ * changes propagate.
  */
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { type JsonValue, type Store, StoreUnavailableError } from '../store/index.js';
@@ -74,6 +77,14 @@ export interface VaultOptions {
   readonly key: SecretsKey;
   /** Clock in milliseconds (tests pass a controllable one). */
   readonly now?: () => number;
+  /** Called after this node changed a secret (the composition root tells the other nodes). */
+  readonly onChange?: () => void;
+}
+
+/** The decrypted values as of one generation of the secrets collection. */
+interface ValuesSnapshot {
+  readonly generation: number;
+  readonly values: Promise<ReadonlyMap<string, string>>;
 }
 
 export class SecretVault {
@@ -82,11 +93,22 @@ export class SecretVault {
   private readonly now: () => number;
   /** Changes run one at a time on this node, so two creates of one name cannot both succeed. */
   private changes: Promise<unknown> = Promise.resolve();
+  private readonly onChange: () => void;
+  /** Bumped by every change seen; a snapshot of an older generation is never served. */
+  private generation = 0;
+  private snapshot: ValuesSnapshot | undefined;
 
   constructor(options: VaultOptions) {
     this.store = options.store;
     this.key = options.key;
     this.now = options.now ?? Date.now;
+    this.onChange = options.onChange ?? (() => undefined);
+  }
+
+  /** Forgets the decrypted values: the secrets collection changed elsewhere. */
+  invalidate(): void {
+    this.generation++;
+    this.snapshot = undefined;
   }
 
   async create(
@@ -169,10 +191,22 @@ export class SecretVault {
     return (await this.read(name.toLowerCase())) !== undefined;
   }
 
-  /** Every secret's current value by name (at most MAX_SECRETS), for the leak guard. */
-  async values(): Promise<Map<string, string>> {
-    const records = await this.records();
-    return new Map(records.map((record) => [record.name, this.open(record)]));
+  /**
+   * Every secret's current value by name (at most MAX_SECRETS), for the leak guard: read and
+   * decrypted once, then served from memory until a change (see the file comment).
+   */
+  values(): Promise<ReadonlyMap<string, string>> {
+    const { generation } = this;
+    if (this.snapshot?.generation === generation) return this.snapshot.values;
+    const values = this.records().then(
+      (records) => new Map(records.map((record) => [record.name, this.open(record)])),
+    );
+    this.snapshot = { generation, values };
+    // A failed read is not kept: the next request asks the store again.
+    values.catch(() => {
+      if (this.snapshot?.values === values) this.snapshot = undefined;
+    });
+    return values;
   }
 
   private serially<T>(change: () => Promise<T>): Promise<T> {
@@ -226,7 +260,11 @@ export class SecretVault {
       await this.store.commit(changes);
     } catch (error) {
       throw unavailable(error);
+    } finally {
+      // Even a failed commit may have been applied (a lost reply): read afresh either way.
+      this.invalidate();
     }
+    this.onChange();
   }
 
   private seal(info: SecretInfo, value: string): Sealed {

@@ -4,8 +4,9 @@
  * can cut, so B alone can lose the store while A and C keep it. Sandboxes share the host
  * network here: the test speaks as one from its loopback source address, to B's DNS and proxy.
  */
-import { randomUUID } from 'node:crypto';
-import { mkdtempSync } from 'node:fs';
+import { randomBytes, randomUUID } from 'node:crypto';
+import http from 'node:http';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Sandbox } from 'e2b';
@@ -44,6 +45,9 @@ async function within(ms: number, what: string, check: () => Promise<boolean>): 
 describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
   const prefix = `moat-test:${randomUUID()}:`;
   const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-cluster-'));
+  // Nodes sharing a store share the key their secrets are sealed with.
+  const secretsKeyFile = path.join(scratch, 'secrets-key');
+  writeFileSync(secretsKeyFile, randomBytes(32).toString('hex'), { mode: 0o600 });
   const zone = new FakeDns(
     new Map([
       ['first.cluster.test', { A: ['127.0.0.1'] }],
@@ -64,7 +68,8 @@ describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
     ...['--transparent-listen', 'off', '--dns-upstream', `127.0.0.1:${zone.port}`],
     // The origin is this host's: its port is opened as an operator would.
     ...['--enforcement', 'proxy', '--internal-deny', 'none'],
-    ...['--allow-host-ports', String(origin.port), ...extra],
+    ...['--allow-host-ports', String(origin.port), '--secrets-key-file', secretsKeyFile],
+    ...extra,
   ];
   const start = async (id: 'a' | 'b' | 'c') => {
     const direct = `redis://127.0.0.1:${REDIS_PORT}`;
@@ -179,6 +184,46 @@ describe.skipIf(problem !== undefined)('many nodes sharing one Redis', () => {
     expect(await dnsAtB(source, 'first.cluster.test')).toBe('NXDOMAIN');
     expect(await proxyAtB(source, 'second.cluster.test')).toBe(200);
     expect(await proxyAtB(source, 'first.cluster.test')).toBe(403);
+  });
+
+  it('guards on B, within milliseconds, a secret created through A', async () => {
+    const [host, port] = nodes.b.at.proxy.split(':') as [string, string];
+    const value = `sk-cluster-${randomUUID()}`;
+    /** An absolute-form GET through B's proxy whose query carries the value: its status. */
+    const carryThroughB = () =>
+      new Promise<number>((resolve, reject) => {
+        const request = http.request(
+          {
+            host,
+            port: Number(port),
+            agent: false,
+            localAddress: source,
+            path: `http://second.cluster.test:${origin.port}/?token=${value}`,
+            headers: { host: `second.cluster.test:${origin.port}` },
+          },
+          (response) => {
+            response.resume();
+            resolve(response.statusCode ?? 0);
+          },
+        );
+        request.on('error', reject);
+        request.end();
+      });
+    // B has read the (empty) secrets once: what it keeps must not outlive A's change.
+    expect(await carryThroughB()).toBe(200);
+    const created = await nodes.a.api.call('POST', '/secrets', {
+      body: { name: 'cluster-token', value },
+    });
+    expect(created.status, created.text).toBe(201);
+    const ms = await within(1000, 'B refusing the new secret', async () => {
+      return (await carryThroughB()) === 403;
+    });
+    expect(ms).toBeLessThan(1000);
+    const deleted = await nodes.c.api.call('DELETE', '/secrets/cluster-token');
+    expect(deleted.status, deleted.text).toBe(204);
+    await within(1000, 'B forgetting the deleted secret', async () => {
+      return (await carryThroughB()) === 200;
+    });
   });
 
   it('kill, pause and other owner-only requests through a replica are carried out by B', async () => {

@@ -6,6 +6,7 @@
  */
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
 import { Writable } from 'node:stream';
@@ -129,9 +130,19 @@ describe('TLS interception for header rules', () => {
         leaves.set(name, (context = tls.createSecureContext(moatCa.issue([name]))));
       return context;
     },
-    secretValue: async (name) => secrets.get(name),
-    secretValues: async () => new Map(secrets),
+    secretValue: async (name) => {
+      if (unreadable !== undefined) throw unreadable;
+      return secrets.get(name);
+    },
+    secretValues: async () => {
+      if (unreadable !== undefined && !valuesKept) throw unreadable;
+      return new Map(secrets);
+    },
   };
+  /** Set: the secrets cannot be read (a store outage, another node's key)... */
+  let unreadable: Error | undefined;
+  /** ...but the leak guard's decrypted copies were kept from before. */
+  let valuesKept = false;
 
   beforeAll(async () => {
     for (const origin of Object.values(ORIGINS)) {
@@ -202,6 +213,8 @@ describe('TLS interception for header rules', () => {
   beforeEach(() => {
     moat.register(SANDBOX, SECRET, SOURCE, NETWORK);
     secrets.set('token', TOKEN);
+    unreadable = undefined;
+    valuesKept = false;
   });
 
   const curlProxy = (url: string, ...args: string[]) =>
@@ -549,6 +562,55 @@ describe('TLS interception for header rules', () => {
       for (const value of SECRET_VALUES) expect(reply.body).not.toContain(value);
   });
 
+  it('refuses requests it cannot check or complete while the secrets are unreadable (502, cause only in the log), and holds no slot', async () => {
+    unreadable = new Error('store at /var/lib/moat-private unreachable');
+    const intercept = async () => {
+      const socket = await tunnelTls('api.rule.test', moatCa.cert);
+      const reply = await exchange(socket, get('api.rule.test'));
+      socket.destroy();
+      return reply;
+    };
+    const unchecked = await intercept();
+    expect(unchecked.status).toBe(502);
+    expect(unchecked.body).toContain('could not read its stored secrets');
+    valuesKept = true;
+    const intercepted = await intercept();
+    expect(intercepted.status).toBe(502);
+    expect(intercepted.body).toContain('could not read secret \\"token\\"');
+    valuesKept = false;
+    /** A plaintext request through the proxy that the leak guard must check: its status. */
+    const plain = () =>
+      new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const request = http.request(
+          {
+            host: moat.proxy.host,
+            port: moat.proxy.port,
+            agent: false,
+            path: `http://norule.test:${port}/`,
+            headers: {
+              host: `norule.test:${port}`,
+              'proxy-authorization': `Basic ${Buffer.from(auth).toString('base64')}`,
+            },
+          },
+          (response) => {
+            let body = '';
+            response.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
+            response.on('end', () => resolve({ status: response.statusCode ?? 0, body }));
+          },
+        );
+        request.on('error', reject);
+        request.end();
+      });
+    const first = await plain();
+    expect(first.status).toBe(502);
+    expect(first.body).toContain('could not read its stored secrets');
+    for (const reply of [unchecked, intercepted, first])
+      expect(reply.body).not.toContain('moat-private');
+    expect(logLines.join('')).toContain('moat-private');
+    // More refusals than the sandbox has connection slots (256): each gave its slot back.
+    for (let i = 0; i < 300; i++) expect((await plain()).status).toBe(502);
+  });
+
   describe('a hostile sandbox', () => {
     it('gets garbage, oversized and slow heads refused within bounds, and Moat serves on', async () => {
       const garbage = await tunnelTls('api.rule.test', moatCa.cert);
@@ -615,7 +677,14 @@ describe('TLS interception for header rules', () => {
     const metrics = await moat.metrics.registry.getSingleMetricAsString(
       'moat_secret_injections_total',
     );
-    for (const outcome of ['injected', 'missing_secret', 'upstream_refused', 'fronting', 'leak'])
+    for (const outcome of [
+      'injected',
+      'missing_secret',
+      'store_error',
+      'upstream_refused',
+      'fronting',
+      'leak',
+    ])
       expect(metrics).toMatch(new RegExp(`outcome="${outcome}"} [1-9]`));
 
     const logs = logLines.join('');

@@ -125,6 +125,38 @@ describe.each(stores)('the vault over the %s store', (_kind, open, skip) => {
   );
 });
 
+describe("the leak guard's values", () => {
+  it('are read from the store once, and afresh after each change this vault makes', async () => {
+    const store = await fileStore();
+    let lists = 0;
+    const counted: Store = Object.assign(Object.create(store) as Store, {
+      list: (collection: string) => {
+        lists++;
+        return store.list(collection);
+      },
+    });
+    const vault = new SecretVault({ store: counted, key: await keyIn(scratch) });
+    const [first, second] = [secretValue(), secretValue()];
+    expect(await vault.values()).toEqual(new Map());
+    await vault.create('token', first);
+    const before = lists;
+    expect(await vault.values()).toEqual(new Map([['token', first]]));
+    for (let i = 0; i < 50; i++) await vault.values();
+    expect(lists - before).toBe(1);
+    await vault.update('token', second);
+    expect(await vault.values()).toEqual(new Map([['token', second]]));
+    await vault.delete('token');
+    expect(await vault.values()).toEqual(new Map());
+  });
+
+  it('taken while a change commits are not served after it', async () => {
+    const vault = new SecretVault({ store: await fileStore(), key: await keyIn(scratch) });
+    const value = secretValue();
+    await Promise.all([vault.values(), vault.create('late', value)]);
+    expect(await vault.values()).toEqual(new Map([['late', value]]));
+  });
+});
+
 describe.skipIf(problem !== undefined)('two nodes sharing one Redis', () => {
   it("sees another node's update on its next read, and a Redis dump holds no value", async () => {
     const prefix = `moat-test:${randomUUID()}:`;
@@ -138,6 +170,13 @@ describe.skipIf(problem !== undefined)('two nodes sharing one Redis', () => {
     expect(await nodeA.value('shared')).toBe(second);
     await nodeB.delete('shared');
     expect(await nodeA.exists('shared')).toBe(false);
+    // A's decrypted copies are kept until told of B's change (the cluster channel's job).
+    expect(await nodeA.values()).toEqual(new Map());
+    await nodeB.create('later', second);
+    expect(await nodeA.values()).toEqual(new Map());
+    nodeA.invalidate();
+    expect(await nodeA.values()).toEqual(new Map([['later', second]]));
+    await nodeB.delete('later');
     await nodeA.create('kept', first);
 
     const admin = new Redis(REDIS_PORT, '127.0.0.1');

@@ -52,6 +52,7 @@ export interface MoatConfig {
   readonly proxyCheckServerName: boolean;
   /** PEM file of CAs trusted for origins of intercepted TLS, beside Node's roots; undefined: none. */
   readonly upstreamCa: string | undefined;
+  readonly redactSecretsInResponses: boolean;
   /** Where per-sandbox source addresses come from (loopback in the process runtime). */
   readonly sourcePool: CIDR;
   /** namespace: each sandbox in its own network namespace; proxy: shared network; auto: namespace where it works. */
@@ -529,6 +530,15 @@ export const SETTINGS: readonly AnySetting[] = [
     help: 'PEM bundle of CAs trusted, beside Node\'s built-in roots, for origins Moat connects to when it intercepts TLS to add a rule\'s headers; or "off"',
     show: (value) => value ?? 'off',
     parse: optionalFile,
+  },
+  {
+    key: 'redactSecretsInResponses',
+    metavar: 'true|false',
+    flag: 'redact-secrets-in-responses',
+    env: 'MOAT_REDACT_SECRETS_IN_RESPONSES',
+    default: 'false',
+    help: 'in responses to requests Moat added secrets to, replace each secret value with its ${e2b.secrets.NAME} placeholder (headers and bodies; origins are asked for uncompressed bodies), so an origin that echoes a request cannot hand the credential to the sandbox. Off by default, as in E2B',
+    parse: booleanValue,
   },
   {
     key: 'sourcePool',

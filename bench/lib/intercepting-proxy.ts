@@ -33,6 +33,8 @@ export interface InterceptingProxyOptions {
   readonly maxTunnelsPerSandbox?: number;
   /** How the explicit proxy carries connections (default: Node's sockets). */
   readonly tcpIo?: TcpIoSetting;
+  /** `--redact-secrets-in-responses`. */
+  readonly redactSecretsInResponses?: boolean;
 }
 
 export interface InterceptingProxy {
@@ -103,6 +105,7 @@ export async function startInterceptingProxy(
     tcpIo: options.tcpIo ?? 'node',
     injection: options.injection,
     upstreamCa: options.upstreamCa,
+    redactSecretsInResponses: options.redactSecretsInResponses,
   };
   const egress = new EgressProxy(proxyOptions);
   const transparent = new TransparentProxy(proxyOptions);

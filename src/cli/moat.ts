@@ -409,6 +409,7 @@ export async function startMoat(
       },
       upstreamCa:
         config.upstreamCa === undefined ? undefined : await readFile(config.upstreamCa, 'utf8'),
+      redactSecretsInResponses: config.redactSecretsInResponses,
     };
     const proxy = new EgressProxy(proxyOptions);
     metrics.countClientConnectionsWith(() => proxy.openConnections);

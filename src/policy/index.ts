@@ -56,4 +56,5 @@ export {
   SECRET_NAME,
   canonicalRuleKeys,
   secretsOf,
+  secretPlaceholder,
 } from './transforms.js';

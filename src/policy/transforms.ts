@@ -52,6 +52,10 @@ const PLACEHOLDER_START = '${';
 const SECRETS_PREFIX = 'e2b.secrets.';
 const IDENTITY_PREFIX = 'e2b.identity.tokens.';
 
+/** How a rule's value names a stored secret: `${e2b.secrets.<name>}`. */
+export const secretPlaceholder = (name: string): string =>
+  `${PLACEHOLDER_START}${SECRETS_PREFIX}${name}}`;
+
 /** A rule key in canonical form (`api.example.com`, `*.example.com`), or why it is not one. */
 function ruleKey(written: string): { key: string } | { problem: string } {
   const wildcard = written.startsWith('*.');

@@ -87,6 +87,11 @@ export interface ProxyOptions {
   readonly injection?: HeaderInjection;
   /** PEM text of CAs trusted for origins of intercepted TLS, beside Node's roots. */
   readonly upstreamCa?: string;
+  /**
+   * Replace the secret values injected into a request by their placeholders in its response
+   * (an echoing origin would otherwise hand them to the sandbox); asks origins for uncoded bodies.
+   */
+  readonly redactSecretsInResponses?: boolean;
 }
 
 /** The interceptor of a proxy whose options ask for one. */

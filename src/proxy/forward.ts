@@ -9,8 +9,10 @@ import { errorResponseText } from './http-errors.js';
 import {
   bodyScanner,
   endToEndFields,
+  fieldTokens,
   fieldValues,
   type Framing,
+  type HeaderField,
   framingFields,
   headEnd,
   MAX_RESPONSE_HEAD_BYTES,
@@ -20,6 +22,7 @@ import {
   responseFraming,
 } from './http1.js';
 import { Inbox } from './inbox.js';
+import { type Redaction, redactText, StreamRedactor } from './redact.js';
 import type { TunnelRegistry } from './tunnels.js';
 
 /** How long an upstream connection may wait in the pool for its next request. */
@@ -195,6 +198,11 @@ export interface ForwardRequest {
   readonly upgrade?: string;
   /** The request head went to the origin (with `setFields`). */
   readonly onSent?: () => void;
+  /**
+   * Values replaced by their placeholders in the response (head and body) before the client
+   * reads it; the body is then re-framed (chunked, or closed for HTTP/1.0 clients).
+   */
+  readonly redactions?: readonly Redaction[];
 }
 
 const REQUEST_DROP = new Set(['host']);
@@ -540,7 +548,8 @@ export class Exchange {
         }
         if (this.request.head.minor === 1)
           this.client.socket.write(
-            `HTTP/1.1 ${head.status} ${head.reason}\r\n${endToEndFields(head.fields)}\r\n`,
+            `HTTP/1.1 ${head.status} ${this.redacted(head.reason)}\r\n` +
+              `${endToEndFields(this.redactedFields(head.fields))}\r\n`,
             'latin1',
           );
         this.readResponseHead(upstream, interim + 1);
@@ -555,6 +564,17 @@ export class Exchange {
         return chunk.length;
       }
       const { framing: body } = framing.value;
+      // A body whose values are replaced changes length: it is re-framed for the client.
+      const reframed = body.kind !== 'none' && (this.request.redactions?.length ?? 0) > 0;
+      const codings = fieldTokens(head.fields, 'content-encoding').filter((c) => c !== 'identity');
+      if (reframed && codings.length > 0) {
+        this.answer({
+          status: 502,
+          message: `${this.what} sent a ${codings.join(', ')} coded body although Moat asked for none: secrets cannot be redacted in it`,
+        });
+        return chunk.length;
+      }
+      const chunkedToClient = reframed && this.request.head.minor === 1;
       // Moat asked an HTTP/1.0 request to close: the origin may do so any moment.
       const reusable = framing.value.reusable && this.request.head.minor === 1;
       // An origin answering before the whole request body arrived never read to its end: the
@@ -562,18 +582,25 @@ export class Exchange {
       this.closeAfter =
         this.request.lastRequest ||
         body.kind === 'close' ||
+        (reframed && !chunkedToClient) ||
         !this.requestDone ||
         this.context.draining();
       this.responseStarted = true;
       const client = this.client.socket;
       client.cork();
       client.write(
-        `HTTP/1.1 ${head.status} ${head.reason}\r\n${endToEndFields(head.fields)}` +
-          framingFields(head.fields, body) +
+        `HTTP/1.1 ${head.status} ${this.redacted(head.reason)}\r\n` +
+          endToEndFields(this.redactedFields(head.fields)) +
+          (reframed
+            ? chunkedToClient
+              ? 'Transfer-Encoding: chunked\r\n'
+              : ''
+            : framingFields(head.fields, body)) +
           `${this.closeAfter ? 'Connection: close\r\n' : ''}\r\n`,
         'latin1',
       );
-      this.relayResponseBody(upstream, body, reusable);
+      if (reframed) this.relayRedactedBody(upstream, body, reusable, chunkedToClient);
+      else this.relayResponseBody(upstream, body, reusable);
       client.uncork();
       return chunk.length - unused;
     });
@@ -587,8 +614,9 @@ export class Exchange {
     this.responseStarted = true;
     const client = this.client.socket;
     const protocol = fieldValues(head.fields, 'upgrade').join(', ');
+    // The head is redacted; the new protocol's bytes (WebSocket frames) are passed as they are.
     client.write(
-      `HTTP/1.1 101 ${head.reason}\r\n${endToEndFields(head.fields)}` +
+      `HTTP/1.1 101 ${this.redacted(head.reason)}\r\n${endToEndFields(this.redactedFields(head.fields))}` +
         `Connection: Upgrade\r\nUpgrade: ${protocol}\r\n\r\n`,
       'latin1',
     );
@@ -611,6 +639,70 @@ export class Exchange {
     this.relayBody(upstream.inbox, this.client.socket, framing, (trailing) =>
       this.responseDone(reusable && !trailing),
     );
+  }
+
+  /**
+   * Relays a response body's content with the request's injected values replaced, framed anew
+   * for the client: chunked, or (`chunked` false, an HTTP/1.0 client) ended by closing.
+   */
+  private relayRedactedBody(
+    upstream: Upstream,
+    framing: Framing,
+    reusable: boolean,
+    chunked: boolean,
+  ): void {
+    const redactor = new StreamRedactor(this.request.redactions!);
+    const client = this.client.socket;
+    /** Writes redacted pieces as one chunk; false when the client is not taking bytes. */
+    const write = (pieces: Buffer[]): boolean => {
+      // A copy: the origin's read buffers are recycled once the reader returns.
+      const data = Buffer.concat(pieces);
+      if (data.length === 0) return true;
+      if (!chunked) return client.write(data);
+      client.write(`${data.length.toString(16)}\r\n`, 'latin1');
+      client.write(data);
+      return client.write('\r\n', 'latin1');
+    };
+    const end = (reusableNow: boolean) => {
+      write(redactor.push(Buffer.alloc(0), true));
+      // The origin's trailers, if any, are not passed on: they could carry a value too.
+      if (chunked) client.write('0\r\n\r\n', 'latin1');
+      this.responseDone(reusableNow);
+    };
+    if (framing.kind === 'close') {
+      upstream.socket.off('end', this.onUpstreamClose);
+      upstream.socket.once('end', () => end(false));
+    }
+    const scanner = bodyScanner(framing);
+    upstream.inbox.read((chunk) => {
+      const pieces: Buffer[] = [];
+      const used = scanner.scan(chunk, (content) => pieces.push(...redactor.push(content)));
+      if (typeof used === 'string') {
+        this.abort();
+        return chunk.length;
+      }
+      if (!write(pieces)) client.once('drain', upstream.inbox.throttle());
+      if (scanner.done) {
+        upstream.inbox.stop();
+        // Bytes past the end of a response mean a broken origin: that connection is not reused.
+        end(reusable && used === chunk.length);
+      }
+      return used;
+    });
+  }
+
+  /** `text` of the response head with the request's injected values replaced. */
+  private redacted(text: string): string {
+    const { redactions } = this.request;
+    return redactions === undefined || redactions.length === 0
+      ? text
+      : redactText(text, redactions);
+  }
+
+  private redactedFields(fields: readonly HeaderField[]): readonly HeaderField[] {
+    const { redactions } = this.request;
+    if (redactions === undefined || redactions.length === 0) return fields;
+    return fields.map((field) => ({ ...field, value: redactText(field.value, redactions) }));
   }
 
   private responseDone(reusable: boolean): void {

@@ -323,10 +323,11 @@ export function framingFields(fields: readonly HeaderField[], framing: Framing):
 /**
  * Finds where a body ends in the bytes that follow its head, one chunk at a time. `scan`
  * answers how many bytes of `data` belong to the body (the rest is the next message), or a
- * problem; after `done` is true no more bytes belong to it.
+ * problem; after `done` is true no more bytes belong to it. `content`, when given, is handed the
+ * body's content as it passes: the bytes themselves, without the chunked coding's framing.
  */
 export interface BodyScanner {
-  scan(data: Buffer): number | string;
+  scan(data: Buffer, content?: (bytes: Buffer) => void): number | string;
   readonly done: boolean;
 }
 
@@ -339,7 +340,13 @@ export function bodyScanner(framing: Framing): BodyScanner {
     case 'chunked':
       return new ChunkedScanner();
     case 'close':
-      return { scan: (data) => data.length, done: false };
+      return {
+        scan: (data, content) => {
+          content?.(data);
+          return data.length;
+        },
+        done: false,
+      };
   }
 }
 
@@ -350,9 +357,10 @@ class LengthScanner implements BodyScanner {
     return this.remaining === 0;
   }
 
-  scan(data: Buffer): number {
+  scan(data: Buffer, content?: (bytes: Buffer) => void): number {
     const taken = Math.min(this.remaining, data.length);
     this.remaining -= taken;
+    if (taken > 0) content?.(data.subarray(0, taken));
     return taken;
   }
 }
@@ -389,11 +397,12 @@ class ChunkedScanner implements BodyScanner {
     return this.state === Chunked.Done;
   }
 
-  scan(data: Buffer): number | string {
+  scan(data: Buffer, content?: (bytes: Buffer) => void): number | string {
     let i = 0;
     while (i < data.length && this.state !== Chunked.Done) {
       if (this.state === Chunked.Data) {
         const taken = Math.min(this.size, data.length - i);
+        if (taken > 0) content?.(data.subarray(i, i + taken));
         this.size -= taken;
         i += taken;
         if (this.size === 0) this.state = Chunked.DataCR;

@@ -10,6 +10,7 @@ import {
   type Decision,
   formatDestination,
   type HeaderTransform,
+  secretPlaceholder,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
@@ -18,6 +19,7 @@ import type { ProxyOptions } from './egress.js';
 import { Exchange, type ExchangeContext, type SetField, UpstreamPool } from './forward.js';
 import { authorityMismatch } from './host-guard.js';
 import { fieldTokens, fieldValues, isHopByHop, type RequestHead } from './http1.js';
+import type { Redaction } from './redact.js';
 import { flowAsk } from './tunnels.js';
 
 /**
@@ -122,7 +124,12 @@ export function readFirstBytes(
 
 /** A rule's headers with their values substituted, or why they cannot be. */
 type Substituted =
-  | { readonly ok: true; readonly fields: readonly SetField[] }
+  | {
+      readonly ok: true;
+      readonly fields: readonly SetField[];
+      /** Each secret value set, and its placeholder (for response redaction). */
+      readonly secrets: readonly Redaction[];
+    }
   | {
       readonly ok: false;
       readonly outcome: InjectionOutcome | undefined;
@@ -218,7 +225,7 @@ export class Interceptor {
       if (bound.has(name)) continue;
       const carried =
         (value !== '' && text.includes(value)) ||
-        lower.includes(`\${e2b.secrets.${name.toLowerCase()}}`);
+        lower.includes(secretPlaceholder(name.toLowerCase()));
       if (!carried) continue;
       this.count('leak');
       const reason = `the request carries secret ${JSON.stringify(name)} to ${formatDestination(target)}, which no header rule binds to it`;
@@ -326,6 +333,7 @@ export class Interceptor {
   /** A rule's headers with every secret's current value in place. */
   async substitute(rule: HeaderTransform): Promise<Substituted> {
     const fields: SetField[] = [];
+    const secrets: Redaction[] = [];
     for (const header of rule.headers) {
       if (RESERVED_FIELDS.has(header.name.toLowerCase()) || isHopByHop(header.name.toLowerCase()))
         return {
@@ -360,6 +368,7 @@ export class Interceptor {
             message: `header rule ${rule.ruleKey} names secret ${JSON.stringify(part.secret)} for ${header.name}, and no secret of that name is stored`,
           };
         value += secret;
+        secrets.push({ value: secret, placeholder: secretPlaceholder(part.secret) });
       }
       // A value that could end the header line would let a stored value write the request.
       if (!FIELD_VALUE.test(value))
@@ -370,7 +379,7 @@ export class Interceptor {
         };
       fields.push({ name: header.name, value });
     }
-    return { ok: true, fields };
+    return { ok: true, fields, secrets };
   }
 
   /** Logs a refusal an intercepted request's exchange answered (the origin's 502/504). */
@@ -487,7 +496,16 @@ class InterceptedConnection implements RequestHandler {
           framing: framing.value,
           lastRequest,
           flow: { dialled: (ip) => flow.dialled(ip), refused: (d) => flow.refused(d), closed() {} },
-          setFields: substituted.fields,
+          ...(options.redactSecretsInResponses === true
+            ? {
+                // A coded (gzip) body could not be searched for the values.
+                setFields: [
+                  ...substituted.fields.filter((f) => f.name.toLowerCase() !== 'accept-encoding'),
+                  { name: 'Accept-Encoding', value: 'identity' },
+                ],
+                redactions: substituted.secrets,
+              }
+            : { setFields: substituted.fields }),
           upgrade: upgrade === '' ? undefined : upgrade,
           onSent: () => {
             interceptor.count('injected');

@@ -266,15 +266,23 @@ function encodeChunked(
   return Buffer.concat(parts);
 }
 
-/** Feeds `data` to a scanner in pieces cut at `cuts`; returns where the body ended, or why not. */
-function scanInPieces(framing: Framing, data: Buffer, cuts: readonly number[]): number | string {
+/**
+ * Feeds `data` to a scanner in pieces cut at `cuts`; returns where the body ended, or why not.
+ * The body's content, as the scanner hands it over, is gathered in `content`.
+ */
+function scanInPieces(
+  framing: Framing,
+  data: Buffer,
+  cuts: readonly number[],
+  content: Buffer[] = [],
+): number | string {
   const scanner = bodyScanner(framing);
   const points = [...new Set(cuts.map((c) => c % (data.length + 1)))].sort((a, b) => a - b);
   let offset = 0;
   for (const end of [...points, data.length]) {
     if (end <= offset) continue;
     const piece = data.subarray(offset, end);
-    const used = scanner.scan(piece);
+    const used = scanner.scan(piece, (bytes) => content.push(Buffer.from(bytes)));
     if (typeof used === 'string') return used;
     if (scanner.done) return offset + used;
     if (used !== piece.length) return 'stopped early without being done';
@@ -298,9 +306,12 @@ describe('body scanners', () => {
         (chunks, extensions, trailers, cuts) => {
           const body = encodeChunked(chunks, extensions, trailers);
           const next = bytes('GET /next HTTP/1.1\r\n\r\n');
-          expect(scanInPieces({ kind: 'chunked' }, Buffer.concat([body, next]), cuts)).toBe(
-            body.length,
-          );
+          const content: Buffer[] = [];
+          expect(
+            scanInPieces({ kind: 'chunked' }, Buffer.concat([body, next]), cuts, content),
+          ).toBe(body.length);
+          // The content handed over is the chunks' data alone, in order.
+          expect(Buffer.concat(content).equals(Buffer.concat(chunks))).toBe(true);
         },
       ),
       { numRuns: 500 },
@@ -317,7 +328,9 @@ describe('body scanners', () => {
           const data = Buffer.alloc(length + extra, 0x61);
           const framing: Framing =
             length === 0 ? { kind: 'none' } : { kind: 'length', bytes: length };
-          expect(scanInPieces(framing, data, cuts)).toBe(length);
+          const content: Buffer[] = [];
+          expect(scanInPieces(framing, data, cuts, content)).toBe(length);
+          expect(Buffer.concat(content).length).toBe(length);
         },
       ),
       { numRuns: 300 },

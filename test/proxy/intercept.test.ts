@@ -12,6 +12,7 @@ import net from 'node:net';
 import { Writable } from 'node:stream';
 import tls from 'node:tls';
 import { promisify } from 'node:util';
+import { gzipSync } from 'node:zlib';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -118,6 +119,8 @@ describe('TLS interception for header rules', () => {
   const origins: https.Server[] = [];
   let port = 0;
   let moat: InterceptingProxy;
+  /** The same, with --redact-secrets-in-responses. */
+  let redacting: InterceptingProxy;
   const leaves = new Map<string, tls.SecureContext>();
   const moatInjection: HeaderInjection = {
     transformFor: (sandboxID, name) =>
@@ -151,6 +154,15 @@ describe('TLS interception for header rules', () => {
         req.on('data', (chunk: Buffer) => chunks.push(chunk));
         req.on('end', () => {
           if (req.url === '/204') return void res.writeHead(204).end();
+          // An echo that ignores Accept-Encoding and compresses anyway.
+          if (req.url === '/gzip')
+            return void res.writeHead(200, { 'content-encoding': 'gzip' }).end(gzipSync('{}'));
+          // The credential back in a response header, and in a body written in two pieces.
+          if (req.url === '/echo-header') {
+            res.writeHead(200, { 'x-echo': req.headers.authorization ?? '' });
+            res.write(`{"seen":"${req.headers.authorization ?? ''}`);
+            return void setTimeout(() => res.end('"}'), 10);
+          }
           // The body back in pieces, with no length: chunked.
           if (req.url === '/chunked') {
             const body = Buffer.concat(chunks);
@@ -185,11 +197,16 @@ describe('TLS interception for header rules', () => {
       port = (server.address() as net.AddressInfo).port;
       origins.push(server);
     }
-    moat = await startInterceptingProxy({
+    const proxyOptions = {
       names: NAMES,
       upstreamCa: originCa.cert,
       transparentPorts: { tls: port, http: port },
       handshakeTimeoutMs: 1000,
+      injection: moatInjection,
+    };
+    redacting = await startInterceptingProxy({ ...proxyOptions, redactSecretsInResponses: true });
+    moat = await startInterceptingProxy({
+      ...proxyOptions,
       logger: pino(
         { level: 'debug' },
         new Writable({
@@ -199,12 +216,12 @@ describe('TLS interception for header rules', () => {
           },
         }),
       ),
-      injection: moatInjection,
     });
   }, 60_000);
 
   afterAll(async () => {
     await moat?.close();
+    await redacting?.close();
     await Promise.all(origins.map((s) => new Promise((resolve) => s.close(resolve))));
     moatCa.remove();
     originCa.remove();
@@ -212,12 +229,14 @@ describe('TLS interception for header rules', () => {
 
   beforeEach(() => {
     moat.register(SANDBOX, SECRET, SOURCE, NETWORK);
+    redacting.register(SANDBOX, SECRET, SOURCE, NETWORK);
     secrets.set('token', TOKEN);
     unreadable = undefined;
     valuesKept = false;
   });
 
-  const curlProxy = (url: string, ...args: string[]) =>
+  const curlProxy = (url: string, ...args: string[]) => curlThrough(moat, url, ...args);
+  const curlThrough = (proxy: InterceptingProxy, url: string, ...args: string[]) =>
     run(
       'curl',
       [
@@ -225,7 +244,7 @@ describe('TLS interception for header rules', () => {
         '--max-time',
         '10',
         '--proxy',
-        `http://${moat.proxy.host}:${moat.proxy.port}`,
+        `http://${proxy.proxy.host}:${proxy.proxy.port}`,
         '--proxy-user',
         auth,
         '--cacert',
@@ -237,8 +256,8 @@ describe('TLS interception for header rules', () => {
     );
 
   /** A TLS connection to `name` through a CONNECT tunnel, trusting `ca`. */
-  async function tunnelTls(name: string, ca: string): Promise<tls.TLSSocket> {
-    const { socket, status } = await connectThrough(moat.proxy, `${name}:${port}`, { auth });
+  async function tunnelTls(name: string, ca: string, through = moat): Promise<tls.TLSSocket> {
+    const { socket, status } = await connectThrough(through.proxy, `${name}:${port}`, { auth });
     expect(status).toBe(200);
     return new Promise((resolve, reject) => {
       const secure = tls.connect({ socket, servername: name, ca, ALPNProtocols: ['http/1.1'] });
@@ -609,6 +628,69 @@ describe('TLS interception for header rules', () => {
     expect(logLines.join('')).toContain('moat-private');
     // More refusals than the sandbox has connection slots (256): each gave its slot back.
     for (let i = 0; i < 300; i++) expect((await plain()).status).toBe(502);
+  });
+
+  describe('with --redact-secrets-in-responses', () => {
+    const placeholder = '${e2b.secrets.token}';
+
+    it('replaces injected values in echoed heads and bodies, on keep-alive, asking for uncoded bodies', async () => {
+      const url = `https://api.rule.test:${port}`;
+      // Two requests on one connection: a JSON echo, then a header and a two-piece body.
+      const { stdout } = await curlThrough(
+        redacting,
+        `${url}/path`,
+        '-i',
+        '-H',
+        'Accept-Encoding: gzip',
+        `${url}/echo-header`,
+      );
+      for (const value of SECRET_VALUES) expect(stdout).not.toContain(value);
+      expect(stdout.match(/Connection Established/gi)).toHaveLength(1);
+      // curl asks for the URLs in order: /echo-header (an argument), then /path (its last).
+      const [second, first] = stdout
+        .split(/(?=HTTP\/1\.[01] \d{3} )/)
+        .filter((part) => !/^HTTP\/1\.[01] 200 Connection established/i.test(part));
+      expect(first).toMatch(/^transfer-encoding: chunked\r$/im);
+      const echo = JSON.parse(first!.slice(first!.indexOf('\r\n\r\n') + 4)) as Echo;
+      expect(seen(echo, 'authorization')).toEqual([`Bearer ${placeholder}`]);
+      expect(seen(echo, 'accept-encoding')).toEqual(['identity']);
+      expect(second).toContain(`x-echo: Bearer ${placeholder}\r\n`);
+      expect(second).toContain(`{"seen":"Bearer ${placeholder}"}`);
+      // The origin did get the value (and without the option, the sandbox would too).
+      const plain = await curlProxy(`${url}/echo-header`);
+      expect(plain.stdout).toBe(`{"seen":"Bearer ${TOKEN}"}`);
+    });
+
+    it('replaces a value cut across two writes, and ends an HTTP/1.0 answer by closing', async () => {
+      const body = `xx${TOKEN}yy`;
+      const url = `https://api.rule.test:${port}/chunked`;
+      const chunked = await curlThrough(redacting, url, '--data-binary', body);
+      expect(chunked.stdout).toBe(`xx${placeholder}yy`);
+      const socket = await tunnelTls('api.rule.test', moatCa.cert, redacting);
+      socket.setEncoding('latin1');
+      let old = '';
+      socket.on('data', (text: string) => (old += text));
+      const closed = new Promise((resolve) => socket.once('end', resolve));
+      socket.write(
+        `POST /chunked HTTP/1.0\r\nHost: api.rule.test\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+      );
+      await closed;
+      socket.destroy();
+      expect(old).toMatch(/^connection: close\r$/im);
+      expect(old).not.toMatch(/^(transfer-encoding|content-length):/im);
+      expect(old.endsWith(`\r\n\r\nxx${placeholder}yy`)).toBe(true);
+    });
+
+    it('refuses (502) a body the origin compressed although asked not to', async () => {
+      const { stdout } = await curlThrough(
+        redacting,
+        `https://api.rule.test:${port}/gzip`,
+        '-w',
+        '\n%{http_code}',
+      );
+      expect(stdout).toMatch(/502$/);
+      expect(stdout).toContain('gzip coded body although Moat asked for none');
+    });
   });
 
   describe('a hostile sandbox', () => {

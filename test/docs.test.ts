@@ -226,6 +226,37 @@ describe('documentation links', () => {
   });
 });
 
+/** The docs/*.md pages that no README.md link reaches (the README's Documentation list). */
+function unlinkedPages(readme: string, pages: string[]): string[] {
+  const linked = new Set(
+    linkTargets(readme).map((target) => path.normalize(target.split('#')[0]!)),
+  );
+  return pages.filter((page) => !linked.has(page));
+}
+
+describe('the README as a front door', () => {
+  it('links every docs/ page', () => {
+    const pages = readdirSync(path.join(ROOT, 'docs'))
+      .filter((name) => name.endsWith('.md'))
+      .map((name) => `docs/${name}`);
+    expect(pages.length).toBeGreaterThan(0);
+    expect(unlinkedPages(readText(path.join(ROOT, 'README.md')), pages)).toEqual([]);
+    expect(unlinkedPages('[a](docs/a.md#x) `[b](docs/b.md)`', ['docs/a.md', 'docs/b.md'])).toEqual([
+      'docs/b.md',
+    ]);
+  });
+
+  it('asks for the Node.js that package.json engines asks for', () => {
+    const pkg = JSON.parse(readText(path.join(ROOT, 'package.json'))) as {
+      engines: { node: string };
+    };
+    const minimum = />=\s*(\d+)/.exec(pkg.engines.node)?.[1];
+    const asked = /\(Node\.js (\d+) or newer/.exec(readText(path.join(ROOT, 'README.md')))?.[1];
+    expect(asked, 'README.md names the Node.js version in Set-up').toBeDefined();
+    expect(asked).toBe(minimum);
+  });
+});
+
 describe('import boundaries', () => {
   it('a file of one part imports another part only through its face (../<part>/index.js)', () => {
     const problems = SOURCES.flatMap(({ file, source }) => boundaryViolations(file, source));

@@ -18,6 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMoatFolder } from '../bench/lib/scratch.js';
 import { SETTINGS } from '../src/config.js';
 import { FakeDns } from './support/fake-dns.js';
+import { API_KEY } from './support/api-client.js';
 import { MOAT_BIN, runMoat } from './support/moat.js';
 import { REDIS_PORT, RedisRelay, redisProblem } from './support/redis.js';
 import { loopbackServeArgs, ServeChild, type Started } from './support/serve-child.js';
@@ -403,33 +404,76 @@ const FREEZER_MOUNT = existsSync('/sys/fs/cgroup/freezer/cgroup.procs')
   : '/sys/fs/cgroup';
 
 describe('confinement is advertised only after a write test', () => {
+  /** `moat serve` with the freezer hierarchy read-only (in a private mount namespace). */
+  async function withReadOnlyFreezer(
+    extra: string[],
+    use: (stderr: string, api: string) => Promise<void>,
+  ): Promise<void> {
+    // A private mount namespace: the read-only remount is this child's alone.
+    const args = loopbackServeArgs(folder(), zone.port, ['--api-keys', API_KEY, ...extra]);
+    const child = spawn(
+      'unshare',
+      [
+        ...['--mount', '--propagation', 'private', 'sh', '-c'],
+        `mount -o remount,bind,ro ${FREEZER_MOUNT} && exec "$0" "$@"`,
+        ...[process.execPath, MOAT_BIN, 'serve', ...args],
+      ],
+      { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    let stderr = '';
+    child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    try {
+      await expect.poll(() => stderr, { timeout: 15_000 }).toMatch(/^moat: metrics /m);
+      const api = /^moat: platform API +(http:\/\/\S+) /m.exec(stderr)?.[1];
+      expect(api, stderr).toBeDefined();
+      await use(stderr, api!);
+    } finally {
+      child.kill('SIGTERM');
+      await exited;
+    }
+  }
+  const create = (api: string) =>
+    fetch(`${api}/sandboxes`, {
+      method: 'POST',
+      headers: { 'X-API-Key': API_KEY, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', timeout: 60 }),
+    });
+
   it.skipIf(process.getuid?.() !== 0)(
-    'with the freezer hierarchy read-only, start-up refuses sandboxes and says why',
+    'with the freezer hierarchy read-only, start-up refuses sandboxes and says why; POST is 503',
     async () => {
-      // A private mount namespace: the read-only remount is this child's alone.
-      const dataDir = folder();
-      const child = spawn(
-        'unshare',
-        [
-          ...['--mount', '--propagation', 'private', 'sh', '-c'],
-          `mount -o remount,bind,ro ${FREEZER_MOUNT} && exec "$0" "$@"`,
-          ...[process.execPath, MOAT_BIN, 'serve', ...loopbackServeArgs(dataDir, zone.port)],
-        ],
-        { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'ignore', 'pipe'] },
-      );
-      let stderr = '';
-      child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
-      const exited = new Promise((resolve) => child.once('exit', resolve));
-      try {
-        await expect.poll(() => stderr, { timeout: 15_000 }).toMatch(/^moat: metrics /m);
-      } finally {
-        child.kill('SIGTERM');
-        await exited;
-      }
-      const processes = /^moat: processes +(.*)$/m.exec(stderr)?.[1];
-      expect(processes, stderr).toMatch(/^sandboxes are refused: they cannot be confined here \(/);
-      expect(processes).toMatch(/cgroup v[12] .* was found but a write test failed: /);
-      expect(processes).not.toMatch(/^confined/);
+      await withReadOnlyFreezer([], async (stderr, api) => {
+        const processes = /^moat: processes +(.*)$/m.exec(stderr)?.[1];
+        expect(processes, stderr).toMatch(
+          /^sandboxes are refused: they cannot be confined here \(/,
+        );
+        expect(processes).toMatch(/cgroup v[12] .* was found but a write test failed: /);
+        expect(processes).not.toMatch(/^confined/);
+        const refused = await create(api);
+        expect(refused.status).toBe(503);
+        expect(await refused.text()).toMatch(
+          /not created: sandboxes are refused: they cannot be confined/,
+        );
+      });
+    },
+  );
+
+  it.skipIf(process.getuid?.() !== 0)(
+    'with --unconfined-sandboxes there, start-up says UNCONFINED and so does GET /sandboxes/{id}',
+    async () => {
+      await withReadOnlyFreezer(['--unconfined-sandboxes'], async (stderr, api) => {
+        expect(/^moat: processes +(.*)$/m.exec(stderr)?.[1], stderr).toMatch(
+          /^UNCONFINED \(--unconfined-sandboxes\): /,
+        );
+        const made = await create(api);
+        expect(made.status, await made.clone().text()).toBe(201);
+        const { sandboxID } = (await made.json()) as { sandboxID: string };
+        const headers = { 'X-API-Key': API_KEY };
+        const detail = await fetch(`${api}/sandboxes/${sandboxID}`, { headers });
+        expect(await detail.json()).toMatchObject({ sandboxID, confinement: 'unconfined' });
+        await fetch(`${api}/sandboxes/${sandboxID}`, { method: 'DELETE', headers });
+      });
     },
   );
 });

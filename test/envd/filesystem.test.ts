@@ -662,6 +662,21 @@ describe('CreateWatcher / GetWatcherEvents / RemoveWatcher', () => {
     }
   });
 
+  it('bounds the folders one recursive watch takes (1,000): past it the stream ends exhausted', async () => {
+    const dir = await scratch('watchfolders');
+    // 1,001 subfolders and the watched folder itself: past the bound by two.
+    await sh('cd -- "$1" && seq 1 1001 | xargs mkdir', dir);
+    const refused = streamCall('WatchDir', { path: dir, recursive: true });
+    await refused.ready;
+    expect(await refused.next()).toMatchObject({
+      flags: 2,
+      message: { error: { code: 'resource_exhausted', message: expect.stringMatching(/folders/) } },
+    });
+    // The same folder watched without its subfolders is one folder.
+    const flat = await watchDir({ path: dir });
+    flat.close();
+  });
+
   it('bounds the watches (streams and watchers together) a sandbox holds', async () => {
     const dir = await scratch('watchcap');
     const ids: string[] = [];

@@ -6,10 +6,11 @@
  * and cached by the code serve runs). One sandbox, identified by Proxy-Authorization Basic,
  * may reach every benchmark name; names below `bump.` have a header rule (`Authorization:
  * Bearer ${secret token}`, so they are intercepted), names below `tunnel.` none (opaque
- * tunnels). Every name resolves to the origin's address (no DNS is asked).
+ * tunnels). CONNECT arrives as serve's default --proxy-io auto has it (the native relay where
+ * it is built; intercepted flows are handed to Node). Every name resolves to the origin's address (no DNS is asked).
  *
  * argv: <CA certificate file> <CA key file> <origin CA file> <origin port> <rounds>
- * <mint names per round> <lifetime seconds>. Tells the parent `{ ready: { port } }`; answers
+ * <mint names per round> <lifetime seconds>. Tells the parent `{ ready: { port, io } }`; answers
  * `leaves` (minted, cache hits, held); exits when the parent disconnects, on SIGTERM/SIGINT,
  * or after the lifetime.
  */
@@ -18,6 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { MoatCa } from '../src/intercept-ca/index.js';
 import type { HeaderTransform } from '../src/policy/index.js';
+import { nativeTcpUnavailable } from '../src/proxy/native-tcp.js';
 import { startInterceptingProxy } from './lib/intercepting-proxy.js';
 import {
   BENCH_SANDBOX_ID,
@@ -64,6 +66,8 @@ async function main(): Promise<void> {
     upstreamCa: readFileSync(originCa, 'utf8'),
     transparentPorts: { tls: port, http: port },
     maxTunnelsPerSandbox: 100_000,
+    // As serve's default --proxy-io: CONNECT arrives on the native relay where it is built.
+    tcpIo: 'auto',
     injection: {
       transformFor: (sandboxID, name) =>
         sandboxID === BENCH_SANDBOX_ID && name.endsWith(BUMP_SUFFIX) ? RULE : undefined,
@@ -92,7 +96,9 @@ async function main(): Promise<void> {
   process.on('message', (message) => {
     if (message === 'leaves') process.send?.({ leaves: ca.leafStats });
   });
-  process.send?.({ ready: { port: moat.proxy.port } });
+  const why = nativeTcpUnavailable();
+  const io = why === undefined ? 'the native relay' : `Node's sockets (${why})`;
+  process.send?.({ ready: { port: moat.proxy.port, io } });
 }
 
 main().catch((error: unknown) => {

@@ -394,7 +394,7 @@ async function measureAll(
   );
   const originPort = origin.ready.port;
   const moat = modes.includes('moat')
-    ? await forkReady<{ port: number }>(
+    ? await forkReady<{ port: number; io: string }>(
         './tls-moat.js',
         [
           proxyCa.certFile(),
@@ -439,7 +439,8 @@ async function measureAll(
           "(the egress proxy from Moat's own parts) with MoatCa on a throwaway proxy CA " +
           '(--ca-cert/--ca-key; leaves ECDSA P-256, cached), --upstream-ca the origin CA; one ' +
           `sandbox allowed *${BUMP_SUFFIX} and *${TUNNEL_SUFFIX}, a header rule for ` +
-          `*${BUMP_SUFFIX} (${INJECTED_HEADER}: ${INJECTED_PREFIX}\${secret}), none for the other.`
+          `*${BUMP_SUFFIX} (${INJECTED_HEADER}: ${INJECTED_PREFIX}\${secret}), none for the other; ` +
+          `CONNECT arrives on ${moat.ready.io}.`
         : '',
       squid
         ? `- squid (127.0.0.1:${squid.port}, squid -N): ${squid.config.split('\n').join('; ')}.`

@@ -22,23 +22,43 @@ export async function freePort(): Promise<number> {
 // ---------------------------------------------------------------------------------------------
 // squid
 
-/** Installs squid from Debian when it is missing (as root), and never leaves its service up. */
-export function ensureSquid(log: (line: string) => void): void {
-  if (has('squid')) return;
+/** Whether the installed squid was built with OpenSSL (what ssl_bump needs). */
+export function squidHasOpenssl(): boolean {
+  const result = spawnSync('squid', ['-v'], { encoding: 'utf8', timeout: 5000 });
+  return (result.stdout ?? '').includes('--with-openssl');
+}
+
+/**
+ * Installs squid from Debian when it is missing (as root), and never leaves its service up.
+ * `openssl`: a build with OpenSSL is required (ssl_bump): Debian's squid-openssl, which
+ * replaces the squid package (apt-get handles the conflict). As scripts/system-packages.mjs:
+ * install from the package lists there are, fetch them once and retry when that fails.
+ */
+export function ensureSquid(
+  log: (line: string) => void,
+  options: { readonly openssl?: boolean } = {},
+): void {
+  const wanted = options.openssl === true ? 'squid-openssl' : 'squid';
+  const present = () => has('squid') && (options.openssl !== true || squidHasOpenssl());
+  if (present()) return;
   if (process.getuid?.() !== 0)
-    throw new Error('squid is missing; install it with: sudo apt-get install -y squid');
+    throw new Error(`${wanted} is missing; install it with: sudo apt-get install -y ${wanted}`);
   const run = (args: string[]) => {
-    log(`bench:proxy: squid missing; running: ${args.join(' ')}`);
-    const result = spawnSync(args[0]!, args.slice(1), {
-      stdio: ['ignore', 'inherit', 'inherit'],
-      env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
-      timeout: 600_000,
-    });
-    if (result.status !== 0) throw new Error(`${args.join(' ')} failed (${result.status})`);
+    log(`${wanted} missing; running: ${args.join(' ')}`);
+    return (
+      spawnSync(args[0]!, args.slice(1), {
+        stdio: ['ignore', 'inherit', 'inherit'],
+        env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
+        timeout: 600_000,
+      }).status === 0
+    );
   };
-  run(['apt-get', 'update']);
-  run(['apt-get', 'install', '-y', '--no-install-recommends', 'squid']);
-  if (!has('squid')) throw new Error('squid still missing after apt-get install');
+  const install = () => run(['apt-get', 'install', '-y', '--no-install-recommends', wanted]);
+  if (!install()) {
+    if (!run(['apt-get', 'update'])) throw new Error('apt-get update failed');
+    if (!install()) throw new Error(`apt-get install ${wanted} failed`);
+  }
+  if (!present()) throw new Error(`${wanted} still missing after apt-get install`);
   stopSystemSquid(log);
 }
 
@@ -75,23 +95,41 @@ export interface RunningSquid {
   pid(): number | undefined;
 }
 
+/** Extra configuration for squid: options of its http_port line, and lines appended. */
+export interface SquidExtras {
+  /** Appended to `http_port 127.0.0.1:<port>` (e.g. ssl-bump and its certificate). */
+  readonly portOptions?: string;
+  readonly config?: readonly string[];
+}
+
+/** The uid squid drops to as root (Debian's `proxy`), undefined when not root or unknown. */
+export function squidUid(): number | undefined {
+  if (process.getuid?.() !== 0) return undefined;
+  const proxyUser = spawnSync('id', ['-u', 'proxy'], { encoding: 'utf8' });
+  const uid = Number(proxyUser.stdout?.trim());
+  return proxyUser.status === 0 && Number.isInteger(uid) ? uid : undefined;
+}
+
 /**
  * squid in the foreground (-N, one process), with a minimal configuration in `dir`: loopback
  * only (HTTP port, DNS socket), access for localhost alone, no cache, no access log, the
- * origin's name from a hosts_file (no DNS query needed). As root, squid drops to its default
- * effective user (proxy), so `dir` is made readable and its log writable for that user.
+ * origin's names from a hosts_file (no DNS query needed), plus `extras`. As root, squid drops
+ * to its default effective user (proxy), so `dir` is made readable and its log writable for
+ * that user.
  */
 export async function startSquid(
   dir: string,
   originIp: string,
-  originName: string,
+  originNames: string | readonly string[],
   lifetimeSeconds: number,
+  extras: SquidExtras = {},
 ): Promise<RunningSquid> {
   const port = await freePort();
   const file = (name: string) => join(dir, name);
-  writeFileSync(file('hosts'), `${originIp} ${originName}\n`);
+  const names = typeof originNames === 'string' ? [originNames] : originNames;
+  writeFileSync(file('hosts'), names.map((name) => `${originIp} ${name}\n`).join(''));
   const config = [
-    `http_port 127.0.0.1:${port}`,
+    `http_port 127.0.0.1:${port}${extras.portOptions ? ` ${extras.portOptions}` : ''}`,
     'http_access allow localhost',
     'http_access deny all',
     'cache deny all',
@@ -112,13 +150,13 @@ export async function startSquid(
     'client_db off',
     'shutdown_lifetime 0 seconds',
     'max_filedescriptors 16384',
+    ...(extras.config ?? []),
   ].join('\n');
   writeFileSync(file('squid.conf'), `${config}\n`);
   writeFileSync(file('squid-cache.log'), '');
   chmodSync(dir, 0o755);
-  const proxyUser = spawnSync('id', ['-u', 'proxy'], { encoding: 'utf8' });
-  const uid = Number(proxyUser.stdout?.trim());
-  if (process.getuid?.() === 0 && proxyUser.status === 0 && Number.isInteger(uid)) {
+  const uid = squidUid();
+  if (uid !== undefined) {
     chownSync(dir, uid, -1);
     chownSync(file('squid-cache.log'), uid, -1);
   }

@@ -6,7 +6,7 @@
  * machine CPU accounting from /proc.
  */
 import { type ChildProcess, fork, spawn, spawnSync } from 'node:child_process';
-import { closeSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -227,6 +227,34 @@ export function cpuSeconds(pid: number | undefined): number {
   } catch {
     return Number.NaN;
   }
+}
+
+/**
+ * CPU seconds of a process and every descendant it has now (squid's helpers, say); NaN when
+ * the process is gone. Descendants that exited since are not counted.
+ */
+export function treeCpuSeconds(pid: number | undefined): number {
+  if (pid === undefined) return Number.NaN;
+  let total = 0;
+  const pending = [pid];
+  for (let seen = 0; pending.length > 0 && seen < 1000; seen++) {
+    const next = pending.pop()!;
+    const cpu = cpuSeconds(next);
+    if (!Number.isFinite(cpu)) {
+      if (next === pid) return Number.NaN;
+      continue;
+    }
+    total += cpu;
+    try {
+      for (const task of readdirSync(`/proc/${next}/task`)) {
+        const text = readFileSync(`/proc/${next}/task/${task}/children`, 'utf8').trim();
+        for (const child of text.split(/\s+/).filter(Boolean)) pending.push(Number(child));
+      }
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return total;
 }
 
 /** The process that `timeout` runs (setpriv and taskset exec theirs, so it is the command). */

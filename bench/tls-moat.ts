@@ -1,0 +1,107 @@
+/**
+ * Moat for `npm run bench:tls`, run as its own process (forked by bench/tls.ts): the egress
+ * proxy with secretless egress on, from startInterceptingProxy (lib/intercepting-proxy.ts: the
+ * parts `moat serve` builds it from, without DNS, API and sandboxes), and Moat's own CA
+ * (MoatCa, opened on the benchmark's proxy CA as with --ca-cert/--ca-key: the leaves are minted
+ * and cached by the code serve runs). One sandbox, identified by Proxy-Authorization Basic,
+ * may reach every benchmark name; names below `bump.` have a header rule (`Authorization:
+ * Bearer ${secret token}`, so they are intercepted), names below `tunnel.` none (opaque
+ * tunnels). CONNECT arrives as serve's default --proxy-io auto has it (the native relay where
+ * it is built; intercepted flows are handed to Node). Every name resolves to the origin's address (no DNS is asked).
+ *
+ * argv: <CA certificate file> <CA key file> <origin CA file> <origin port> <rounds>
+ * <mint names per round> <lifetime seconds>. Tells the parent `{ ready: { port, io } }`; answers
+ * `leaves` (minted, cache hits, held); exits when the parent disconnects, on SIGTERM/SIGINT,
+ * or after the lifetime.
+ */
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { MoatCa } from '../src/intercept-ca/index.js';
+import type { HeaderTransform } from '../src/policy/index.js';
+import { nativeTcpUnavailable } from '../src/proxy/native-tcp.js';
+import { startInterceptingProxy } from './lib/intercepting-proxy.js';
+import {
+  BENCH_SANDBOX_ID,
+  BENCH_SECRET,
+  BUMP_NAME,
+  BUMP_SUFFIX,
+  INJECTED_HEADER,
+  INJECTED_PREFIX,
+  INJECTED_SECRET,
+  mintNames,
+  ORIGIN_IP,
+  TUNNEL_NAME,
+  TUNNEL_SUFFIX,
+} from './tls-common.js';
+
+const [
+  caCert = '',
+  caKey = '',
+  originCa = '',
+  portText = '',
+  roundsText = '',
+  perRoundText = '',
+  lifetime = '900',
+] = process.argv.slice(2);
+
+const RULE: HeaderTransform = {
+  ruleKey: `*${BUMP_SUFFIX}`,
+  headers: [{ name: INJECTED_HEADER, value: [{ literal: INJECTED_PREFIX }, { secret: 'token' }] }],
+};
+
+async function main(): Promise<void> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'moat-bench-tls-ca-'));
+  const opened = await MoatCa.open({ dataDir, certFile: caCert, keyFile: caKey, owner: 'bench' });
+  if (!opened.ok) throw new Error(opened.error);
+  const ca = opened.value;
+  const names = new Map<string, string[]>();
+  for (const name of [BUMP_NAME, TUNNEL_NAME]) names.set(name, [ORIGIN_IP]);
+  // Round 0 is the warm-up's.
+  for (let round = 0; round <= Number(roundsText); round++)
+    for (const name of mintNames(round, Number(perRoundText))) names.set(name, [ORIGIN_IP]);
+  const port = Number(portText);
+  const moat = await startInterceptingProxy({
+    names,
+    upstreamCa: readFileSync(originCa, 'utf8'),
+    transparentPorts: { tls: port, http: port },
+    maxTunnelsPerSandbox: 100_000,
+    // As serve's default --proxy-io: CONNECT arrives on the native relay where it is built.
+    tcpIo: 'auto',
+    injection: {
+      transformFor: (sandboxID, name) =>
+        sandboxID === BENCH_SANDBOX_ID && name.endsWith(BUMP_SUFFIX) ? RULE : undefined,
+      // As src/cli/moat.ts wires it.
+      leafContext: (name) => ca.secureContextFor(name),
+      secretValue: async (name) => (name === 'token' ? INJECTED_SECRET : undefined),
+    },
+  });
+  moat.register(BENCH_SANDBOX_ID, BENCH_SECRET, '127.0.0.1', {
+    allowOut: [`*${BUMP_SUFFIX}`, `*${TUNNEL_SUFFIX}`],
+    denyOut: ['0.0.0.0/0'],
+  });
+
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    await moat.close();
+    rmSync(dataDir, { recursive: true, force: true });
+    process.exit(0);
+  };
+  setTimeout(() => void stop(), Number(lifetime) * 1000).unref();
+  process.on('disconnect', () => void stop());
+  process.on('SIGTERM', () => void stop());
+  process.on('SIGINT', () => void stop());
+  process.on('message', (message) => {
+    if (message === 'leaves') process.send?.({ leaves: ca.leafStats });
+  });
+  const why = nativeTcpUnavailable();
+  const io = why === undefined ? 'the native relay' : `Node's sockets (${why})`;
+  process.send?.({ ready: { port: moat.proxy.port, io } });
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`bench tls moat: ${(error as Error).stack ?? String(error)}\n`);
+  process.exit(1);
+});

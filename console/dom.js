@@ -66,14 +66,22 @@ export function formatBytes(bytes) {
   return unit === 0 ? `${value} B` : `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
 }
 
+const two = (n) => String(n).padStart(2, '0');
+
 /** An ISO time as the local wall clock, to the millisecond. */
 export function formatTime(iso) {
   const date = new Date(iso);
   if (Number.isNaN(date.getTime())) return String(iso ?? '');
-  const two = (n) => String(n).padStart(2, '0');
-  return `${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}.${String(
-    date.getMilliseconds(),
-  ).padStart(3, '0')}`;
+  const ms = String(date.getMilliseconds()).padStart(3, '0');
+  return `${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}.${ms}`;
+}
+
+/** An ISO time as the local date and wall clock, to the second. */
+export function formatDateTime(iso) {
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return String(iso ?? '');
+  const day = `${date.getFullYear()}-${two(date.getMonth() + 1)}-${two(date.getDate())}`;
+  return `${day} ${two(date.getHours())}:${two(date.getMinutes())}:${two(date.getSeconds())}`;
 }
 
 /** 1234 -> "1,234" (counts in the sandbox list). */

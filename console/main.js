@@ -8,7 +8,8 @@ import { byId, el, fill } from './dom.js';
 import { FlowTable, MAX_ROWS } from './flows.js';
 import { loadSandboxes, renderSandboxDetail, renderSandboxList } from './sandboxes.js';
 
-const SANDBOX_REFRESH_MS = 5000;
+/** How often the sandbox list is read again: each sandbox costs one request, so many wait longer. */
+const sandboxRefreshMs = (count) => (count > 50 ? 20000 : 5000);
 const RETRY_MS = [1000, 2000, 5000, 10000, 30000];
 const KINDS = ['dns', 'connect', 'http', 'transparent', 'direct', 'ingress'];
 
@@ -136,7 +137,7 @@ async function refreshSandboxes() {
     if (error instanceof KeyRefused) return refuseKey(error);
     setStatus('error', `sandboxes: ${error.message}`);
   }
-  sandboxTimer = setTimeout(refreshSandboxes, SANDBOX_REFRESH_MS);
+  sandboxTimer = setTimeout(refreshSandboxes, sandboxRefreshMs(sandboxes.length));
 }
 
 function refuseKey(error) {

@@ -4,7 +4,7 @@
  * a rule's header values never reach the page.
  */
 import { KeyRefused } from './api.js';
-import { el, fill, formatBytes, formatCount } from './dom.js';
+import { el, fill, formatBytes, formatCount, formatDateTime } from './dom.js';
 
 /** At most this many sandboxes are shown (and asked about one by one). */
 const MAX_SANDBOXES = 200;
@@ -149,9 +149,7 @@ export function renderSandboxDetail(panel, sandbox) {
       el(
         'dd',
         { class: 'muted' },
-        `${sandbox.startedAt.replace('T', ' ').slice(0, 19)} → ${sandbox.endAt
-          .replace('T', ' ')
-          .slice(0, 19)} UTC`,
+        `${formatDateTime(sandbox.startedAt)} → ${formatDateTime(sandbox.endAt)}`,
       ),
     ),
   );

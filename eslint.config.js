@@ -21,4 +21,28 @@ export default tseslint.config(
     files: ['scripts/**/*.mjs'],
     languageOptions: { globals: { process: 'readonly', console: 'readonly' } },
   },
+  {
+    // The console's page modules run in the browser (no build step, so no DOM types to lint with).
+    files: ['console/**/*.js'],
+    languageOptions: {
+      sourceType: 'module',
+      globals: Object.fromEntries(
+        [
+          'AbortController',
+          'clearTimeout',
+          'console',
+          'document',
+          'fetch',
+          'history',
+          'location',
+          'Node',
+          'sessionStorage',
+          'setTimeout',
+          'TextDecoderStream',
+          'URLSearchParams',
+          'window',
+        ].map((name) => [name, 'readonly']),
+      ),
+    },
+  },
 );

@@ -4,10 +4,12 @@
  * (root with apt-get): python3 and python3-seccomp run each sandbox's supervisor (namespaces,
  * layers, seccomp filter), e2fsprogs and mount make and mount its disk, iproute2 and nftables
  * give each sandbox its own network namespace and firewall; bubblewrap, the peer
- * `npm run bench:sandbox` measures, only with `--bench`. Without the first, Moat refuses sandboxes (unless started
+ * `npm run bench:sandbox` measures, only with `--bench`; chromium, the browser the console's
+ * test drives, only with `--browser`. Without the first, Moat refuses sandboxes (unless started
  * with --unconfined-sandboxes); without iproute2 and nftables it enforces through the proxy only;
  * it says so at start-up. This script says why it did not install.
- * Run by `npm start` (prestart), the test suite's global set-up and the benchmarks that need a peer.
+ * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer
+ * and the console's browser test.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -44,12 +46,20 @@ const PACKAGES = [
     name: 'bubblewrap',
     present: () => existsSync('/usr/bin/bwrap'),
     for: 'the bench:sandbox peer',
-    benchOnly: true,
+    only: '--bench',
+  },
+  {
+    name: 'chromium',
+    present: () => existsSync('/usr/bin/chromium'),
+    for: "the console's browser test",
+    only: '--browser',
   },
 ];
 
-const bench = process.argv.includes('--bench');
-const missing = PACKAGES.filter((p) => (bench || !p.benchOnly) && !p.present());
+// Packages marked `only` are extras for one purpose, installed when their option is given.
+const missing = PACKAGES.filter(
+  (p) => (p.only === undefined || process.argv.includes(p.only)) && !p.present(),
+);
 if (missing.length === 0) process.exit(0);
 const names = missing.map((p) => p.name);
 const why = missing.map((p) => `${p.name} (${p.for})`).join(', ');

@@ -1,5 +1,6 @@
 /**
- * The platform API on Fastify: auth, error shapes, metrics and the routes of routes.ts.
+ * The platform API on Fastify: auth, error shapes, metrics, the routes of routes.ts and the
+ * console's static files (console.ts).
  */
 import Fastify, {
   type FastifyBaseLogger,
@@ -13,6 +14,7 @@ import type { Logger } from 'pino';
 import type { HostPort } from '../config.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
+import { registerConsole } from './console.js';
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
 import { ROUTES, type RouteContext, type RouteSpec } from './routes.js';
@@ -209,6 +211,7 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
   );
   const document = openApiDocument(routes, options.version);
   app.get('/openapi.json', async () => document);
+  registerConsole(app);
   return app;
 }
 

@@ -148,6 +148,13 @@ describe.skipIf(skip !== undefined)('secretless egress in namespace mode', () =>
       expect(unverified.headers.authorization).toBeUndefined();
       expect(unverified.headers['x-team']).toBeUndefined();
     });
+
+    it(`gives plain HTTP to the rule's name no credentials, ${way}`, async () => {
+      const before = world.seen('http').length;
+      const plain = await curlIn(sandbox, 'http://api.secret.test/headers', flags);
+      expect(plain.stdout, plain.stderr).toContain('added over HTTPS only');
+      expect(world.seen('http').slice(before)).toEqual([]);
+    });
   }
 
   it('never gives the sandbox, the API or the logs the secret', async () => {

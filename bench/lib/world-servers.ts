@@ -1,6 +1,8 @@
 /**
  * The origin servers of a test "world" network namespace (see world.ts), run inside it:
- * HTTP on 80, HTTPS on 443 (certificate from MOAT_WORLD_KEY / MOAT_WORLD_CERT), a TCP echo on
+ * HTTP on 80, HTTPS on 443 (certificate from MOAT_WORLD_KEY / MOAT_WORLD_CERT; on either, the
+ * path /headers answers with the request's headers as JSON, for tests of what reached the
+ * origin), a TCP echo on
  * 7000, a UDP echo on 7001, a UDP talker on 7002 (a datagram to it is answered by a stream of
  * them), and listeners that only record who reached them on TCP 853 (DNS over
  * TLS) and UDP/TCP 53 (a resolver other than Moat). Every event is one JSON line on stdout;
@@ -31,6 +33,11 @@ function answer(kind: string) {
     const host = req.headers.host ?? '';
     const sni = (req.socket as { servername?: string }).servername;
     event({ event: kind, host, sni, from: req.socket.remoteAddress });
+    if (req.url === '/headers') {
+      res.setHeader('content-type', 'application/json');
+      res.end(JSON.stringify(req.headers));
+      return;
+    }
     res.setHeader('content-type', 'text/plain');
     res.end(`world ${kind} host=${host}${sni ? ` sni=${sni}` : ''}\n`);
   };

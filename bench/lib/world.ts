@@ -39,9 +39,15 @@ export class World {
 
   /**
    * `tag`: a few characters naming this world apart from others running at once; `prefix`:
-   * its /24 without the last part (e.g. `10.251.7`).
+   * its /24 without the last part (e.g. `10.251.7`); `certificate`: what HTTPS on 443 presents
+   * (PEM; a throwaway self-signed one for `moat-test` unless given, e.g. a test CA's leaf for
+   * the names a test maps to the world).
    */
-  static async create(tag: string, prefix: string): Promise<World> {
+  static async create(
+    tag: string,
+    prefix: string,
+    certificate: { key: string | Buffer; cert: string | Buffer } = testCertificate(),
+  ): Promise<World> {
     const namespace = `moat-world-${tag}`;
     const link = `mw-${tag}`;
     // Leftovers of an interrupted earlier run of the same tag.
@@ -64,7 +70,7 @@ export class World {
     for (const n of [2, 3, 4, 5]) inside('addr', 'add', `${prefix}.${n}/24`, 'dev', 'eth0');
     inside('link', 'set', 'eth0', 'up');
     inside('route', 'add', 'default', 'via', `${prefix}.1`);
-    const { key, cert } = testCertificate();
+    const { key, cert } = certificate;
     // Compiled next to this file when run from dist/; from the sources (tests), the build's copy.
     const here = path.dirname(fileURLToPath(import.meta.url));
     const script = existsSync(path.join(here, 'world-servers.js'))
@@ -76,8 +82,8 @@ export class World {
       {
         env: {
           PATH: process.env.PATH ?? '',
-          MOAT_WORLD_KEY: key.toString('base64'),
-          MOAT_WORLD_CERT: cert.toString('base64'),
+          MOAT_WORLD_KEY: Buffer.from(key).toString('base64'),
+          MOAT_WORLD_CERT: Buffer.from(cert).toString('base64'),
           MOAT_WORLD_ADDRESSES: [2, 3, 4, 5].map((n) => `${prefix}.${n}`).join(','),
         },
         stdio: ['ignore', 'pipe', 'inherit'],

@@ -196,14 +196,22 @@ export function testMoatConfig(
   return { config: config.value, scratch };
 }
 
-/** Starts Moat on loopback with free ports, a known key and a FakeDns upstream. */
+/**
+ * Starts Moat on loopback with free ports, a known key and a FakeDns upstream. `logs`: when
+ * given, Moat's log lines (JSON, debug and up) are appended to it, for tests of what Moat logs.
+ */
 export async function startApiMoat(
   zone: Map<string, ZoneEntry> = new Map(),
   flags: Record<string, string> = {},
+  logs?: string[],
 ): Promise<ApiMoat> {
   const upstream = await new FakeDns(zone).start();
   const { config, scratch } = testMoatConfig(upstream.port, flags);
-  const moat = await startMoat(config, pino({ level: 'silent' }), { defaultMetrics: false });
+  const logger =
+    logs === undefined
+      ? pino({ level: 'silent' })
+      : pino({ level: 'debug' }, { write: (line: string) => void logs.push(line) });
+  const moat = await startMoat(config, logger, { defaultMetrics: false });
   const { host, port } = moat.listening.api;
   return {
     moat,

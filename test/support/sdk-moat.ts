@@ -20,10 +20,11 @@ export interface SdkMoat {
   stop(): Promise<void>;
 }
 
+/** `logs`: collects Moat's log lines (see startApiMoat). */
 export async function startSdkMoat(
-  options: { zone?: Map<string, ZoneEntry>; flags?: Record<string, string> } = {},
+  options: { zone?: Map<string, ZoneEntry>; flags?: Record<string, string>; logs?: string[] } = {},
 ): Promise<SdkMoat> {
-  const started = await startApiMoat(options.zone, options.flags);
+  const started = await startApiMoat(options.zone, options.flags, options.logs);
   const { moat } = started;
   const sandboxUrl = `http://127.0.0.1:${moat.listening.sandbox.port}`;
   Object.assign(process.env, {

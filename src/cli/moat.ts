@@ -446,6 +446,7 @@ export async function startMoat(
         dns,
         proxy,
         transparent: transparent!,
+        dialer,
       });
     }
     const runtime = await ProcessRuntime.start(config.dataDir, {
@@ -655,7 +656,11 @@ interface GatewayParts {
   readonly dns: DnsInterceptor;
   readonly proxy: EgressProxy;
   readonly transparent: TransparentProxy;
+  readonly dialer: Dialer;
 }
+
+/** Web ports go to the transparent listener, which ends what a new policy denies by name itself. */
+const TRANSPARENT_PORTS = new Set([80, 443]);
 
 /**
  * Readies the host for namespaced sandboxes: leftovers of an earlier run removed, the gateway
@@ -731,6 +736,29 @@ async function startGateway(
             }
           : undefined,
       now: parts.now,
+      endDenied: async (sandboxID) => {
+        const sandbox = parts.table.get(sandboxID);
+        // With an upstream proxy every TCP connection goes through Moat, which ends them itself.
+        if (sandbox === undefined || sandbox.upstream !== undefined) return;
+        try {
+          const ended = await network.endConnections(sandboxID, (address, port) => {
+            const ip = parseIP(address);
+            if (!ip.ok || TRANSPARENT_PORTS.has(port)) return false;
+            return parts.dialer.check(sandbox, { ip: ip.value, port }, ip.value).verdict === 'deny';
+          });
+          if (ended > 0)
+            logger.info(
+              { sandboxID, connections: ended },
+              'open connections the new policy denies ended',
+            );
+        } catch (error) {
+          // Their packets are stopped all the same; the sockets learn at their next send.
+          logger.warn(
+            { sandboxID, err: (error as Error).message },
+            'ending denied connections failed',
+          );
+        }
+      },
       onApplied: (change, ok, seconds) => {
         metrics.kernelApplies.inc({ change, result: ok ? 'applied' : 'failed' });
         if (ok) metrics.kernelApplyDuration.observe({ change }, seconds);

@@ -28,6 +28,11 @@ export interface KernelEnforcerOptions {
    * there is none, and such TCP is then refused.
    */
   readonly redirectPort?: (sandboxID: string) => Promise<number | undefined>;
+  /**
+   * Ends the sandbox's open connections that its new policy denies, after a publish is in: the
+   * firewall already passes none of their packets, this tells their sockets now. Never rejects.
+   */
+  readonly endDenied?: (sandboxID: string) => Promise<void>;
   /** Each change written (or refused), with how long it took. */
   readonly onApplied?: (change: KernelChange, ok: boolean, seconds: number) => void;
 }
@@ -97,6 +102,7 @@ export class KernelEnforcer {
     )}; ${tunnel}`;
     try {
       await this.timed('policy', () => this.options.apply(sandboxID, commands));
+      await this.options.endDenied?.(sandboxID);
     } catch (error) {
       const locked = await this.options.apply(sandboxID, lockdownSets(this.nextGeneration())).then(
         async () => {

@@ -17,6 +17,10 @@ import { NFT, NftSession, NSENTER } from './nft-session.js';
 import { RangeLock } from './range-lock.js';
 
 const IP = '/usr/sbin/ip';
+/** iproute2's socket tool: lists a namespace's sockets, and ends them (sock_diag destroy). */
+const SS = '/usr/bin/ss';
+/** Connections ended by one `ss -K` (its filter is one argument). */
+const END_BATCH = 64;
 const NETNS_DIR = '/run/netns';
 const COMMAND_TIMEOUT_MS = 10_000;
 
@@ -81,6 +85,24 @@ function run(file: string, args: readonly string[], input?: string): Promise<voi
     });
     if (input !== undefined) child.stdin!.end(input);
   });
+}
+
+function output(file: string, args: readonly string[]): Promise<string> {
+  return new Promise((resolve, reject) => {
+    // A listing of a sandbox's sockets: about 100 bytes each.
+    const options = { timeout: COMMAND_TIMEOUT_MS, maxBuffer: 64 * 1024 * 1024 };
+    execFile(file, args, options, (error, out, stderr) => {
+      if (error === null) return resolve(String(out));
+      const detail = String(stderr).trim() || error.message;
+      reject(new Error(`${[file, ...args].join(' ')}: ${detail}`));
+    });
+  });
+}
+
+/** `address:port` of an IPv4 socket end as ss prints it (IPv6 is off on sandbox links). */
+function socketEnd(text: string | undefined): { host: string; port: number } | undefined {
+  const match = /^(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/.exec(text ?? '');
+  return match === null ? undefined : { host: match[1]!, port: Number(match[2]) };
 }
 
 const toWord = (text: string) =>
@@ -272,6 +294,41 @@ export class NamespaceNetwork {
       if (link.inside === opening) link.inside = undefined; // the next call tries again
     });
     return link.inside;
+  }
+
+  /**
+   * Ends at once the TCP connections the sandbox opened from its link address whose peer
+   * `ends(address, port)` names, by sock_diag's destroy (`ss -K`) in its namespace: their
+   * sockets get a reset now, instead of at their next send (a socket waiting for an answer the
+   * firewall now drops would wait for its retransmission timeout, 200 ms or more). Connections
+   * Moat's ingress opened from the host's end of the link are never ended. Resolves with how
+   * many were ended, or with the refusal of a listing larger than 64 MiB.
+   */
+  async endConnections(
+    sandboxID: string,
+    ends: (address: string, port: number) => boolean,
+  ): Promise<number> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined) return 0;
+    const inside = [`--net=${NETNS_DIR}/${link.namespace}`, '--', SS];
+    // -H: no heading; with a state filter, lines are: Recv-Q Send-Q Local:Port Peer:Port.
+    const listing = await output(NSENTER, [...inside, '-tnH', 'state', 'established']);
+    const doomed: string[] = [];
+    for (const line of listing.split('\n')) {
+      const [, , localText, peerText] = line.trim().split(/\s+/);
+      const local = socketEnd(localText);
+      const peer = socketEnd(peerText);
+      if (local === undefined || peer === undefined || local.host !== link.address) continue;
+      // Moat's own: its ingress (from the link's host end) and its listeners on the gateway.
+      if (peer.host === link.host || peer.host === this.gateway) continue;
+      if (!ends(peer.host, peer.port)) continue;
+      doomed.push(`( src ${localText} and dst ${peerText} )`);
+    }
+    for (let i = 0; i < doomed.length; i += END_BATCH) {
+      const filter = doomed.slice(i, i + END_BATCH).join(' or ');
+      await output(NSENTER, [...inside, '-K', '-tnH', 'state', 'established', filter]);
+    }
+    return doomed.length;
   }
 
   /** Removes the sandbox's namespace and link. Idempotent. */

@@ -617,8 +617,9 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
     });
     try {
-      // Two open connections: a raw TCP one the kernel holds through the learned address, and a
-      // TLS one through the transparent listener. Each prints the moment it is cut.
+      // Open connections: raw TCP ones the kernel holds through the learned address (one
+      // talking, one only waiting for bytes: nothing it sends could be refused), and a TLS one
+      // through the transparent listener. Each prints the moment it is cut.
       const watch = (label: string, open: string, loop: string) =>
         python(
           [
@@ -633,7 +634,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         );
       // Each program's output apart: python -u writes a print's parts separately, so two
       // programs' lines interleave in one buffer.
-      const printed = { tcp: '', tls: '' };
+      const printed = { tcp: '', idle: '', tls: '' };
       const onStdout = (label: keyof typeof printed) => (data: string) => {
         printed[label] += data;
       };
@@ -646,6 +647,10 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         ),
         { background: true, onStdout: onStdout('tcp') },
       );
+      const idle = await sandbox.commands.run(
+        watch('idle', "s = socket.create_connection(('allowed.test', 7000))", 's.recv(1)'),
+        { background: true, onStdout: onStdout('idle') },
+      );
       const tls = await sandbox.commands.run(
         watch(
           'tls',
@@ -655,9 +660,9 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         { background: true, onStdout: onStdout('tls') },
       );
       const deadline = Date.now() + 10_000;
-      while (lines().filter((l) => l.endsWith('open')).length < 2 && Date.now() < deadline)
+      while (lines().filter((l) => l.endsWith('open')).length < 3 && Date.now() < deadline)
         await new Promise((r) => setTimeout(r, 20));
-      expect(lines()).toEqual(expect.arrayContaining(['tcp open', 'tls open']));
+      expect(lines()).toEqual(expect.arrayContaining(['tcp open', 'idle open', 'tls open']));
 
       // Both still open just before the publish, so the closes below are its doing.
       expect(
@@ -670,8 +675,8 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       });
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
-      await Promise.all([tcp.wait().catch(() => undefined), tls.wait().catch(() => undefined)]);
-      for (const label of ['tcp', 'tls']) {
+      await Promise.all([tcp, idle, tls].map((command) => command.wait().catch(() => undefined)));
+      for (const label of ['tcp', 'idle', 'tls']) {
         const line = lines().find((l) => l.startsWith(`${label} closed `));
         expect(line, JSON.stringify(printed)).toBeDefined();
         // time.time() there and Date.now() here read the same clock (CLOCK_REALTIME, one host).

@@ -694,6 +694,51 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
+  it('keeps, across a publish, open connections the new policy allows and those to Moat itself', async () => {
+    const sandbox = await sandboxWith({
+      network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
+    });
+    try {
+      // A tunnel through Moat's proxy on the gateway, and a direct connection the kernel holds.
+      const program = python(
+        [
+          'import base64, os, socket, time, urllib.parse',
+          "p = urllib.parse.urlsplit(os.environ['HTTPS_PROXY'])",
+          "login = base64.b64encode(f'{p.username}:{p.password}'.encode()).decode()",
+          's = socket.create_connection((p.hostname, p.port))',
+          "s.sendall(f'CONNECT allowed.test:7000 HTTP/1.1\\r\\nProxy-Authorization: Basic {login}\\r\\n\\r\\n'.encode())",
+          "head = b''",
+          "while not head.endswith(b'\\r\\n\\r\\n'): head += s.recv(1)",
+          // First bytes at once (and plainly not HTTP): the proxy checks a tunnel's first bytes
+          // within a deadline.
+          "s.sendall(b'\\x00hi'); s.recv(3)",
+          "d = socket.create_connection(('allowed.test', 7000))",
+          "print('open', head.split()[1].decode(), flush=True)",
+          "while not os.path.exists('/tmp/go'): time.sleep(0.01)",
+          "for c in (s, d): c.sendall(b'ping'); print(c.recv(4).decode(), flush=True)",
+        ].join('\n'),
+      );
+      let printed = '';
+      const held = await sandbox.commands.run(program, {
+        background: true,
+        onStdout: (data) => void (printed += data),
+      });
+      const deadline = Date.now() + 10_000;
+      while (!printed.includes('open') && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 20));
+      expect(printed).toBe('open 200\n');
+      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { allowOut: ['allowed.test', `${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
+      });
+      expect(put.status, put.text).toBe(204);
+      await run(sandbox, 'touch /tmp/go');
+      await held.wait();
+      expect(printed).toBe('open 200\nping\nping\n');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it("refuses a sandbox that sends another sandbox's proxy credential (407, counted)", async () => {
     const [mine, theirs] = await Promise.all([
       sandboxWith({ network: { denyOut: ['0.0.0.0/0'] } }),

@@ -1,8 +1,9 @@
 /**
  * Attacker tests: a sandbox cannot take the host's resources. Processes and threads, memory, CPU
  * time and disk are bounded per sandbox (its cgroup and its disk); what goes over a bound fails
- * or is killed inside that sandbox, and Moat and other sandboxes go on. Every load here is
- * bounded in count and time.
+ * or is killed inside that sandbox, and Moat and other sandboxes go on. A snapshot keeps the
+ * limits it was taken with (per-template overrides), whatever the defaults later are. Every load
+ * here is bounded in count and time.
  */
 import { mkdtempSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import os from 'node:os';

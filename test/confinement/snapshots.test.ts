@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMoatFolder } from '../../bench/lib/scratch.js';
 import { API_KEY, ApiClient } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { hostProcesses } from '../support/local-host.js';
 import { ServeChild } from '../support/serve-child.js';
 import { skipReason } from './runtime-harness.js';
 
@@ -86,6 +87,14 @@ describe.skipIf(skip)('re-taking a named snapshot', () => {
       await new Promise((resolve) => setTimeout(resolve, killAfterMs));
       await child.kill();
       const done = await snapshot;
+      // Nothing Moat started to copy the layer outlives it (it would write on into the staging
+      // folder the next Moat removes).
+      const copying = () =>
+        hostProcesses().filter((p) => p.includes('layer_tool') && p.includes(scratch));
+      const until = Date.now() + 1000;
+      while (copying().length > 0 && Date.now() < until)
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      expect(copying(), `round ${round}`).toEqual([]);
       ({ child, api } = await start());
       const content = await snapshotContent();
       const context = `round ${round}, killed after ${killAfterMs} ms`;

@@ -29,6 +29,12 @@ import sys
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__))]
 import sysapi  # noqa: E402
 
+# A Moat killed mid-copy removes what this tool was writing when it starts again: the tool must
+# not outlive it and write on into a folder being removed.
+sysapi.prctl(sysapi.PR_SET_PDEATHSIG, 9)  # SIGKILL
+if os.getppid() == 1:
+    sys.exit('layer_tool: Moat ended before it started')
+
 OPAQUE = 'trusted.overlay.opaque'
 NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 COPY_CHUNK = 1 << 20

@@ -8,6 +8,7 @@
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { ESLint } from 'eslint';
 import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
 
@@ -291,6 +292,55 @@ describe('import boundaries', () => {
     ).toEqual([
       "src/planted.ts imports './store/file-store.js', an internal of src/store/: import its face (src/store/index.js) instead",
     ]);
+  });
+});
+
+describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)', () => {
+  const lint = async (file: string, code: string) => {
+    const [result] = await new ESLint({ cwd: ROOT }).lintText(code, {
+      filePath: path.join(ROOT, file),
+    });
+    return result!.messages.map((m) => `${m.ruleId}: ${m.message}`);
+  };
+
+  it('refuses an import past a face, and a direction the table does not name', async () => {
+    expect(
+      await lint('src/proxy/planted.ts', "export { x } from '../dns/interceptor.js';\n"),
+    ).toEqual([expect.stringMatching(/^no-restricted-imports: .*through its face/)]);
+    expect(
+      await lint(
+        'src/policy/planted.ts',
+        "import { x } from '../proxy/index.js';\nexport const y = x;\n",
+      ),
+    ).toEqual([expect.stringMatching(/src\/policy\/ may import no other part \(ARCHITECTURE\.md/)]);
+    expect(
+      await lint(
+        'src/planted.ts',
+        "import type { T } from './sandbox/index.js';\nexport type U = T;\n",
+      ),
+    ).toEqual([expect.stringMatching(/may import only dns, policy, proxy, runtime/)]);
+    // What the table allows passes.
+    expect(await lint('src/proxy/planted.ts', "export { x } from '../dns/index.js';\n")).toEqual(
+      [],
+    );
+  });
+
+  it('allows no cycle: the parts the table lets import each other are layered', () => {
+    const table = folderTable('ARCHITECTURE.md', readText(path.join(ROOT, 'ARCHITECTURE.md')));
+    const imports = new Map(
+      [...table].map(([folder, parts]) => [folder.replace(/^src\/|\/$/g, ''), parts]),
+    );
+    const state = new Map<string, 'visiting' | 'done'>();
+    const cycles: string[] = [];
+    const visit = (part: string, trail: string[]) => {
+      if (state.get(part) === 'done') return;
+      if (state.get(part) === 'visiting') return void cycles.push([...trail, part].join(' -> '));
+      state.set(part, 'visiting');
+      for (const next of imports.get(part) ?? []) visit(next, [...trail, part]);
+      state.set(part, 'done');
+    };
+    for (const part of imports.keys()) visit(part, []);
+    expect(cycles, cycles.join('\n')).toEqual([]);
   });
 });
 

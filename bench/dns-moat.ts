@@ -13,7 +13,7 @@
  * after the lifetime at most.
  */
 import { pino } from 'pino';
-import { startMoat } from '../src/cli/index.js';
+import { startMoat } from '../src/app/index.js';
 import { loadConfig } from '../src/config.js';
 import { scratchMoatFlags } from './lib/scratch.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../src/policy/index.js';

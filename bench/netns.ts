@@ -25,7 +25,7 @@ import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { pino } from 'pino';
-import { type RunningMoat, startMoat } from '../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../src/app/index.js';
 import { loadConfig } from '../src/config.js';
 import { confinementWorks, namespacesWork } from '../src/runtime/index.js';
 import { printHeading, runInScratchFolder } from './lib/procs.js';

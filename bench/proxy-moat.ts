@@ -21,7 +21,7 @@ import net from 'node:net';
 import dnsPacket from 'dns-packet';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { pino } from 'pino';
-import { startMoat } from '../src/cli/index.js';
+import { startMoat } from '../src/app/index.js';
 import { loadConfig } from '../src/config.js';
 import { compilePolicy, parseNetworkConfig } from '../src/policy/index.js';
 import { readBufferBytes } from '../src/proxy/splice.js';

@@ -71,7 +71,7 @@ async function main(): Promise<void> {
     injection: {
       transformFor: (sandboxID, name) =>
         sandboxID === BENCH_SANDBOX_ID && name.endsWith(BUMP_SUFFIX) ? RULE : undefined,
-      // As src/cli/moat.ts wires it.
+      // As src/app/start.ts wires it.
       leafContext: (name) => ca.secureContextFor(name),
       secretValue: async (name) => (name === 'token' ? INJECTED_SECRET : undefined),
     },

@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it, type TestContext } from 'vitest';
 import { scratchMoatFlags } from '../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../src/app/index.js';
 import { type HostPort, loadConfig, type MoatConfig, SETTINGS } from '../src/config.js';
 import { ApiClient } from './support/api-client.js';
 import { udpQuery } from './support/dns-client.js';

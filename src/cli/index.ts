@@ -1,4 +1,3 @@
 /** The moat command line: `moat serve`, `moat check`, `moat lint`, `moat observe`. */
 export type { CliIO } from './io.js';
-export { type RunningMoat, type StartOptions, startMoat } from './moat.js';
 export { runCli } from './run-cli.js';

@@ -10,8 +10,8 @@ import {
 } from '../config.js';
 import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
 import { unknownEnvironment, unknownEnvironmentMessage } from './unknown-environment.js';
-import type { RunningMoat } from './moat.js';
-import { VERSION } from './version.js';
+import type { RunningMoat } from '../app/index.js';
+import { VERSION } from '../version.js';
 
 /** Every setting is a flag of serve. */
 const SERVE_CONFIG = configFlags();
@@ -162,7 +162,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
   const stopping = firstSignal();
   let moat: RunningMoat;
   try {
-    const { startMoat } = await import('./moat.js');
+    const { startMoat } = await import('../app/index.js');
     moat = await startMoat(config, logger);
   } catch (error) {
     // A port in use, a damaged store, a data folder held by another Moat: say which, briefly.

@@ -20,3 +20,4 @@ export {
   type SnapshotQuery,
 } from './service.js';
 export { SAMPLE_INTERVAL_MS, SAMPLES_KEPT, type UsageSample } from './usage-history.js';
+export { sandboxEnvironment } from './environment.js';

@@ -9,7 +9,7 @@ import net from 'node:net';
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { ApiClient, expectError, testMoatConfig } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { connectThrough } from '../support/origins.js';

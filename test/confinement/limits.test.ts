@@ -11,7 +11,7 @@ import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMoatFolder } from '../../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import type { RuntimeSandbox } from '../../src/runtime/index.js';
 import { ApiClient, testMoatConfig } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { loadConfig } from '../../src/config.js';
 import {
   CLOSE_FIELDS,

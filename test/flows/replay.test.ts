@@ -10,7 +10,7 @@ import fc from 'fast-check';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { type RecordedDecision, replay } from '../../src/cli/replay.js';
 import { loadConfig } from '../../src/config.js';
 import {

@@ -5,7 +5,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { TcpIoSetting } from '../../src/proxy/index.js';
 import { nativeTcp, nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { loadConfig } from '../../src/config.js';
 import {

@@ -17,7 +17,7 @@ import fc from 'fast-check';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { loadConfig } from '../../src/config.js';
 import {
   compileHostAddresses,

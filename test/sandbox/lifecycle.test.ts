@@ -9,7 +9,7 @@ import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Prng } from '../../bench/lib/prng.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { decide, parseDestination } from '../../src/policy/index.js';
 import { type CreateRequest, SandboxError, type SandboxRecord } from '../../src/sandbox/index.js';
 import { API_KEY, testMoatConfig } from '../support/api-client.js';

@@ -5,7 +5,7 @@
 import { pino } from 'pino';
 import { expect } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
-import { type RunningMoat, startMoat } from '../../src/cli/index.js';
+import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { loadConfig, type MoatConfig } from '../../src/config.js';
 import { FakeDns, type ZoneEntry } from './fake-dns.js';
 

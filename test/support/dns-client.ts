@@ -3,7 +3,7 @@ import dgram from 'node:dgram';
 import net from 'node:net';
 import dnsPacket from 'dns-packet';
 import { pino } from 'pino';
-import { startMoat } from '../../src/cli/index.js';
+import { startMoat } from '../../src/app/index.js';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { loadConfig } from '../../src/config.js';
 import type { DnsInterceptor } from '../../src/dns/index.js';

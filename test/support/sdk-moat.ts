@@ -4,7 +4,7 @@
  */
 import http from 'node:http';
 import { Sandbox, type SandboxOpts } from 'e2b';
-import type { RunningMoat } from '../../src/cli/index.js';
+import type { RunningMoat } from '../../src/app/index.js';
 import { API_KEY, type ApiClient, startApiMoat } from './api-client.js';
 import type { FakeDns, ZoneEntry } from './fake-dns.js';
 

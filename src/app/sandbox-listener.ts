@@ -15,7 +15,7 @@ interface HostedSandbox extends GatewaySandbox {
   readonly envd: EnvdSandbox;
 }
 
-export interface GatewayParts {
+export interface SandboxListenerParts {
   readonly sandboxes: SandboxService;
   readonly runtime: SandboxRuntime;
   readonly logger: Logger;
@@ -29,7 +29,7 @@ export interface GatewayParts {
   readonly elsewhere?: (sandboxID: string) => Promise<HostPort | undefined>;
 }
 
-export function createSandboxGateway(parts: GatewayParts): {
+export function createSandboxListener(parts: SandboxListenerParts): {
   gateway: SandboxGateway<HostedSandbox>;
   ingress: IngressProxy;
 } {

@@ -1,0 +1,171 @@
+/**
+ * The namespace gateway: where namespaced sandboxes reach Moat (its DNS, proxy and transparent
+ * listeners on one gateway address) and the kernel enforcer that writes their firewalls.
+ */
+import { createHash } from 'node:crypto';
+import type { AddressInfo } from 'node:net';
+import type { Logger } from 'pino';
+import type { HostPort, MoatConfig } from '../config.js';
+import type { DnsInterceptor } from '../dns/index.js';
+import { type EnforcementTable, KernelEnforcer } from '../enforce/index.js';
+import type { MoatMetrics } from '../metrics/index.js';
+import { type InternalDenyList, parseIP } from '../policy/index.js';
+import {
+  type Dialer,
+  type EgressProxy,
+  originalDestinationUnavailable,
+  type TransparentProxy,
+} from '../proxy/index.js';
+import { NamespaceNetwork, namespacesWork } from '../runtime/index.js';
+import { bindListener, type Listening, UNSPECIFIED } from './listeners.js';
+
+/** Ports Moat listens on at the gateway address of namespaced sandboxes. */
+export const GATEWAY_PORTS = { dns: 53, proxy: 3128, transparent: 3129 } as const;
+
+/**
+ * The network namespace part when this Moat enforces in the kernel, or why it does not. `auto`
+ * falls back to proxy-only enforcement and says why; `namespace` refuses to start without it.
+ */
+export function chooseNetwork(config: MoatConfig): { network?: NamespaceNetwork; reason?: string } {
+  if (config.enforcement === 'proxy') return { reason: '--enforcement proxy' };
+  const namespaces = namespacesWork();
+  const problem = namespaces.ok ? undefined : namespaces.reason;
+  if (problem !== undefined) {
+    if (config.enforcement === 'namespace')
+      throw new Error(`--enforcement namespace is not possible here: ${problem}`);
+    return { reason: problem };
+  }
+  const pool = config.namespacePool;
+  return {
+    network: new NamespaceNetwork({
+      // Named by the pool, which one Moat holds at a time (a lock in /run/moat): a Moat that
+      // takes over a pool after a crash finds and removes what its predecessor left.
+      scope: createHash('sha256').update(pool.text).digest('hex').slice(0, 6),
+      pool: { network: pool.text.split('/')[0]!, prefixLength: pool.prefixLength },
+    }),
+  };
+}
+
+export interface NamespaceGatewayParts {
+  readonly config: MoatConfig;
+  readonly logger: Logger;
+  readonly listening: Listening;
+  readonly table: EnforcementTable;
+  readonly internal: InternalDenyList;
+  readonly metrics: MoatMetrics;
+  readonly now: () => number;
+  readonly dns: DnsInterceptor;
+  readonly proxy: EgressProxy;
+  readonly transparent: TransparentProxy;
+  readonly dialer: Dialer;
+}
+
+/** Web ports go to the transparent listener, which ends what a new policy denies by name itself. */
+const TRANSPARENT_PORTS = new Set([80, 443]);
+
+/**
+ * Readies the host for namespaced sandboxes: leftovers of an earlier run removed, the gateway
+ * address up, Moat's DNS, proxy and transparent listeners on it, and the host's side of the
+ * firewall. Returns the enforcer that writes each sandbox's firewall.
+ */
+export async function startNamespaceGateway(
+  network: NamespaceNetwork,
+  parts: NamespaceGatewayParts,
+): Promise<KernelEnforcer> {
+  const { config, logger, listening, metrics } = parts;
+  for (const name of await network.prepare()) {
+    logger.warn({ namespace: name }, 'removed a network namespace an earlier run left');
+  }
+  const gateway = parseIP(network.gateway);
+  if (!gateway.ok) throw new Error(gateway.error);
+  const host = network.gateway;
+  // A main listener on the unspecified address already answers on the gateway.
+  const onGateway = async (
+    listener: string | undefined,
+    main: HostPort,
+    port: number,
+    bind: (at: HostPort) => Promise<number>,
+  ) => {
+    if (UNSPECIFIED.has(main.host)) return { host, port: main.port };
+    const at = { host, port };
+    return {
+      host,
+      port: await (listener === undefined ? bind(at) : bindListener(listener, at, () => bind(at))),
+    };
+  };
+  listening.gateway = {
+    // The DNS interceptor names its own listeners (udp or tcp).
+    dns: await onGateway(undefined, listening.dns, GATEWAY_PORTS.dns, (at) => parts.dns.listen(at)),
+    proxy: await onGateway(
+      'gateway egress proxy listener',
+      listening.proxy,
+      GATEWAY_PORTS.proxy,
+      (at) => parts.proxy.listen(at),
+    ),
+    transparent: await onGateway(
+      'gateway transparent listener',
+      listening.transparent ?? { host, port: 0 },
+      GATEWAY_PORTS.transparent,
+      (at) => parts.transparent.listen(at),
+    ),
+  };
+  const kernel = new KernelEnforcer(
+    {
+      gateway: gateway.value,
+      ports: {
+        dns: listening.gateway.dns.port,
+        proxy: listening.gateway.proxy.port,
+        transparent: listening.gateway.transparent.port,
+      },
+      pool: config.namespacePool,
+      hostPorts: [...config.allowHostPorts],
+      internal: parts.internal,
+      linkPrefix: network.linkPrefix,
+      hostTable: network.hostTable,
+    },
+    {
+      table: parts.table,
+      apply: (sandboxID, commands) => network.firewall(sandboxID, commands),
+      applyHost: (commands) => network.host(commands),
+      // Only where the original destination of a redirected connection can be read.
+      redirectPort:
+        originalDestinationUnavailable() === undefined
+          ? async (sandboxID) => {
+              const inside = await network.listenInside(sandboxID);
+              parts.transparent.adoptInside(sandboxID, inside);
+              return (inside.address() as AddressInfo).port;
+            }
+          : undefined,
+      now: parts.now,
+      endDenied: async (sandboxID) => {
+        const sandbox = parts.table.get(sandboxID);
+        // With an upstream proxy every TCP connection goes through Moat, which ends them itself.
+        if (sandbox === undefined || sandbox.upstream !== undefined) return;
+        try {
+          const ended = await network.endConnections(sandboxID, (address, port) => {
+            const ip = parseIP(address);
+            if (!ip.ok || TRANSPARENT_PORTS.has(port)) return false;
+            return parts.dialer.check(sandbox, { ip: ip.value, port }, ip.value).verdict === 'deny';
+          });
+          if (ended > 0)
+            logger.info(
+              { sandboxID, connections: ended },
+              'open connections the new policy denies ended',
+            );
+        } catch (error) {
+          // Their packets are stopped all the same; the sockets learn at their next send.
+          logger.warn(
+            { sandboxID, err: (error as Error).message },
+            'ending denied connections failed',
+          );
+        }
+      },
+      onApplied: (change, ok, seconds) => {
+        metrics.kernelApplies.inc({ change, result: ok ? 'applied' : 'failed' });
+        if (ok) metrics.kernelApplyDuration.observe({ change }, seconds);
+      },
+    },
+  );
+  await kernel.installHost();
+  return kernel;
+}

@@ -17,6 +17,7 @@ import { startMoat } from '../src/app/index.js';
 import { loadConfig } from '../src/config.js';
 import { scratchMoatFlags } from './lib/scratch.js';
 import { compilePolicy, parseIP, parseNetworkConfig } from '../src/policy/index.js';
+import { endWithParent } from './lib/procs.js';
 
 /** So high that the per-sandbox limiter never refuses a benchmark query. */
 const BENCH_RATE_LIMIT = 10_000_000;
@@ -60,18 +61,10 @@ async function main(): Promise<void> {
     compilePolicy(rules.value, moat.internal),
   );
 
-  let stopping = false;
-  const stop = async () => {
-    if (stopping) return;
-    stopping = true;
+  endWithParent(Number(lifetime), async () => {
     await moat.stop();
     scratch.remove();
-    process.exit(0);
-  };
-  setTimeout(() => void stop(), Number(lifetime) * 1000).unref();
-  process.on('disconnect', () => void stop());
-  process.on('SIGTERM', () => void stop());
-  process.on('SIGINT', () => void stop());
+  });
   process.on('message', (message) => {
     if (message !== 'metrics') return;
     void moat.metrics.registry.getMetricsAsJSON().then((json) => {

@@ -10,6 +10,7 @@
  * bound port over IPC. Exits when the parent disconnects, on SIGTERM, or after the lifetime.
  */
 import dgram from 'node:dgram';
+import { endWithParent } from './lib/procs.js';
 
 const HEADER = 12;
 const TTL = 3600;
@@ -84,15 +85,8 @@ function main(): void {
   socket.on('error', (error) => {
     process.stderr.write(`bench upstream: ${error.message}\n`);
   });
-  const stop = () => {
-    socket.close();
-    process.exit(0);
-  };
   // Bounded in time whatever happens to the parent.
-  setTimeout(stop, lifetimeSeconds * 1000).unref();
-  process.on('disconnect', stop);
-  process.on('SIGTERM', stop);
-  process.on('SIGINT', stop);
+  endWithParent(lifetimeSeconds, () => socket.close());
   process.on('message', (message) => {
     if (message === 'count') process.send?.({ answered });
   });

@@ -34,6 +34,7 @@ import {
   summarise,
   type Via,
 } from './proxy-common.js';
+import { endWithParent } from './lib/procs.js';
 
 const SOCKET_TIMEOUT_MS = 5000;
 /** After this many errors a job stops early (something is broken; no point hammering on). */
@@ -411,10 +412,7 @@ if (!originIp || !Number.isInteger(httpPort) || !Number.isInteger(bulkPort)) {
   process.stderr.write('usage: proxy-client.js <origin ip> <http port> <bulk port> [seconds]\n');
   process.exit(2);
 }
-setTimeout(() => process.exit(0), Number(lifetimeText) * 1000).unref();
-process.on('disconnect', () => process.exit(0));
-process.on('SIGTERM', () => process.exit(0));
-process.on('SIGINT', () => process.exit(0));
+endWithParent(Number(lifetimeText));
 process.on('message', (message: { job?: Job }) => {
   if (message?.job === undefined) return;
   run(message.job).then(

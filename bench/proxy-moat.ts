@@ -27,6 +27,7 @@ import { compilePolicy, parseNetworkConfig } from '../src/policy/index.js';
 import { readBufferBytes } from '../src/proxy/splice.js';
 import { BENCH_SANDBOX_ID, BENCH_SECRET, ORIGIN_NAME } from './proxy-common.js';
 import { scratchMoatFlags } from './lib/scratch.js';
+import { endWithParent } from './lib/procs.js';
 
 const TTL = 3600;
 
@@ -143,18 +144,10 @@ async function main(): Promise<void> {
     compilePolicy(rules.value, moat.internal),
   );
 
-  let stopping = false;
-  const stop = async () => {
-    if (stopping) return;
-    stopping = true;
+  endWithParent(Number(lifetime), async () => {
     await moat.stop(0);
     scratch.remove();
-    process.exit(0);
-  };
-  setTimeout(() => void stop(), Number(lifetime) * 1000).unref();
-  process.on('disconnect', () => void stop());
-  process.on('SIGTERM', () => void stop());
-  process.on('SIGINT', () => void stop());
+  });
   // Event-loop delay (how late a timer fires): blocking work and GC pauses show up here. Every
   // 20 ms, not 1: a 1 ms timer would wake Moat 1,000 times a second, a load squid never carries.
   // The histogram holds whole intervals between firings; lateness is what exceeds 20 ms.

@@ -14,6 +14,7 @@
  */
 import net from 'node:net';
 import { ORIGIN_IP, SMALL_BODY_BYTES } from './proxy-common.js';
+import { endWithParent } from './lib/procs.js';
 
 const BODY = Buffer.alloc(SMALL_BODY_BYTES, 'm');
 BODY[SMALL_BODY_BYTES - 1] = 0x0a;
@@ -114,11 +115,7 @@ async function main(): Promise<void> {
   const bulk = net.createServer(bulkConnection);
   const httpPort = await listen(http);
   const bulkPort = await listen(bulk);
-  const stop = () => process.exit(0);
-  setTimeout(stop, lifetime * 1000).unref();
-  process.on('disconnect', stop);
-  process.on('SIGTERM', stop);
-  process.on('SIGINT', stop);
+  endWithParent(lifetime);
   process.on('message', (message) => {
     if (message === 'stats') process.send?.({ stats: { ...seen } });
   });

@@ -25,6 +25,7 @@ import {
   type TlsJob,
   type Trust,
 } from './tls-common.js';
+import { endWithParent } from './lib/procs.js';
 
 const SOCKET_TIMEOUT_MS = 5000;
 /** After this many errors a job stops early (something is broken; no point hammering on). */
@@ -288,9 +289,5 @@ process.on('message', (message: { job?: TlsJob }) => {
     (error: unknown) => process.send?.({ result: { error: String(error) } }),
   );
 });
-const stop = () => process.exit(0);
-process.on('disconnect', stop);
-process.on('SIGTERM', stop);
-process.on('SIGINT', stop);
-setTimeout(stop, Number(lifetimeText) * 1000).unref();
+endWithParent(Number(lifetimeText));
 process.send?.({ ready: true });

@@ -34,6 +34,7 @@ import {
   TUNNEL_NAME,
   TUNNEL_SUFFIX,
 } from './tls-common.js';
+import { endWithParent } from './lib/procs.js';
 
 const [
   caCert = '',
@@ -81,18 +82,10 @@ async function main(): Promise<void> {
     denyOut: ['0.0.0.0/0'],
   });
 
-  let stopping = false;
-  const stop = async () => {
-    if (stopping) return;
-    stopping = true;
+  endWithParent(Number(lifetime), async () => {
     await moat.close();
     rmSync(dataDir, { recursive: true, force: true });
-    process.exit(0);
-  };
-  setTimeout(() => void stop(), Number(lifetime) * 1000).unref();
-  process.on('disconnect', () => void stop());
-  process.on('SIGTERM', () => void stop());
-  process.on('SIGINT', () => void stop());
+  });
   process.on('message', (message) => {
     if (message === 'leaves') process.send?.({ leaves: ca.leafStats });
   });

@@ -19,6 +19,7 @@ import {
   ORIGIN_IP,
   SEEN_HEADER,
 } from './tls-common.js';
+import { endWithParent } from './lib/procs.js';
 
 const [keyFile = '', certFile = '', lifetimeText = '900'] = process.argv.slice(2);
 const BODY = Buffer.alloc(64, 'o');
@@ -98,8 +99,4 @@ server.listen(0, ORIGIN_IP, () => {
 process.on('message', (message: unknown) => {
   if (message === 'stats') process.send?.({ stats: { ...seen } });
 });
-const stop = () => process.exit(0);
-process.on('disconnect', stop);
-process.on('SIGTERM', stop);
-process.on('SIGINT', stop);
-setTimeout(stop, Number(lifetimeText) * 1000).unref();
+endWithParent(Number(lifetimeText));

@@ -201,6 +201,26 @@ export function ask<T>(
   });
 }
 
+/**
+ * Ends a bench child with its parent (the IPC channel closing), on SIGTERM or SIGINT, and after
+ * `lifetimeSeconds` whatever happens: `stop` runs once, then the process exits.
+ */
+export function endWithParent(
+  lifetimeSeconds: number,
+  stop: () => Promise<unknown> | unknown = () => undefined,
+): void {
+  let stopping = false;
+  const end = () => {
+    if (stopping) return;
+    stopping = true;
+    void Promise.resolve()
+      .then(stop)
+      .finally(() => process.exit(0));
+  };
+  setTimeout(end, lifetimeSeconds * 1000).unref();
+  for (const event of ['disconnect', 'SIGTERM', 'SIGINT'] as const) process.on(event, end);
+}
+
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 // ---------------------------------------------------------------------------------------------

@@ -272,6 +272,17 @@ export async function startMoat(
       config.transparentListen || network ? new TransparentProxy(proxyOptions) : undefined;
     listening.dns = { ...config.dnsListen, port: await dns.start() };
     lifecycle.started(() => dns.stop());
+    // Below the egress proxy on the stack, whichever addresses it listens on (here, and on the
+    // namespace gateway): on the way down the proxy stops first, and its close (after its drain)
+    // ends every registered tunnel, the transparent listener's too.
+    if (transparent) lifecycle.started(() => transparent.close());
+    if (transparent && config.transparentListen) {
+      const at = config.transparentListen;
+      listening.transparent = {
+        ...at,
+        port: await bindListener('transparent listener', at, () => transparent.listen(at)),
+      };
+    }
     listening.proxy = {
       ...config.proxyListen,
       port: await bindListener('egress proxy listener', config.proxyListen, () =>
@@ -279,14 +290,6 @@ export async function startMoat(
       ),
     };
     lifecycle.started((drainMs) => proxy.close(drainMs));
-    if (transparent && config.transparentListen) {
-      const at = config.transparentListen;
-      listening.transparent = {
-        ...at,
-        port: await bindListener('transparent listener', at, () => transparent.listen(at)),
-      };
-      lifecycle.started(() => transparent.close());
-    }
     if (network) {
       lifecycle.started(() => network.stop(removeHostRuleset(network.hostTable)));
       kernel = await startNamespaceGateway(network, {

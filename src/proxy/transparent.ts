@@ -33,8 +33,8 @@ const EMPTY = Buffer.alloc(0);
 export class TransparentProxy {
   private readonly server: net.Server;
   private readonly listeners: ListenerGroup;
-  /** Accepted connections not yet spliced (naming their host, or being resolved and dialled). */
-  private readonly pending = new Set<net.Socket>();
+  /** Every accepted connection still open, spliced or not: closing ends them all. */
+  private readonly clients = new Set<net.Socket>();
   /** Moat's listeners inside sandbox namespaces (adoptInside); the runtime closes them. */
   private readonly inside = new Set<net.Server>();
   /** Intercepts TLS to destinations with a header rule (secretless egress), when configured. */
@@ -53,8 +53,12 @@ export class TransparentProxy {
     return this.listeners.listen(address);
   }
 
+  /**
+   * Stops listening and ends every connection still open (the egress proxy's close, which closes
+   * every registered tunnel, normally ended the spliced ones already, after its drain).
+   */
   async close(): Promise<void> {
-    for (const socket of this.pending) socket.destroy();
+    for (const socket of this.clients) socket.destroy();
     this.interceptor?.close();
     await Promise.all([
       new Promise<void>((resolve) => this.server.close(() => resolve())),
@@ -75,6 +79,7 @@ export class TransparentProxy {
   }
 
   private acceptRedirected(sandboxID: string, client: net.Socket): void {
+    this.track(client);
     client.on('error', () => client.destroy());
     const sandbox = this.options.table.get(sandboxID);
     const original = originalDestination(client);
@@ -89,14 +94,9 @@ export class TransparentProxy {
       client.destroy();
       return;
     }
-    this.pending.add(client);
-    const done = () => {
-      release();
-      this.pending.delete(client);
-    };
-    client.on('close', done);
+    client.on('close', release);
     const target = { ip: ip.value, port: original.port };
-    void this.connect(sandbox!, target, client, EMPTY, 'tcp').finally(done);
+    void this.connect(sandbox!, target, client, EMPTY, 'tcp').finally(release);
   }
 
   /** A slot of the sandbox's connection cap, held while the origin is decided and dialled. */
@@ -120,7 +120,14 @@ export class TransparentProxy {
     return undefined;
   }
 
+  /** Tracks `client` until it closes. */
+  private track(client: net.Socket): void {
+    this.clients.add(client);
+    client.once('close', () => this.clients.delete(client));
+  }
+
   private accept(client: net.Socket): void {
+    this.track(client);
     client.on('error', () => client.destroy());
     const who = identify(this.options.table, undefined, client, this.options.sourceIsProof);
     if (!who.ok) {
@@ -134,11 +141,6 @@ export class TransparentProxy {
     const sandbox = who.sandbox;
     const release = this.reserve(sandbox, client);
     if (release === undefined) return;
-    this.pending.add(client);
-    const done = () => {
-      release();
-      this.pending.delete(client);
-    };
     const arriving = new ArrivingBytes();
     let seen: Buffer = arriving.bytes;
     // Nothing names a destination yet: recorded as what the kernel redirected (the name unknown).
@@ -177,11 +179,11 @@ export class TransparentProxy {
       // The kernel redirects 443 and 80 only; a port in the Host header is not trusted.
       const ports = this.options.transparentPorts ?? { tls: 443, http: 80 };
       const target = { host: parsed.value.host, port: tls ? ports.tls : ports.http };
-      void this.connect(sandbox, target, client, seen, tls ? 'tls' : 'http').finally(done);
+      void this.connect(sandbox, target, client, seen, tls ? 'tls' : 'http').finally(release);
     };
     client.on('close', () => {
       clearTimeout(timer);
-      done();
+      release();
     });
     client.on('data', onData);
     client.once('end', abandoned);

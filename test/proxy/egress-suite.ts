@@ -32,6 +32,8 @@ import {
  * native relay where it loads; egress-node.test.ts: Node's sockets).
  */
 export function egressSuite(io: TcpIoSetting): void {
+  // Port 80 is one per address: each relay's file (they may run at once) has its own address.
+  const port80Host = io === 'node' ? '127.0.0.24' : '127.0.0.14';
   const SANDBOX = 'iproxysandbox00000001';
   const SECRET = 'egress-secret-1';
   const SOURCE = '127.77.0.2';
@@ -102,7 +104,7 @@ export function egressSuite(io: TcpIoSetting): void {
         ['denied.test', { A: ['127.0.0.10'] }],
         ['meta.allowed.test', { A: ['127.0.0.99'] }],
         ['closed.allowed.test', { A: ['127.0.0.13'] }],
-        ['port80.allowed.test', { A: ['127.0.0.14'] }],
+        ['port80.allowed.test', { A: [port80Host] }],
         ['retry.allowed.test', { A: ['127.0.0.15'] }],
       ]),
     ).start();
@@ -538,7 +540,7 @@ export function egressSuite(io: TcpIoSetting): void {
     it('checks the Host header of plain HTTP in tunnels to port 80', async (context) => {
       let port80: Awaited<ReturnType<typeof httpEchoOrigin>>;
       try {
-        port80 = await httpEchoOrigin('127.0.0.14', 80);
+        port80 = await httpEchoOrigin(port80Host, 80);
       } catch (error) {
         console.log(
           `skipped: cannot listen on port 80 (${(error as NodeJS.ErrnoException).code}); needs root`,
@@ -625,7 +627,7 @@ export function egressSuite(io: TcpIoSetting): void {
       });
       try {
         await new Promise<void>((resolve, reject) =>
-          origin.once('error', reject).listen(80, '127.0.0.14', resolve),
+          origin.once('error', reject).listen(80, port80Host, resolve),
         );
       } catch (error) {
         console.log(

@@ -15,9 +15,8 @@ export {
   notFound,
   SandboxError,
   type SandboxQuery,
-  SandboxService,
-  type SandboxServiceOptions,
   type SnapshotQuery,
-} from './service.js';
+} from './requests.js';
+export { SandboxService, type SandboxServiceOptions } from './service.js';
 export { SAMPLE_INTERVAL_MS, SAMPLES_KEPT, type UsageSample } from './usage-history.js';
 export { sandboxEnvironment } from './environment.js';

@@ -11,14 +11,11 @@ import {
   compilePolicy,
   type InternalDenyList,
   type IPAddress,
-  parseAuthority,
   parseIP,
   parseNetworkConfig,
-  canonicalRuleKeys,
   type Policy,
 } from '../policy/index.js';
 import {
-  BASE_TEMPLATE,
   type SandboxEnvironment,
   type SandboxLimits,
   SandboxRefused,
@@ -30,11 +27,10 @@ import {
   type StoreChange,
   StoreUnavailableError,
 } from '../store/index.js';
-import { NAME_PART, newSandboxID, newSecret, randomName } from './ids.js';
-import { type Order, type Page, paginate } from './pages.js';
+import { newSandboxID, newSecret, randomName } from './ids.js';
+import { type Page, paginate } from './pages.js';
 import {
   asJson,
-  type EgressProxySettings,
   type NetworkSettings,
   readSandbox,
   readSnapshot,
@@ -44,72 +40,28 @@ import {
   type SnapshotRecord,
   TEMPLATES,
 } from './records.js';
+import { networkRules, storedRules, storedUpstream, upstreamProxy } from './network-settings.js';
+import {
+  checkLifecycle,
+  type CreateRequest,
+  DEFAULT_TIMEOUT,
+  type EgressRules,
+  type ForkResult,
+  MAX_FORKS,
+  notFound,
+  SandboxError,
+  type SandboxQuery,
+  type SnapshotQuery,
+} from './requests.js';
 import { ExpiryTimer, KeyedQueue } from './serial.js';
+import {
+  isBaseTemplate,
+  resolveTemplate,
+  snapshotNaming,
+  templateCandidates,
+  templateKey,
+} from './templates.js';
 import { UsageHistory, type UsageSample } from './usage-history.js';
-
-/** A refusal with the HTTP status the platform API answers it with. */
-export class SandboxError extends Error {
-  override readonly name = 'SandboxError';
-  constructor(
-    readonly status: 400 | 404 | 409 | 500 | 501 | 503,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-export const notFound = (sandboxID: string) =>
-  new SandboxError(404, `Sandbox "${sandboxID}" doesn't exist or you don't have access to it`);
-
-/** The egress rules of a PUT network body (and of the create body's `network`). */
-export interface EgressRules {
-  readonly allowOut?: readonly string[];
-  readonly denyOut?: readonly string[];
-  readonly allow_internet_access?: boolean;
-  readonly egressProxy?: EgressProxySettings | null;
-  /** `network.rules`: headers Moat sets on requests to a destination (as the client sent them). */
-  readonly rules?: Readonly<Record<string, unknown>>;
-}
-
-export interface CreateRequest {
-  readonly templateID: string;
-  readonly timeout?: number;
-  readonly autoPause?: boolean;
-  /** false: the expiry pause keeps files only (requires autoPause). */
-  readonly autoPauseMemory?: boolean;
-  readonly autoResume?: { readonly enabled?: boolean };
-  readonly secure?: boolean;
-  readonly allow_internet_access?: boolean;
-  readonly network?: {
-    readonly allowOut?: readonly string[];
-    readonly denyOut?: readonly string[];
-    readonly allowPublicTraffic?: boolean;
-    readonly maskRequestHost?: string;
-    readonly egressProxy?: EgressProxySettings | null;
-    readonly httpsPorts?: readonly number[];
-    readonly rules?: Readonly<Record<string, unknown>>;
-  };
-  readonly metadata?: Readonly<Record<string, string>>;
-  readonly envVars?: Readonly<Record<string, string>>;
-}
-
-export interface SandboxQuery {
-  readonly states: readonly SandboxState[];
-  readonly metadata: Readonly<Record<string, string>>;
-  readonly template?: string;
-  /** Started at or after this time (ms), as the SDK documents it. */
-  readonly startedAfter?: number;
-  readonly order: Order;
-  readonly limit: number;
-  readonly nextToken?: string;
-}
-
-export interface SnapshotQuery {
-  readonly sandboxID?: string;
-  readonly name?: string;
-  readonly limit: number;
-  readonly nextToken?: string;
-}
 
 /** What the lifecycle needs to know of the other nodes of a platform. */
 export interface ClusterMembership {
@@ -149,16 +101,6 @@ export interface SandboxServiceOptions {
   /** How often metrics are sampled (milliseconds; default every 5 s). */
   readonly metricsIntervalMs?: number;
 }
-
-/** Most sandboxes one fork request makes. */
-export const MAX_FORKS = 10;
-
-/** One fork's outcome: the new sandbox, or why it was not made. */
-export type ForkResult = SandboxRecord | SandboxError;
-
-/** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
-export const DEFAULT_TIMEOUT = 15;
-const DEFAULT_TAG = 'default';
 
 /**
  * The sandbox lifecycle: running -> paused -> running ... -> gone, with expiry. Every change of
@@ -384,7 +326,7 @@ export class SandboxService {
       );
     }
     const lifecycle = checkLifecycle(request);
-    const template = await this.resolveTemplate(request.templateID);
+    const template = await resolveTemplate(this.store, this.options.namespace, request.templateID);
     const limits = template.limits ?? this.options.defaultLimits;
     const now = this.now();
     const source = sources.allocate();
@@ -809,7 +751,7 @@ export class SandboxService {
 
   /** Copies the sandbox's root into a new template; the sandbox keeps running. */
   createSnapshot(sandboxID: string, name: string | undefined): Promise<SnapshotRecord> {
-    const naming = this.snapshotNaming(name);
+    const naming = snapshotNaming(this.options.namespace, name);
     return this.queue.run(sandboxID, async () => {
       const record = await this.get(sandboxID);
       const snapshot: SnapshotRecord = {
@@ -831,7 +773,8 @@ export class SandboxService {
   }
 
   async listSnapshots(query: SnapshotQuery): Promise<Page<SnapshotRecord>> {
-    const wanted = query.name === undefined ? undefined : this.snapshotNaming(query.name);
+    const wanted =
+      query.name === undefined ? undefined : snapshotNaming(this.options.namespace, query.name);
     const snapshots = (await this.snapshots()).filter(
       (s) =>
         (query.sandboxID === undefined || s.sandboxID === query.sandboxID) &&
@@ -857,7 +800,7 @@ export class SandboxService {
       throw new SandboxError(400, `template "${id}" is built in and cannot be deleted`);
     }
     // A template ID without a tag names every tag of that template.
-    const candidates = new Set(this.templateCandidates(id));
+    const candidates = new Set(templateCandidates(this.options.namespace, id));
     const templates = new Set(id.includes(':') ? [] : [id, `${this.options.namespace}/${id}`]);
     const matching = (await this.snapshots()).filter(
       (s) => candidates.has(s.snapshotID) || templates.has(s.templateID),
@@ -1058,57 +1001,12 @@ export class SandboxService {
 
   // -- templates and snapshot names --
 
-  /** `alias`, `alias:tag`, `<namespace>/alias[:tag]` -> the snapshot's ID parts. */
-  private snapshotNaming(
-    name: string | undefined,
-  ): Pick<SnapshotRecord, 'snapshotID' | 'templateID' | 'tag' | 'alias' | 'names'> {
-    if (name === undefined) {
-      const templateID = randomName(20);
-      return {
-        snapshotID: `${templateID}:${DEFAULT_TAG}`,
-        templateID,
-        tag: DEFAULT_TAG,
-        alias: null,
-        names: [],
-      };
-    }
-    const { namespace } = this.options;
-    const slash = name.indexOf('/');
-    const space = slash < 0 ? undefined : name.slice(0, slash);
-    const rest = slash < 0 ? name : name.slice(slash + 1);
-    const [alias = '', tag = DEFAULT_TAG, ...extra] = rest.split(':');
-    if (space !== undefined && space !== namespace) {
-      throw new SandboxError(
-        400,
-        `snapshot name ${JSON.stringify(name)} names namespace "${space}"; this Moat's namespace is "${namespace}"`,
-      );
-    }
-    if (!NAME_PART.test(alias) || !NAME_PART.test(tag) || extra.length > 0) {
-      throw new SandboxError(
-        400,
-        `invalid snapshot name ${JSON.stringify(name)}: use lower-case letters, digits, ".", "_" and "-" for the name and an optional ":tag"`,
-      );
-    }
-    const templateID = `${namespace}/${alias}`;
-    const snapshotID = `${templateID}:${tag}`;
-    return { snapshotID, templateID, tag, alias, names: [snapshotID] };
-  }
-
-  /**
-   * The snapshot IDs a template ID may mean: as written with the default tag filled in, and,
-   * without a namespace, the same name in this Moat's namespace.
-   */
-  private templateCandidates(id: string): string[] {
-    const tagged = id.includes(':') ? id : `${id}:${DEFAULT_TAG}`;
-    return tagged.includes('/') ? [tagged] : [tagged, `${this.options.namespace}/${tagged}`];
-  }
-
   /**
    * The node whose data folder holds a template's files: a sandbox made from a snapshot must be
    * made there. Undefined for the built-in template (every node has it) and a Moat on its own.
    */
   async templateNode(templateID: string): Promise<string | undefined> {
-    return (await this.resolveTemplate(templateID)).node;
+    return (await resolveTemplate(this.store, this.options.namespace, templateID)).node;
   }
 
   /** A sandbox's limits: its record's, or (for records from before limits) the defaults. */
@@ -1121,124 +1019,4 @@ export class SandboxService {
     const record = readSandbox(value, key);
     return record.limits ? record : { ...record, limits: this.options.defaultLimits };
   }
-
-  private async resolveTemplate(
-    id: string,
-  ): Promise<{ id: string; alias: string | null; node?: string; limits?: SandboxLimits }> {
-    if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
-    for (const key of this.templateCandidates(id)) {
-      const stored = await this.store.get(TEMPLATES, key);
-      if (stored === undefined) continue;
-      const snapshot = readSnapshot(stored, key);
-      return {
-        id: snapshot.snapshotID,
-        alias: snapshot.alias,
-        node: snapshot.node,
-        ...(snapshot.limits ? { limits: snapshot.limits } : {}),
-      };
-    }
-    throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
-  }
 }
-
-/**
- * The lifecycle fields of a create request, checked as the SDK documents them: autoResume and
- * a files-only expiry pause need `autoPause` (onTimeout 'pause'), and cannot go together (a
- * files-only pause must be resumed explicitly).
- */
-function checkLifecycle(
-  request: CreateRequest,
-): Pick<SandboxRecord, 'autoPause' | 'autoPauseMemory' | 'autoResume'> {
-  const autoPause = request.autoPause ?? false;
-  const autoResume = request.autoResume?.enabled ?? false;
-  const memory = request.autoPauseMemory;
-  if (autoResume && !autoPause) {
-    throw new SandboxError(
-      400,
-      'autoResume.enabled true requires autoPause true (lifecycle.onTimeout "pause"): a killed sandbox cannot resume',
-    );
-  }
-  if (memory !== undefined && !autoPause) {
-    throw new SandboxError(
-      400,
-      'autoPauseMemory (onTimeout.keepMemory) is only allowed with autoPause true (lifecycle.onTimeout "pause")',
-    );
-  }
-  if (memory === false && autoResume) {
-    throw new SandboxError(
-      400,
-      'autoResume.enabled true cannot be combined with autoPauseMemory false: a files-only pause must be resumed explicitly with connect',
-    );
-  }
-  return { autoPause, autoResume, ...(memory === undefined ? {} : { autoPauseMemory: memory }) };
-}
-
-const isBaseTemplate = (id: string) =>
-  id === BASE_TEMPLATE || id === `${BASE_TEMPLATE}:${DEFAULT_TAG}`;
-
-const templateKey = (id: string) => `template:${id}`;
-
-/** `network.rules` as stored: keys canonical, rules as written; nothing when there are none. */
-const storedRules = (
-  rules: Readonly<Record<string, unknown>> | undefined,
-): Pick<NetworkSettings, 'rules'> =>
-  rules === undefined || Object.keys(rules).length === 0
-    ? {}
-    : { rules: canonicalRuleKeys(rules) as NetworkSettings['rules'] };
-
-const networkRules = (network: NetworkSettings): EgressRules => ({
-  allowOut: network.allowOut,
-  denyOut: network.denyOut,
-  ...(network.rules === undefined ? {} : { rules: network.rules }),
-  ...(network.allowInternetAccess === null
-    ? {}
-    : { allow_internet_access: network.allowInternetAccess }),
-});
-
-/** Each of a SOCKS5 username or password is one length byte's worth (RFC 1929). */
-const MAX_CREDENTIAL_BYTES = 255;
-
-/**
- * The upstream proxy of a create or PUT network body, checked (a 400 naming the field); null
- * or absent: none. Credentials are checked by size only and never quoted.
- */
-function upstreamProxy(
-  settings: EgressProxySettings | null | undefined,
-): UpstreamProxy | undefined {
-  if (settings === null || settings === undefined) return undefined;
-  const field = 'network.egressProxy';
-  const at = parseAuthority(settings.address);
-  if (!at.ok || at.value.port === undefined)
-    throw new SandboxError(
-      400,
-      `${field}.address must be host:port or [ipv6]:port (e.g. proxy.example.com:1080): ${at.ok ? `${JSON.stringify(settings.address)} has no port` : at.error}`,
-    );
-  const { username, password } = settings;
-  if (password !== undefined && username === undefined)
-    throw new SandboxError(400, `${field}.password is only valid together with a username`);
-  for (const [name, value] of [
-    ['username', username],
-    ['password', password],
-  ] as const) {
-    if (value === undefined) continue;
-    const bytes = Buffer.byteLength(value);
-    if (bytes === 0 || bytes > MAX_CREDENTIAL_BYTES)
-      throw new SandboxError(
-        400,
-        `${field}.${name} must be 1 to ${MAX_CREDENTIAL_BYTES} bytes (it is ${bytes})`,
-      );
-  }
-  return {
-    address: settings.address,
-    at: { ...at.value, port: at.value.port },
-    ...(username === undefined ? {} : { username }),
-    ...(password === undefined ? {} : { password }),
-  };
-}
-
-/**
- * The upstream proxy a stored record names. It was checked when stored; one that no longer
- * parses is an error (the sandbox is not brought back), never a reason to go direct.
- */
-const storedUpstream = (record: SandboxRecord): UpstreamProxy | undefined =>
-  upstreamProxy(record.network.egressProxy);

@@ -170,7 +170,7 @@ export class MoatMetrics {
 
   readonly sandboxTransitions = new Counter({
     name: 'moat_sandbox_transitions_total',
-    help: 'Sandbox lifecycle transitions (create, pause, autoPause, resume, connect, timeout, refresh, network, snapshot, kill, expire, autoResume)',
+    help: 'Sandbox lifecycle transitions (create, fork, pause, autoPause, resume, connect, timeout, refresh, network, snapshot, kill, expire, autoResume)',
     labelNames: ['transition'] as const,
     registers: [this.registry],
   });

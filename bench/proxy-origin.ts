@@ -14,6 +14,7 @@
  */
 import net from 'node:net';
 import { ORIGIN_IP, SMALL_BODY_BYTES } from './proxy-common.js';
+import { answerRequestHeads } from './lib/head-responder.js';
 import { endWithParent } from './lib/procs.js';
 
 const BODY = Buffer.alloc(SMALL_BODY_BYTES, 'm');
@@ -29,11 +30,6 @@ const answer = (close: boolean) =>
   ]);
 const KEEP = answer(false);
 const CLOSE = answer(true);
-const BAD = Buffer.from(
-  'HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n',
-  'latin1',
-);
-const CRLF2 = Buffer.from('\r\n\r\n');
 const MAX_BULK = 64 * 2 ** 30;
 const BULK_CHUNK = Buffer.alloc(256 * 1024, 'b');
 
@@ -43,33 +39,11 @@ const seen = { connections: 0, requests: 0 };
 /** Answers request heads as they complete; requests carry no body (a body gets a 400). */
 function httpConnection(socket: net.Socket): void {
   seen.connections++;
-  socket.setNoDelay(true);
-  socket.on('error', () => socket.destroy());
-  let pending: Buffer | undefined;
-  socket.on('data', (chunk: Buffer) => {
-    let data = pending === undefined ? chunk : Buffer.concat([pending, chunk]);
-    pending = undefined;
-    for (;;) {
-      const end = data.indexOf(CRLF2);
-      if (end < 0) break;
-      const head = data.toString('latin1', 0, end).toLowerCase();
-      data = data.subarray(end + 4);
-      seen.requests++;
-      if (/\r\n(content-length:\s*[1-9]|transfer-encoding:)/.test(head)) {
-        socket.end(BAD);
-        return;
-      }
-      if (/\r\nconnection:[^\r]*close/.test(head)) {
-        socket.end(CLOSE);
-        return;
-      }
-      socket.write(KEEP);
-    }
-    if (data.length > 0) {
-      if (data.length > 64 * 1024) return void socket.end(BAD);
-      pending = data;
-    }
-  });
+  answerRequestHeads(
+    socket,
+    (_head, close) => (close ? CLOSE : KEEP),
+    () => seen.requests++,
+  );
 }
 
 /** Reads `<bytes>\n`, then streams that many bytes and ends. */

@@ -19,6 +19,7 @@ import {
   ORIGIN_IP,
   SEEN_HEADER,
 } from './tls-common.js';
+import { answerRequestHeads } from './lib/head-responder.js';
 import { endWithParent } from './lib/procs.js';
 
 const [keyFile = '', certFile = '', lifetimeText = '900'] = process.argv.slice(2);
@@ -38,11 +39,6 @@ const ANSWERS = [
   answer(true, false),
   answer(true, true),
 ];
-const BAD = Buffer.from(
-  'HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n',
-  'latin1',
-);
-const CRLF2 = Buffer.from('\r\n\r\n');
 const INJECTED = `\r\n${INJECTED_HEADER.toLowerCase()}: ${INJECTED_PREFIX.toLowerCase()}${INJECTED_SECRET}`;
 
 const seen = { connections: 0, resumed: 0, requests: 0, injected: 0 };
@@ -50,40 +46,18 @@ const seen = { connections: 0, resumed: 0, requests: 0, injected: 0 };
 function connection(socket: tls.TLSSocket): void {
   seen.connections++;
   if (socket.isSessionReused()) seen.resumed++;
-  socket.setNoDelay(true);
-  socket.on('error', () => socket.destroy());
-  let pending: Buffer | undefined;
-  socket.on('data', (chunk: Buffer) => {
-    let data = pending === undefined ? chunk : Buffer.concat([pending, chunk]);
-    pending = undefined;
-    for (;;) {
-      const end = data.indexOf(CRLF2);
-      if (end < 0) break;
-      const head = data.toString('latin1', 0, end).toLowerCase();
-      data = data.subarray(end + 4);
-      seen.requests++;
-      if (/\r\n(content-length:\s*[1-9]|transfer-encoding:)/.test(head)) {
-        socket.end(BAD);
-        return;
-      }
+  answerRequestHeads(
+    socket,
+    (head, close) => {
       // The whole line: the header with exactly the value, nothing after it.
       const at = head.indexOf(INJECTED);
       const injected =
         at >= 0 && (head.length === at + INJECTED.length || head[at + INJECTED.length] === '\r');
       if (injected) seen.injected++;
-      const close = /\r\nconnection:[^\r]*close/.test(head);
-      const reply = ANSWERS[(injected ? 2 : 0) + (close ? 1 : 0)]!;
-      if (close) {
-        socket.end(reply);
-        return;
-      }
-      socket.write(reply);
-    }
-    if (data.length > 0) {
-      if (data.length > 64 * 1024) return void socket.destroy();
-      pending = data;
-    }
-  });
+      return ANSWERS[(injected ? 2 : 0) + (close ? 1 : 0)]!;
+    },
+    () => seen.requests++,
+  );
 }
 
 const server = tls.createServer(

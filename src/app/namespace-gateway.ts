@@ -7,6 +7,7 @@ import type { AddressInfo } from 'node:net';
 import type { Logger } from 'pino';
 import type { HostPort, MoatConfig } from '../config.js';
 import type { DnsInterceptor } from '../dns/index.js';
+import type { FlowRecorder } from '../flows/index.js';
 import { type EnforcementTable, KernelEnforcer } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { type InternalDenyList, parseIP } from '../policy/index.js';
@@ -16,7 +17,12 @@ import {
   originalDestinationUnavailable,
   type TransparentProxy,
 } from '../proxy/index.js';
-import { NamespaceNetwork, namespacesWork } from '../runtime/index.js';
+import {
+  type DirectFlow,
+  FLOW_LOG_GROUP,
+  NamespaceNetwork,
+  namespacesWork,
+} from '../runtime/index.js';
 import { bindListener, type Listening, UNSPECIFIED } from './listeners.js';
 
 /** Ports Moat listens on at the gateway address of namespaced sandboxes. */
@@ -58,6 +64,8 @@ export interface NamespaceGatewayParts {
   readonly proxy: EgressProxy;
   readonly transparent: TransparentProxy;
   readonly dialer: Dialer;
+  /** Where the direct flows the sandboxes' firewalls log are recorded. */
+  readonly flows: FlowRecorder;
 }
 
 /** Web ports go to the transparent listener, which ends what a new policy denies by name itself. */
@@ -76,6 +84,10 @@ export async function startNamespaceGateway(
   for (const name of await network.prepare()) {
     logger.warn({ namespace: name }, 'removed a network namespace an earlier run left');
   }
+  network.readDirectFlows(
+    (flow) => recordDirectFlow(flow, parts),
+    (message) => logger.warn(message),
+  );
   const gateway = parseIP(network.gateway);
   if (!gateway.ok) throw new Error(gateway.error);
   const host = network.gateway;
@@ -122,6 +134,7 @@ export async function startNamespaceGateway(
       internal: parts.internal,
       linkPrefix: network.linkPrefix,
       hostTable: network.hostTable,
+      flowLogGroup: FLOW_LOG_GROUP,
     },
     {
       table: parts.table,
@@ -168,4 +181,32 @@ export async function startNamespaceGateway(
   );
   await kernel.installHost();
   return kernel;
+}
+
+/**
+ * One direct flow the kernel let out or refused, as a flow record: the kernel's verdict, and the
+ * list and rule of the one decision when it agrees (it always should; a learned address the
+ * kernel still holds for a name is the one way they can differ).
+ */
+function recordDirectFlow(flow: DirectFlow, parts: NamespaceGatewayParts): void {
+  const sandbox = parts.table.get(flow.sandboxID);
+  const ip = parseIP(flow.address);
+  if (sandbox === undefined || !ip.ok) return;
+  const port = flow.port === 0 ? null : flow.port;
+  const decision = parts.dialer.check(sandbox, { ip: ip.value, port: flow.port }, ip.value);
+  parts.flows.decided(
+    {
+      sandboxID: flow.sandboxID,
+      kind: 'direct',
+      destination: { name: null, address: flow.address, port, protocol: flow.protocol },
+    },
+    decision.verdict === flow.verdict
+      ? decision
+      : {
+          verdict: flow.verdict,
+          list: 'kernel',
+          rule: null,
+          reason: `the sandbox's firewall ${flow.verdict === 'allow' ? 'let it out' : 'refused it'}`,
+        },
+  );
 }

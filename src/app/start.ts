@@ -304,6 +304,7 @@ export async function startMoat(
         proxy,
         transparent: transparent!,
         dialer,
+        flows,
       });
     }
     const runtime = await ProcessRuntime.start(config.dataDir, {

@@ -34,7 +34,18 @@ export interface KernelLayout {
   readonly linkPrefix: string;
   /** The host's own table, in the host's namespace. */
   readonly hostTable: string;
+  /**
+   * The NFLOG group the first packet of each direct flow is logged to, allowed or refused (the
+   * flow log's reader); undefined: none is logged.
+   */
+  readonly flowLogGroup?: number;
 }
+
+/**
+ * Log statements per second, per rule, a sandbox's direct flows may cost (beyond them flows go
+ * unrecorded, never unenforced).
+ */
+const FLOW_LOG_RATE = 'limit rate 500/second burst 1000 packets';
 
 export interface LearnedElement {
   readonly address: IPAddress;
@@ -150,22 +161,42 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `ip daddr ${gw} tcp dport { ${[...new Set([dns, proxy, transparent])].join(', ')} } accept`,
     // Answers to connections Moat's ingress opened to the sandbox's own ports.
     `ip daddr ${link.host.text} ct direction reply accept`,
-    `tcp dport ${DOT_PORT} drop`,
-    `udp dport ${DOT_PORT} drop`,
-    'ip daddr @internal4 drop',
-    `ip daddr ${layout.pool.text} drop`,
+    `tcp dport ${DOT_PORT} goto refuse_drop`,
+    `udp dport ${DOT_PORT} goto refuse_drop`,
+    'ip daddr @internal4 goto refuse_drop',
+    `ip daddr ${layout.pool.text} goto refuse_drop`,
     'jump tunnel_direct',
     'ip daddr @allow4 accept',
     // A direct web connection to an address the rules deny can only be one opened before this
     // policy (new ones go to the transparent listener, which reads their name): its name was
     // never read, so it is cut, whatever name its address was learned for.
-    `tcp dport ${redirected} ip daddr @deny4 reject with tcp reset`,
+    `tcp dport ${redirected} ip daddr @deny4 goto refuse_reset`,
     // Open connections through a learned address outlive its expiry, not a publish (see top).
     'ct state established,related jump this_policy',
     'ip daddr @learned4 goto learned_open',
-    'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
-    'ip daddr @deny4 reject with icmpx admin-prohibited',
+    'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
+    'ip daddr @deny4 goto refuse_icmp',
     'accept',
+  ];
+  // The first packet of each direct flow is logged for the flow log: refused ones on their way
+  // to a refusal, allowed ones by a chain after this one (an accept here goes on to it).
+  const logged = (verdict: string) =>
+    layout.flowLogGroup === undefined
+      ? []
+      : [`ct state new ${FLOW_LOG_RATE} log group ${layout.flowLogGroup} prefix "moat-${verdict}"`];
+  const refusals = {
+    refuse_drop: [...logged('deny'), 'drop'],
+    refuse_reset: [...logged('deny'), 'reject with tcp reset'],
+    refuse_icmp: [...logged('deny'), 'reject with icmpx admin-prohibited'],
+  };
+  const egressLog = [
+    'type filter hook output priority 10; policy accept',
+    'oifname "lo" return',
+    // Through Moat (DNS, the transparent listener, a tunnel): Moat records those itself.
+    'ct status dnat return',
+    `ip daddr ${gw} return`,
+    `ip daddr ${link.host.text} return`,
+    ...logged('allow'),
   ];
   const ingress = [
     'type filter hook input priority filter; policy drop',
@@ -199,7 +230,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), chain('outbound', egress), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), ...Object.entries(refusals).map(([name, rules]) => chain(name, rules)), chain('outbound', egress), chain('outbound_log', egressLog), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
   ].join('; ');
 }
 

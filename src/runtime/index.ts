@@ -1,6 +1,7 @@
 /** What a sandbox is on this host: its supervisor, its files and the processes started in it. */
 export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
+export { type DirectFlow, FLOW_LOG_GROUP } from './direct-flow-log.js';
 export { NamespaceNetwork, type NamespaceNetworkOptions, namespacesWork } from './network.js';
 export { listNftTables, NftSession } from './nft-session.js';
 export {

@@ -13,6 +13,7 @@ import { execFile, execFileSync, spawn } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import type net from 'node:net';
+import { type DirectFlow, DirectFlowLog } from './direct-flow-log.js';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
 import { RangeLock } from './range-lock.js';
 
@@ -144,6 +145,8 @@ export class NamespaceNetwork {
   private readonly namespacePrefix: string;
   private readonly base: number;
   private readonly links = new Map<string, Link>();
+  /** The reader of every namespace's direct-flow log, once asked for (readDirectFlows). */
+  private flowLog: DirectFlowLog | undefined;
   private readonly hostFirewall: NftSession;
   /** Two Moats on one gateway address would undo each other: one pool per Moat. */
   private readonly lock: RangeLock;
@@ -190,6 +193,17 @@ export class NamespaceNetwork {
     if ((await readFile(forwarding, 'utf8')).trim() !== '1') await writeFile(forwarding, '1\n');
     await run(IP, ['addr', 'replace', `${this.gateway}/32`, 'dev', 'lo']);
     return removed;
+  }
+
+  /**
+   * Records the direct flows every namespace's firewall logs from now on (made or not yet):
+   * one reader for all of them, ended by `stop`.
+   */
+  readDirectFlows(onFlow: (flow: DirectFlow) => void, onProblem: (message: string) => void): void {
+    if (this.flowLog !== undefined) return;
+    this.flowLog = new DirectFlowLog(onFlow, onProblem);
+    for (const [sandboxID, link] of this.links)
+      this.flowLog.add(sandboxID, `${NETNS_DIR}/${link.namespace}`);
   }
 
   /** Applies nft commands in the host's namespace (the host side of sandbox links). */
@@ -247,6 +261,7 @@ export class NamespaceNetwork {
           `${IP} route add default via ${host}`,
         ].join('\n'),
       ]);
+      this.flowLog?.add(sandboxID, `${NETNS_DIR}/${namespace}`);
     } catch (error) {
       await this.destroy(sandboxID);
       throw error;
@@ -336,6 +351,7 @@ export class NamespaceNetwork {
     const link = this.links.get(sandboxID);
     if (link === undefined) return;
     this.links.delete(sandboxID);
+    this.flowLog?.remove(sandboxID);
     link.firewall.close();
     // A socket open in the namespace would keep it alive.
     void link.inside?.then(
@@ -367,6 +383,8 @@ export class NamespaceNetwork {
 
   /** Removes the sandboxes' namespaces, the host's table and the gateway address. */
   async stop(removeHostRules: string): Promise<void> {
+    this.flowLog?.close();
+    this.flowLog = undefined;
     if (!this.lock.isHeld) return;
     await this.sweep();
     await this.hostFirewall.run(removeHostRules).catch(() => undefined);

@@ -14,6 +14,7 @@ export const PYTHON = '/usr/bin/python3';
 const SUPERVISOR_DIR = path.join(packageRoot() ?? '.', 'src', 'runtime', 'supervisor');
 export const SUPERVISOR = path.join(SUPERVISOR_DIR, 'main.py');
 export const LAYER_TOOL = path.join(SUPERVISOR_DIR, 'layer_tool.py');
+export const FLOW_LOG = path.join(SUPERVISOR_DIR, 'flow_log.py');
 /** Lines a supervisor writes to Moat are a few hundred bytes; more is a broken supervisor. */
 const MAX_LINE = 64 << 10;
 const READY_TIMEOUT_MS = 30_000;

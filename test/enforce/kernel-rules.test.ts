@@ -54,6 +54,7 @@ const LAYOUT: KernelLayout = {
   internal: INTERNAL,
   linkPrefix: 'mtabc123-',
   hostTable: 'moat_abc123',
+  flowLogGroup: 7,
 };
 const LINK_HOST = ip('10.216.0.5');
 
@@ -169,18 +170,36 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr 10.216.0.1 udp dport 53 accept',
       'ip daddr 10.216.0.1 tcp dport { 53, 3128, 3129 } accept',
       'ip daddr 10.216.0.5 ct direction reply accept',
-      'tcp dport 853 drop',
-      'udp dport 853 drop',
-      'ip daddr @internal4 drop',
-      'ip daddr 10.216.0.0/24 drop',
+      'tcp dport 853 goto refuse_drop',
+      'udp dport 853 goto refuse_drop',
+      'ip daddr @internal4 goto refuse_drop',
+      'ip daddr 10.216.0.0/24 goto refuse_drop',
       'jump tunnel_direct',
       'ip daddr @allow4 accept',
-      'tcp dport { 80, 443 } ip daddr @deny4 reject with tcp reset',
+      'tcp dport { 80, 443 } ip daddr @deny4 goto refuse_reset',
       'ct state established,related jump this_policy',
       'ip daddr @learned4 goto learned_open',
-      'ip daddr @deny4 meta l4proto tcp reject with tcp reset',
-      'ip daddr @deny4 reject with icmpx admin-prohibited',
+      'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
+      'ip daddr @deny4 goto refuse_icmp',
       'accept',
+    ]);
+  });
+
+  it('logs the first packet of each direct flow, refused or let out, rate-limited, for the flow log', () => {
+    const log = (verdict: string) =>
+      `ct state new limit rate 500/second burst 1000 packets log group 7 prefix "moat-${verdict}"`;
+    expect(table.chains.refuse_drop).toEqual([log('deny'), 'drop']);
+    expect(table.chains.refuse_reset).toEqual([log('deny'), 'reject with tcp reset']);
+    expect(table.chains.refuse_icmp).toEqual([log('deny'), 'reject with icmpx admin-prohibited']);
+    // After the filter (what it accepted), and never what goes through Moat.
+    expect(table.chains.outbound_log).toEqual([
+      'type filter hook output priority 10',
+      'policy accept',
+      'oifname "lo" return',
+      'ct status dnat return',
+      'ip daddr 10.216.0.1 return',
+      'ip daddr 10.216.0.5 return',
+      log('allow'),
     ]);
   });
 

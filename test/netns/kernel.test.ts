@@ -236,6 +236,81 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       expect(udp.ms).toBeLessThan(1500);
     });
 
+    it('records direct flows the kernel lets out or refuses, from its log, with the deciding rule', async () => {
+      // A port no other test uses picks this test's flows out (TCP to it is refused by the
+      // world host, which is no matter: its first packet left the sandbox).
+      const port = WORLD_PORTS.udpTalk;
+      const since = Date.now();
+      expect((await run(sandbox, tcpEcho(CIDR_IP!, port))).exitCode).not.toBe(0);
+      expect((await run(sandbox, udpSend(CIDR_IP!, port))).stdout).toBe('sent\n');
+      expect((await run(sandbox, tcpEcho(DENIED_IP!, port))).exitCode).not.toBe(0);
+      // Through Moat (a name by the transparent listener): recorded by Moat, not as direct.
+      expect((await run(sandbox, curl('http://allowed.test/'))).exitCode).toBe(0);
+      type Direct = {
+        kind: string;
+        verdict: string;
+        list: string;
+        rule: string | null;
+        destination: { name: string | null; address: string; port: number; protocol: string };
+      };
+      const direct = async () =>
+        (
+          (
+            await harness.api.call(
+              'GET',
+              `/flows?sandboxID=${sandbox.sandboxId}&kind=direct&since=${new Date(since).toISOString()}&limit=100`,
+            )
+          ).body as Direct[]
+        )
+          .filter((r) => r.destination.port === port)
+          .map((r) => [
+            r.verdict,
+            r.list,
+            r.rule,
+            r.destination.protocol,
+            r.destination.address,
+            r.destination.port,
+          ]);
+      const deadline = Date.now() + 3000;
+      while ((await direct()).length < 3 && Date.now() < deadline)
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      expect((await direct()).sort()).toEqual(
+        [
+          ['allow', 'allowOut', `${CIDR_IP}/32`, 'tcp', CIDR_IP, port],
+          ['allow', 'allowOut', `${CIDR_IP}/32`, 'udp', CIDR_IP, port],
+          ['deny', 'denyOut', '0.0.0.0/0', 'tcp', DENIED_IP, port],
+        ].sort(),
+      );
+    });
+
+    it('records at most the firewall log rate of a flood of new direct flows, and Moat serves on', async () => {
+      const since = new Date().toISOString();
+      const started = Date.now();
+      // 5,000 refused flows in a burst: UDP to as many ports of a denied address.
+      const flood = await run(
+        sandbox,
+        python(
+          `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nn = 0\nfor port in range(20000, 25000):\n  try:\n    s.sendto(b"x", ("${DENIED_IP}", port)); n += 1\n  except OSError: pass\nprint(n)`,
+        ),
+      );
+      expect(flood.exitCode, flood.stderr).toBe(0);
+      const seconds = (Date.now() - started) / 1000 + 1;
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const records = (
+        await harness.api.call(
+          'GET',
+          `/flows?sandboxID=${sandbox.sandboxId}&kind=direct&verdict=deny&since=${since}&limit=10000`,
+        )
+      ).body as Array<{ destination: { port: number } }>;
+      const flooded = records.filter(
+        (r) => r.destination.port >= 20000 && r.destination.port < 25000,
+      );
+      // The burst (1,000) and the rate (500/s) bound them; some were recorded.
+      expect(flooded.length).toBeGreaterThan(100);
+      expect(flooded.length).toBeLessThanOrEqual(1000 + 500 * seconds);
+      expect((await harness.api.call('GET', `/sandboxes/${sandbox.sandboxId}`)).status).toBe(200);
+    });
+
     it('answers DNS sent to any other resolver itself; that resolver never sees it', async () => {
       const allowed = await run(sandbox, dnsQuery(ALLOWED_IP!, 'allowed.test'));
       expect(allowed.stdout, allowed.stderr).toBe('0 1\n');

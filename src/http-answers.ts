@@ -1,7 +1,8 @@
 /**
  * The JSON answers Moat's own HTTP servers write outside Fastify (the sandbox API, ingress, the
  * gateway): one way to write a JSON body, and the sandbox error body `{message, code,
- * sandboxID}` that the SDK reads, for a ServerResponse or a raw socket.
+ * sandboxID}` that the SDK reads, for a ServerResponse or a raw socket; and the platform API's
+ * error body, which Fastify's routes send.
  */
 import type { ServerResponse } from 'node:http';
 
@@ -20,6 +21,9 @@ export function jsonAnswer(
     },
   };
 }
+
+/** The platform API's error body (`{code, message}`, as E2B's API answers errors). */
+export const errorBody = (code: number, message: string) => ({ code, message });
 
 /** The sandbox error body as Moat and the SDK know it. */
 export const sandboxErrorBody = (status: number, message: string, sandboxID: string) => ({

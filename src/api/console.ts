@@ -9,6 +9,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { packageRoot } from '../package-root.js';
+import { errorBody } from '../http-answers.js';
 
 export const CONSOLE_PATH = '/ui/';
 
@@ -63,8 +64,6 @@ export function loadConsoleFiles(folder: string): {
   }
   return { files, missing };
 }
-
-const errorBody = (code: number, message: string) => ({ code, message });
 
 /**
  * Adds GET /ui (a redirect, so the page's relative links resolve under /ui/), /ui/ (the page)

@@ -21,6 +21,7 @@ import { ROUTES, type RouteContext, type RouteSpec } from './routes.js';
 import { SECRET_ROUTES } from './secrets.js';
 import { unsupportedRoutes } from './unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
+import { errorBody } from '../http-answers.js';
 
 /** How requests find the node that must carry them out, when many nodes share a store. */
 export interface ApiRouting {
@@ -46,8 +47,6 @@ export interface PlatformApiOptions extends RouteContext {
   /** Why Moat cannot serve now (its store, a listener); undefined when it can. For GET /ready. */
   readonly notReady: () => Promise<string | undefined>;
 }
-
-const errorBody = (code: number, message: string) => ({ code, message });
 
 export function createPlatformApi(options: PlatformApiOptions): FastifyInstance {
   const { metrics, logger } = options;

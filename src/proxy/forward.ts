@@ -22,7 +22,7 @@ import {
   responseFraming,
 } from './http1.js';
 import { Inbox } from './inbox.js';
-import { type Redaction, redactText, StreamRedactor } from './redact.js';
+import { type Redaction, SecretRedaction } from './redact.js';
 import type { TunnelRegistry } from './tunnels.js';
 
 /** How long an upstream connection may wait in the pool for its next request. */
@@ -308,6 +308,8 @@ export class Exchange {
   private upBefore = 0;
   private downBefore = 0;
   private end: FlowEnd = 'closed';
+  /** The values to take back out of the response (undefined: nothing is redacted). */
+  private readonly redaction: SecretRedaction | undefined;
 
   constructor(
     private readonly context: ExchangeContext,
@@ -320,6 +322,8 @@ export class Exchange {
   ) {
     this.requestDone = request.framing.kind === 'none';
     this.requestText = originRequestText(request, context.originTls !== undefined);
+    const { redactions = [] } = request;
+    this.redaction = redactions.length > 0 ? new SecretRedaction(redactions) : undefined;
   }
 
   private get what(): string {
@@ -565,7 +569,7 @@ export class Exchange {
       }
       const { framing: body } = framing.value;
       // A body whose values are replaced changes length: it is re-framed for the client.
-      const reframed = body.kind !== 'none' && (this.request.redactions?.length ?? 0) > 0;
+      const reframed = body.kind !== 'none' && this.redaction !== undefined;
       const codings = fieldTokens(head.fields, 'content-encoding').filter((c) => c !== 'identity');
       if (reframed && codings.length > 0) {
         this.answer({
@@ -651,7 +655,7 @@ export class Exchange {
     reusable: boolean,
     chunked: boolean,
   ): void {
-    const redactor = new StreamRedactor(this.request.redactions!);
+    const redactor = this.redaction!.stream();
     const client = this.client.socket;
     /** Writes redacted pieces as one chunk; false when the client is not taking bytes. */
     const write = (pieces: Buffer[]): boolean => {
@@ -693,16 +697,13 @@ export class Exchange {
 
   /** `text` of the response head with the request's injected values replaced. */
   private redacted(text: string): string {
-    const { redactions } = this.request;
-    return redactions === undefined || redactions.length === 0
-      ? text
-      : redactText(text, redactions);
+    return this.redaction?.text(text) ?? text;
   }
 
   private redactedFields(fields: readonly HeaderField[]): readonly HeaderField[] {
-    const { redactions } = this.request;
-    if (redactions === undefined || redactions.length === 0) return fields;
-    return fields.map((field) => ({ ...field, value: redactText(field.value, redactions) }));
+    const { redaction } = this;
+    if (redaction === undefined) return fields;
+    return fields.map((field) => ({ ...field, value: redaction.text(field.value) }));
   }
 
   private responseDone(reusable: boolean): void {

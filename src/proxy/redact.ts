@@ -16,18 +16,13 @@ interface Needle {
   readonly placeholder: Buffer;
 }
 
-/**
- * Replaces values in a stream cut anywhere: each occurrence, leftmost first and the longest value
- * where several start at one byte, exactly as if the whole stream had arrived at once. It holds
- * back at most the longest value's length less one byte between pushes (the look-behind).
- */
-export class StreamRedactor {
-  private readonly needles: readonly Needle[];
-  private readonly longest: number;
-  private held: Buffer = Buffer.alloc(0);
+/** The values of one request, ready to be searched for (built once, used for head and body). */
+export class SecretRedaction {
+  /** Longest first, so that a tie at one position goes to the longest value. */
+  readonly needles: readonly Needle[];
+  readonly longest: number;
 
   constructor(redactions: readonly Redaction[]) {
-    // Longest first, so that a tie at one position goes to the longest value.
     this.needles = redactions
       .filter((r) => r.value !== '')
       .map((r) => ({
@@ -38,17 +33,40 @@ export class StreamRedactor {
     this.longest = this.needles[0]?.bytes.length ?? 0;
   }
 
+  /** A redactor for one stream (a response body). */
+  stream(): StreamRedactor {
+    return new StreamRedactor(this);
+  }
+
+  /** `text` (a header value or status line, as latin1 bytes) with every value replaced. */
+  text(text: string): string {
+    const parts = this.stream().push(Buffer.from(text, 'latin1'), true);
+    return Buffer.concat(parts).toString('latin1');
+  }
+}
+
+/**
+ * Replaces values in a stream cut anywhere: each occurrence, leftmost first and the longest value
+ * where several start at one byte, exactly as if the whole stream had arrived at once. It holds
+ * back at most the longest value's length less one byte between pushes (the look-behind).
+ */
+export class StreamRedactor {
+  private held: Buffer = Buffer.alloc(0);
+
+  constructor(private readonly redaction: SecretRedaction) {}
+
   /** The redacted bytes that can be released after `chunk`; `end`: nothing more will come. */
   push(chunk: Buffer, end = false): Buffer[] {
+    const { needles, longest } = this.redaction;
     const text = this.held.length === 0 ? chunk : Buffer.concat([this.held, chunk]);
     // A value can start at a position only once all its bytes could have arrived.
-    const settled = end ? text.length : Math.max(0, text.length - this.longest + 1);
+    const settled = end ? text.length : Math.max(0, text.length - longest + 1);
     const out: Buffer[] = [];
     let at = 0;
     for (;;) {
       let found = -1;
       let needle: Needle | undefined;
-      for (const candidate of this.needles) {
+      for (const candidate of needles) {
         const index = text.indexOf(candidate.bytes, at);
         if (index >= 0 && (found < 0 || index < found)) [found, needle] = [index, candidate];
       }
@@ -63,10 +81,4 @@ export class StreamRedactor {
     this.held = Buffer.from(text.subarray(release));
     return out;
   }
-}
-
-/** `text` (a header value, as latin1 bytes) with every value replaced. */
-export function redactText(text: string, redactions: readonly Redaction[]): string {
-  const parts = new StreamRedactor(redactions).push(Buffer.from(text, 'latin1'), true);
-  return Buffer.concat(parts).toString('latin1');
 }

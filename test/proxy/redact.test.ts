@@ -4,7 +4,7 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { type Redaction, redactText, StreamRedactor } from '../../src/proxy/redact.js';
+import { type Redaction, SecretRedaction } from '../../src/proxy/redact.js';
 
 /** The obvious reading: at each byte, the longest value starting there, else the byte. */
 function reference(text: string, redactions: readonly Redaction[]): string {
@@ -28,7 +28,7 @@ const redactionsArb = fc
   .map((values) => values.map((value, i) => ({ value, placeholder: `[${i}]` })));
 
 function streamed(text: Buffer, cuts: number[], redactions: readonly Redaction[]) {
-  const redactor = new StreamRedactor(redactions);
+  const redactor = new SecretRedaction(redactions).stream();
   const out: Buffer[] = [];
   let from = 0;
   for (const cut of [...new Set(cuts)].sort((a, b) => a - b)) {
@@ -55,7 +55,7 @@ describe('the response redactor', () => {
             redactions,
           );
           expect(got).toBe(expected);
-          expect(redactText(text, redactions)).toBe(expected);
+          expect(new SecretRedaction(redactions).text(text)).toBe(expected);
           for (const { value } of redactions) expect(got).not.toContain(value);
         },
       ),
@@ -93,7 +93,7 @@ describe('the response redactor', () => {
     ['nothing for an empty value', 'abc', [['', 'X']], 'abc'],
   ] as const)('replaces %s', (_what, text, pairs, expected) => {
     const redactions = pairs.map(([value, placeholder]) => ({ value, placeholder }));
-    expect(redactText(text, redactions)).toBe(expected);
+    expect(new SecretRedaction(redactions).text(text)).toBe(expected);
   });
 
   it('replaces a multi-byte UTF-8 value cut inside a character', () => {
@@ -106,7 +106,7 @@ describe('the response redactor', () => {
 
   it('holds back less than the longest value between pushes', () => {
     const value = 'x'.repeat(64);
-    const redactor = new StreamRedactor([{ value, placeholder: 'P' }]);
+    const redactor = new SecretRedaction([{ value, placeholder: 'P' }]).stream();
     let released = 0;
     for (let i = 0; i < 100; i++)
       released += Buffer.concat(redactor.push(Buffer.alloc(1000, 'y'))).length;

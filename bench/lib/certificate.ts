@@ -59,26 +59,9 @@ export class TestCa {
   readonly cert: string;
 
   constructor(readonly subject: string) {
-    this.openssl([
-      'req',
-      '-x509',
-      '-newkey',
-      'ec',
-      '-pkeyopt',
-      'ec_paramgen_curve:P-256',
-      '-nodes',
-      '-days',
-      '2',
-      '-subj',
-      `/CN=${subject}`,
-      '-addext',
+    this.selfSign(subject, 'ca', [
       'basicConstraints=critical,CA:TRUE',
-      '-addext',
       'keyUsage=critical,keyCertSign,cRLSign',
-      '-keyout',
-      this.path('ca.key'),
-      '-out',
-      this.path('ca.pem'),
     ]);
     this.cert = readFileSync(this.path('ca.pem'), 'utf8');
     writeFileSync(this.path('index.txt'), '');
@@ -155,25 +138,7 @@ export class TestCa {
   /** A self-signed certificate for `name` (no CA vouches for it). */
   selfSigned(name: string): KeyPair {
     const id = `self${++this.serial}`;
-    this.openssl([
-      'req',
-      '-x509',
-      '-newkey',
-      'ec',
-      '-pkeyopt',
-      'ec_paramgen_curve:P-256',
-      '-nodes',
-      '-days',
-      '2',
-      '-subj',
-      `/CN=${name}`,
-      '-addext',
-      `subjectAltName=DNS:${name}`,
-      '-keyout',
-      this.path(`${id}.key`),
-      '-out',
-      this.path(`${id}.pem`),
-    ]);
+    this.selfSign(name, id, [`subjectAltName=DNS:${name}`]);
     return {
       key: readFileSync(this.path(`${id}.key`), 'utf8'),
       cert: readFileSync(this.path(`${id}.pem`), 'utf8'),
@@ -192,6 +157,16 @@ export class TestCa {
 
   remove(): void {
     rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /** A new P-256 key and a certificate for it signed by itself, as `<id>.key` and `<id>.pem`. */
+  private selfSign(subject: string, id: string, extensions: readonly string[]): void {
+    this.openssl([
+      ...['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes'],
+      ...['-days', '2', '-subj', `/CN=${subject}`],
+      ...extensions.flatMap((extension) => ['-addext', extension]),
+      ...['-keyout', this.path(`${id}.key`), '-out', this.path(`${id}.pem`)],
+    ]);
   }
 
   private path(name: string): string {

@@ -77,26 +77,17 @@ export function namespacesWork(): { ok: boolean; reason: string } {
   }
 }
 
-function run(file: string, args: readonly string[], input?: string): Promise<void> {
+/** Runs a command to its end: its output, or an error naming the command and its complaint. */
+function run(file: string, args: readonly string[], input?: string): Promise<string> {
   return new Promise((resolve, reject) => {
-    const child = execFile(file, args, { timeout: COMMAND_TIMEOUT_MS }, (error, _out, stderr) => {
-      if (error === null) return resolve();
-      const detail = String(stderr).trim() || error.message;
-      reject(new Error(`${[file, ...args].join(' ')}: ${detail}`));
-    });
-    if (input !== undefined) child.stdin!.end(input);
-  });
-}
-
-function output(file: string, args: readonly string[]): Promise<string> {
-  return new Promise((resolve, reject) => {
-    // A listing of a sandbox's sockets: about 100 bytes each.
+    // An `ss` listing of a sandbox's sockets is the largest output: about 100 bytes a socket.
     const options = { timeout: COMMAND_TIMEOUT_MS, maxBuffer: 64 * 1024 * 1024 };
-    execFile(file, args, options, (error, out, stderr) => {
+    const child = execFile(file, args, options, (error, out, stderr) => {
       if (error === null) return resolve(String(out));
       const detail = String(stderr).trim() || error.message;
       reject(new Error(`${[file, ...args].join(' ')}: ${detail}`));
     });
+    if (input !== undefined) child.stdin!.end(input);
   });
 }
 
@@ -327,7 +318,7 @@ export class NamespaceNetwork {
     if (link === undefined) return 0;
     const inside = [`--net=${NETNS_DIR}/${link.namespace}`, '--', SS];
     // -H: no heading; with a state filter, lines are: Recv-Q Send-Q Local:Port Peer:Port.
-    const listing = await output(NSENTER, [...inside, '-tnH', 'state', 'established']);
+    const listing = await run(NSENTER, [...inside, '-tnH', 'state', 'established']);
     const doomed: string[] = [];
     for (const line of listing.split('\n')) {
       const [, , localText, peerText] = line.trim().split(/\s+/);
@@ -341,7 +332,7 @@ export class NamespaceNetwork {
     }
     for (let i = 0; i < doomed.length; i += END_BATCH) {
       const filter = doomed.slice(i, i + END_BATCH).join(' or ');
-      await output(NSENTER, [...inside, '-K', '-tnH', 'state', 'established', filter]);
+      await run(NSENTER, [...inside, '-K', '-tnH', 'state', 'established', filter]);
     }
     return doomed.length;
   }

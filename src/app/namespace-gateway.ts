@@ -8,9 +8,9 @@ import type { Logger } from 'pino';
 import type { HostPort, MoatConfig } from '../config.js';
 import type { DnsInterceptor } from '../dns/index.js';
 import type { FlowRecorder } from '../flows/index.js';
-import { type EnforcementTable, KernelEnforcer } from '../enforce/index.js';
+import { type EnforcedSandbox, type EnforcementTable, KernelEnforcer } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import { type InternalDenyList, parseIP } from '../policy/index.js';
+import { type Decision, type InternalDenyList, type IPAddress, parseIP } from '../policy/index.js';
 import {
   type Dialer,
   type EgressProxy,
@@ -68,8 +68,22 @@ export interface NamespaceGatewayParts {
   readonly flows: FlowRecorder;
 }
 
-/** Web ports go to the transparent listener, which ends what a new policy denies by name itself. */
-const TRANSPARENT_PORTS = new Set([80, 443]);
+/** The TCP ports a sandbox's firewall decides by address only when it holds them directly. */
+const WEB_PORTS = new Set([80, 443]);
+
+/**
+ * The one decision for a direct flow, as the sandbox's firewall makes it: on web ports a learned
+ * address does not count (nothing read the connection's name; see kernel-rules.ts).
+ */
+function firewallDecision(
+  parts: NamespaceGatewayParts,
+  sandbox: EnforcedSandbox,
+  ip: IPAddress,
+  port: number,
+  protocol: string,
+): Decision {
+  return parts.dialer.check(sandbox, { ip, port }, ip, protocol === 'tcp' && WEB_PORTS.has(port));
+}
 
 /**
  * Readies the host for namespaced sandboxes: leftovers of an earlier run removed, the gateway
@@ -155,14 +169,28 @@ export async function startNamespaceGateway(
         // With an upstream proxy every TCP connection goes through Moat, which ends them itself.
         if (sandbox === undefined || sandbox.upstream !== undefined) return;
         try {
-          const ended = await network.endConnections(sandboxID, (address, port) => {
-            const ip = parseIP(address);
-            if (!ip.ok || TRANSPARENT_PORTS.has(port)) return false;
-            return parts.dialer.check(sandbox, { ip: ip.value, port }, ip.value).verdict === 'deny';
+          const open = await network.sandboxConnections(sandboxID);
+          // A connection established before the listing is accepted by the transparent
+          // listener by the time this turn of the event loop has polled its socket.
+          await new Promise((resolve) => setImmediate(resolve));
+          const held = new Set<string>();
+          for (const { local } of open)
+            if (!held.has(local.host))
+              for (const port of parts.transparent.portsHeldFrom(local.host))
+                held.add(`${local.host}:${port}`);
+          const doomed = open.filter(({ local, peer }) => {
+            // The transparent listener's own: it re-decides them by name itself.
+            if (held.has(`${local.host}:${local.port}`)) return false;
+            const ip = parseIP(peer.host);
+            return (
+              ip.ok &&
+              firewallDecision(parts, sandbox, ip.value, peer.port, 'tcp').verdict === 'deny'
+            );
           });
-          if (ended > 0)
+          await network.endConnections(sandboxID, doomed);
+          if (doomed.length > 0)
             logger.info(
-              { sandboxID, connections: ended },
+              { sandboxID, connections: doomed.length },
               'open connections the new policy denies ended',
             );
         } catch (error) {
@@ -193,7 +221,7 @@ function recordDirectFlow(flow: DirectFlow, parts: NamespaceGatewayParts): void 
   const ip = parseIP(flow.address);
   if (sandbox === undefined || !ip.ok) return;
   const port = flow.port === 0 ? null : flow.port;
-  const decision = parts.dialer.check(sandbox, { ip: ip.value, port: flow.port }, ip.value);
+  const decision = firewallDecision(parts, sandbox, ip.value, flow.port, flow.protocol);
   parts.flows.decided(
     {
       sandboxID: flow.sandboxID,

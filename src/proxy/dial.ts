@@ -107,12 +107,16 @@ export class Dialer {
     return { ok: true, addresses: allowed, decision: byName };
   }
 
-  /** The decision for one address of a target: the host first, then the sandbox's policy. */
-  check(sandbox: EnforcedSandbox, target: Target, ip: IPAddress): Decision {
+  /**
+   * The decision for one address of a target: the host first, then the sandbox's policy.
+   * Learned addresses count only for a bare address (a named host is decided by its name), and
+   * not with `byAddressOnly` (how the sandbox's firewall decides a web connection it holds
+   * directly: nothing read its name).
+   */
+  check(sandbox: EnforcedSandbox, target: Target, ip: IPAddress, byAddressOnly = false): Decision {
     const host = this.options.host.decide(ip, target.port);
     if (host !== undefined) return host;
-    // Learned addresses count only for a bare address; a named host is decided by its name.
-    const learned = target.host === undefined ? sandbox.learned : undefined;
+    const learned = target.host === undefined && !byAddressOnly ? sandbox.learned : undefined;
     return decide(sandbox.policy, { host: target.host, ip, port: target.port }, learned);
   }
 

@@ -67,6 +67,20 @@ export class TransparentProxy {
   }
 
   /**
+   * The source ports of the connections from `address` this listener holds now. From inside
+   * the sandbox they look like direct connections to their original destination; whoever ends
+   * direct connections by address must leave these alone (this listener decides them by name).
+   */
+  portsHeldFrom(address: string): Set<number> {
+    const ports = new Set<number>();
+    for (const client of this.clients) {
+      const from = client.remoteAddress?.replace(/^::ffff:/, '');
+      if (from === address && client.remotePort !== undefined) ports.add(client.remotePort);
+    }
+    return ports;
+  }
+
+  /**
    * Takes the connections of Moat's listener inside `sandboxID`'s namespace: TCP to other ports
    * than the web's that its firewall redirects there when it has an upstream proxy. Each is
    * decided by the address it was sent to and dialled at once (its server may speak first).

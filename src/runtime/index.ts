@@ -2,7 +2,12 @@
 export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
 export { type DirectFlow, FLOW_LOG_GROUP } from './direct-flow-log.js';
-export { NamespaceNetwork, type NamespaceNetworkOptions, namespacesWork } from './network.js';
+export {
+  NamespaceNetwork,
+  type NamespaceNetworkOptions,
+  namespacesWork,
+  type SandboxConnection,
+} from './network.js';
 export { listNftTables, NftSession } from './nft-session.js';
 export {
   BASE_TEMPLATE,

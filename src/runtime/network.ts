@@ -16,6 +16,7 @@ import type net from 'node:net';
 import { type DirectFlow, DirectFlowLog } from './direct-flow-log.js';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
 import { RangeLock } from './range-lock.js';
+import type { HostPort } from '../host-port.js';
 
 const IP = '/usr/sbin/ip';
 /** iproute2's socket tool: lists a namespace's sockets, and ends them (sock_diag destroy). */
@@ -92,7 +93,13 @@ function run(file: string, args: readonly string[], input?: string): Promise<str
 }
 
 /** `address:port` of an IPv4 socket end as ss prints it (IPv6 is off on sandbox links). */
-function socketEnd(text: string | undefined): { host: string; port: number } | undefined {
+/** One established TCP connection of a sandbox, as seen from inside its namespace. */
+export interface SandboxConnection {
+  readonly local: HostPort;
+  readonly peer: HostPort;
+}
+
+function socketEnd(text: string | undefined): HostPort | undefined {
   const match = /^(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/.exec(text ?? '');
   return match === null ? undefined : { host: match[1]!, port: Number(match[2]) };
 }
@@ -303,38 +310,51 @@ export class NamespaceNetwork {
   }
 
   /**
-   * Ends at once the TCP connections the sandbox opened from its link address whose peer
-   * `ends(address, port)` names, by sock_diag's destroy (`ss -K`) in its namespace: their
-   * sockets get a reset now, instead of at their next send (a socket waiting for an answer the
-   * firewall now drops would wait for its retransmission timeout, 200 ms or more). Connections
-   * Moat's ingress opened from the host's end of the link are never ended. Resolves with how
-   * many were ended, or with the refusal of a listing larger than 64 MiB.
+   * The established TCP connections the sandbox opened from its link address, as its own view
+   * shows them (a connection its firewall redirected to Moat shows its original destination).
+   * Those of Moat's ingress (from the link's host end) and to Moat's listeners on the gateway
+   * are left out: they are never the sandbox's to lose. Rejects a listing larger than 64 MiB.
    */
-  async endConnections(
-    sandboxID: string,
-    ends: (address: string, port: number) => boolean,
-  ): Promise<number> {
+  async sandboxConnections(sandboxID: string): Promise<SandboxConnection[]> {
     const link = this.links.get(sandboxID);
-    if (link === undefined) return 0;
-    const inside = [`--net=${NETNS_DIR}/${link.namespace}`, '--', SS];
+    if (link === undefined) return [];
     // -H: no heading; with a state filter, lines are: Recv-Q Send-Q Local:Port Peer:Port.
-    const listing = await run(NSENTER, [...inside, '-tnH', 'state', 'established']);
-    const doomed: string[] = [];
+    const listing = await run(NSENTER, [...this.ssIn(link), '-tnH', 'state', 'established']);
+    const connections: SandboxConnection[] = [];
     for (const line of listing.split('\n')) {
       const [, , localText, peerText] = line.trim().split(/\s+/);
       const local = socketEnd(localText);
       const peer = socketEnd(peerText);
       if (local === undefined || peer === undefined || local.host !== link.address) continue;
-      // Moat's own: its ingress (from the link's host end) and its listeners on the gateway.
       if (peer.host === link.host || peer.host === this.gateway) continue;
-      if (!ends(peer.host, peer.port)) continue;
-      doomed.push(`( src ${localText} and dst ${peerText} )`);
+      connections.push({ local, peer });
     }
-    for (let i = 0; i < doomed.length; i += END_BATCH) {
-      const filter = doomed.slice(i, i + END_BATCH).join(' or ');
-      await run(NSENTER, [...inside, '-K', '-tnH', 'state', 'established', filter]);
+    return connections;
+  }
+
+  /**
+   * Ends `connections` (from sandboxConnections) at once by sock_diag's destroy (`ss -K`) in
+   * the sandbox's namespace: their sockets get a reset now, instead of at their next send (a
+   * socket waiting for an answer the firewall now drops would wait for its retransmission
+   * timeout, 200 ms or more; one only reading would wait forever).
+   */
+  async endConnections(
+    sandboxID: string,
+    connections: readonly SandboxConnection[],
+  ): Promise<void> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined) return;
+    const filters = connections.map(
+      ({ local, peer }) => `( src ${local.host}:${local.port} and dst ${peer.host}:${peer.port} )`,
+    );
+    for (let i = 0; i < filters.length; i += END_BATCH) {
+      const filter = filters.slice(i, i + END_BATCH).join(' or ');
+      await run(NSENTER, [...this.ssIn(link), '-K', '-tnH', 'state', 'established', filter]);
     }
-    return doomed.length;
+  }
+
+  private ssIn(link: Link): string[] {
+    return [`--net=${NETNS_DIR}/${link.namespace}`, '--', SS];
   }
 
   /** Removes the sandbox's namespace and link. Idempotent. */

@@ -26,7 +26,8 @@ import {
   tunnelSocket,
 } from './dial.js';
 import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
-import { Exchange, type ExchangeContext, UpstreamPool } from './forward.js';
+import { Exchange, type ExchangeContext } from './exchange.js';
+import { UpstreamPool } from './upstream-pool.js';
 import { writeRawError } from './http-errors.js';
 import {
   fieldValues,

@@ -4,7 +4,7 @@
  */
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
-import { originRequestText } from '../../src/proxy/forward.js';
+import { originRequestText } from '../../src/proxy/exchange.js';
 import { type HeaderField, parseRequestHead } from '../../src/proxy/http1.js';
 import { canonicalName } from '../../src/policy/index.js';
 

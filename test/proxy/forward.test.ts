@@ -210,6 +210,7 @@ beforeAll(async () => {
       'dns-listen': '127.0.0.1:0',
       'dns-upstream': `127.0.0.1:${upstream.port}`,
       'proxy-listen': '127.0.0.1:0',
+      'transparent-listen': '127.0.0.1:0',
       'proxy-max-tunnels': '8',
       'proxy-handshake-timeout-ms': String(HANDSHAKE_MS),
       'log-level': 'silent',

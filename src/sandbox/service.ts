@@ -7,40 +7,21 @@ import {
   type UpstreamProxy,
 } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import {
-  compilePolicy,
-  type InternalDenyList,
-  type IPAddress,
-  parseIP,
-  parseNetworkConfig,
-  type Policy,
-} from '../policy/index.js';
+import { type InternalDenyList, type IPAddress, parseIP, type Policy } from '../policy/index.js';
 import {
   type SandboxEnvironment,
   type SandboxLimits,
   SandboxRefused,
   type SandboxRuntime,
 } from '../runtime/index.js';
-import {
-  type JsonValue,
-  type Store,
-  type StoreChange,
-  StoreUnavailableError,
-} from '../store/index.js';
+import type { Store } from '../store/index.js';
+import { ClusterReload } from './cluster-reload.js';
 import { newSandboxID, newSecret, randomName } from './ids.js';
+import { type ClusterMembership, isLocal, madeHere, onLiveNode } from './membership.js';
 import { type Page, paginate } from './pages.js';
-import {
-  asJson,
-  type NetworkSettings,
-  readSandbox,
-  readSnapshot,
-  SANDBOXES,
-  type SandboxRecord,
-  type SandboxState,
-  type SnapshotRecord,
-  TEMPLATES,
-} from './records.js';
+import type { NetworkSettings, SandboxRecord, SandboxState, SnapshotRecord } from './records.js';
 import { networkRules, storedRules, storedUpstream, upstreamProxy } from './network-settings.js';
+import { SandboxPolicies } from './policies.js';
 import {
   checkLifecycle,
   type CreateRequest,
@@ -53,24 +34,12 @@ import {
   type SandboxQuery,
   type SnapshotQuery,
 } from './requests.js';
+import { SandboxRecovery } from './restore.js';
+import { SandboxStore } from './sandbox-store.js';
 import { ExpiryTimer, KeyedQueue } from './serial.js';
-import {
-  isBaseTemplate,
-  resolveTemplate,
-  snapshotNaming,
-  templateCandidates,
-  templateKey,
-} from './templates.js';
+import { SnapshotCatalog } from './snapshots.js';
+import { resolveTemplate, templateKey } from './templates.js';
 import { UsageHistory, type UsageSample } from './usage-history.js';
-
-/** What the lifecycle needs to know of the other nodes of a platform. */
-export interface ClusterMembership {
-  readonly self: string;
-  /** The node has a live heartbeat. */
-  alive(node: string): boolean;
-  /** Tells the node hosting `sandboxID` that its network config changed in the store. */
-  announce(change: { sandboxID: string; node: string; sentAt: number }): Promise<void>;
-}
 
 export interface SandboxServiceOptions {
   readonly store: Store;
@@ -105,7 +74,9 @@ export interface SandboxServiceOptions {
 /**
  * The sandbox lifecycle: running -> paused -> running ... -> gone, with expiry. Every change of
  * one sandbox runs alone (KeyedQueue), is durable in the store before it is acknowledged, and is
- * published to the enforcement table before the call returns.
+ * published to the enforcement table before the call returns. Restart recovery (restore.ts),
+ * snapshots (snapshots.ts) and changes stored by other nodes (cluster-reload.ts) work on the
+ * same queue and records.
  */
 export class SandboxService {
   private readonly queue = new KeyedQueue();
@@ -114,32 +85,67 @@ export class SandboxService {
   private readonly log: Logger;
   /** State of every sandbox this Moat holds, for the sandboxes gauge. */
   private readonly states = new Map<string, SandboxState>();
-  /** Sandboxes left paused because they could not be set up again at start-up, and why. */
-  private readonly unrestored = new Map<string, string>();
   private readonly usage: UsageHistory;
-
-  /** The store, with "unreachable" answered as 503 on reads as on writes. */
-  private readonly store: Pick<Store, 'get' | 'list'>;
+  private readonly records: SandboxStore;
+  private readonly policies: SandboxPolicies;
+  private readonly recovery: SandboxRecovery;
+  private readonly snapshotCatalog: SnapshotCatalog;
+  private readonly clusterReload: ClusterReload;
 
   constructor(private readonly options: SandboxServiceOptions) {
-    const unavailable = (error: unknown): never => {
-      if (error instanceof StoreUnavailableError) throw new SandboxError(503, error.message);
-      throw error;
-    };
-    this.store = {
-      get: (collection, key) => options.store.get(collection, key).catch(unavailable),
-      list: (collection) => options.store.list(collection).catch(unavailable),
-    };
+    const { runtime, kernel, sources, cluster, table } = options;
     this.now = options.now ?? Date.now;
     this.log = options.logger;
+    const { queue, now, log: logger } = this;
+    const records = new SandboxStore(options.store, options.metrics, options.defaultLimits);
+    const policies = new SandboxPolicies(options);
+    const transition = this.transition.bind(this);
+    this.records = records;
+    this.policies = policies;
+    this.recovery = new SandboxRecovery({
+      runtime,
+      kernel,
+      sources,
+      records,
+      policies,
+      cluster,
+      logger,
+      now,
+      environment: options.environment,
+      adopt: (record, running) => this.adopt(record, running),
+      transition,
+    });
+    this.snapshotCatalog = new SnapshotCatalog({
+      namespace: options.namespace,
+      queue,
+      records,
+      runtime,
+      cluster,
+      logger,
+      now,
+      get: (sandboxID) => this.get(sandboxID),
+      transition,
+    });
+    this.clusterReload = new ClusterReload({
+      queue,
+      records,
+      policies,
+      table,
+      kernel,
+      cluster,
+      logger,
+      find: (sandboxID) => this.find(sandboxID),
+      running: () => this.running(),
+      end: (sandboxID) => this.unhost(sandboxID),
+      transition,
+    });
     this.expiry = new ExpiryTimer(this.now, () => void this.expireDue());
     this.usage = new UsageHistory(
       {
-        running: () =>
-          [...this.states].filter(([, state]) => state === 'running').map(([id]) => id),
+        running: () => this.running(),
         exists: (id) => this.states.has(id),
         read: async (id) => {
-          const sandbox = options.runtime.sandbox(id);
+          const sandbox = runtime.sandbox(id);
           return sandbox && { usage: await sandbox.usage(), limits: sandbox.limits };
         },
       },
@@ -154,104 +160,13 @@ export class SandboxService {
   }
 
   /**
-   * Loads every stored sandbox: running ones are enforced again and their expiry rescheduled
-   * (those already past it expire now), paused ones keep their addresses. Roots left behind by
-   * a crash mid-create are removed.
+   * Loads every stored sandbox of this node (restore.ts), then expires those already past their
+   * deadline and starts sampling their use.
    */
   async start(): Promise<void> {
-    const { sources, runtime, table } = this.options;
-    const records = (await this.store.list(SANDBOXES))
-      .map(([key, value]) => this.read(value, key))
-      .filter((record) => this.isLocal(record));
-    // First clear what a previous run left (roots never recorded, processes that outlived it).
-    const templates = new Set((await this.snapshots()).map((s) => s.snapshotID));
-    for (const id of await runtime.reconcile(new Set(records.map((r) => r.sandboxID)), templates)) {
-      this.log.warn({ sandboxID: id }, 'removed the root of a sandbox that was never created');
-    }
-    // Every address still valid is taken back first, so a new one never collides with it.
-    const kept = records.map((record) => {
-      const address = parseIP(record.sourceAddress);
-      return address.ok && sources.reserve(address.value) ? address : undefined;
-    });
-    for (const [index, stored] of records.entries()) {
-      let record = stored;
-      let address = kept[index];
-      if (address === undefined) {
-        // Made under another pool or enforcement mode: its processes are gone anyway, so it
-        // gets an address of this one (nothing outside Moat knows the old one).
-        const fresh = sources.allocate();
-        record = { ...record, sourceAddress: fresh.text };
-        await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(record) }]);
-        this.log.warn(
-          { sandboxID: record.sandboxID, from: stored.sourceAddress, to: fresh.text },
-          `source address outside the pool ${sources.range.text}; given a new one`,
-        );
-        address = { ok: true, value: fresh };
-      }
-      this.states.set(record.sandboxID, record.state);
-      // Paused as files only: nothing of it runs until it is resumed.
-      if (record.state === 'paused' && record.filesOnly === true) continue;
-      const policy = this.restoredPolicy(record);
-      const problem = await this.bringBack(record, address.value, policy);
-      // One sandbox that cannot come back must not keep the others (and Moat) down.
-      if (problem !== undefined) {
-        await this.leavePaused(record, problem);
-        continue;
-      }
-      if (record.state === 'paused') continue;
-      table.register(
-        record.sandboxID,
-        { sourceAddress: address.value, egressSecret: record.egressSecret },
-        policy,
-        storedUpstream(record),
-      );
-      this.expiry.set(record.sandboxID, record.endAt);
-    }
+    await this.recovery.restoreAll();
     await this.expireDue();
     this.usage.start();
-  }
-
-  /**
-   * Sets up the sandbox's runtime and firewall again after a restart; returns why that failed,
-   * with whatever was half set up taken down again (its files stay).
-   */
-  private async bringBack(
-    record: SandboxRecord,
-    address: IPAddress,
-    policy: Policy,
-  ): Promise<string | undefined> {
-    const { runtime, kernel } = this.options;
-    try {
-      await runtime.restore(
-        record.sandboxID,
-        this.options.environment(record),
-        address.text,
-        this.limitsOf(record),
-      );
-      await kernel?.install(record.sandboxID, address, policy, storedUpstream(record));
-      this.unrestored.delete(record.sandboxID);
-      return undefined;
-    } catch (error) {
-      await runtime.release(record.sandboxID).catch(() => {});
-      return (error as Error).message;
-    }
-  }
-
-  /**
-   * A sandbox that could not be set up again is paused (nothing of it runs, and it is out of
-   * the enforcement table) with its files kept; resuming it tries again.
-   */
-  private async leavePaused(record: SandboxRecord, problem: string): Promise<void> {
-    this.unrestored.set(record.sandboxID, problem);
-    this.log.error(
-      { sandboxID: record.sandboxID, err: problem },
-      'could not restore this sandbox; it is left paused with its files, and resuming it tries again',
-    );
-    if (record.state === 'paused') return;
-    const next: SandboxRecord = { ...record, state: 'paused', endAt: this.now() };
-    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
-    this.states.set(record.sandboxID, 'paused');
-    this.transition(next, 'pause', { reason: 'restore failed' });
   }
 
   /** Stops the expiry timer and waits for transitions in flight. */
@@ -259,46 +174,6 @@ export class SandboxService {
     this.expiry.stop();
     await this.usage.stop();
     await this.queue.idle();
-  }
-
-  /**
-   * A stored config was valid when stored; if this Moat's limits have since changed and it no
-   * longer parses, the sandbox is enforced deny-all rather than left open (fail closed).
-   */
-  private restoredPolicy(record: SandboxRecord): Policy {
-    try {
-      return this.compile(networkRules(record.network));
-    } catch (error) {
-      this.log.error(
-        { sandboxID: record.sandboxID, err: (error as Error).message },
-        'stored network config no longer compiles; enforcing deny-all for this sandbox',
-      );
-      return this.compile({ denyOut: ['0.0.0.0/0', '::/0'] });
-    }
-  }
-
-  private compile(rules: EgressRules): Policy {
-    const parsed = parseNetworkConfig(rules, { maxEntries: this.options.maxPolicyEntries });
-    if (!parsed.ok) {
-      throw new SandboxError(400, parsed.errors.map((problem) => problem.message).join('; '));
-    }
-    return compilePolicy(parsed.value, this.options.internal);
-  }
-
-  /** Every secret the policy's rules name must be stored (a 400 naming key, header and secret). */
-  private async checkSecrets(policy: Policy): Promise<void> {
-    const exists = this.options.secretExists ?? (async () => false);
-    for (const transform of policy.rules.transforms) {
-      for (const header of transform.headers) {
-        for (const part of header.value) {
-          if (!('secret' in part) || (await exists(part.secret))) continue;
-          throw new SandboxError(
-            400,
-            `network.rules[${JSON.stringify(transform.ruleKey)}] header ${JSON.stringify(header.name)} names the secret ${JSON.stringify(part.secret)}, which does not exist (create it with POST /secrets first)`,
-          );
-        }
-      }
-    }
   }
 
   async create(request: CreateRequest): Promise<SandboxRecord> {
@@ -314,8 +189,8 @@ export class SandboxService {
       httpsPorts: request.network?.httpsPorts ?? [],
       ...storedRules(request.network?.rules),
     };
-    const policy = this.compile(networkRules(network));
-    await this.checkSecrets(policy);
+    const policy = this.policies.compile(networkRules(network));
+    await this.policies.checkSecrets(policy);
     // A proxy that cannot be used is refused before anything is made.
     upstreamProxy(network.egressProxy);
     const secure = request.secure ?? false;
@@ -326,7 +201,11 @@ export class SandboxService {
       );
     }
     const lifecycle = checkLifecycle(request);
-    const template = await resolveTemplate(this.store, this.options.namespace, request.templateID);
+    const template = await resolveTemplate(
+      this.records.reads,
+      this.options.namespace,
+      request.templateID,
+    );
     const limits = template.limits ?? this.options.defaultLimits;
     const now = this.now();
     const source = sources.allocate();
@@ -347,7 +226,7 @@ export class SandboxService {
       envVars: request.envVars ?? {},
       network,
       limits,
-      ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
+      ...madeHere(this.options.cluster),
     };
     // Under the template's key so that deleting the template cannot race the copy.
     await this.queue.run(templateKey(template.id), () =>
@@ -369,7 +248,7 @@ export class SandboxService {
     source: IPAddress,
     policy: Policy,
   ): Promise<void> {
-    const { runtime, sources, table } = this.options;
+    const { runtime, sources } = this.options;
     const id = record.sandboxID;
     const upstream = storedUpstream(record);
     try {
@@ -378,11 +257,11 @@ export class SandboxService {
         templateKey,
         this.options.environment(record),
         source.text,
-        this.limitsOf(record),
+        this.records.limitsOf(record),
       );
       // Fail closed: a sandbox whose firewall cannot be written is not started.
       await this.options.kernel?.install(id, source, policy, upstream);
-      await this.write([{ collection: SANDBOXES, key: id, value: asJson(record) }]);
+      await this.records.save(record);
     } catch (error) {
       sources.release(source);
       await runtime.destroy(id).catch(() => undefined);
@@ -390,14 +269,7 @@ export class SandboxService {
         throw new SandboxError(503, `the sandbox was not created: ${error.message}`);
       throw error;
     }
-    table.register(
-      id,
-      { sourceAddress: source, egressSecret: record.egressSecret },
-      policy,
-      upstream,
-    );
-    this.expiry.set(id, record.endAt);
-    this.states.set(id, 'running');
+    this.adopt(record, { address: source, policy });
   }
 
   /**
@@ -416,7 +288,7 @@ export class SandboxService {
       await this.options.runtime.snapshot(sandboxID, copy);
       return record;
     });
-    const policy = this.restoredPolicy(parent);
+    const policy = this.policies.stored(parent);
     const results: ForkResult[] = [];
     try {
       // One at a time: each is a copy-on-write mount of the same layer, cheap next to a boot.
@@ -451,7 +323,7 @@ export class SandboxService {
         trafficAccessToken: parent.network.allowPublicTraffic ? null : newSecret(),
         egressSecret: newSecret(),
         sourceAddress: source.text,
-        ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
+        ...madeHere(this.options.cluster),
       };
       await this.launch(record, copy, source, policy);
       this.transition(record, 'fork', { from: parent.sandboxID, timeout: seconds });
@@ -483,11 +355,11 @@ export class SandboxService {
   }
 
   async get(sandboxID: string): Promise<SandboxRecord> {
-    const stored = await this.store.get(SANDBOXES, sandboxID);
-    if (stored === undefined) throw notFound(sandboxID);
-    const record = this.read(stored, sandboxID);
+    const record = await this.records.get(sandboxID);
     // A sandbox whose node stopped sending heartbeats is gone with it.
-    if (!this.onLiveNode(record)) throw notFound(sandboxID);
+    if (record === undefined || !onLiveNode(this.options.cluster, record)) {
+      throw notFound(sandboxID);
+    }
     return record;
   }
 
@@ -506,9 +378,7 @@ export class SandboxService {
   }
 
   async list(query: SandboxQuery): Promise<Page<SandboxRecord>> {
-    const records = (await this.store.list(SANDBOXES))
-      .map(([key, value]) => this.read(value, key))
-      .filter((record) => this.onLiveNode(record));
+    const records = (await this.records.all()).filter((r) => onLiveNode(this.options.cluster, r));
     const matching = records.filter(
       (r) =>
         query.states.includes(r.state) &&
@@ -611,9 +481,9 @@ export class SandboxService {
       // The proxy is no part of the policy (which decides), but of where allowed flows go.
       const { egressProxy, ...policyRules } = rules;
       try {
-        policy = this.compile(policyRules);
+        policy = this.policies.compile(policyRules);
         upstream = upstreamProxy(egressProxy);
-        await this.checkSecrets(policy);
+        await this.policies.checkSecrets(policy);
       } catch (error) {
         metrics.policyPublishes.inc({ result: 'invalid' });
         throw error;
@@ -632,12 +502,12 @@ export class SandboxService {
         },
       };
       try {
-        await this.write([{ collection: SANDBOXES, key: sandboxID, value: asJson(next) }]);
+        await this.records.save(next);
       } catch (error) {
         metrics.policyPublishes.inc({ result: 'failed' });
         throw error;
       }
-      if (!this.isLocal(next)) {
+      if (!isLocal(this.options.cluster, next)) {
         // Stored; the node that hosts it hears of it on the cluster channel and enforces it.
         await this.options
           .cluster!.announce({
@@ -677,62 +547,21 @@ export class SandboxService {
   }
 
   /**
-   * Enforces the stored network config of a sandbox this node hosts (another node stored it and
-   * said so on the cluster channel). Returns false when there was nothing to do.
+   * Enforces the stored network config of a sandbox this node hosts, announced by the node that
+   * stored it (cluster-reload.ts). False, logged, when there was nothing to do.
    */
   reload(sandboxID: string): Promise<boolean> {
-    return this.queue.run(sandboxID, async () => {
-      const record = await this.find(sandboxID);
-      if (record === undefined || record.state !== 'running' || !this.isLocal(record)) {
-        return false;
-      }
-      const policy = this.restoredPolicy(record);
-      const upstream = storedUpstream(record);
-      if (!this.options.table.publish(sandboxID, policy, upstream)) return false;
-      await this.options.kernel?.enforce(sandboxID, policy, upstream).catch((error: Error) => {
-        this.log.error({ sandboxID, err: error.message }, 'firewall update failed');
-      });
-      this.transition(record, 'network', { from: 'cluster' });
-      return true;
-    });
+    return this.clusterReload.reload(sandboxID);
   }
 
-  /**
-   * After the store was out of reach: enforces again what it holds for every running sandbox
-   * here (changes announced meanwhile were missed); sandboxes whose record is gone are ended.
-   */
-  async reloadAll(): Promise<void> {
-    for (const [sandboxID, state] of [...this.states]) {
-      if (state !== 'running') continue;
-      const stored = await this.store.get(SANDBOXES, sandboxID);
-      if (stored === undefined) {
-        this.log.warn({ sandboxID }, 'the store no longer holds this sandbox; ending it');
-        this.options.table.remove(sandboxID);
-        this.expiry.delete(sandboxID);
-        this.states.delete(sandboxID);
-        await this.options.runtime.destroy(sandboxID);
-        continue;
-      }
-      await this.reload(sandboxID);
-    }
+  /** After the store was out of reach: enforces again what it holds for this node's sandboxes. */
+  reloadAll(): Promise<void> {
+    return this.clusterReload.reloadAll();
   }
 
   /** Removes the records of sandboxes whose node is gone (its heartbeat lapsed). */
-  async forgetGoneNodes(): Promise<string[]> {
-    const cluster = this.options.cluster;
-    if (cluster === undefined) return [];
-    const gone = (await this.store.list(SANDBOXES))
-      .map(([key, value]) => this.read(value, key))
-      .filter((record) => !this.onLiveNode(record));
-    if (gone.length === 0) return [];
-    await this.write(gone.map((r) => ({ collection: SANDBOXES, key: r.sandboxID, value: null })));
-    for (const record of gone) {
-      this.log.warn(
-        { sandboxID: record.sandboxID, node: record.node },
-        'removed a sandbox whose node is gone',
-      );
-    }
-    return gone.map((r) => r.sandboxID);
+  forgetGoneNodes(): Promise<string[]> {
+    return this.clusterReload.forgetGoneNodes();
   }
 
   /** Sandboxes this node hosts now. */
@@ -740,91 +569,27 @@ export class SandboxService {
     return this.states.size;
   }
 
-  private isLocal(record: SandboxRecord): boolean {
-    const cluster = this.options.cluster;
-    return cluster === undefined || record.node === undefined || record.node === cluster.self;
-  }
-
-  private onLiveNode(record: SandboxRecord): boolean {
-    return this.isLocal(record) || this.options.cluster!.alive(record.node!);
-  }
-
   /** Copies the sandbox's root into a new template; the sandbox keeps running. */
   createSnapshot(sandboxID: string, name: string | undefined): Promise<SnapshotRecord> {
-    const naming = snapshotNaming(this.options.namespace, name);
-    return this.queue.run(sandboxID, async () => {
-      const record = await this.get(sandboxID);
-      const snapshot: SnapshotRecord = {
-        ...naming,
-        sandboxID,
-        createdAt: this.now(),
-        limits: this.limitsOf(record),
-        ...(this.options.cluster ? { node: this.options.cluster.self } : {}),
-      };
-      await this.queue.run(templateKey(snapshot.snapshotID), async () => {
-        await this.options.runtime.snapshot(sandboxID, snapshot.snapshotID);
-        await this.write([
-          { collection: TEMPLATES, key: snapshot.snapshotID, value: asJson(snapshot) },
-        ]);
-      });
-      this.transition(record, 'snapshot', { snapshotID: snapshot.snapshotID });
-      return snapshot;
-    });
+    return this.snapshotCatalog.create(sandboxID, name);
   }
 
-  async listSnapshots(query: SnapshotQuery): Promise<Page<SnapshotRecord>> {
-    const wanted =
-      query.name === undefined ? undefined : snapshotNaming(this.options.namespace, query.name);
-    const snapshots = (await this.snapshots()).filter(
-      (s) =>
-        (query.sandboxID === undefined || s.sandboxID === query.sandboxID) &&
-        (wanted === undefined ||
-          s.snapshotID === wanted.snapshotID ||
-          (query.name?.includes(':') !== true && s.templateID === wanted.templateID)),
-    );
-    return paginate(snapshots, (s) => [s.createdAt, s.snapshotID], { ...query, order: 'desc' });
+  listSnapshots(query: SnapshotQuery): Promise<Page<SnapshotRecord>> {
+    return this.snapshotCatalog.list(query);
   }
 
   snapshots(): Promise<SnapshotRecord[]> {
-    return this.options.store
-      .list(TEMPLATES)
-      .then((entries) => entries.map(([key, value]) => readSnapshot(value, key)));
+    return this.records.snapshots();
   }
 
-  /**
-   * Deletes a snapshot (by its ID, or every tag of a template ID). Refused while a sandbox made
-   * from it still exists.
-   */
-  async deleteTemplate(id: string): Promise<void> {
-    if (isBaseTemplate(id)) {
-      throw new SandboxError(400, `template "${id}" is built in and cannot be deleted`);
-    }
-    // A template ID without a tag names every tag of that template.
-    const candidates = new Set(templateCandidates(this.options.namespace, id));
-    const templates = new Set(id.includes(':') ? [] : [id, `${this.options.namespace}/${id}`]);
-    const matching = (await this.snapshots()).filter(
-      (s) => candidates.has(s.snapshotID) || templates.has(s.templateID),
-    );
-    if (matching.length === 0) {
-      throw new SandboxError(404, `template "${id}" doesn't exist or you don't have access to it`);
-    }
-    for (const snapshot of matching) {
-      await this.queue.run(templateKey(snapshot.snapshotID), async () => {
-        const users = (await this.store.list(SANDBOXES))
-          .map(([k, value]) => this.read(value, k))
-          .filter((r) => r.templateID === snapshot.snapshotID)
-          .map((r) => r.sandboxID);
-        if (users.length > 0) {
-          throw new SandboxError(
-            409,
-            `template "${snapshot.snapshotID}" is used by sandbox${users.length > 1 ? 'es' : ''} ${users.join(', ')}; kill ${users.length > 1 ? 'them' : 'it'} first`,
-          );
-        }
-        await this.write([{ collection: TEMPLATES, key: snapshot.snapshotID, value: null }]);
-        await this.options.runtime.removeTemplate(snapshot.snapshotID);
-        this.log.info({ snapshotID: snapshot.snapshotID }, 'template deleted');
-      });
-    }
+  /** Deletes a snapshot, or every tag of a template; refused while a sandbox made from it exists. */
+  deleteTemplate(id: string): Promise<void> {
+    return this.snapshotCatalog.delete(id);
+  }
+
+  /** The node whose data folder holds a template's files (undefined: any node). */
+  templateNode(templateID: string): Promise<string | undefined> {
+    return this.snapshotCatalog.nodeOf(templateID);
   }
 
   /**
@@ -836,10 +601,8 @@ export class SandboxService {
     const sweep = Promise.all(
       this.expiry.takeDue().map((id) =>
         this.queue.run(id, async () => {
-          const stored = await this.store.get(SANDBOXES, id);
-          if (stored === undefined) return;
-          const record = this.read(stored, id);
-          if (record.state !== 'running') return;
+          const record = await this.records.get(id);
+          if (record?.state !== 'running') return;
           if (record.endAt > this.now()) {
             this.expiry.set(id, record.endAt);
             return;
@@ -879,7 +642,7 @@ export class SandboxService {
 
   private async extend(record: SandboxRecord, endAt: number, what: string): Promise<SandboxRecord> {
     const next = { ...record, endAt };
-    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    await this.records.save(next);
     this.expiry.set(record.sandboxID, endAt);
     this.transition(next, what, { endAt: new Date(endAt).toISOString() });
     return next;
@@ -901,10 +664,10 @@ export class SandboxService {
     if (memory) await runtime.pause(record.sandboxID);
     else await runtime.release(record.sandboxID);
     try {
-      await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+      await this.records.save(next);
     } catch (error) {
       if (memory) await runtime.resume(record.sandboxID);
-      else await this.coldBoot(record);
+      else await this.recovery.coldBoot(record);
       throw error;
     }
     // A paused sandbox sends nothing; dropping it from the table makes that certain.
@@ -913,23 +676,6 @@ export class SandboxService {
     this.states.set(record.sandboxID, 'paused');
     this.transition(next, why === 'expire' ? 'autoPause' : 'pause', { memory });
     return next;
-  }
-
-  /**
-   * Starts a sandbox again from its files (its processes are gone); a failure leaves it
-   * paused, to be tried again at the next resume.
-   */
-  private async coldBoot(record: SandboxRecord): Promise<void> {
-    const address = parseIP(record.sourceAddress);
-    if (!address.ok) throw new SandboxError(500, address.error);
-    const problem = await this.bringBack(record, address.value, this.restoredPolicy(record));
-    if (problem !== undefined) {
-      this.unrestored.set(record.sandboxID, problem);
-      throw new SandboxError(
-        503,
-        `sandbox ${record.sandboxID} could not be restored on this host: ${problem}; it stays paused with its files`,
-      );
-    }
   }
 
   private async resumeNow(
@@ -945,14 +691,14 @@ export class SandboxService {
       endAt: now + seconds * 1000,
       filesOnly: false,
     };
-    const policy = this.restoredPolicy(record);
+    const policy = this.policies.stored(record);
     const address = parseIP(record.sourceAddress);
     if (!address.ok) throw new SandboxError(500, address.error);
-    const frozen = record.filesOnly !== true && !this.unrestored.has(record.sandboxID);
+    const frozen = record.filesOnly !== true && this.recovery.restored(record.sandboxID);
     // Asked to start from its files: its frozen processes are ended first.
     if (frozen && fromFiles) await this.options.runtime.release(record.sandboxID);
-    if (!frozen || fromFiles) await this.coldBoot(record);
-    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: asJson(next) }]);
+    if (!frozen || fromFiles) await this.recovery.coldBoot(record);
+    await this.records.save(next);
     const upstream = storedUpstream(record);
     this.options.table.register(
       record.sandboxID,
@@ -972,51 +718,46 @@ export class SandboxService {
   }
 
   private async remove(record: SandboxRecord, why: string): Promise<void> {
-    await this.write([{ collection: SANDBOXES, key: record.sandboxID, value: null }]);
-    this.unrestored.delete(record.sandboxID);
-    this.options.table.remove(record.sandboxID);
-    this.expiry.delete(record.sandboxID);
-    this.states.delete(record.sandboxID);
-    this.usage.forget(record.sandboxID);
-    await this.options.runtime.destroy(record.sandboxID);
+    await this.records.delete([record.sandboxID]);
+    await this.unhost(record.sandboxID);
     const address = parseIP(record.sourceAddress);
     if (address.ok) this.options.sources.release(address.value);
     this.transition(record, why === 'expire' ? 'expire' : 'kill', {});
   }
 
-  private async write(changes: StoreChange[]): Promise<void> {
-    try {
-      await this.options.store.commit(changes);
-    } catch (error) {
-      this.options.metrics.storeErrors.inc();
-      if (error instanceof StoreUnavailableError) throw new SandboxError(503, error.message);
-      throw error;
-    }
+  /** The sandboxes running on this node. */
+  private running(): string[] {
+    return [...this.states].filter(([, state]) => state === 'running').map(([id]) => id);
+  }
+
+  /** Ends what runs here of a sandbox and forgets it (its record is gone). */
+  private async unhost(sandboxID: string): Promise<void> {
+    this.recovery.forget(sandboxID);
+    this.options.table.remove(sandboxID);
+    this.expiry.delete(sandboxID);
+    this.states.delete(sandboxID);
+    this.usage.forget(sandboxID);
+    await this.options.runtime.destroy(sandboxID);
+  }
+
+  /**
+   * This node holds the sandbox, in its record's state; `running`: enforced with this address
+   * and policy and due to expire at its `endAt`.
+   */
+  private adopt(record: SandboxRecord, running?: { address: IPAddress; policy: Policy }): void {
+    this.states.set(record.sandboxID, record.state);
+    if (running === undefined) return;
+    this.options.table.register(
+      record.sandboxID,
+      { sourceAddress: running.address, egressSecret: record.egressSecret },
+      running.policy,
+      storedUpstream(record),
+    );
+    this.expiry.set(record.sandboxID, record.endAt);
   }
 
   private transition(record: SandboxRecord, what: string, details: object): void {
     this.options.metrics.sandboxTransitions.inc({ transition: what });
     this.log.info({ sandboxID: record.sandboxID, transition: what, ...details }, 'sandbox ' + what);
-  }
-
-  // -- templates and snapshot names --
-
-  /**
-   * The node whose data folder holds a template's files: a sandbox made from a snapshot must be
-   * made there. Undefined for the built-in template (every node has it) and a Moat on its own.
-   */
-  async templateNode(templateID: string): Promise<string | undefined> {
-    return (await resolveTemplate(this.store, this.options.namespace, templateID)).node;
-  }
-
-  /** A sandbox's limits: its record's, or (for records from before limits) the defaults. */
-  private limitsOf(record: SandboxRecord): SandboxLimits {
-    return record.limits ?? this.options.defaultLimits;
-  }
-
-  /** A stored sandbox record, with the default limits where it has none. */
-  private read(value: JsonValue, key: string): SandboxRecord {
-    const record = readSandbox(value, key);
-    return record.limits ? record : { ...record, limits: this.options.defaultLimits };
   }
 }

@@ -1,14 +1,57 @@
 /** This Moat as one node of many sharing a Redis store: joining, and routing requests. */
 import type { Logger } from 'pino';
 import type { ApiRouting } from '../api/index.js';
-import { Cluster } from '../cluster/index.js';
-import { formatHostPort, type MoatConfig } from '../config.js';
+import { Cluster, type NodeInfo } from '../cluster/index.js';
+import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import { SandboxError, type SandboxService } from '../sandbox/index.js';
+import {
+  notFound,
+  SANDBOX_ID,
+  SandboxError,
+  type SandboxService,
+  unlessNotFound,
+} from '../sandbox/index.js';
 import type { SecretVault } from '../secrets/index.js';
 import type { RedisStore } from '../store/index.js';
 import type { Listening } from './listeners.js';
 import { RetryingTask } from './retrying-task.js';
+
+/**
+ * The live node hosting a sandbox; undefined when it is this one. A 404 when the sandbox does not
+ * exist or its node is gone, a 503 when the store or the node registry cannot be read.
+ */
+async function hostOf(
+  self: string,
+  cluster: Cluster,
+  sandboxes: SandboxService,
+  sandboxID: string,
+): Promise<NodeInfo | undefined> {
+  const node = await sandboxes.nodeOf(sandboxID);
+  if (node === self) return undefined;
+  const info = await cluster.locate(node).catch((error: Error) => {
+    throw new SandboxError(503, `cannot find the node ${node}: ${error.message}`);
+  });
+  // Its heartbeat lapsed a moment ago: the sandbox is gone with it.
+  if (info === undefined) throw notFound(sandboxID);
+  return info;
+}
+
+/**
+ * The sandbox listener of the node hosting a sandbox that is not here (undefined when no live
+ * node hosts it): where the sandbox listener relays its requests. A store or node registry that
+ * cannot be read is an error (the listener answers 503), not "the sandbox is not running".
+ */
+export function sandboxListenerOf(
+  self: string,
+  cluster: () => Cluster | undefined,
+  sandboxes: SandboxService,
+): (sandboxID: string) => Promise<HostPort | undefined> {
+  return async (sandboxID) => {
+    const joined = cluster();
+    if (joined === undefined || !SANDBOX_ID.test(sandboxID)) return undefined;
+    return (await unlessNotFound(hostOf(self, joined, sandboxes, sandboxID)))?.sandbox;
+  };
+}
 
 /** Requests for sandboxes hosted elsewhere go to their node; new sandboxes to the emptiest. */
 export function routingFor(
@@ -19,20 +62,7 @@ export function routingFor(
   return {
     self,
     async ownerOf(sandboxID) {
-      const node = await sandboxes.nodeOf(sandboxID);
-      if (node === self) return undefined;
-      const info = await cluster()
-        .locate(node)
-        .catch((error: Error) => {
-          throw new SandboxError(503, `cannot find the node ${node}: ${error.message}`);
-        });
-      // Its heartbeat lapsed a moment ago: the sandbox is gone with it.
-      if (info === undefined)
-        throw new SandboxError(
-          404,
-          `Sandbox "${sandboxID}" doesn't exist or you don't have access to it`,
-        );
-      return info.api;
+      return (await hostOf(self, cluster(), sandboxes, sandboxID))?.api;
     },
     async placement(templateID) {
       // A snapshot's files are on the node that took it; anything else goes to the emptiest.

@@ -30,10 +30,10 @@ import {
 } from '../policy/index.js';
 import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
 import { NamespaceNetwork, ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
-import { SANDBOX_ID, SandboxService, sandboxEnvironment } from '../sandbox/index.js';
+import { SandboxService, sandboxEnvironment } from '../sandbox/index.js';
 import { RedisStore, type Store } from '../store/index.js';
 import { loadSecretsKey, SecretVault } from '../secrets/index.js';
-import { joinCluster, routingFor } from './cluster-node.js';
+import { joinCluster, routingFor, sandboxListenerOf } from './cluster-node.js';
 import { Lifecycle } from './lifecycle.js';
 import {
   bindListener,
@@ -415,12 +415,8 @@ export async function startMoat(
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
       moatPorts: () => new Set(ownListeners(listening).map((at) => at.port)),
-      elsewhere: async (sandboxID) => {
-        if (cluster === undefined || !SANDBOX_ID.test(sandboxID)) return undefined;
-        const node = await sandboxes.nodeOf(sandboxID).catch(() => undefined);
-        if (node === undefined || node === nodeID) return undefined;
-        return (await cluster.locate(node).catch(() => undefined))?.sandbox;
-      },
+      elsewhere:
+        nodeID === undefined ? undefined : sandboxListenerOf(nodeID, () => cluster, sandboxes),
     });
     listening.sandbox = {
       ...config.sandboxListen,

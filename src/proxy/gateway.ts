@@ -39,7 +39,8 @@ export interface SandboxGatewayOptions<S extends GatewaySandbox> {
   lookup(sandboxID: string): Promise<S | undefined>;
   /**
    * The sandbox listener (host:port) of the node that hosts a sandbox not running here, when
-   * many nodes share a store: requests for it are relayed there as they came.
+   * many nodes share a store: requests for it are relayed there as they came. Rejects when
+   * that cannot be known now (the store is out of reach): the request is answered 503.
    */
   elsewhere?(sandboxID: string): Promise<HostPort | undefined>;
   /** A secure sandbox whose signed /files URL this is (URLs that name no sandbox). */
@@ -166,8 +167,10 @@ export class SandboxGateway<S extends GatewaySandbox> {
       return;
     }
     let sandbox: S | undefined;
+    let node: HostPort | undefined;
     try {
       sandbox = await this.options.lookup(route.sandboxID);
+      if (sandbox === undefined) node = await this.options.elsewhere?.(route.sandboxID);
     } catch (error) {
       this.options.logger.error(
         { err: error, sandboxID: route.sandboxID },
@@ -182,7 +185,6 @@ export class SandboxGateway<S extends GatewaySandbox> {
       return;
     }
     if (sandbox === undefined) {
-      const node = await this.options.elsewhere?.(route.sandboxID).catch(() => undefined);
       if (node !== undefined)
         await this.options.ingress.upgrade(request, socket, head, relayTo(node, route.sandboxID));
       else this.options.ingress.refuse(socket, 502, NOT_RUNNING, route.sandboxID);

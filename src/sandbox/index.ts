@@ -16,6 +16,7 @@ export {
   SandboxError,
   type SandboxQuery,
   type SnapshotQuery,
+  unlessNotFound,
 } from './requests.js';
 export { SandboxService, type SandboxServiceOptions } from './service.js';
 export { SAMPLE_INTERVAL_MS, SAMPLES_KEPT, type UsageSample } from './usage-history.js';

@@ -16,6 +16,13 @@ export class SandboxError extends Error {
 export const notFound = (sandboxID: string) =>
   new SandboxError(404, `Sandbox "${sandboxID}" doesn't exist or you don't have access to it`);
 
+/** What `lookup` answers, or undefined when it answers 404; every other error still throws. */
+export const unlessNotFound = <T>(lookup: Promise<T>): Promise<T | undefined> =>
+  lookup.catch((error: unknown) => {
+    if (error instanceof SandboxError && error.status === 404) return undefined;
+    throw error;
+  });
+
 /** The egress rules of a PUT network body (and of the create body's `network`). */
 export interface EgressRules {
   readonly allowOut?: readonly string[];

@@ -33,6 +33,7 @@ import {
   SandboxError,
   type SandboxQuery,
   type SnapshotQuery,
+  unlessNotFound,
 } from './requests.js';
 import { SandboxRecovery } from './restore.js';
 import { SandboxStore } from './sandbox-store.js';
@@ -364,11 +365,8 @@ export class SandboxService {
   }
 
   /** The sandbox's record, or undefined when there is none; a store outage still throws. */
-  async find(sandboxID: string): Promise<SandboxRecord | undefined> {
-    return this.get(sandboxID).catch((error: unknown) => {
-      if (error instanceof SandboxError && error.status === 404) return undefined;
-      throw error;
-    });
+  find(sandboxID: string): Promise<SandboxRecord | undefined> {
+    return unlessNotFound(this.get(sandboxID));
   }
 
   /** The node that hosts the sandbox (this one for a Moat on its own). */

@@ -2,32 +2,22 @@
  * Network changes another node stored: enforced here when announced on the cluster channel, all
  * of them again after the store was out of reach, and the records of nodes that are gone removed.
  */
-import type { Logger } from 'pino';
-import type { EnforcementTable, KernelEnforcer } from '../enforce/index.js';
-import { type ClusterMembership, isLocal, onLiveNode } from './membership.js';
+import { isLocal, onLiveNode } from './membership.js';
 import { storedUpstream } from './network-settings.js';
-import type { SandboxPolicies } from './policies.js';
+import type { LifecycleParts } from './parts.js';
 import type { SandboxRecord } from './records.js';
-import type { SandboxStore } from './sandbox-store.js';
-import type { KeyedQueue } from './serial.js';
 
 /** What reloading uses of the lifecycle's parts. */
-export interface ReloadContext {
-  /** The lifecycle's serial queue: a reload is one change of the sandbox. */
-  readonly queue: KeyedQueue;
-  readonly records: SandboxStore;
-  readonly policies: SandboxPolicies;
-  readonly table: Pick<EnforcementTable, 'publish'>;
-  readonly kernel?: Pick<KernelEnforcer, 'enforce'>;
-  readonly cluster?: ClusterMembership;
-  readonly logger: Logger;
+export interface ReloadContext extends Pick<
+  LifecycleParts,
+  'queue' | 'records' | 'policies' | 'table' | 'kernel' | 'cluster' | 'logger' | 'transition'
+> {
   /** The sandbox's record; undefined only when it is not found (a store outage throws). */
   find(sandboxID: string): Promise<SandboxRecord | undefined>;
   /** The sandboxes running on this node. */
   running(): string[];
   /** Ends what runs here of a sandbox whose record is gone. */
   end(sandboxID: string): Promise<void>;
-  transition(record: SandboxRecord, what: string, details: object): void;
 }
 
 export class ClusterReload {

@@ -3,34 +3,32 @@
  * firewall) when Moat starts, and a sandbox whose processes are gone is cold-booted from its
  * files. One that cannot come back is left paused with its files, never dropped.
  */
-import type { Logger } from 'pino';
-import type { AddressPool, KernelEnforcer } from '../enforce/index.js';
 import { type IPAddress, parseIP, type Policy } from '../policy/index.js';
-import type { SandboxEnvironment, SandboxRuntime } from '../runtime/index.js';
-import { type ClusterMembership, isLocal } from './membership.js';
+import { isLocal } from './membership.js';
 import { storedUpstream } from './network-settings.js';
-import type { SandboxPolicies } from './policies.js';
+import type { LifecycleParts } from './parts.js';
 import type { SandboxRecord } from './records.js';
 import { SandboxError } from './requests.js';
-import type { SandboxStore } from './sandbox-store.js';
 
 /** What recovery uses of the lifecycle's parts. */
-export interface RestoreContext {
-  readonly runtime: Pick<SandboxRuntime, 'reconcile' | 'restore' | 'release'>;
-  readonly kernel?: Pick<KernelEnforcer, 'install'>;
-  readonly sources: AddressPool;
-  readonly records: SandboxStore;
-  readonly policies: SandboxPolicies;
-  readonly cluster?: ClusterMembership;
-  readonly logger: Logger;
-  readonly now: () => number;
-  readonly environment: (record: SandboxRecord) => SandboxEnvironment;
+export interface RestoreContext extends Pick<
+  LifecycleParts,
+  | 'runtime'
+  | 'kernel'
+  | 'sources'
+  | 'records'
+  | 'policies'
+  | 'cluster'
+  | 'logger'
+  | 'now'
+  | 'environment'
+  | 'transition'
+> {
   /**
    * The lifecycle holds the sandbox again, in its record's state; `running`: enforced with this
    * address and policy, and due to expire at its `endAt`.
    */
   adopt(record: SandboxRecord, running?: { address: IPAddress; policy: Policy }): void;
-  transition(record: SandboxRecord, what: string, details: object): void;
 }
 
 export class SandboxRecovery {

@@ -4,7 +4,6 @@ import {
   type EnforcementTable,
   KernelEnforcementError,
   type KernelEnforcer,
-  type UpstreamProxy,
 } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { type InternalDenyList, type IPAddress, parseIP, type Policy } from '../policy/index.js';
@@ -16,11 +15,14 @@ import {
 } from '../runtime/index.js';
 import type { Store } from '../store/index.js';
 import { ClusterReload } from './cluster-reload.js';
-import { newSandboxID, newSecret, randomName } from './ids.js';
-import { type ClusterMembership, isLocal, madeHere, onLiveNode } from './membership.js';
+import { fork } from './fork.js';
+import { newSandboxID, newSecret } from './ids.js';
+import { type ClusterMembership, madeHere, onLiveNode } from './membership.js';
 import { type Page, paginate } from './pages.js';
 import type { NetworkSettings, SandboxRecord, SandboxState, SnapshotRecord } from './records.js';
 import { networkRules, storedRules, storedUpstream, upstreamProxy } from './network-settings.js';
+import { updateNetwork } from './network-update.js';
+import type { LifecycleParts } from './parts.js';
 import { SandboxPolicies } from './policies.js';
 import {
   checkLifecycle,
@@ -28,7 +30,6 @@ import {
   DEFAULT_TIMEOUT,
   type EgressRules,
   type ForkResult,
-  MAX_FORKS,
   notFound,
   SandboxError,
   type SandboxQuery,
@@ -89,56 +90,37 @@ export class SandboxService {
   private readonly usage: UsageHistory;
   private readonly records: SandboxStore;
   private readonly policies: SandboxPolicies;
+  /** What the pieces of the lifecycle in files of their own share. */
+  private readonly parts: LifecycleParts;
   private readonly recovery: SandboxRecovery;
   private readonly snapshotCatalog: SnapshotCatalog;
   private readonly clusterReload: ClusterReload;
 
   constructor(private readonly options: SandboxServiceOptions) {
-    const { runtime, kernel, sources, cluster, table } = options;
+    const { runtime } = options;
     this.now = options.now ?? Date.now;
     this.log = options.logger;
-    const { queue, now, log: logger } = this;
-    const records = new SandboxStore(options.store, options.metrics, options.defaultLimits);
-    const policies = new SandboxPolicies(options);
-    const transition = this.transition.bind(this);
-    this.records = records;
-    this.policies = policies;
+    this.records = new SandboxStore(options.store, options.metrics, options.defaultLimits);
+    this.policies = new SandboxPolicies(options);
+    const parts: LifecycleParts = {
+      ...options,
+      queue: this.queue,
+      records: this.records,
+      policies: this.policies,
+      now: this.now,
+      transition: (record, what, details) => this.transition(record, what, details),
+    };
+    this.parts = parts;
     this.recovery = new SandboxRecovery({
-      runtime,
-      kernel,
-      sources,
-      records,
-      policies,
-      cluster,
-      logger,
-      now,
-      environment: options.environment,
+      ...parts,
       adopt: (record, running) => this.adopt(record, running),
-      transition,
     });
-    this.snapshotCatalog = new SnapshotCatalog({
-      namespace: options.namespace,
-      queue,
-      records,
-      runtime,
-      cluster,
-      logger,
-      now,
-      get: (sandboxID) => this.get(sandboxID),
-      transition,
-    });
+    this.snapshotCatalog = new SnapshotCatalog({ ...parts, get: (id) => this.get(id) });
     this.clusterReload = new ClusterReload({
-      queue,
-      records,
-      policies,
-      table,
-      kernel,
-      cluster,
-      logger,
-      find: (sandboxID) => this.find(sandboxID),
+      ...parts,
+      find: (id) => this.find(id),
       running: () => this.running(),
-      end: (sandboxID) => this.unhost(sandboxID),
-      transition,
+      end: (id) => this.unhost(id),
     });
     this.expiry = new ExpiryTimer(this.now, () => void this.expireDue());
     this.usage = new UsageHistory(
@@ -274,69 +256,21 @@ export class SandboxService {
   }
 
   /**
-   * Makes `count` sandboxes from one copy of the sandbox's files, taken while it is frozen for
-   * a moment (it keeps its ID, expiry and processes). Each fork gets the source's network
-   * config, lifecycle, metadata, environment and limits, fresh tokens and no processes. Forks
-   * succeed or fail one by one; the copy is made once.
+   * Makes `count` sandboxes from one copy of the sandbox's files (fork.ts); each succeeds or
+   * fails on its own.
    */
-  async fork(sandboxID: string, count: number, seconds: number): Promise<ForkResult[]> {
-    if (!Number.isSafeInteger(count) || count < 1 || count > MAX_FORKS) {
-      throw new SandboxError(400, `count must be from 1 to ${MAX_FORKS} (got ${count})`);
-    }
-    const copy = `fork-${randomName(20)}`;
-    const parent = await this.queue.run(sandboxID, async () => {
-      const record = await this.get(sandboxID);
-      await this.options.runtime.snapshot(sandboxID, copy);
-      return record;
-    });
-    const policy = this.policies.stored(parent);
-    const results: ForkResult[] = [];
-    try {
-      // One at a time: each is a copy-on-write mount of the same layer, cheap next to a boot.
-      for (let i = 0; i < count; i++)
-        results.push(await this.forkOne(parent, copy, seconds, policy));
-    } finally {
-      // Each fork's own record names the copy's layer; the template name is not needed any more.
-      await this.options.runtime.removeTemplate(copy).catch((error: Error) => {
-        this.log.warn({ sandboxID, err: error.message }, 'could not remove a fork’s copy');
-      });
-    }
-    return results;
-  }
-
-  private async forkOne(
-    parent: SandboxRecord,
-    copy: string,
-    seconds: number,
-    policy: Policy,
-  ): Promise<ForkResult> {
-    try {
-      const now = this.now();
-      const source = this.options.sources.allocate();
-      const record: SandboxRecord = {
-        ...parent,
-        sandboxID: newSandboxID(),
-        state: 'running',
-        startedAt: now,
-        endAt: now + seconds * 1000,
-        filesOnly: false,
-        envdAccessToken: parent.secure ? newSecret() : null,
-        trafficAccessToken: parent.network.allowPublicTraffic ? null : newSecret(),
-        egressSecret: newSecret(),
-        sourceAddress: source.text,
-        ...madeHere(this.options.cluster),
-      };
-      await this.launch(record, copy, source, policy);
-      this.transition(record, 'fork', { from: parent.sandboxID, timeout: seconds });
-      if (seconds === 0) await this.expireDue();
-      return record;
-    } catch (error) {
-      this.log.error({ sandboxID: parent.sandboxID, err: (error as Error).message }, 'fork failed');
-      // As the API answers any error it did not expect: the details are in the log only.
-      return error instanceof SandboxError
-        ? error
-        : new SandboxError(500, 'internal error; the server log has the details');
-    }
+  fork(sandboxID: string, count: number, seconds: number): Promise<ForkResult[]> {
+    return fork(
+      {
+        ...this.parts,
+        get: (id) => this.get(id),
+        launch: (record, template, source, policy) => this.launch(record, template, source, policy),
+        expireDue: () => this.expireDue(),
+      },
+      sandboxID,
+      count,
+      seconds,
+    );
   }
 
   /** Samples of a sandbox's use from `from` to `to` (milliseconds), oldest first. */
@@ -472,76 +406,7 @@ export class SandboxService {
 
   /** Replaces the egress rules: validated, stored, compiled and published before it returns. */
   updateNetwork(sandboxID: string, rules: EgressRules): Promise<SandboxRecord> {
-    const { metrics } = this.options;
-    return this.change(sandboxID, 'running', async (record) => {
-      let policy: Policy;
-      let upstream: UpstreamProxy | undefined;
-      // The proxy is no part of the policy (which decides), but of where allowed flows go.
-      const { egressProxy, ...policyRules } = rules;
-      try {
-        policy = this.policies.compile(policyRules);
-        upstream = upstreamProxy(egressProxy);
-        await this.policies.checkSecrets(policy);
-      } catch (error) {
-        metrics.policyPublishes.inc({ result: 'invalid' });
-        throw error;
-      }
-      const next: SandboxRecord = {
-        ...record,
-        network: {
-          ...record.network,
-          allowOut: rules.allowOut ?? [],
-          denyOut: rules.denyOut ?? [],
-          allowInternetAccess: rules.allow_internet_access ?? null,
-          egressProxy: egressProxy ?? null,
-          // Replaced like every other field: a body without rules clears them.
-          rules: undefined,
-          ...storedRules(rules.rules),
-        },
-      };
-      try {
-        await this.records.save(next);
-      } catch (error) {
-        metrics.policyPublishes.inc({ result: 'failed' });
-        throw error;
-      }
-      if (!isLocal(this.options.cluster, next)) {
-        // Stored; the node that hosts it hears of it on the cluster channel and enforces it.
-        await this.options
-          .cluster!.announce({
-            sandboxID,
-            node: next.node!,
-            sentAt: Date.now(),
-          })
-          .catch((error: Error) => {
-            metrics.policyPublishes.inc({ result: 'failed' });
-            throw new SandboxError(
-              503,
-              `the new network config is stored, but the node ${next.node} that hosts the sandbox could not be told (${error.message}); it applies it when its connection to the store returns`,
-            );
-          });
-        metrics.policyPublishes.inc({ result: 'applied' });
-        this.transition(next, 'network', { node: next.node });
-        return next;
-      }
-      this.options.table.publish(sandboxID, policy, upstream);
-      try {
-        await this.options.kernel?.enforce(sandboxID, policy, upstream);
-      } catch (error) {
-        metrics.policyPublishes.inc({ result: 'failed' });
-        this.log.error({ sandboxID, err: (error as Error).message }, 'firewall update failed');
-        throw new SandboxError(
-          503,
-          `the new network config is stored and Moat's DNS and proxy enforce it, but ${(error as Error).message}`,
-        );
-      }
-      metrics.policyPublishes.inc({ result: 'applied' });
-      this.transition(next, 'network', {
-        allowOut: next.network.allowOut.length,
-        denyOut: next.network.denyOut.length,
-      });
-      return next;
-    });
+    return this.change(sandboxID, 'running', (record) => updateNetwork(this.parts, record, rules));
   }
 
   /**

@@ -1,12 +1,9 @@
 /** Snapshots: taking a sandbox's root as a template, listing them, deleting them. */
-import type { Logger } from 'pino';
-import type { SandboxRuntime } from '../runtime/index.js';
-import { type ClusterMembership, madeHere } from './membership.js';
+import { madeHere } from './membership.js';
 import { type Page, paginate } from './pages.js';
+import type { LifecycleParts } from './parts.js';
 import { asJson, type SandboxRecord, type SnapshotRecord, TEMPLATES } from './records.js';
 import { SandboxError, type SnapshotQuery } from './requests.js';
-import type { SandboxStore } from './sandbox-store.js';
-import type { KeyedQueue } from './serial.js';
 import {
   isBaseTemplate,
   resolveTemplate,
@@ -16,19 +13,12 @@ import {
 } from './templates.js';
 
 /** What snapshots use of the lifecycle's parts. */
-export interface SnapshotContext {
-  /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
-  readonly namespace: string;
-  /** The lifecycle's serial queue: a sandbox's key while it is copied, a template's while it changes. */
-  readonly queue: KeyedQueue;
-  readonly records: SandboxStore;
-  readonly runtime: Pick<SandboxRuntime, 'snapshot' | 'removeTemplate'>;
-  readonly cluster?: ClusterMembership;
-  readonly logger: Logger;
-  readonly now: () => number;
+export interface SnapshotContext extends Pick<
+  LifecycleParts,
+  'namespace' | 'queue' | 'records' | 'runtime' | 'cluster' | 'logger' | 'now' | 'transition'
+> {
   /** The sandbox as the lifecycle answers it (404 when it does not exist). */
   get(sandboxID: string): Promise<SandboxRecord>;
-  transition(record: SandboxRecord, what: string, details: object): void;
 }
 
 export class SnapshotCatalog {

@@ -77,8 +77,9 @@ export interface SandboxServiceOptions {
  * The sandbox lifecycle: running -> paused -> running ... -> gone, with expiry. Every change of
  * one sandbox runs alone (KeyedQueue), is durable in the store before it is acknowledged, and is
  * published to the enforcement table before the call returns. Restart recovery (restore.ts),
- * snapshots (snapshots.ts) and changes stored by other nodes (cluster-reload.ts) work on the
- * same queue and records.
+ * snapshots (snapshots.ts), forks (fork.ts), network updates (network-update.ts) and changes
+ * other nodes stored (cluster-reload.ts) live in files of their own, on the same queue and
+ * records (parts.ts).
  */
 export class SandboxService {
   private readonly queue = new KeyedQueue();

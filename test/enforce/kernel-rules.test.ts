@@ -58,7 +58,7 @@ const LAYOUT: KernelLayout = {
 };
 const LINK_HOST = ip('10.216.0.5');
 
-/** A Policy as the sandbox service compiles one (src/sandbox/service.ts compile()). */
+/** A Policy as the sandbox service compiles one (SandboxPolicies.compile in src/sandbox/policies.ts). */
 function policyOf(rules: Record<string, unknown>): Policy {
   const parsed = parseNetworkConfig(rules);
   if (!parsed.ok) throw new Error(parsed.errors.map((problem) => problem.message).join('; '));

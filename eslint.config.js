@@ -17,26 +17,32 @@ function importBoundaries() {
     }),
   );
   const parts = rows.flatMap((row) => (row.part === undefined ? [] : [row.part]));
-  return rows.map(({ part, allowed }) => {
-    // A part's files sit one folder down (../x/), the top-level files beside the folders (./x/).
-    const up = part === undefined ? './' : '../';
+  return rows.flatMap(({ part, allowed }) => {
     const where = part === undefined ? 'the top-level files of src/' : `src/${part}/`;
     const refused = parts.filter((other) => other !== part && !allowed.includes(other));
-    const patterns = [
-      {
-        group: [`${up}*/**`, `!${up}*/index.js`],
-        message: `import another part through its face (${up}<part>/index.js), never its internals`,
-      },
-    ];
-    if (refused.length > 0)
-      patterns.push({
-        group: refused.map((other) => `${up}${other}/**`),
-        message: `${where} may import ${allowed.length === 0 ? 'no other part' : `only ${allowed.join(', ')}`} (ARCHITECTURE.md, "Where the code lives"): a new direction is a design change, made in that table first`,
-      });
-    return {
-      files: [part === undefined ? 'src/*.ts' : `src/${part}/**/*.ts`],
-      rules: { 'no-restricted-imports': ['error', { patterns }] },
-    };
+    // The top-level files sit beside the folders (./x/); a part's files in its folder (../x/)
+    // or one folder down in it (../../x/, e.g. src/envd/files/).
+    const places =
+      part === undefined
+        ? [{ files: 'src/*.ts', up: './' }]
+        : [
+            { files: `src/${part}/*.ts`, up: '../' },
+            { files: `src/${part}/*/*.ts`, up: '../../' },
+          ];
+    return places.map(({ files, up }) => {
+      const patterns = [
+        {
+          group: [`${up}*/**`, `!${up}*/index.js`],
+          message: `import another part through its face (${up}<part>/index.js), never its internals`,
+        },
+      ];
+      if (refused.length > 0)
+        patterns.push({
+          group: refused.map((other) => `${up}${other}/**`),
+          message: `${where} may import ${allowed.length === 0 ? 'no other part' : `only ${allowed.join(', ')}`} (ARCHITECTURE.md, "Where the code lives"): a new direction is a design change, made in that table first`,
+        });
+      return { files: [files], rules: { 'no-restricted-imports': ['error', { patterns }] } };
+    });
   });
 }
 

@@ -325,6 +325,23 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
     );
   });
 
+  it('holds one folder down in a part as well (src/envd/files/)', async () => {
+    const planted = 'src/envd/files/planted.ts';
+    expect(await lint(planted, "export { x } from '../../runtime/users.js';\n")).toEqual([
+      expect.stringMatching(/^no-restricted-imports: .*through its face/),
+    ]);
+    expect(await lint(planted, "export { x } from '../../proxy/index.js';\n")).toEqual([
+      expect.stringMatching(/src\/envd\/ may import only runtime \(ARCHITECTURE\.md/),
+    ]);
+    // Its own part's files, a permitted face and the top-level files pass.
+    expect(
+      await lint(
+        planted,
+        "export { a } from '../connect.js';\nexport { b } from '../../runtime/index.js';\nexport { c } from '../../http-answers.js';\n",
+      ),
+    ).toEqual([]);
+  });
+
   it('allows no cycle: the parts the table lets import each other are layered', () => {
     const table = folderTable('ARCHITECTURE.md', readText(path.join(ROOT, 'ARCHITECTURE.md')));
     const imports = new Map(

@@ -19,10 +19,14 @@ import {
   ServerStream,
 } from './connect.js';
 import type { CallContext, EnvdSandbox, Method } from './context.js';
+import { FileError, sendFileFailure } from './file-errors.js';
+import { compose } from './files/compose.js';
+import { download } from './files/download.js';
+import { upload } from './files/upload.js';
 import { sendJson, sendSandboxError } from '../http-answers.js';
-import { handleCompose, handleFiles } from './files.js';
 import { FILESYSTEM_METHODS } from './filesystem-service.js';
 import { PROCESS_METHODS } from './process-service.js';
+import { checkSignature } from './signed-urls.js';
 
 const SERVICES: Readonly<Record<string, Readonly<Record<string, Method>>>> = {
   'process.Process': PROCESS_METHODS,
@@ -90,10 +94,11 @@ export class SandboxApi {
     try {
       if (url.pathname === '/envs' && request.method === 'GET') {
         sendJson(response, 200, sandbox.envVars);
-      } else if (url.pathname === '/files') {
-        await handleFiles(context, url);
-      } else if (url.pathname === '/files/compose' && request.method === 'POST') {
-        await handleCompose(context);
+      } else if (
+        url.pathname === '/files' ||
+        (url.pathname === '/files/compose' && request.method === 'POST')
+      ) {
+        await this.files(context, url);
       } else {
         await this.rpc(context, url.pathname);
       }
@@ -107,6 +112,30 @@ export class SandboxApi {
     const given = request.headers['x-access-token'];
     if (typeof given === 'string' && tokenMatches(given, token)) return true;
     return url.pathname === '/files' && url.searchParams.has('signature');
+  }
+
+  /** The REST file routes: a failure is a status with the sandbox error body, not a Connect one. */
+  private async files(context: CallContext, url: URL): Promise<void> {
+    const { method } = context.request;
+    try {
+      if (url.pathname === '/files/compose') {
+        await compose(context);
+      } else if (method === 'GET') {
+        checkSignature(context, url, 'read');
+        await download(context, url);
+      } else if (method === 'POST') {
+        checkSignature(context, url, 'write');
+        await upload(context, url);
+      } else {
+        throw new FileError(
+          'unimplemented',
+          `${method} /files is not supported; use GET or POST`,
+          405,
+        );
+      }
+    } catch (error) {
+      sendFileFailure(context, error);
+    }
   }
 
   private async rpc(context: CallContext, pathname: string): Promise<void> {

@@ -1,43 +1,29 @@
 /**
- * REST `/files` (download, upload, signed URLs) and `/files/compose`. Every file operation is
- * carried out inside the sandbox by the file agent of the user asking (runtime SandboxFiles);
- * this module speaks HTTP, bounds what a request may carry and turns failures into replies.
+ * `POST /files`: files written into the sandbox by the file agent of the user asking (runtime
+ * SandboxFiles), as multipart/form-data or one application/octet-stream body (gzip allowed),
+ * with `X-Metadata-*` headers; what a request may carry is bounded here.
  *
  * An upload lands completely or not at all: each file is written under a temporary name beside
  * its target and every file of the request is renamed into place only once all have arrived.
  */
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import busboy from 'busboy';
-import { USERS } from '../runtime/index.js';
-import { readBody } from './connect.js';
-import type { CallContext } from './context.js';
-import {
-  FileError,
-  fileError,
-  invalid,
-  sendFileFailure,
-  tooLarge,
-  unauthenticated,
-} from './file-errors.js';
-import { checkSignature } from './signed-urls.js';
-import { sendJson } from '../http-answers.js';
+import type { CallContext } from '../context.js';
+import { fileError, invalid, tooLarge } from '../file-errors.js';
+import { sendJson } from '../../http-answers.js';
 
 /** Largest upload (all parts together, after gzip decoding). */
-export const MAX_UPLOAD_BYTES = 1 << 30;
+const MAX_UPLOAD_BYTES = 1 << 30;
 /** Most file parts in one multipart upload. */
-export const MAX_UPLOAD_FILES = 1000;
-/** Most files one compose may concatenate. */
-export const MAX_COMPOSE_SOURCES = 1000;
-const MAX_COMPOSE_BODY = 8 << 20;
+const MAX_UPLOAD_FILES = 1000;
 /** File metadata, as envd bounds it: a key fits an xattr name after `user.e2b.`. */
 const MAX_METADATA_KEY = 246;
 const MAX_METADATA_BYTES = 4096;
 const METADATA_PREFIX = 'user.e2b.';
 
-export type Metadata = Record<string, string>;
+type Metadata = Record<string, string>;
 
 const PRINTABLE = /^[\x20-\x7e]*$/;
 
@@ -71,46 +57,6 @@ function metadataOf(rawHeaders: readonly string[]): Metadata {
   }
   return metadata;
 }
-
-export async function handleFiles(context: CallContext, url: URL): Promise<void> {
-  try {
-    const method = context.request.method;
-    if (method === 'GET') {
-      checkSignature(context, url, 'read');
-      await download(context, url);
-    } else if (method === 'POST') {
-      checkSignature(context, url, 'write');
-      await upload(context, url);
-    } else {
-      throw new FileError(
-        'unimplemented',
-        `${method} /files is not supported; use GET or POST`,
-        405,
-      );
-    }
-  } catch (error) {
-    sendFileFailure(context, error);
-  }
-}
-
-// --- Download ---------------------------------------------------------------------------------
-
-async function download(context: CallContext, url: URL): Promise<void> {
-  const given = url.searchParams.get('path');
-  if (given === null || given === '') throw invalid('query parameter path is required');
-  const { files } = context.sandbox.runtime;
-  const file = await files.read(context.user.name, given).catch((error: unknown) => {
-    throw fileError(error, given, 'read');
-  });
-  context.response.writeHead(200, {
-    'Content-Type': 'application/octet-stream',
-    'Content-Length': file.size,
-  });
-  // Exactly the announced length: a file that shrinks meanwhile ends the connection instead.
-  await pipeline(file.body, context.response);
-}
-
-// --- Upload -----------------------------------------------------------------------------------
 
 type Staging = Awaited<ReturnType<CallContext['sandbox']['runtime']['files']['upload']>>;
 
@@ -158,7 +104,7 @@ async function stageFile(
   return staged.path;
 }
 
-async function upload(context: CallContext, url: URL): Promise<void> {
+export async function upload(context: CallContext, url: URL): Promise<void> {
   const { request } = context;
   // Refused before reading when the announced body is already too large (multipart framing
   // adds a little; gzip only ever grows on decoding, which the byte count checks).
@@ -319,78 +265,4 @@ function receiveMultipart(
     request.on('error', fail);
     request.pipe(parser);
   });
-}
-
-// --- Compose ----------------------------------------------------------------------------------
-
-interface ComposeRequest {
-  readonly sources: string[];
-  readonly destination: string;
-  readonly username: string | undefined;
-}
-
-const COMPOSE_FIELDS = ['source_paths', 'destination', 'username'];
-
-function composeRequest(bytes: Buffer): ComposeRequest {
-  let body: unknown;
-  try {
-    body = JSON.parse(bytes.toString());
-  } catch (error) {
-    throw invalid(`body is not valid JSON: ${(error as Error).message}`);
-  }
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw invalid('body must be a JSON object');
-  }
-  const fields = body as Record<string, unknown>;
-  const unknown = Object.keys(fields).find((key) => !COMPOSE_FIELDS.includes(key));
-  if (unknown !== undefined) {
-    throw invalid(
-      `unknown field ${JSON.stringify(unknown)}; allowed: ${COMPOSE_FIELDS.join(', ')}`,
-    );
-  }
-  const sources = fields.source_paths;
-  if (
-    !Array.isArray(sources) ||
-    sources.length < 1 ||
-    sources.length > MAX_COMPOSE_SOURCES ||
-    !sources.every((s) => typeof s === 'string' && s !== '')
-  ) {
-    throw invalid(`source_paths must be 1 to ${MAX_COMPOSE_SOURCES} non-empty path strings`);
-  }
-  if (typeof fields.destination !== 'string' || fields.destination === '') {
-    throw invalid('destination must be a non-empty path string');
-  }
-  if (fields.username !== undefined && typeof fields.username !== 'string') {
-    throw invalid('username must be a string');
-  }
-  return {
-    sources: sources as string[],
-    destination: fields.destination,
-    username: fields.username,
-  };
-}
-
-/** Sources concatenated in order into the destination; sources deleted only after success. */
-export async function handleCompose(context: CallContext): Promise<void> {
-  try {
-    const body = composeRequest(await readBody(context.request, MAX_COMPOSE_BODY));
-    const user = body.username === undefined ? context.user : USERS.get(body.username);
-    if (user === undefined) {
-      throw unauthenticated(
-        `unknown user ${JSON.stringify(body.username)}; this sandbox has ${[...USERS.keys()].join(', ')}`,
-      );
-    }
-    const composed = await context.sandbox.runtime.files
-      .compose(user.name, body.sources, body.destination)
-      .catch((error: unknown) => {
-        throw fileError(error, body.destination, 'compose into');
-      });
-    sendJson(context.response, 200, {
-      path: composed,
-      name: path.posix.basename(composed),
-      type: 'file',
-    });
-  } catch (error) {
-    sendFileFailure(context, error);
-  }
 }

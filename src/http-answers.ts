@@ -1,8 +1,8 @@
 /**
  * The JSON answers Moat's own HTTP servers write outside Fastify (the sandbox API, ingress, the
  * gateway): one way to write a JSON body, and the sandbox error body `{message, code,
- * sandboxID}` that the SDK reads, for a ServerResponse or a raw socket; and the platform API's
- * error body, which Fastify's routes send.
+ * sandboxID}` that the SDK reads, for a ServerResponse or a raw socket; and the platform's error
+ * body, which the API's Fastify routes and the egress proxy send.
  */
 import type { ServerResponse } from 'node:http';
 
@@ -22,7 +22,7 @@ export function jsonAnswer(
   };
 }
 
-/** The platform API's error body (`{code, message}`, as E2B's API answers errors). */
+/** The platform's error body (`{code, message}`, as E2B's API answers errors). */
 export const errorBody = (code: number, message: string) => ({ code, message });
 
 /** The sandbox error body as Moat and the SDK know it. */

@@ -6,6 +6,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { drainedOrClosed } from '../drained.js';
+import { sendJson } from '../http-answers.js';
 
 export type ConnectCode =
   | 'canceled'
@@ -143,32 +144,19 @@ export function parseStreamRequest(body: Buffer, maxMessage: number): Record<str
   return first.message;
 }
 
-export function sendUnary(response: ServerResponse, message: object): void {
-  const body = JSON.stringify(message);
-  response.writeHead(200, {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
-  });
-  response.end(body);
-}
-
+/** A unary call's error: the HTTP status of its code, and `{code: "<name>", message, sandboxID}`. */
 export function sendUnaryError(
   response: ServerResponse,
   error: ConnectError,
   sandboxID: string,
 ): void {
-  const body = JSON.stringify({ code: error.code, message: error.message, sandboxID });
-  response.writeHead(HTTP_STATUS[error.code], {
-    'Content-Type': 'application/json',
-    'Content-Length': Buffer.byteLength(body),
+  sendJson(response, HTTP_STATUS[error.code], {
+    code: error.code,
+    message: error.message,
+    sandboxID,
   });
-  response.end(body);
 }
 
-/**
- * The response side of a server stream. Errors travel in the end-stream frame with HTTP 200:
- * the SDK reads a non-200 status on a stream from the status alone.
- */
 /**
  * Bytes a stream may hold for a client that does not read. Producers that can wait (process
  * output) wait long before this; for those that cannot (watch events), a client this far
@@ -176,6 +164,10 @@ export function sendUnaryError(
  */
 export const STREAM_BUFFER_LIMIT = 8 << 20;
 
+/**
+ * The response side of a server stream. Errors travel in the end-stream frame with HTTP 200:
+ * the SDK reads a non-200 status on a stream from the status alone.
+ */
 export class ServerStream {
   private ended = false;
 

@@ -14,7 +14,6 @@ import {
   parseMessage,
   parseStreamRequest,
   readBody,
-  sendUnary,
   sendUnaryError,
   ServerStream,
 } from './connect.js';
@@ -171,7 +170,7 @@ export class SandboxApi {
     const { request, response } = context;
     if (method.kind === 'unary') {
       const message = parseMessage(await readBody(request, MAX_RPC_BODY));
-      sendUnary(response, await method.run(message, context));
+      sendJson(response, 200, await method.run(message, context));
       return;
     }
     if (method.kind === 'client-stream') {

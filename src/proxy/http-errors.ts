@@ -1,25 +1,22 @@
 import { STATUS_CODES } from 'node:http';
 import type net from 'node:net';
 import type { Decision } from '../policy/index.js';
+import { errorBody, jsonAnswer } from '../http-answers.js';
 
-/** The headers and JSON body of every proxy error: `{"code": <status>, "message": ...}`. */
+/** The headers and JSON body of every proxy error: the platform's `{code, message}`. */
 export function errorResponse(
   status: number,
   message: string,
   decision?: Decision,
   extra: Record<string, string> = {},
 ) {
-  const body = JSON.stringify({ code: status, message });
-  const headers: Record<string, string> = {
-    'Content-Type': 'application/json',
-    'Content-Length': String(Buffer.byteLength(body)),
-    ...extra,
-  };
+  const answer = jsonAnswer(errorBody(status, message));
+  const headers: Record<string, string> = { ...answer.headers, ...extra };
   if (decision !== undefined) {
     headers['X-Moat-Decision'] =
       `${decision.verdict}; list=${decision.list}${decision.rule === null ? '' : `; rule=${JSON.stringify(decision.rule)}`}`;
   }
-  return { headers, body };
+  return { headers, body: answer.body };
 }
 
 /**

@@ -4,7 +4,6 @@
  * `/files`, `/files/compose`. Routing to a sandbox happens before (the sandbox gateway); this
  * answers one request for one known sandbox.
  */
-import { timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import { DEFAULT_USER, type SandboxUser, USERS } from '../runtime/index.js';
@@ -23,6 +22,7 @@ import { compose } from './files/compose.js';
 import { download } from './files/download.js';
 import { upload } from './files/upload.js';
 import { sendJson, sendSandboxError } from '../http-answers.js';
+import { sameSecret } from '../same-secret.js';
 import { FILESYSTEM_METHODS } from './filesystem-service.js';
 import { PROCESS_METHODS } from './process-service.js';
 import { checkSignature } from './signed-urls.js';
@@ -34,12 +34,6 @@ const SERVICES: Readonly<Record<string, Readonly<Record<string, Method>>>> = {
 
 /** Requests larger than this are refused (uploads go through /files, which streams). */
 const MAX_RPC_BODY = 4 << 20;
-
-const tokenMatches = (given: string, expected: string) => {
-  const a = Buffer.from(given);
-  const b = Buffer.from(expected);
-  return a.length === b.length && timingSafeEqual(a, b);
-};
 
 /** `Authorization: Basic base64("<user>:")` on RPCs, `username=` on /files; default `user`. */
 function userOf(request: IncomingMessage, url: URL): SandboxUser | undefined {
@@ -109,7 +103,7 @@ export class SandboxApi {
   /** X-Access-Token; `/files` may instead carry a signature (checked by the files handler). */
   private authorized(request: IncomingMessage, url: URL, token: string): boolean {
     const given = request.headers['x-access-token'];
-    if (typeof given === 'string' && tokenMatches(given, token)) return true;
+    if (typeof given === 'string' && sameSecret(given, token)) return true;
     return url.pathname === '/files' && url.searchParams.has('signature');
   }
 

@@ -3,6 +3,7 @@
  * the messages the load client takes and answers over IPC, an incremental HTTP/1.1 response
  * reader for the load client, and percentiles.
  */
+import type { HostPort } from '../src/host-port.js';
 
 /** The name every proxy is asked for; Moat's fake DNS and squid's hosts_file map it. */
 export const ORIGIN_NAME = 'origin.bench.test';
@@ -19,7 +20,7 @@ export type Mode = 'moat' | 'squid' | 'direct';
 export interface Via {
   readonly mode: Mode;
   /** The proxy; absent for direct. */
-  readonly proxy?: { readonly host: string; readonly port: number };
+  readonly proxy?: HostPort;
 }
 
 export interface OriginAddress {

@@ -21,11 +21,11 @@ import {
   BENCH_SANDBOX_ID,
   BENCH_SECRET,
   type CheckResult,
-  type ProxyAddress,
   type TlsJob,
   type Trust,
 } from './tls-common.js';
 import { endWithParent } from './lib/procs.js';
+import type { HostPort } from '../src/host-port.js';
 
 const SOCKET_TIMEOUT_MS = 5000;
 /** After this many errors a job stops early (something is broken; no point hammering on). */
@@ -71,7 +71,7 @@ class Errors {
 
 /** A TLS connection through the proxy's CONNECT tunnel to `name`; calls back once. */
 function open(
-  proxy: ProxyAddress,
+  proxy: HostPort,
   name: string,
   trust: Trust,
   done: (error: string | undefined, secure: tls.TLSSocket | undefined) => void,
@@ -149,7 +149,7 @@ function get(
 
 /** One new connection carrying one GET (Connection: close); calls back with its duration. */
 function once(
-  proxy: ProxyAddress,
+  proxy: HostPort,
   name: string,
   trust: Trust,
   done: (error: string | undefined, ms: number) => void,

@@ -2,6 +2,7 @@
  * Shared pieces of `npm run bench:tls`: the names every process agrees on, the origin's
  * address, and the jobs the load client takes over IPC.
  */
+import type { HostPort } from '../src/host-port.js';
 
 /** The domain of the benchmark; a name below `bump.` has a header rule, below `tunnel.` none. */
 const DOMAIN = 'tls-bench.test';
@@ -28,11 +29,6 @@ export function mintNames(round: number, count: number): string[] {
   return Array.from({ length: count }, (_, i) => `r${round}n${i}${BUMP_SUFFIX}`);
 }
 
-export interface ProxyAddress {
-  readonly host: string;
-  readonly port: number;
-}
-
 /** Whose certificates the client trusts: the proxies' CA (intercepted) or the origin's. */
 export type Trust = 'proxy' | 'origin';
 
@@ -43,7 +39,7 @@ export type TlsJob =
        * `seconds` over `names` in turn, or, `once`, each name exactly once (`seconds` caps it).
        */
       readonly type: 'connections';
-      readonly proxy: ProxyAddress;
+      readonly proxy: HostPort;
       readonly names: readonly string[];
       readonly once: boolean;
       readonly trust: Trust;
@@ -53,7 +49,7 @@ export type TlsJob =
   | {
       /** `connections` keep-alive connections to `name`, GETs back to back for `seconds`. */
       readonly type: 'keepalive';
-      readonly proxy: ProxyAddress;
+      readonly proxy: HostPort;
       readonly name: string;
       readonly trust: Trust;
       readonly connections: number;
@@ -62,7 +58,7 @@ export type TlsJob =
   | {
       /** One connection, one GET: the answer's head (the correctness check). */
       readonly type: 'check';
-      readonly proxy: ProxyAddress;
+      readonly proxy: HostPort;
       readonly name: string;
       readonly trust: Trust;
     };

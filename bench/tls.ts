@@ -70,6 +70,7 @@ import {
   TUNNEL_NAME,
   TUNNEL_SUFFIX,
 } from './tls-common.js';
+import type { HostPort } from '../src/host-port.js';
 
 type Mode = 'moat' | 'squid';
 const MODES: readonly Mode[] = ['moat', 'squid'];
@@ -228,7 +229,7 @@ async function originStats(origin: ChildProcess): Promise<OriginStats> {
 
 function jobFor(
   workload: Workload,
-  proxy: { host: string; port: number },
+  proxy: HostPort,
   round: number,
   options: Options,
   short: boolean,

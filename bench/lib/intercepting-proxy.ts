@@ -19,6 +19,7 @@ import {
   TransparentProxy,
   TunnelRegistry,
 } from '../../src/proxy/index.js';
+import type { HostPort } from '../../src/host-port.js';
 
 export interface InterceptingProxyOptions {
   /** Names Moat resolves, to their addresses (no DNS is asked). */
@@ -38,8 +39,8 @@ export interface InterceptingProxyOptions {
 }
 
 export interface InterceptingProxy {
-  readonly proxy: { readonly host: string; readonly port: number };
-  readonly transparent: { readonly host: string; readonly port: number };
+  readonly proxy: HostPort;
+  readonly transparent: HostPort;
   readonly table: EnforcementTable;
   readonly flows: FlowStore;
   readonly metrics: MoatMetrics;

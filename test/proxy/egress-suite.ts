@@ -26,6 +26,7 @@ import {
   tcpEchoOrigin,
   tlsEchoOrigin,
 } from '../support/origins.js';
+import type { HostPort } from '../../src/host-port.js';
 
 /**
  * The egress proxy's behaviour, run once per way of carrying connections (egress.test.ts: the
@@ -57,7 +58,7 @@ export function egressSuite(io: TcpIoSetting): void {
   let secure: Origin;
   let ssh: Origin;
   let moat: RunningMoat;
-  let proxy: { host: string; port: number };
+  let proxy: HostPort;
   const scratch = scratchMoatFlags();
 
   /**

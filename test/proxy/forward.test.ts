@@ -40,6 +40,7 @@ import {
   scriptedOrigin,
 } from '../support/raw-http.js';
 import { steadyValue } from '../support/steady.js';
+import type { HostPort } from '../../src/host-port.js';
 
 const SANDBOX = 'iforwardsandbox000001';
 const SECRET = 'forward-secret-1';
@@ -64,7 +65,7 @@ const AUTH = `Proxy-Authorization: Basic ${Buffer.from(`${SANDBOX}:${SECRET}`).t
 
 let upstream: FakeDns;
 let moat: RunningMoat;
-let proxy: { host: string; port: number };
+let proxy: HostPort;
 let rec: ScriptedOrigin;
 let echo: CountingOrigin & { readonly paths: string[] };
 let raw: ScriptedOrigin;

@@ -5,6 +5,7 @@ import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import { testCertificate } from '../../bench/lib/certificate.js';
+import type { HostPort } from '../../src/host-port.js';
 
 export { testCertificate };
 
@@ -113,7 +114,7 @@ export async function tcpEchoOrigin(host: string, banner?: string): Promise<Orig
 
 /** Opens a CONNECT tunnel; resolves with the socket and the status line and headers. */
 export function connectThrough(
-  proxy: { host: string; port: number },
+  proxy: HostPort,
   authority: string,
   options: { localAddress?: string; auth?: string; headers?: Record<string, string> } = {},
 ): Promise<{ socket: net.Socket; status: number; head: string; body: string }> {

@@ -5,6 +5,7 @@
  */
 import http from 'node:http';
 import net from 'node:net';
+import type { HostPort } from '../../src/host-port.js';
 
 export interface RawResponse {
   readonly version: string;
@@ -56,7 +57,7 @@ export class RawClient {
     socket.on('error', ended);
   }
 
-  static connect(address: { host: string; port: number }, timeoutMs = 3000): Promise<RawClient> {
+  static connect(address: HostPort, timeoutMs = 3000): Promise<RawClient> {
     return new Promise((resolve, reject) => {
       const socket = net.connect({ host: address.host, port: address.port });
       const timer = setTimeout(() => {

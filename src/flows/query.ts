@@ -1,4 +1,5 @@
 import { FLOW_KINDS, FLOW_VERDICTS, type FlowVerdict } from './record.js';
+import { SANDBOX_ID } from '../sandbox-id.js';
 import type { FlowFilter } from './store.js';
 
 export interface FlowQuery {
@@ -10,7 +11,6 @@ export interface FlowQuery {
 const DEFAULT_LIMIT = 100;
 const MAX_LIMIT = 10_000;
 const UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
-const SANDBOX_ID = /^[A-Za-z0-9_-]{1,128}$/;
 
 type Parsed = { ok: true; value: FlowQuery } | { ok: false; parameter: string; error: string };
 

@@ -9,9 +9,9 @@ export function randomName(length: number): string {
   return out;
 }
 
-/** Sandbox IDs follow the reference service: `i` and 20 characters of `[a-z0-9]`. */
+/** A new sandbox ID, of the shape SANDBOX_ID (src/sandbox-id.ts) checks. */
 export const newSandboxID = () => `i${randomName(20)}`;
-export const SANDBOX_ID = /^i[a-z0-9]{20}$/;
+export { SANDBOX_ID } from '../sandbox-id.js';
 
 /** Tokens and egress secrets: 256 bits, URL-safe. */
 export const newSecret = () => randomBytes(32).toString('base64url');

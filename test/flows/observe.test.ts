@@ -37,7 +37,7 @@ const RECORDS: FlowRecord[] = [
     time: Date.parse('2026-01-02T03:04:05.000Z'),
     id: 1,
     event: 'decision',
-    sandboxID: 'iobserve1',
+    sandboxID: 'iobserve0000000000001',
     kind: 'dns',
     destination: { name: 'denied.test', address: null, port: null, protocol: 'udp' },
     verdict: 'deny',
@@ -49,7 +49,7 @@ const RECORDS: FlowRecord[] = [
     time: Date.parse('2026-01-02T03:04:06.000Z'),
     id: 2,
     event: 'decision',
-    sandboxID: 'iobserve1',
+    sandboxID: 'iobserve0000000000001',
     kind: 'connect',
     destination: { name: 'ok.test', address: '198.18.0.5', port: 443, protocol: 'tcp' },
     verdict: 'allow',
@@ -61,7 +61,7 @@ const RECORDS: FlowRecord[] = [
     time: Date.parse('2026-01-02T03:04:07.000Z'),
     id: 2,
     event: 'close',
-    sandboxID: 'iobserve1',
+    sandboxID: 'iobserve0000000000001',
     kind: 'connect',
     destination: { name: 'ok.test', address: '198.18.0.5', port: 443, protocol: 'tcp' },
     verdict: 'allow',
@@ -125,14 +125,14 @@ describe('moat observe', () => {
       '--key-file',
       keyFile,
       '--sandbox',
-      'iobserve1',
+      'iobserve0000000000001',
     ]);
     expect(code).toBe(0);
     expect(stdout).toBe(
       [
-        '2026-01-02T03:04:05.000Z  iobserve1                 dns          deny          denied.test                               denyOut 0.0.0.0/0',
-        '2026-01-02T03:04:06.000Z  iobserve1                 connect      allow         ok.test 198.18.0.5:443                    allowOut ok.test',
-        '2026-01-02T03:04:07.000Z  iobserve1                 connect      allow/close   ok.test 198.18.0.5:443                    allowOut ok.test  up 517 B, down 4096 B, 1000 ms, closed',
+        '2026-01-02T03:04:05.000Z  iobserve0000000000001     dns          deny          denied.test                               denyOut 0.0.0.0/0',
+        '2026-01-02T03:04:06.000Z  iobserve0000000000001     connect      allow         ok.test 198.18.0.5:443                    allowOut ok.test',
+        '2026-01-02T03:04:07.000Z  iobserve0000000000001     connect      allow/close   ok.test 198.18.0.5:443                    allowOut ok.test  up 517 B, down 4096 B, 1000 ms, closed',
         '',
       ].join('\n'),
     );
@@ -143,7 +143,17 @@ describe('moat observe', () => {
     let stdout = '';
     const out = new PassThrough().on('data', (c: Buffer) => (stdout += c));
     const running = runCli(
-      ['observe', '--api', api, '--key', API_KEY, '--follow', '--json', '--sandbox', 'ifollow1'],
+      [
+        'observe',
+        '--api',
+        api,
+        '--key',
+        API_KEY,
+        '--follow',
+        '--json',
+        '--sandbox',
+        'ifollow00000000000001',
+      ],
       { stdin: new PassThrough(), stdout: out, stderr: new PassThrough(), env: {} },
     );
     const until = async (condition: () => boolean) => {
@@ -151,11 +161,11 @@ describe('moat observe', () => {
       while (!condition() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
     };
     await until(() => env.moat.flows.store.followerCount > before);
-    env.moat.flows.store.add({ ...RECORDS[0]!, id: 7, sandboxID: 'ifollow1' });
+    env.moat.flows.store.add({ ...RECORDS[0]!, id: 7, sandboxID: 'ifollow00000000000001' });
     await until(() => stdout.includes('\n'));
     env.moat.flows.store.cutFollowers();
     expect(await running).toBe(1);
-    expect(JSON.parse(stdout)).toMatchObject({ id: 7, sandboxID: 'ifollow1' });
+    expect(JSON.parse(stdout)).toMatchObject({ id: 7, sandboxID: 'ifollow00000000000001' });
   });
 
   it('prints JSON lines with --json, filtered', async () => {
@@ -168,7 +178,7 @@ describe('moat observe', () => {
       '--verdict',
       'deny',
       '--sandbox',
-      'iobserve1',
+      'iobserve0000000000001',
     ]);
     expect(code).toBe(0);
     const lines = stdout

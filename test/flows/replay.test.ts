@@ -307,7 +307,7 @@ describe('moat check --replay', () => {
     expect(changes.every((c) => c.change === 'newly-denied')).toBe(true);
     expect(result.code).toBe(1);
     // Another sandbox's records only: nothing.
-    const none = await runMoat([...args, '--sandbox', 'inosuchsandbox']);
+    const none = await runMoat([...args, '--sandbox', 'inosuchsandbox0000000']);
     expect(none.stdout).toBe('');
     expect(none.code).toBe(0);
     const refused = await runMoat([...args.slice(0, -2), '--key', 'wrong-key-0123456789']);

@@ -1,6 +1,6 @@
 /**
  * `npm run bench:dns`: Moat's DNS interceptor against dnsmasq (a caching forwarder), both in
- * front of the same fake upstream on loopback, measured with dnsperf in the same run (issue 3).
+ * front of the same fake upstream on loopback, measured with dnsperf in the same run.
  *
  * Workloads: (a) cache hits, 10 names (new ones each round) asked over and over after a pass
  * that warms the cache; (b) forwarding, a distinct name for every query (`-n 1` over a file

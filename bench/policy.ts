@@ -1,6 +1,6 @@
 /**
  * `npm run bench:policy`: the policy engine against a naive linear matcher over the same rules,
- * measured in the same run (issue 2). For 10, 1,000, 10,000 and 100,000 rules it reports IP and
+ * measured in the same run. For 10, 1,000, 10,000 and 100,000 rules it reports IP and
  * host-name decisions per second on pre-parsed (canonical) destinations, parse+decide for raw
  * host strings, compile time, and heap per compiled policy, then checks the targets:
  *

@@ -1,6 +1,6 @@
 /**
  * `npm run bench:tls`: TLS interception, Moat against squid with ssl_bump, the same origin
- * and the same load client in one run, all on loopback (issue 22).
+ * and the same load client in one run, all on loopback.
  *
  * Workloads (the client: CONNECT <name>, TLS over the tunnel, small GETs; `concurrency`
  * workers or `connections` keep-alive connections):

@@ -79,7 +79,7 @@ export const MAX_FORKS = 10;
 /** One fork's outcome: the new sandbox, or why it was not made. */
 export type ForkResult = SandboxRecord | SandboxError;
 
-/** Time to live of a sandbox whose create request names none (seconds; the seed spec's 15). */
+/** Time to live of a sandbox whose create request names none (seconds; 15, the reference service's default). */
 export const DEFAULT_TIMEOUT = 15;
 /**
  * The lifecycle fields of a create request, checked as the SDK documents them: autoResume and

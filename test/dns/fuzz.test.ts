@@ -1,5 +1,5 @@
 /**
- * Fuzzes the DNS interceptor (issue 3): well over 100,000 random and mutated messages through
+ * Fuzzes the DNS interceptor: well over 100,000 random and mutated messages through
  * `answer()` and over real UDP and TCP sockets, from a sandbox and from an unknown source. The
  * process must never throw, every reply must be a well-formed answer to its query, no denied
  * name may reach the upstream, and valid queries must still be answered correctly afterwards.

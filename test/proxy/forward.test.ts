@@ -45,7 +45,7 @@ import type { HostPort } from '../../src/host-port.js';
 const SANDBOX = 'iforwardsandbox000001';
 const SECRET = 'forward-secret-1';
 const SOURCE = '127.77.0.30';
-/** Short, so that stalled heads (test 4 and the fuzz truncations) end quickly. */
+/** Short, so that stalled and trickled heads (the malformed-head tests, the fuzz truncations) end quickly. */
 const HANDSHAKE_MS = 500;
 const FUZZ_SEED = Number(process.env.MOAT_FUZZ_SEED ?? 0x5eed_f0a0) >>> 0;
 
@@ -1168,7 +1168,7 @@ describe('fuzz', () => {
     readonly bytes: Buffer;
   }
 
-  /** 2,000 heads from the seed: mutations of a valid GET, random bytes, huge header counts. */
+  /** 2,000 heads from FUZZ_SEED: mutations of a valid GET, random bytes, huge header counts. */
   function fuzzCases(count: number): FuzzCase[] {
     const target = url(FUZZ, fuzz.port, '/fuzz?q=1');
     const base = request(target, { lines: ['User-Agent: fuzz/1', 'Accept: */*'] });

@@ -3,7 +3,7 @@
  * value and writes `moat serve --help`: one source, so the three cannot disagree.
  * `npm run docs:config` writes the file; test/config-doc.test.ts fails when it is stale.
  */
-import { SETTINGS } from './config.js';
+import { SETTINGS } from './config-settings.js';
 
 const cell = (text: string) => text.replace(/\|/g, '\\|').replace(/\n/g, ' ');
 const code = (text: string) => (text === '' ? '(none)' : `\`${cell(text)}\``);
@@ -13,7 +13,7 @@ export function configurationDoc(): string {
     (s) =>
       `| \`${s.key}\` | \`--${s.flag} ${cell(s.metavar)}\` | \`${s.env}\` | ${code(s.default)} | ${cell(s.help)} |`,
   );
-  return `<!-- Generated from SETTINGS in src/config.ts by \`npm run docs:config\`; do not edit by hand. -->
+  return `<!-- Generated from SETTINGS in src/config-settings.ts by \`npm run docs:config\`; do not edit by hand. -->
 
 # Configuration
 

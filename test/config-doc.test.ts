@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { configurationDoc } from '../src/config-doc.js';
-import { SETTINGS } from '../src/config.js';
+import { SETTINGS } from '../src/config-settings.js';
 import { runMoat } from './support/moat.js';
 
 const DOC = fileURLToPath(new URL('../docs/configuration.md', import.meta.url));

@@ -16,7 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMoatFolder } from '../bench/lib/scratch.js';
-import { SETTINGS } from '../src/config.js';
+import { SETTINGS } from '../src/config-settings.js';
 import { FakeDns } from './support/fake-dns.js';
 import { API_KEY } from './support/api-client.js';
 import { MOAT_BIN, runMoat } from './support/moat.js';

@@ -12,7 +12,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SETTINGS } from '../src/config.js';
+import { SETTINGS } from '../src/config-settings.js';
 import { SandboxClient, type StreamCall } from './support/connect-client.js';
 import { udpQuery } from './support/dns-client.js';
 import { FakeDns } from './support/fake-dns.js';

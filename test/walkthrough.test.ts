@@ -15,7 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SETTINGS } from '../src/config.js';
+import { SETTINGS } from '../src/config-settings.js';
 import { SANDBOX_ID } from '../src/sandbox/ids.js';
 import { FakeDns } from './support/fake-dns.js';
 import { MOAT_BIN } from './support/moat.js';

@@ -4,7 +4,8 @@ import { readFile, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { isNodeID, type MoatConfig } from '../config.js';
+import type { MoatConfig } from '../config.js';
+import { isNodeID } from '../config-values.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { FileStore, RedisStore, type Store } from '../store/index.js';
 

@@ -1,5 +1,6 @@
 import type { Readable, Writable } from 'node:stream';
-import { type ConfigSources, loadConfig, type MoatConfig, SETTINGS } from '../config.js';
+import { type ConfigSources, loadConfig, type MoatConfig } from '../config.js';
+import { SETTINGS } from '../config-settings.js';
 
 export interface CliIO {
   readonly stdin: Readable & { isTTY?: boolean };

@@ -1,5 +1,5 @@
 /** MOAT_* variables that no setting reads: a misspelt one is named, not silently ignored. */
-import { SETTINGS } from '../config.js';
+import { SETTINGS } from '../config-settings.js';
 import type { CliIO } from './io.js';
 
 /** Edits (insert, delete, replace) between two short strings. */

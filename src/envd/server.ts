@@ -100,7 +100,7 @@ export class SandboxApi {
     }
   }
 
-  /** X-Access-Token; `/files` may instead carry a signature (checked by the files handler). */
+  /** X-Access-Token; `/files` may instead carry a signature (checked in `files`). */
   private authorized(request: IncomingMessage, url: URL, token: string): boolean {
     const given = request.headers['x-access-token'];
     if (typeof given === 'string' && sameSecret(given, token)) return true;

@@ -860,6 +860,25 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     return { handle, lines };
   }
 
+  /**
+   * Each watched program (from `watching`) printed `closed <ms>` after the publish was asked for
+   * and less than 100 ms after its 204.
+   */
+  async function endedWithin100ms(
+    watched: Record<string, Awaited<ReturnType<typeof watching>>>,
+    requestedAt: number,
+    appliedAt: number,
+  ): Promise<void> {
+    for (const [label, { handle, lines }] of Object.entries(watched)) {
+      await handle.wait().catch(() => undefined);
+      const closed = lines().find((line) => line.startsWith('closed '));
+      expect(closed, `${label}: ${lines().join('\n')}`).toBeDefined();
+      const closedAt = Number(closed!.split(' ')[1]);
+      expect(closedAt, label).toBeGreaterThanOrEqual(requestedAt);
+      expect(closedAt - appliedAt, label).toBeLessThan(100);
+    }
+  }
+
   it('cuts direct web connections whose Host a tightened policy no longer allows, within 100 ms', async () => {
     // Opened under an open policy to an address shared by allowed.test and fronted.test (a
     // CDN), naming fronted.test; then only allowed.test is allowed. The address stays learned
@@ -905,17 +924,99 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       });
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
-      for (const [label, { handle, lines }] of Object.entries({ asking, waiting })) {
-        await handle.wait().catch(() => undefined);
-        const closed = lines().find((line) => line.startsWith('closed '));
-        expect(closed, `${label}: ${lines().join('\n')}`).toBeDefined();
-        const closedAt = Number(closed!.split(' ')[1]);
-        expect(closedAt, label).toBeGreaterThanOrEqual(requestedAt);
-        expect(closedAt - appliedAt, label).toBeLessThan(100);
-      }
+      await endedWithin100ms({ asking, waiting }, requestedAt, appliedAt);
       // allowed.test itself still works, by its name (through the transparent listener now).
       const allowed = await run(sandbox, curl('http://allowed.test/'));
       expect(allowed.stdout, allowed.stderr).toBe('world http host=allowed.test\n');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('ends denied direct connections within 100 ms whatever form ss prints their sockets in', async () => {
+    // A sandbox chooses how its sockets look in a listing: an IPv6 socket to an IPv4-mapped
+    // address prints as [::ffff:a.b.c.d], one bound to its interface (SO_BINDTODEVICE needs
+    // no privilege on an unbound socket) as a.b.c.d%eth0. Both only wait for bytes, through the
+    // learned address: nothing they send could be refused, only Moat can end them.
+    const sandbox = await sandboxWith({
+      network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
+    });
+    try {
+      const waiting = (open: string) =>
+        watching(
+          sandbox,
+          [
+            'import socket, time',
+            "ip = socket.gethostbyname('allowed.test')",
+            open,
+            "s.settimeout(5); print('open', flush=True)",
+            'try:',
+            '  s.recv(1)',
+            'except TimeoutError:',
+            "  print('still open after 5 s', flush=True); exit()",
+            'except OSError: pass',
+            "print('closed', int(time.time() * 1000), flush=True)",
+          ].join('\n'),
+        );
+      const mapped = await waiting(
+        "s = socket.socket(socket.AF_INET6); s.connect(('::ffff:' + ip, 7000))",
+      );
+      const bound = await waiting(
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0'); s.connect((ip, 7000))",
+      );
+      const requestedAt = Date.now();
+      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { allowOut: [`${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
+      });
+      const appliedAt = Date.now();
+      expect(put.status, put.text).toBe(204);
+      await endedWithin100ms({ mapped, bound }, requestedAt, appliedAt);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it("keeps, across a publish, the sandbox's connections to itself and its DNS over TCP", async () => {
+    // Neither leaves through its firewall: to its own address the sandbox talks over loopback,
+    // and TCP to port 53 of any address goes to Moat's DNS. Its view shows them all the same as
+    // connections to a sandbox link and to a resolver the policy denies.
+    const sandbox = await sandboxWith({
+      network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
+    });
+    try {
+      const program = python(
+        [
+          'import os, socket, struct, time',
+          'socket.setdefaulttimeout(5)',
+          "l = socket.socket(); l.bind(('0.0.0.0', 8001)); l.listen(1)",
+          `c = socket.create_connection(('${addressOf(sandbox)}', 8001)); a, _ = l.accept()`,
+          "q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b'\\x07allowed\\x04test\\x00' + struct.pack('>HH', 1, 1)",
+          `d = socket.create_connection(('${DENIED_IP}', 53)); f = d.makefile('rb')`,
+          'def ask():',
+          "  d.sendall(struct.pack('>H', len(q)) + q); r = f.read(struct.unpack('>H', f.read(2))[0])",
+          '  return f\'{r[3] & 15} {struct.unpack(">H", r[6:8])[0]}\'',
+          "print('open', ask(), flush=True)",
+          "while not os.path.exists('/tmp/go'): time.sleep(0.01)",
+          "c.sendall(b'ping'); print(a.recv(4).decode(), flush=True)",
+          "a.sendall(b'pong'); print(c.recv(4).decode(), flush=True)",
+          'print(ask(), flush=True)',
+        ].join('\n'),
+      );
+      let printed = '';
+      const held = await sandbox.commands.run(program, {
+        background: true,
+        onStdout: (data) => void (printed += data),
+      });
+      // Its whole first line: python -u writes a print's parts separately.
+      await until(() => printed.includes('\n'), 10_000);
+      expect(printed).toBe('open 0 1\n');
+      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+        body: { allowOut: ['allowed.test', `${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
+      });
+      expect(put.status, put.text).toBe(204);
+      await run(sandbox, 'touch /tmp/go');
+      await held.wait().catch(() => undefined);
+      expect(printed).toBe('open 0 1\nping\npong\n0 1\n');
     } finally {
       await sandbox.kill();
     }

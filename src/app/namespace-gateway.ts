@@ -8,7 +8,12 @@ import type { Logger } from 'pino';
 import type { HostPort, MoatConfig } from '../config.js';
 import type { DnsInterceptor } from '../dns/index.js';
 import type { FlowRecorder } from '../flows/index.js';
-import { type EnforcedSandbox, type EnforcementTable, KernelEnforcer } from '../enforce/index.js';
+import {
+  DNS_PORT,
+  type EnforcedSandbox,
+  type EnforcementTable,
+  KernelEnforcer,
+} from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { type Decision, type InternalDenyList, type IPAddress, parseIP } from '../policy/index.js';
 import {
@@ -181,6 +186,8 @@ export async function startNamespaceGateway(
           const doomed = open.filter(({ local, peer }) => {
             // The transparent listener's own: it re-decides them by name itself.
             if (held.has(`${local.host}:${local.port}`)) return false;
+            // Redirected to Moat's DNS, whichever resolver they name: never direct.
+            if (peer.port === DNS_PORT) return false;
             const ip = parseIP(peer.host);
             return (
               ip.ok &&

@@ -17,7 +17,12 @@ export {
   KernelEnforcer,
   type KernelEnforcerOptions,
 } from './kernel.js';
-export { type KernelLayout, type LearnedElement, removeHostRuleset } from './kernel-rules.js';
+export {
+  DNS_PORT,
+  type KernelLayout,
+  type LearnedElement,
+  removeHostRuleset,
+} from './kernel-rules.js';
 export { HOST_REFRESH_MS, HostWatch, type HostWatchOptions } from './host-watch.js';
 export {
   type ListenerGuard,

@@ -55,6 +55,8 @@ export interface LearnedElement {
 
 /** TCP destination ports that go to the transparent listener when the address rules deny them. */
 const REDIRECTED_PORTS = [80, 443] as const;
+/** TCP and UDP to this port go to Moat's DNS interceptor, whatever address they were sent to. */
+export const DNS_PORT = 53;
 /** DNS over TLS: a resolver Moat cannot see into. */
 const DOT_PORT = 853;
 
@@ -140,7 +142,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     'type nat hook output priority -100; policy accept',
     'oifname "lo" accept',
     // Every DNS query, to whichever resolver it was sent, goes to the interceptor.
-    `meta l4proto { tcp, udp } th dport 53 dnat ip to ${gw}:${dns}`,
+    `meta l4proto { tcp, udp } th dport ${DNS_PORT} dnat ip to ${gw}:${dns}`,
     'ip daddr @internal4 accept',
     'jump tunnel_redirect',
     'ip daddr @allow4 accept',

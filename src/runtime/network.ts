@@ -92,16 +92,23 @@ function run(file: string, args: readonly string[], input?: string): Promise<str
   });
 }
 
-/** `address:port` of an IPv4 socket end as ss prints it (IPv6 is off on sandbox links). */
 /** One established TCP connection of a sandbox, as seen from inside its namespace. */
 export interface SandboxConnection {
   readonly local: HostPort;
   readonly peer: HostPort;
 }
 
+/**
+ * `address:port` of an IPv4 socket end as ss prints it (IPv6 is off on sandbox links), in each
+ * form a sandbox can give it: an IPv6 socket to an IPv4-mapped address prints as
+ * `[::ffff:a.b.c.d]`, one bound to a device (SO_BINDTODEVICE, unprivileged) adds `%device`.
+ */
 function socketEnd(text: string | undefined): HostPort | undefined {
-  const match = /^(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/.exec(text ?? '');
-  return match === null ? undefined : { host: match[1]!, port: Number(match[2]) };
+  const match =
+    /^(?:(\d{1,3}(?:\.\d{1,3}){3})|\[::ffff:(\d{1,3}(?:\.\d{1,3}){3})\])(?:%[^\s:]+)?:(\d{1,5})$/.exec(
+      text ?? '',
+    );
+  return match === null ? undefined : { host: (match[1] ?? match[2])!, port: Number(match[3]) };
 }
 
 const toWord = (text: string) =>
@@ -312,22 +319,32 @@ export class NamespaceNetwork {
   /**
    * The established TCP connections the sandbox opened from its link address, as its own view
    * shows them (a connection its firewall redirected to Moat shows its original destination).
-   * Those of Moat's ingress (from the link's host end) and to Moat's listeners on the gateway
-   * are left out: they are never the sandbox's to lose. Rejects a listing larger than 64 MiB.
+   * Left out: Moat's ingress (from the link's host end), Moat's listeners on the gateway (never
+   * the sandbox's to lose), and the sandbox's own addresses (over its loopback, no firewall
+   * decides those). Rejects a listing larger than 64 MiB.
    */
   async sandboxConnections(sandboxID: string): Promise<SandboxConnection[]> {
     const link = this.links.get(sandboxID);
     if (link === undefined) return [];
+    // The kernel filters (sock_diag bytecode): sockets the sandbox holds in numbers on its
+    // loopback are neither printed nor parsed.
+    const filter = [link.host, this.gateway, link.address, '127.0.0.0/8']
+      .map((address) => `not dst ${address}`)
+      .join(' and ');
     // -H: no heading; with a state filter, lines are: Recv-Q Send-Q Local:Port Peer:Port.
-    const listing = await run(NSENTER, [...this.ssIn(link), '-tnH', 'state', 'established']);
+    const listing = await run(NSENTER, [
+      ...this.ssIn(link),
+      '-tnH',
+      'state',
+      'established',
+      `src ${link.address} and ${filter}`,
+    ]);
     const connections: SandboxConnection[] = [];
     for (const line of listing.split('\n')) {
       const [, , localText, peerText] = line.trim().split(/\s+/);
       const local = socketEnd(localText);
       const peer = socketEnd(peerText);
-      if (local === undefined || peer === undefined || local.host !== link.address) continue;
-      if (peer.host === link.host || peer.host === this.gateway) continue;
-      connections.push({ local, peer });
+      if (local !== undefined && peer !== undefined) connections.push({ local, peer });
     }
     return connections;
   }

@@ -6,7 +6,7 @@
  * through the sandbox API and ignores proxy variables (curl --noproxy '*', bash /dev/tcp,
  * python sockets): only the kernel can hold it.
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import net from 'node:net';
 import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -78,6 +78,8 @@ const inNamespace = (netns: string, script: string) =>
     encoding: 'utf8',
     timeout: 15_000,
   });
+/** A port of the world where a test's own server keeps the connections it accepts open. */
+const HOLD_PORT = 7100;
 /** A TCP listener inside a sandbox that prints `accepted` for each connection it gets. */
 const LISTENER_PORT = 8000;
 const listener = python(
@@ -933,15 +935,25 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
-  it('ends denied direct connections within 100 ms whatever form ss prints their sockets in', async () => {
+  it('ends denied direct connections within 100 ms whatever their sockets look like', async () => {
     // A sandbox chooses how its sockets look in a listing: an IPv6 socket to an IPv4-mapped
     // address prints as [::ffff:a.b.c.d], one bound to its interface (SO_BINDTODEVICE needs
-    // no privilege on an unbound socket) as a.b.c.d%eth0. Both only wait for bytes, through the
-    // learned address: nothing they send could be refused, only Moat can end them.
+    // no privilege on an unbound socket) as a.b.c.d%eth0, and one it half-closed (as a client
+    // that sent its whole request does) is in FIN-WAIT-2, not established. All only wait for
+    // bytes, through the learned address: nothing they send could be refused, only Moat can
+    // end them. The half-closed one's peer in the world keeps its end open.
     const sandbox = await sandboxWith({
       network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
     });
+    const holder = spawn('/usr/bin/nsenter', [
+      `--net=/run/netns/${world.namespace}`,
+      '--',
+      '/usr/bin/python3',
+      '-uc',
+      `import socket\nl = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\nl.bind(('0.0.0.0', ${HOLD_PORT})); l.listen(8); print('listening')\nheld = [l.accept() for _ in range(8)]`,
+    ]);
     try {
+      await new Promise((resolve) => holder.stdout.once('data', resolve));
       const waiting = (open: string) =>
         watching(
           sandbox,
@@ -964,14 +976,18 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       const bound = await waiting(
         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0'); s.connect((ip, 7000))",
       );
+      const halfClosed = await waiting(
+        `s = socket.create_connection((ip, ${HOLD_PORT})); s.shutdown(socket.SHUT_WR)`,
+      );
       const requestedAt = Date.now();
       const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
         body: { allowOut: [`${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
       });
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
-      await endedWithin100ms({ mapped, bound }, requestedAt, appliedAt);
+      await endedWithin100ms({ mapped, bound, halfClosed }, requestedAt, appliedAt);
     } finally {
+      holder.kill();
       await sandbox.kill();
     }
   });

@@ -23,6 +23,16 @@ const IP = '/usr/sbin/ip';
 const SS = '/usr/bin/ss';
 /** Connections ended by one `ss -K` (its filter is one argument). */
 const END_BATCH = 64;
+/**
+ * The states of a connection whose program may be waiting for bytes: established, or half-closed
+ * by the sandbox (FIN-WAIT: as a client that sent its whole request; its peer may still send).
+ * Not CLOSE-WAIT (its peer sends no more: the program's next send is refused at once) nor
+ * SYN-SENT (a web one may be on its way to the transparent listener, which decides it itself).
+ */
+const OPEN_STATES = ['established', 'fin-wait-1', 'fin-wait-2'].flatMap((state) => [
+  'state',
+  state,
+]);
 const NETNS_DIR = '/run/netns';
 const COMMAND_TIMEOUT_MS = 10_000;
 
@@ -317,11 +327,11 @@ export class NamespaceNetwork {
   }
 
   /**
-   * The established TCP connections the sandbox opened from its link address, as its own view
-   * shows them (a connection its firewall redirected to Moat shows its original destination).
-   * Left out: Moat's ingress (from the link's host end), Moat's listeners on the gateway (never
-   * the sandbox's to lose), and the sandbox's own addresses (over its loopback, no firewall
-   * decides those). Rejects a listing larger than 64 MiB.
+   * The open TCP connections (OPEN_STATES) the sandbox opened from its link address, as its
+   * own view shows them (a connection its firewall redirected to Moat shows its original
+   * destination). Left out: Moat's ingress (from the link's host end), Moat's listeners on the
+   * gateway (never the sandbox's to lose), and the sandbox's own addresses (over its loopback,
+   * no firewall decides those). Rejects a listing larger than 64 MiB.
    */
   async sandboxConnections(sandboxID: string): Promise<SandboxConnection[]> {
     const link = this.links.get(sandboxID);
@@ -331,17 +341,16 @@ export class NamespaceNetwork {
     const filter = [link.host, this.gateway, link.address, '127.0.0.0/8']
       .map((address) => `not dst ${address}`)
       .join(' and ');
-    // -H: no heading; with a state filter, lines are: Recv-Q Send-Q Local:Port Peer:Port.
+    // -H: no heading; lines are: State Recv-Q Send-Q Local:Port Peer:Port.
     const listing = await run(NSENTER, [
       ...this.ssIn(link),
       '-tnH',
-      'state',
-      'established',
+      ...OPEN_STATES,
       `src ${link.address} and ${filter}`,
     ]);
     const connections: SandboxConnection[] = [];
     for (const line of listing.split('\n')) {
-      const [, , localText, peerText] = line.trim().split(/\s+/);
+      const [, , , localText, peerText] = line.trim().split(/\s+/);
       const local = socketEnd(localText);
       const peer = socketEnd(peerText);
       if (local !== undefined && peer !== undefined) connections.push({ local, peer });
@@ -366,7 +375,7 @@ export class NamespaceNetwork {
     );
     for (let i = 0; i < filters.length; i += END_BATCH) {
       const filter = filters.slice(i, i + END_BATCH).join(' or ');
-      await run(NSENTER, [...this.ssIn(link), '-K', '-tnH', 'state', 'established', filter]);
+      await run(NSENTER, [...this.ssIn(link), '-K', '-tnH', ...OPEN_STATES, filter]);
     }
   }
 

@@ -1,8 +1,8 @@
 /**
  * The JSON answers Moat's own HTTP servers write outside Fastify (the sandbox API, ingress, the
- * gateway): one way to write a JSON body, and the sandbox error body `{message, code,
- * sandboxID}` that the SDK reads, for a ServerResponse or a raw socket; and the platform's error
- * body, which the API's Fastify routes and the egress proxy send.
+ * sandbox listener's router): one way to write a JSON body, and the sandbox error body
+ * `{message, code, sandboxID}` that the SDK reads, for a ServerResponse or a raw socket; and the
+ * platform's error body, which the API's Fastify routes and the egress proxy send.
  */
 import type { ServerResponse } from 'node:http';
 

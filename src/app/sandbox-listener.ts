@@ -1,17 +1,17 @@
 /**
- * Wires the sandbox listener: the gateway (src/proxy) routes each request to the sandbox API
+ * Wires the sandbox listener: the router (src/proxy) routes each request to the sandbox API
  * (src/envd) or to ingress, and finds sandboxes through the lifecycle (src/sandbox) and the
  * runtime (src/runtime).
  */
 import type { Logger } from 'pino';
 import { type EnvdSandbox, SandboxApi, signatureMatches } from '../envd/index.js';
-import { type GatewaySandbox, IngressProxy, SandboxGateway } from '../proxy/index.js';
+import { type RoutedSandbox, IngressProxy, SandboxRouter } from '../proxy/index.js';
 import type { SandboxRuntime } from '../runtime/index.js';
 import type { FlowRecorder } from '../flows/index.js';
 import { SANDBOX_ID, type SandboxService } from '../sandbox/index.js';
 import type { HostPort } from '../host-port.js';
 
-interface HostedSandbox extends GatewaySandbox {
+interface HostedSandbox extends RoutedSandbox {
   readonly envd: EnvdSandbox;
 }
 
@@ -30,7 +30,7 @@ export interface SandboxListenerParts {
 }
 
 export function createSandboxListener(parts: SandboxListenerParts): {
-  gateway: SandboxGateway<HostedSandbox>;
+  router: SandboxRouter<HostedSandbox>;
   ingress: IngressProxy;
 } {
   const { sandboxes, runtime, logger } = parts;
@@ -76,7 +76,7 @@ export function createSandboxListener(parts: SandboxListenerParts): {
     };
   };
 
-  const gateway = new SandboxGateway<HostedSandbox>({
+  const router = new SandboxRouter<HostedSandbox>({
     logger,
     lookup: hosted,
     elsewhere: parts.elsewhere,
@@ -98,5 +98,5 @@ export function createSandboxListener(parts: SandboxListenerParts): {
     serveApi: (request, response, sandbox) => api.handle(request, response, sandbox.envd),
     ingress,
   });
-  return { gateway, ingress };
+  return { router, ingress };
 }

@@ -407,7 +407,7 @@ export async function startMoat(
       listenApi(api, config.apiListen),
     );
     lifecycle.started(() => api.close());
-    const { gateway, ingress } = createSandboxListener({
+    const { router, ingress } = createSandboxListener({
       sandboxes,
       runtime,
       logger,
@@ -421,13 +421,13 @@ export async function startMoat(
     listening.sandbox = {
       ...config.sandboxListen,
       port: await bindListener('sandbox API listener', config.sandboxListen, () =>
-        gateway.listen(config.sandboxListen),
+        router.listen(config.sandboxListen),
       ),
     };
     lifecycle.started(async () => {
       // Upgraded and refused sockets are the ingress's: the listener's close waits for them.
       ingress.close();
-      await gateway.close();
+      await router.close();
     });
     if (store instanceof RedisStore && nodeID !== undefined) {
       cluster = await joinCluster(store, nodeID, {

@@ -1,8 +1,8 @@
 /**
  * The per-sandbox API (what the reference service's in-sandbox daemon serves on port 49983):
  * Connect services `process.Process` and `filesystem.Filesystem`, and REST `/health`, `/envs`,
- * `/files`, `/files/compose`. Routing to a sandbox happens before (the sandbox gateway); this
- * answers one request for one known sandbox.
+ * `/files`, `/files/compose`. Routing to a sandbox happens before (the sandbox listener's
+ * router); this answers one request for one known sandbox.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';

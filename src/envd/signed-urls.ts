@@ -26,7 +26,8 @@ function signatureValid(url: URL, token: string, operation: 'read' | 'write'): b
 
 /**
  * Whether `token` signed this /files URL (for either operation, expired or not): how the
- * gateway finds the sandbox of a signed URL that names none. checkSignature checks the rest.
+ * sandbox listener's router finds the sandbox of a signed URL that names none. checkSignature
+ * checks the rest.
  */
 export function signatureMatches(url: URL, token: string): boolean {
   return signatureValid(url, token, 'read') || signatureValid(url, token, 'write');

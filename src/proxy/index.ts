@@ -10,12 +10,12 @@ export { originalDestinationUnavailable } from './original-destination.js';
 export { TransparentProxy } from './transparent.js';
 export { TunnelRegistry } from './tunnels.js';
 export {
-  type GatewaySandbox,
   NOT_RUNNING,
+  type RoutedSandbox,
   SANDBOX_API_PORT,
-  SandboxGateway,
-  type SandboxGatewayOptions,
-} from './gateway.js';
+  SandboxRouter,
+  type SandboxRouterOptions,
+} from './sandbox-router.js';
 export {
   IngressProxy,
   type IngressOptions,

@@ -1,7 +1,7 @@
 /**
  * Ingress: requests for `{port}-{sandboxID}.{domain}` (ports other than envd's 49983) proxied to
- * that port of the sandbox. The sandbox gateway parses the address and looks the sandbox up;
- * this checks the traffic token, rewrites the headers and carries the bytes.
+ * that port of the sandbox. The sandbox listener's router parses the address and looks the
+ * sandbox up; this checks the traffic token, rewrites the headers and carries the bytes.
  */
 import http, {
   type ClientRequest,

@@ -1,5 +1,5 @@
 /**
- * The sandbox API on the wire, through a real in-process Moat: routing by the sandbox gateway
+ * The sandbox API on the wire, through a real in-process Moat: routing by the sandbox listener
  * (Host label or E2b-* headers, 502 for sandboxes that are not running, autoResume), access
  * tokens and users, the Connect protocol itself (headers, content types, error bodies, stream
  * framing, keepalives, deadlines), process.Process input and signal validation, client streams,
@@ -76,7 +76,7 @@ afterAll(async () => {
 
 // --- Expectations -------------------------------------------------------------------------------
 
-/** The gateway's and the API's own errors: exactly {message, code: <status>, sandboxID}. */
+/** The router's and the API's own errors: exactly {message, code: <status>, sandboxID}. */
 function expectSandboxError(reply: HttpReply, status: number, sandboxID?: string): void {
   expect({ status: reply.status, text: reply.text }).toMatchObject({ status });
   expect(reply.headers['content-type']).toMatch(/^application\/json/);
@@ -251,7 +251,7 @@ const viaHeaders = (sandboxID: string, path = '/health') =>
     headers: { 'E2b-Sandbox-Id': sandboxID, 'E2b-Sandbox-Port': '49983' },
   });
 
-describe('routing by the sandbox gateway', () => {
+describe("routing by the sandbox listener's router", () => {
   it('the Host label {port}-{sandboxID}.<domain> routes without any E2b-* header', async () => {
     expect((await viaLabel(secure.sandboxID)).status).toBe(204);
     const list = await send(sandboxBase, {
@@ -848,7 +848,7 @@ describe('process input and signals', () => {
 
 // --- Compose, /envs -----------------------------------------------------------------------------
 
-describe('POST /files/compose through the gateway', () => {
+describe('POST /files/compose through the sandbox listener', () => {
   const upload = async (file: string, data: string, username?: string) => {
     const query = new URLSearchParams({ path: file, ...(username ? { username } : {}) });
     const reply = await open.request({

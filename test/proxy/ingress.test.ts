@@ -191,7 +191,7 @@ async function startUpgradeOrigin() {
   return { port: await listen(server), server, sockets };
 }
 
-/** A front server standing in for the gateway: every request goes to `target()`. */
+/** A front server standing in for the sandbox listener's router: requests go to `target()`. */
 /** A flow recorder of its own (ingress requests are recorded as flows). */
 const testFlows = (logger: pino.Logger) =>
   new FlowRecorder({

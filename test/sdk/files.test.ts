@@ -427,7 +427,7 @@ describe('watchDir', () => {
   });
 });
 
-describe('signed file URLs (no sandbox id in them: the gateway finds it by signature)', () => {
+describe('signed file URLs (no sandbox id in them: the listener finds it by signature)', () => {
   it('downloadUrl works with plain fetch; a tampered signature or path is 401', async () => {
     const sbx = await sandbox();
     await sandbox(); // another secure sandbox whose token must not match

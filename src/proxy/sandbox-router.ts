@@ -1,7 +1,7 @@
 /**
- * The sandbox listener: every request for a sandbox's own API or one of its ports arrives here.
- * The sandbox and port come from the Host label `{port}-{sandboxID}.<domain>` or, when the Host
- * is not such a name (one shared sandbox URL, as E2B_SANDBOX_URL gives), from the
+ * The sandbox listener's router: every request for a sandbox's own API or one of its ports
+ * arrives here. The sandbox and port come from the Host label `{port}-{sandboxID}.<domain>` or,
+ * when the Host is not such a name (one shared sandbox URL, as E2B_SANDBOX_URL gives), from the
  * `E2b-Sandbox-Id` and `E2b-Sandbox-Port` headers that the SDK always sends. Port 49983 is the
  * sandbox API; any other port is ingress to that port of the sandbox.
  */
@@ -15,8 +15,8 @@ import type { HostPort } from '../host-port.js';
 
 export { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 
-/** What the gateway must know of a sandbox to route to it. */
-export interface GatewaySandbox {
+/** What the router must know of a sandbox to route to it. */
+export interface RoutedSandbox {
   readonly sandboxID: string;
   /** Where its ports are reached (the process runtime: 127.0.0.1). */
   readonly address: string;
@@ -33,7 +33,7 @@ export interface GatewaySandbox {
   readonly ingressListeners?: () => Promise<ReadonlyMap<number, string>>;
 }
 
-export interface SandboxGatewayOptions<S extends GatewaySandbox> {
+export interface SandboxRouterOptions<S extends RoutedSandbox> {
   readonly logger: Logger;
   /** The sandbox if it is running here (a paused one with autoResume is resumed first). */
   lookup(sandboxID: string): Promise<S | undefined>;
@@ -97,10 +97,10 @@ const relayTo = (node: HostPort, sandboxID: string): IngressTarget => ({
   relay: true,
 });
 
-export class SandboxGateway<S extends GatewaySandbox> {
+export class SandboxRouter<S extends RoutedSandbox> {
   readonly server: http.Server;
 
-  constructor(private readonly options: SandboxGatewayOptions<S>) {
+  constructor(private readonly options: SandboxRouterOptions<S>) {
     this.server = http.createServer((request, response) => void this.onRequest(request, response));
     this.server.on(
       'upgrade',
@@ -140,7 +140,7 @@ export class SandboxGateway<S extends GatewaySandbox> {
     } catch (error) {
       this.options.logger.error(
         { err: error, sandboxID: route.kind === 'sandbox' ? route.sandboxID : undefined },
-        'sandbox gateway request failed',
+        'sandbox listener request failed',
       );
       if (!response.headersSent) {
         const unavailable = (error as { status?: unknown }).status === 503;

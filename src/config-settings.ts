@@ -474,7 +474,7 @@ export const SETTINGS: readonly AnySetting[] = [
     parse: positiveInteger(4_194_304),
   },
   {
-    key: 'namespace',
+    key: 'teamNamespace',
     metavar: 'NAME',
     flag: 'namespace',
     env: 'MOAT_NAMESPACE',

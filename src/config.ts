@@ -82,8 +82,8 @@ export interface MoatConfig {
   readonly sandboxMemoryMB: number;
   readonly sandboxDiskMB: number;
   readonly sandboxPids: number;
-  /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
-  readonly namespace: string;
+  /** The team namespace of named snapshots (`<team namespace>/<alias>:<tag>`). */
+  readonly teamNamespace: string;
   /** `file` (the embedded store in the data folder) or a `redis://` URL shared by many nodes. */
   readonly store: string;
   /** Prefix of every Redis key and channel of this platform. */

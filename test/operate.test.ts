@@ -169,7 +169,7 @@ describe('moat serve --print-config', () => {
         dnsMinTtl: 11,
         dnsMaxTtl: 2222,
         dnsCacheSize: 333,
-        namespace: 'from-file',
+        teamNamespace: 'from-file',
         apiKeys: [keys.file],
         metricsListen: '127.0.0.1:9464',
       }),
@@ -201,7 +201,7 @@ describe('moat serve --print-config', () => {
       dnsMinTtl: 11, // file only
       dnsMaxTtl: 4444, // env over file
       dnsCacheSize: 666, // flag over env over file
-      namespace: 'from-file',
+      teamNamespace: 'from-file',
       logLevel: 'warn', // env over default
       metricsListen: '127.0.0.1:9464',
       dataDir,

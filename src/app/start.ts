@@ -343,7 +343,7 @@ export async function startMoat(
       logger,
       maxPolicyEntries: config.maxPolicyEntries,
       secretExists: (name) => secrets.exists(name),
-      namespace: config.namespace,
+      teamNamespace: config.teamNamespace,
       now: wallNow,
       environment: (record) =>
         sandboxEnvironment(

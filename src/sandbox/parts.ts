@@ -29,8 +29,8 @@ export interface LifecycleParts {
   readonly now: () => number;
   /** The variables every process of the sandbox gets. */
   readonly environment: (record: SandboxRecord) => SandboxEnvironment;
-  /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
-  readonly namespace: string;
+  /** The team namespace of named snapshots (`<team namespace>/<alias>:<tag>`). */
+  readonly teamNamespace: string;
   /** Counts a transition of the sandbox and logs it. */
   transition(record: SandboxRecord, what: string, details: object): void;
 }

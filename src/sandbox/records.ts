@@ -66,9 +66,9 @@ export interface SandboxRecord {
 
 /** A snapshot: a copy of a sandbox's writable root, usable as a template. */
 export interface SnapshotRecord {
-  /** `<namespace>/<alias>:<tag>` when named, else `<templateID>:<tag>`. */
+  /** `<team namespace>/<alias>:<tag>` when named, else `<templateID>:<tag>`. */
   readonly snapshotID: string;
-  /** The template part of the ID (`<namespace>/<alias>` or a generated ID). */
+  /** The template part of the ID (`<team namespace>/<alias>` or a generated ID). */
   readonly templateID: string;
   readonly tag: string;
   readonly alias: string | null;

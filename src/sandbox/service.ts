@@ -61,8 +61,8 @@ export interface SandboxServiceOptions {
    * that name a secret are refused.
    */
   readonly secretExists?: (name: string) => Promise<boolean>;
-  /** The team namespace of named snapshots (`<namespace>/<alias>:<tag>`). */
-  readonly namespace: string;
+  /** The team namespace of named snapshots (`<team namespace>/<alias>:<tag>`). */
+  readonly teamNamespace: string;
   /** Clock in milliseconds (tests pass a controllable one). */
   readonly now?: () => number;
   /** The variables every process of the sandbox gets: its `envVars`, proxy settings... */
@@ -187,7 +187,7 @@ export class SandboxService {
     const lifecycle = checkLifecycle(request);
     const template = await resolveTemplate(
       this.records.reads,
-      this.options.namespace,
+      this.options.teamNamespace,
       request.templateID,
     );
     const limits = template.limits ?? this.options.defaultLimits;

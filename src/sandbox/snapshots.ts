@@ -15,7 +15,7 @@ import {
 /** What snapshots use of the lifecycle's parts. */
 export interface SnapshotContext extends Pick<
   LifecycleParts,
-  'namespace' | 'queue' | 'records' | 'runtime' | 'cluster' | 'logger' | 'now' | 'transition'
+  'teamNamespace' | 'queue' | 'records' | 'runtime' | 'cluster' | 'logger' | 'now' | 'transition'
 > {
   /** The sandbox as the lifecycle answers it (404 when it does not exist). */
   get(sandboxID: string): Promise<SandboxRecord>;
@@ -27,7 +27,7 @@ export class SnapshotCatalog {
   /** Copies the sandbox's root into a new template; the sandbox keeps running. */
   create(sandboxID: string, name: string | undefined): Promise<SnapshotRecord> {
     const { queue, records, runtime } = this.context;
-    const naming = snapshotNaming(this.context.namespace, name);
+    const naming = snapshotNaming(this.context.teamNamespace, name);
     return queue.run(sandboxID, async () => {
       const record = await this.context.get(sandboxID);
       const snapshot: SnapshotRecord = {
@@ -50,7 +50,7 @@ export class SnapshotCatalog {
 
   async list(query: SnapshotQuery): Promise<Page<SnapshotRecord>> {
     const wanted =
-      query.name === undefined ? undefined : snapshotNaming(this.context.namespace, query.name);
+      query.name === undefined ? undefined : snapshotNaming(this.context.teamNamespace, query.name);
     const snapshots = (await this.context.records.snapshots()).filter(
       (s) =>
         (query.sandboxID === undefined || s.sandboxID === query.sandboxID) &&
@@ -66,13 +66,13 @@ export class SnapshotCatalog {
    * from it still exists.
    */
   async delete(id: string): Promise<void> {
-    const { namespace, queue, records } = this.context;
+    const { teamNamespace, queue, records } = this.context;
     if (isBaseTemplate(id)) {
       throw new SandboxError(400, `template "${id}" is built in and cannot be deleted`);
     }
     // A template ID without a tag names every tag of that template.
-    const candidates = new Set(templateCandidates(namespace, id));
-    const templates = new Set(id.includes(':') ? [] : [id, `${namespace}/${id}`]);
+    const candidates = new Set(templateCandidates(teamNamespace, id));
+    const templates = new Set(id.includes(':') ? [] : [id, `${teamNamespace}/${id}`]);
     const matching = (await records.snapshots()).filter(
       (s) => candidates.has(s.snapshotID) || templates.has(s.templateID),
     );
@@ -102,7 +102,8 @@ export class SnapshotCatalog {
    * made there. Undefined for the built-in template (every node has it) and a Moat on its own.
    */
   async nodeOf(templateID: string): Promise<string | undefined> {
-    return (await resolveTemplate(this.context.records.reads, this.context.namespace, templateID))
-      .node;
+    return (
+      await resolveTemplate(this.context.records.reads, this.context.teamNamespace, templateID)
+    ).node;
   }
 }

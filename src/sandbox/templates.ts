@@ -1,4 +1,4 @@
-/** Templates and snapshots by name: `alias[:tag]`, `<namespace>/alias[:tag]`, IDs, lookups. */
+/** Templates and snapshots by name: `alias[:tag]`, `<team namespace>/alias[:tag]`, IDs, lookups. */
 import { BASE_TEMPLATE, type SandboxLimits } from '../runtime/index.js';
 import type { Store } from '../store/index.js';
 import { NAME_PART, randomName } from './ids.js';
@@ -12,9 +12,9 @@ export const isBaseTemplate = (id: string) =>
 
 export const templateKey = (id: string) => `template:${id}`;
 
-/** `alias`, `alias:tag`, `<namespace>/alias[:tag]` -> the snapshot's ID parts. */
+/** `alias`, `alias:tag`, `<team namespace>/alias[:tag]` -> the snapshot's ID parts. */
 export function snapshotNaming(
-  namespace: string,
+  teamNamespace: string,
   name: string | undefined,
 ): Pick<SnapshotRecord, 'snapshotID' | 'templateID' | 'tag' | 'alias' | 'names'> {
   if (name === undefined) {
@@ -31,10 +31,10 @@ export function snapshotNaming(
   const space = slash < 0 ? undefined : name.slice(0, slash);
   const rest = slash < 0 ? name : name.slice(slash + 1);
   const [alias = '', tag = DEFAULT_TAG, ...extra] = rest.split(':');
-  if (space !== undefined && space !== namespace) {
+  if (space !== undefined && space !== teamNamespace) {
     throw new SandboxError(
       400,
-      `snapshot name ${JSON.stringify(name)} names namespace "${space}"; this Moat's namespace is "${namespace}"`,
+      `snapshot name ${JSON.stringify(name)} names team namespace "${space}"; this Moat's team namespace is "${teamNamespace}"`,
     );
   }
   if (!NAME_PART.test(alias) || !NAME_PART.test(tag) || extra.length > 0) {
@@ -43,28 +43,28 @@ export function snapshotNaming(
       `invalid snapshot name ${JSON.stringify(name)}: use lower-case letters, digits, ".", "_" and "-" for the name and an optional ":tag"`,
     );
   }
-  const templateID = `${namespace}/${alias}`;
+  const templateID = `${teamNamespace}/${alias}`;
   const snapshotID = `${templateID}:${tag}`;
   return { snapshotID, templateID, tag, alias, names: [snapshotID] };
 }
 
 /**
  * The snapshot IDs a template ID may mean: as written with the default tag filled in, and,
- * without a namespace, the same name in this Moat's namespace.
+ * without a team namespace, the same name in this Moat's team namespace.
  */
-export function templateCandidates(namespace: string, id: string): string[] {
+export function templateCandidates(teamNamespace: string, id: string): string[] {
   const tagged = id.includes(':') ? id : `${id}:${DEFAULT_TAG}`;
-  return tagged.includes('/') ? [tagged] : [tagged, `${namespace}/${tagged}`];
+  return tagged.includes('/') ? [tagged] : [tagged, `${teamNamespace}/${tagged}`];
 }
 
 /** What a template ID names: the base template, or a stored snapshot (404 when neither). */
 export async function resolveTemplate(
   store: Pick<Store, 'get'>,
-  namespace: string,
+  teamNamespace: string,
   id: string,
 ): Promise<{ id: string; alias: string | null; node?: string; limits?: SandboxLimits }> {
   if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
-  for (const key of templateCandidates(namespace, id)) {
+  for (const key of templateCandidates(teamNamespace, id)) {
     const stored = await store.get(TEMPLATES, key);
     if (stored === undefined) continue;
     const snapshot = readSnapshot(stored, key);

@@ -571,7 +571,7 @@ describe('snapshots and templates', () => {
     ['Bad Name', startsWith('invalid snapshot name "Bad Name"')],
     ['a:b:c', startsWith('invalid snapshot name "a:b:c"')],
     ['x:', startsWith('invalid snapshot name "x:"')],
-    ['other/x', /names namespace "other"/],
+    ['other/x', /names team namespace "other"/],
     [5, 'body.name must be string'],
     ['x'.repeat(201), 'body.name must NOT have more than 200 characters'],
   ])('refuses the snapshot name %j', async (name, message) => {

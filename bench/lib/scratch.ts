@@ -27,7 +27,7 @@ export function removeMoatFolder(dir: string): void {
     }
   }
   rmSync(root, { recursive: true, force: true });
-  // The (empty) cgroups of its sandboxes: named by a hash of the data folder (process-runtime.ts).
+  // The (empty) cgroups of its sandboxes: named by a hash of the data folder (host-probe.ts).
   const scope = createHash('sha256').update(root).digest('hex').slice(0, 16);
   for (const hierarchy of safeReaddir('/sys/fs/cgroup')) {
     const folder = path.join('/sys/fs/cgroup', hierarchy, 'moat', scope);

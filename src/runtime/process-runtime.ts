@@ -1,44 +1,24 @@
 /**
  * The embedded runtime: a sandbox is a supervisor (supervisor/main.py) that builds it and brings
  * its roles to Moat, a cgroup, a disk holding its writable layer, a slot of host ids, and in
- * namespace mode a network namespace.
- *
- *   <data>/sandboxes/<id>/sandbox.json   its slot, disk and template layer (for restore)
- *   <data>/sandboxes/<id>/mnt, scratch   empty folders the supervisor mounts on, in the sandbox's
- *                                        own mount namespace only
- *   <data>/disks/<disk>/{upper,work}/    its writable layer, one folder per part (root, etc...)
+ * namespace mode a network namespace. Its files are laid out as sandbox-folders.ts says.
  *
  * Unconfined (only with --unconfined-sandboxes, where confinement is impossible) a sandbox is a
  * folder `<data>/sandboxes/<id>/root` and processes run on the host as Moat's user.
  */
 import type { ChildProcess } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { cp, lstat, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { cp, lstat, mkdir, readdir, readFile, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
-import { AgentSocket } from './agent-socket.js';
-import { baseLayerSpec, systemFolders } from './base-layer.js';
-import {
-  type Cgroups,
-  cgroupsProblem,
-  findCgroups,
-  type SandboxCgroup,
-  type SandboxLimits,
-} from './cgroups.js';
-import {
-  confinementWorks,
-  DEFAULT_USER,
-  placeCommand,
-  type SandboxUser,
-  USERS,
-} from './confinement.js';
-import { Disks, disksProblem } from './disks.js';
-import { LayerStore } from './layers.js';
+import type { AgentSocket } from './agent-socket.js';
+import type { SandboxCgroup, SandboxLimits } from './cgroups.js';
+import { DEFAULT_USER, placeCommand, type SandboxUser, USERS } from './confinement.js';
+import { type ConfinedParts, type HostProbe, probeHost } from './host-probe.js';
 import { Launcher } from './launcher.js';
 import { HostListeners } from './listening-ports.js';
 import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
-import { LOCK_DIR } from './range-lock.js';
 import type {
   EnforcementMode,
   RuntimeSandbox,
@@ -46,20 +26,14 @@ import type {
   SandboxRuntime,
 } from './runtime.js';
 import { SandboxFiles } from './sandbox-files.js';
-import { SANDBOX_TRUST_BUNDLE, trustEnvironment, writeTrustBundle } from './trust-store.js';
-import { IDS_PER_SANDBOX, type IdRangeSetting, SandboxIds } from './sandbox-ids.js';
+import { adoptLegacyTemplates, SandboxFolders, type SandboxMeta } from './sandbox-folders.js';
+import { SANDBOX_TRUST_BUNDLE, trustEnvironment } from './trust-store.js';
+import { IDS_PER_SANDBOX, type IdRangeSetting } from './sandbox-ids.js';
 import { diskUsage, processUsage, type SandboxUsage } from './usage.js';
-import {
-  type EarlyConfig,
-  spawnSupervisor,
-  Supervisor,
-  type SupervisorConfig,
-  SupervisorSpares,
-} from './supervisor.js';
+import { spawnSupervisor, Supervisor, SupervisorSpares } from './supervisor.js';
+import { SupervisorConfigs } from './supervisor-config.js';
 
 export const BASE_TEMPLATE = 'base';
-const HOSTNAME = 'sandbox';
-const NOFILE = 65_536;
 
 /** Why a sandbox cannot be started here (no confinement and no override). */
 export class SandboxRefused extends Error {
@@ -81,13 +55,6 @@ export interface ProcessRuntimeOptions {
   readonly trustedCaPem?: string;
 }
 
-/** What a sandbox's folder records, so that a restart can take it back. */
-interface SandboxMeta {
-  readonly slot: number;
-  readonly disk: string | null;
-  readonly layer: string | null;
-}
-
 interface Live extends RuntimeSandbox {
   readonly supervisor: Supervisor;
   readonly cgroup: SandboxCgroup | undefined;
@@ -101,14 +68,6 @@ interface Spare {
   readonly child: ChildProcess;
   readonly slot: number | undefined;
   readonly cgroup: SandboxCgroup | undefined;
-}
-
-/** The parts of a sandbox's file system, each an overlay: name in a layer, and mount point. */
-interface Part {
-  readonly name: string;
-  readonly target: string;
-  /** Below the layers: the host's folder (system folders) or the base layer's part. */
-  readonly bottom: { readonly path: string; readonly ids: 'host' | 'store' };
 }
 
 /** Host pids in process group `group` (an unconfined sandbox's processes). */
@@ -130,34 +89,37 @@ export class ProcessRuntime implements SandboxRuntime {
   readonly confined: boolean;
   readonly confinementReason: string;
   readonly trustEnvironment: SandboxEnvironment;
-  private readonly sandboxesDir: string;
+  private readonly dataDir: string;
+  private readonly agents: AgentSocket;
+  /** Set when sandboxes are confined. */
+  private readonly confinedParts: ConfinedParts | undefined;
+  /** Why sandboxes are refused; undefined when they start (confined or by the override). */
+  private readonly refusal: string | undefined;
+  private readonly folders: SandboxFolders;
+  private readonly configs: SupervisorConfigs;
   private readonly live = new Map<string, Live>();
-  private readonly parts: Part[];
   private readonly spares: SupervisorSpares<Spare>;
   private readonly listeners = new HostListeners();
 
   private constructor(
-    private readonly dataDir: string,
     private readonly options: ProcessRuntimeOptions,
-    private readonly agents: AgentSocket,
-    /** The host path of the CA bundle sandboxes trust, when Moat adds a CA. */
-    private readonly trustBundle: string | undefined,
-    /** Set when sandboxes are confined. */
-    private readonly confinedParts:
-      | {
-          readonly ids: SandboxIds;
-          readonly cgroups: Cgroups;
-          readonly layers: LayerStore;
-          readonly disks: Disks | undefined;
-        }
-      | undefined,
-    /** Why sandboxes are refused; undefined when they start (confined or by the override). */
-    private readonly refusal: string | undefined,
-    reasons: { confinement: string },
+    probe: HostProbe,
   ) {
-    this.sandboxesDir = path.join(dataDir, 'sandboxes');
+    const { data, agents, trustBundle, confinedParts } = probe;
+    this.dataDir = data;
+    this.agents = agents;
+    this.confinedParts = confinedParts;
+    this.refusal = probe.refusal;
+    this.folders = new SandboxFolders(path.join(data, 'sandboxes'), confinedParts?.disks);
+    this.configs = new SupervisorConfigs({
+      socket: agents.path,
+      folders: this.folders,
+      confined: confinedParts,
+      trustBundle,
+      network: options.network,
+    });
     this.confined = confinedParts !== undefined;
-    this.confinementReason = reasons.confinement;
+    this.confinementReason = probe.confinementReason;
     // Confined, the bundle is mounted at the system path; unconfined, there is no mount.
     this.trustEnvironment =
       trustBundle === undefined
@@ -174,98 +136,21 @@ export class ProcessRuntime implements SandboxRuntime {
         await spare.cgroup?.remove().catch(() => undefined);
       },
     );
-    this.parts = [
-      { name: 'root', target: '/', bottom: { path: '', ids: 'store' } },
-      { name: 'etc', target: '/etc', bottom: { path: '', ids: 'store' } },
-      ...systemFolders().map((folder) => ({
-        name: folder.path.replaceAll('/', '.'),
-        target: `/${folder.path}`,
-        bottom: { path: `/${folder.path}`, ids: 'host' as const },
-      })),
-    ];
   }
 
   /**
-   * Finds out whether sandboxes can be confined here and prepares what they need: the id range,
-   * cgroups, disks, the base layer, the agent socket. Where they cannot be confined, sandboxes
-   * are refused unless `allowUnconfined`.
+   * Probes the host (host-probe.ts) and takes over what it prepared, and templates from before
+   * layers.
    */
   static async start(dataDir: string, options: ProcessRuntimeOptions): Promise<ProcessRuntime> {
-    const data = path.resolve(dataDir);
-    await mkdir(data, { recursive: true, mode: 0o700 });
-    // Names this Moat's cgroups and agent socket apart from other Moats' on the host.
-    const scope = createHash('sha256').update(data).digest('hex').slice(0, 16);
-    const probe = confinementWorks(data);
-    const cgroups = probe.ok ? findCgroups(scope) : undefined;
-    const problem = !probe.ok
-      ? probe.reason
-      : cgroups && 'problem' in cgroups
-        ? cgroups.problem
-        : // Advertised only once written to.
-          await cgroupsProblem((cgroups as { cgroups: Cgroups }).cgroups);
-    const socketDir = process.getuid?.() === 0 ? LOCK_DIR : path.join(data, 'run');
-    const agents = await AgentSocket.listen(path.join(socketDir, `agents-${scope}.sock`));
-    const trustBundle =
-      options.trustedCaPem === undefined
-        ? undefined
-        : await writeTrustBundle(data, options.trustedCaPem);
-    if (problem !== undefined) {
-      if (options.network) {
-        await agents.close();
-        throw new Error(
-          `network namespaces need confined sandboxes, and sandboxes cannot be confined here: ${problem}; run with --enforcement proxy`,
-        );
-      }
-      const reasons = {
-        confinement: options.allowUnconfined
-          ? `UNCONFINED (--unconfined-sandboxes): ${problem}; sandbox processes run as Moat's own user and can read and change whatever Moat can`
-          : `sandboxes are refused: they cannot be confined here (${problem}); --unconfined-sandboxes runs them unconfined`,
-      };
-      return new ProcessRuntime(
-        data,
-        options,
-        agents,
-        trustBundle,
-        undefined,
-        options.allowUnconfined ? undefined : reasons.confinement,
-        reasons,
-      );
-    }
-    const { cgroups: groups } = cgroups as { cgroups: Cgroups };
-    let ids: SandboxIds | undefined;
+    const probe = await probeHost(dataDir, options);
     try {
-      ids = await SandboxIds.acquire(options.ids, data);
-      const layers = new LayerStore(data, ids.storeFirst, IDS_PER_SANDBOX);
-      await layers.buildBase(
-        baseLayerSpec({ idCount: IDS_PER_SANDBOX, resolver: options.network?.gateway }),
-      );
-      const diskProblem = disksProblem();
-      const disks =
-        diskProblem === undefined
-          ? new Disks(path.join(data, 'disks'), options.defaultDiskMB)
-          : undefined;
-      const reasons = {
-        confinement: [
-          `confined: own user, PID, mount, IPC, UTS and cgroup namespaces; host ids ${ids.first}+${ids.slots * IDS_PER_SANDBOX}; seccomp filter; ${groups.description}`,
-          disks
-            ? 'a disk image per sandbox bounds its writable layer'
-            : `no disk bound (${diskProblem}): the writable layer can grow to the host's free space`,
-        ].join('; '),
-      };
-      const runtime = new ProcessRuntime(
-        data,
-        options,
-        agents,
-        trustBundle,
-        { ids, cgroups: groups, layers, disks },
-        undefined,
-        reasons,
-      );
-      await runtime.adoptLegacyTemplates();
+      const runtime = new ProcessRuntime(options, probe);
+      if (probe.confinedParts) await adoptLegacyTemplates(probe.confinedParts.layers);
       return runtime;
     } catch (error) {
-      await ids?.stop();
-      await agents.close();
+      await probe.confinedParts?.ids.stop();
+      await probe.agents.close();
       throw error;
     }
   }
@@ -282,75 +167,16 @@ export class ProcessRuntime implements SandboxRuntime {
     const slot = ids.allocate(`spare ${randomBytes(4).toString('hex')}`);
     try {
       const cgroup = await cgroups.make(`c${randomBytes(8).toString('hex')}`);
-      return { child: spawnSupervisor(this.earlyConfig(slot, cgroup)), slot, cgroup };
+      return { child: spawnSupervisor(this.configs.early(slot, cgroup)), slot, cgroup };
     } catch (error) {
       ids.release(slot);
       throw error;
     }
   }
 
-  private earlyConfig(slot: number, cgroup: SandboxCgroup): EarlyConfig {
-    const { ids } = this.confinedParts!;
-    return {
-      cgroups: cgroup.folders,
-      ids: { host: ids.hostFirst(slot), store: ids.storeFirst, count: IDS_PER_SANDBOX },
-    };
-  }
-
   get sandboxHostIds(): { first: number; last: number } | undefined {
     const ids = this.confinedParts?.ids;
     return ids && { first: ids.first, last: ids.first + ids.slots * IDS_PER_SANDBOX - 1 };
-  }
-
-  private folder(sandboxID: string): string {
-    return path.join(this.sandboxesDir, sandboxID);
-  }
-
-  /** The host folder of an unconfined sandbox's files (its `/`). */
-  private unconfinedRoot(sandboxID: string): string {
-    return path.join(this.folder(sandboxID), 'root');
-  }
-
-  private upperBase(sandboxID: string, meta: SandboxMeta): string {
-    const { disks } = this.confinedParts!;
-    return meta.disk !== null && disks
-      ? path.join(disks.folder(meta.disk), 'upper')
-      : path.join(this.folder(sandboxID), 'upper');
-  }
-
-  private workBase(sandboxID: string, meta: SandboxMeta): string {
-    return path.join(path.dirname(this.upperBase(sandboxID, meta)), 'work');
-  }
-
-  /** What the sandbox's folder records; undefined when it records nothing (none, or legacy). */
-  private async readMeta(sandboxID: string): Promise<SandboxMeta | undefined> {
-    const file = path.join(this.folder(sandboxID), 'sandbox.json');
-    let text: string;
-    try {
-      text = await readFile(file, 'utf8');
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-      throw error;
-    }
-    let meta: unknown;
-    try {
-      meta = JSON.parse(text);
-    } catch {
-      meta = undefined;
-    }
-    const record = meta as Record<string, unknown> | undefined;
-    const nameOrNull = (v: unknown) =>
-      v === null || (typeof v === 'string' && /^[a-z0-9]+$/.test(v));
-    if (
-      typeof record !== 'object' ||
-      record === null ||
-      !Number.isSafeInteger(record.slot) ||
-      !nameOrNull(record.disk) ||
-      !nameOrNull(record.layer)
-    ) {
-      throw new Error(`sandbox ${sandboxID}: ${file} is damaged (not the record this Moat writes)`);
-    }
-    return record as unknown as SandboxMeta;
   }
 
   async create(
@@ -361,7 +187,7 @@ export class ProcessRuntime implements SandboxRuntime {
     limits: SandboxLimits,
   ): Promise<void> {
     if (this.refusal !== undefined) throw new SandboxRefused(this.refusal);
-    const folder = this.folder(sandboxID);
+    const folder = this.folders.folder(sandboxID);
     await rm(folder, { recursive: true, force: true });
     await mkdir(folder, { recursive: true, mode: 0o700 });
     if (!this.confinedParts) {
@@ -380,7 +206,7 @@ export class ProcessRuntime implements SandboxRuntime {
       disk = disks ? await disks.create(limits.diskSizeMB) : null;
       const meta: SandboxMeta = { slot, disk, layer };
       // Its writable layer's folders are made by its supervisor.
-      await writeFile(path.join(folder, 'sandbox.json'), JSON.stringify(meta), { mode: 0o600 });
+      await this.folders.writeMeta(sandboxID, meta);
       await this.launch(sandboxID, env, address, limits, meta, spare);
     } catch (error) {
       spare.child.kill('SIGKILL');
@@ -393,7 +219,7 @@ export class ProcessRuntime implements SandboxRuntime {
   }
 
   private async makeUnconfinedRoot(sandboxID: string, templateKey: string): Promise<void> {
-    const root = this.unconfinedRoot(sandboxID);
+    const root = this.folders.unconfinedRoot(sandboxID);
     if (templateKey !== BASE_TEMPLATE) {
       const template = path.join(
         this.dataDir,
@@ -426,7 +252,8 @@ export class ProcessRuntime implements SandboxRuntime {
       return;
     }
     const meta =
-      (await this.readMeta(sandboxID)) ?? (await this.adoptLegacySandbox(sandboxID, limits));
+      (await this.folders.readMeta(sandboxID)) ??
+      (await this.folders.adoptLegacySandbox(sandboxID, limits.diskSizeMB, this.confinedParts));
     const { ids, disks } = this.confinedParts;
     if (!ids.claim(meta.slot, sandboxID)) {
       throw new Error(`sandbox ${sandboxID} has id slot ${meta.slot}, which another sandbox has`);
@@ -436,7 +263,7 @@ export class ProcessRuntime implements SandboxRuntime {
         throw new Error(`sandbox ${sandboxID} has a disk, and disks cannot be mounted here`);
       await disks.attach(meta.disk);
     }
-    const owner = (await lstat(path.join(this.upperBase(sandboxID, meta), 'root'))).uid;
+    const owner = (await lstat(path.join(this.folders.upperBase(sandboxID, meta), 'root'))).uid;
     if (owner !== ids.hostFirst(meta.slot)) {
       throw new Error(
         `sandbox ${sandboxID}'s files belong to host id ${owner}, not to its slot's ${ids.hostFirst(meta.slot)} (was --sandbox-ids changed?)`,
@@ -445,7 +272,7 @@ export class ProcessRuntime implements SandboxRuntime {
     // Its slot is its own: no spare (made for another slot) fits; one is made for it now.
     const cgroup = await this.confinedParts.cgroups.make(`c${randomBytes(8).toString('hex')}`);
     const spare = {
-      child: spawnSupervisor(this.earlyConfig(meta.slot, cgroup)),
+      child: spawnSupervisor(this.configs.early(meta.slot, cgroup)),
       slot: meta.slot,
       cgroup,
     };
@@ -454,37 +281,6 @@ export class ProcessRuntime implements SandboxRuntime {
     } catch (error) {
       await cgroup.remove().catch(() => undefined);
       throw error;
-    }
-  }
-
-  /** A sandbox folder from before confinement (`root/`, every file Moat's) as a layer of its own. */
-  private async adoptLegacySandbox(sandboxID: string, limits: SandboxLimits): Promise<SandboxMeta> {
-    const legacy = this.unconfinedRoot(sandboxID);
-    if (!existsSync(legacy)) throw new Error(`sandbox ${sandboxID} has no files on this node`);
-    const { ids, disks, layers } = this.confinedParts!;
-    const slot = ids.allocate(sandboxID);
-    const disk = disks ? await disks.create(limits.diskSizeMB) : null;
-    const meta: SandboxMeta = { slot, disk, layer: null };
-    const upper = this.upperBase(sandboxID, meta);
-    await mkdir(upper, { recursive: true, mode: 0o700 });
-    // The legacy folder becomes the root part of the sandbox's writable layer, owned by its ids.
-    const adopted = path.join(upper, `.adopt-${randomBytes(4).toString('hex')}`);
-    await layers.adoptInto(adopted, ids.hostFirst(slot), legacy);
-    await rm(path.join(upper, 'root'), { recursive: true, force: true });
-    await rename(path.join(adopted, 'root'), path.join(upper, 'root'));
-    await rm(adopted, { recursive: true, force: true });
-    await writeFile(path.join(this.folder(sandboxID), 'sandbox.json'), JSON.stringify(meta), {
-      mode: 0o600,
-    });
-    await rm(legacy, { recursive: true, force: true });
-    return meta;
-  }
-
-  private async adoptLegacyTemplates(): Promise<void> {
-    const { layers } = this.confinedParts!;
-    for (const { key, folder } of await layers.legacyTemplates()) {
-      await layers.adoptLegacy(key, folder);
-      await layers.removeLegacyTemplate(folder);
     }
   }
 
@@ -507,7 +303,7 @@ export class ProcessRuntime implements SandboxRuntime {
       if (network) await network.create(sandboxID, address);
       await cgroup?.limit(limits);
       supervisor = new Supervisor(
-        this.supervisorConfig(sandboxID, limits, meta, cgroup),
+        this.configs.sandbox(sandboxID, limits, meta, cgroup),
         this.agents,
         spare.child,
       );
@@ -524,7 +320,7 @@ export class ProcessRuntime implements SandboxRuntime {
     // Most sandboxes run a command as `user` first: its launcher starts while create answers.
     launched.role('proc', DEFAULT_USER.name).catch(() => undefined);
     const launchers = new Map<unknown, Launcher>();
-    const hostRoot = meta ? undefined : this.unconfinedRoot(sandboxID);
+    const hostRoot = meta ? undefined : this.folders.unconfinedRoot(sandboxID);
     const processIds = () => (cgroup ? cgroup.members() : groupMembers(launched.pid ?? -1));
     const diskFolder =
       meta?.disk != null ? this.confinedParts?.disks?.folder(meta.disk) : undefined;
@@ -570,72 +366,6 @@ export class ProcessRuntime implements SandboxRuntime {
           ? this.listeners.ownedBy(this.confinedParts.ids.hostFirst(meta.slot), IDS_PER_SANDBOX)
           : this.listeners.heldBy(await processIds()),
     });
-  }
-
-  private supervisorConfig(
-    sandboxID: string,
-    limits: SandboxLimits,
-    meta: SandboxMeta | undefined,
-    cgroup: SandboxCgroup | undefined,
-  ): SupervisorConfig {
-    const users = Object.fromEntries(
-      [...USERS.values()].map((u) => [u.name, { uid: u.uid, gid: u.uid, home: u.home }]),
-    );
-    const common = {
-      sandboxID,
-      socket: this.agents.path,
-      hostname: HOSTNAME,
-      users,
-      limits: { nofile: NOFILE },
-      shmBytes: Math.max(64, Math.floor(limits.memoryMB / 2)) * 2 ** 20,
-    };
-    if (meta === undefined) {
-      return {
-        ...common,
-        mode: 'unconfined',
-        netns: null,
-        cgroups: [],
-        ids: { host: process.getuid?.() ?? 0, store: 0, count: 1 },
-        root: this.unconfinedRoot(sandboxID),
-        scratch: this.folder(sandboxID),
-        overlays: [],
-        trustBundle: null,
-        seccomp: false,
-      };
-    }
-    const { ids, layers } = this.confinedParts!;
-    const upper = this.upperBase(sandboxID, meta);
-    const work = this.workBase(sandboxID, meta);
-    return {
-      ...common,
-      mode: 'confined',
-      netns: this.options.network?.namespaceOf(sandboxID) ?? null,
-      cgroups: cgroup!.folders,
-      ids: { host: ids.hostFirst(meta.slot), store: ids.storeFirst, count: IDS_PER_SANDBOX },
-      root: path.join(this.folder(sandboxID), 'mnt'),
-      scratch: path.join(this.folder(sandboxID), 'scratch'),
-      overlays: this.parts.map((part) => {
-        const template =
-          meta.layer === null ? undefined : path.join(layers.layer(meta.layer), part.name);
-        const bottom =
-          part.bottom.ids === 'host'
-            ? part.bottom
-            : { path: path.join(layers.base, part.name), ids: 'store' as const };
-        return {
-          target: part.target,
-          lowers: [
-            ...(template !== undefined && existsSync(template)
-              ? [{ path: template, ids: 'store' as const }]
-              : []),
-            bottom,
-          ],
-          upper: path.join(upper, part.name),
-          work: path.join(work, part.name),
-        };
-      }),
-      trustBundle: this.trustBundle ?? null,
-      seccomp: true,
-    };
   }
 
   sandbox(sandboxID: string): RuntimeSandbox | undefined {
@@ -688,10 +418,10 @@ export class ProcessRuntime implements SandboxRuntime {
     await this.release(sandboxID);
     // A damaged record names no disk: that one goes at the next start's reconcile.
     const meta = this.confinedParts
-      ? await this.readMeta(sandboxID).catch(() => undefined)
+      ? await this.folders.readMeta(sandboxID).catch(() => undefined)
       : undefined;
     if (meta?.disk != null) await this.confinedParts!.disks?.remove(meta.disk);
-    await rm(this.folder(sandboxID), { recursive: true, force: true });
+    await rm(this.folders.folder(sandboxID), { recursive: true, force: true });
     if (meta) this.confinedParts!.ids.release(meta.slot);
     if (meta?.layer != null) await this.collectLayers();
   }
@@ -707,14 +437,14 @@ export class ProcessRuntime implements SandboxRuntime {
       await this.unconfinedSnapshot(sandboxID, templateKey);
       return;
     }
-    const meta = live?.meta ?? (await this.readMeta(sandboxID));
+    const meta = live?.meta ?? (await this.folders.readMeta(sandboxID));
     if (meta === undefined) throw new Error(`sandbox ${sandboxID} has no files on this node`);
     const { ids, layers } = this.confinedParts;
     const freeze = live !== undefined && !live.frozen ? live.cgroup : undefined;
     await freeze?.freeze();
     try {
       await layers.snapshot(templateKey, {
-        upper: this.upperBase(sandboxID, meta),
+        upper: this.folders.upperBase(sandboxID, meta),
         upperFirst: ids.hostFirst(meta.slot),
         lower: meta.layer ?? undefined,
         // A sparse file's holes are not data; what is, cannot exceed the sandbox's disk.
@@ -729,7 +459,7 @@ export class ProcessRuntime implements SandboxRuntime {
   private async unconfinedSnapshot(sandboxID: string, templateKey: string): Promise<void> {
     const target = path.join(this.dataDir, 'templates', encodeURIComponent(templateKey));
     const staging = `${target}.${randomBytes(4).toString('hex')}.new`;
-    await cp(this.unconfinedRoot(sandboxID), path.join(staging, 'root'), {
+    await cp(this.folders.unconfinedRoot(sandboxID), path.join(staging, 'root'), {
       recursive: true,
       preserveTimestamps: true,
       verbatimSymlinks: true,
@@ -753,9 +483,9 @@ export class ProcessRuntime implements SandboxRuntime {
   /** Removes layers no template and no sandbox on this node names. */
   private async collectLayers(): Promise<void> {
     const inUse = new Set<string>();
-    for (const id of await readdir(this.sandboxesDir).catch(() => [] as string[])) {
+    for (const id of await readdir(this.folders.root).catch(() => [] as string[])) {
       // A damaged record might name any layer: then none is removed this time.
-      const meta = await this.readMeta(id).catch(() => null);
+      const meta = await this.folders.readMeta(id).catch(() => null);
       if (meta === null) return;
       if (meta?.layer) inUse.add(meta.layer);
     }
@@ -766,7 +496,7 @@ export class ProcessRuntime implements SandboxRuntime {
     known: ReadonlySet<string>,
     knownTemplates: ReadonlySet<string>,
   ): Promise<string[]> {
-    const present = await readdir(this.sandboxesDir).catch(() => [] as string[]);
+    const present = await readdir(this.folders.root).catch(() => [] as string[]);
     const leftovers = present.filter((id) => !known.has(id));
     if (this.confinedParts) {
       const { cgroups, disks, layers } = this.confinedParts;
@@ -780,7 +510,7 @@ export class ProcessRuntime implements SandboxRuntime {
       let damaged = false;
       for (const id of known) {
         // A damaged record fails that sandbox's restore (which names it), not the start.
-        const meta = await this.readMeta(id).catch(() => null);
+        const meta = await this.folders.readMeta(id).catch(() => null);
         damaged ||= meta === null;
         if (!meta) continue;
         // Its ids own its files whether or not it comes back now.

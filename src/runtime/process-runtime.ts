@@ -139,8 +139,8 @@ export class ProcessRuntime implements SandboxRuntime {
   }
 
   /**
-   * Probes the host (host-probe.ts) and takes over what it prepared, and templates from before
-   * layers.
+   * Probes the host (host-probe.ts), takes over what the probe prepared and adopts templates from
+   * before layers.
    */
   static async start(dataDir: string, options: ProcessRuntimeOptions): Promise<ProcessRuntime> {
     const probe = await probeHost(dataDir, options);

@@ -24,13 +24,22 @@
  * proxies on intercepted flows and not on opaque ones, or the run stops.
  *
  * Options: --rounds=3, --seconds=5 (each timed run), --concurrency=16, --connections=16,
- * --mint-names=300 (names per round for (3)), --modes=moat,squid, --strict (exit 1 when a
- * target fails), --keep (keep the scratch folder with logs). Every child process is bounded in
- * time and stopped on exit, error, SIGINT and SIGTERM, and when this process dies.
+ * --mint-names=300 (names per round for (3)), --modes=moat,squid, --workloads=new,keepalive,
+ * mint,opaque (which of (1) to (4) run), --strict (exit 1 when a target fails), --keep (keep the
+ * scratch folder with logs). Diagnostics: --profile (Moat under node --cpu-prof; its summary is
+ * printed at the end). Every child process is bounded in time and stopped on exit, error,
+ * SIGINT and SIGTERM, and when this process dies.
  */
 import type { ChildProcess } from 'node:child_process';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, chownSync, copyFileSync, readFileSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  chownSync,
+  copyFileSync,
+  readdirSync,
+  readFileSync,
+  writeFileSync,
+} from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -42,9 +51,11 @@ import {
   printHeading,
   runInScratchFolder,
   sleep,
+  stopChild,
   stopChildren,
   treeCpuSeconds,
 } from './lib/procs.js';
+import { summariseProfile } from './lib/profile.js';
 import { formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 import { median } from './lib/timing.js';
 import type { ClosedLoopResult } from './proxy-common.js';
@@ -85,6 +96,13 @@ const WORKLOADS: readonly Workload[] = [
   'opaque-new',
   'opaque-keepalive',
 ];
+/** The --workloads names: (1) to (4), each the workloads it runs. */
+const GROUPS: Readonly<Record<string, readonly Workload[]>> = {
+  new: ['new'],
+  keepalive: ['keepalive'],
+  mint: ['mint-first', 'mint-again'],
+  opaque: ['opaque-new', 'opaque-keepalive'],
+};
 const START_TIMEOUT_MS = 60_000;
 /** Where Debian's squid-openssl keeps its certificate helper. */
 const CERTGEN = '/usr/lib/squid/security_file_certgen';
@@ -98,8 +116,10 @@ interface Options {
   readonly connections: number;
   readonly mintNames: number;
   readonly modes: readonly Mode[];
+  readonly workloads: readonly Workload[];
   readonly keep: boolean;
   readonly strict: boolean;
+  readonly profile: boolean;
 }
 
 function parseOptions(): Options {
@@ -111,8 +131,10 @@ function parseOptions(): Options {
       connections: { type: 'string', default: '16' },
       'mint-names': { type: 'string', default: '300' },
       modes: { type: 'string', default: MODES.join(',') },
+      workloads: { type: 'string', default: Object.keys(GROUPS).join(',') },
       keep: { type: 'boolean', default: false },
       strict: { type: 'boolean', default: false },
+      profile: { type: 'boolean', default: false },
     },
   });
   const int = (name: string, text: string, min: number, max: number) => {
@@ -124,6 +146,11 @@ function parseOptions(): Options {
   const modes = values.modes.split(',').map((m) => m.trim());
   for (const mode of modes)
     if (!MODES.includes(mode as Mode)) throw new Error(`--modes: unknown ${mode}`);
+  const workloads = values.workloads.split(',').flatMap((w) => {
+    const group = GROUPS[w.trim()];
+    if (group === undefined) throw new Error(`--workloads: unknown ${w}`);
+    return group;
+  });
   return {
     rounds: int('rounds', values.rounds, 1, 10),
     seconds: int('seconds', values.seconds, 1, 30),
@@ -131,8 +158,10 @@ function parseOptions(): Options {
     connections: int('connections', values.connections, 1, 256),
     mintNames: int('mint-names', values['mint-names'], 10, 5000),
     modes: MODES.filter((m) => modes.includes(m)),
-    keep: values.keep,
+    workloads: WORKLOADS.filter((w) => workloads.includes(w)),
+    keep: values.keep || values.profile,
     strict: values.strict,
+    profile: values.profile,
   };
 }
 
@@ -394,6 +423,7 @@ async function measureAll(
     START_TIMEOUT_MS,
   );
   const originPort = origin.ready.port;
+  const profileDir = join(dir, 'profile');
   const moat = modes.includes('moat')
     ? await forkReady<{ port: number; io: string }>(
         './tls-moat.js',
@@ -406,7 +436,7 @@ async function measureAll(
           String(options.mintNames),
           String(lifetime),
         ],
-        [],
+        options.profile ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : [],
         join(dir, 'moat.log'),
         START_TIMEOUT_MS,
       )
@@ -516,8 +546,9 @@ async function measureAll(
     return m;
   };
 
+  const runs = (list: readonly Workload[]) => list.filter((w) => options.workloads.includes(w));
   console.log('Warm-up (not counted):');
-  for (const workload of WORKLOADS)
+  for (const workload of options.workloads)
     for (const mode of modes) {
       const m = await measure(0, workload, mode, true);
       if (m.result.errors > 0 || !(m.result.perSecond > 0))
@@ -528,11 +559,11 @@ async function measureAll(
   const results: Measured[] = [];
   for (let round = 1; round <= rounds; round++) {
     const order = round % 2 === 1 ? modes : [...modes].reverse();
-    for (const workload of ['new', 'keepalive', 'opaque-new', 'opaque-keepalive'] as const)
+    for (const workload of runs(['new', 'keepalive', 'opaque-new', 'opaque-keepalive']))
       for (const mode of order) results.push(await measure(round, workload, mode, false));
     // A proxy's first sight of the round's names, then the same names again at once.
     for (const mode of order)
-      for (const workload of ['mint-first', 'mint-again'] as const)
+      for (const workload of runs(['mint-first', 'mint-again']))
         results.push(await measure(round, workload, mode, false));
   }
 
@@ -554,6 +585,13 @@ async function measureAll(
         `leaves minted, ${formatInt(leaves.hits)} answered from the cache, ${formatInt(leaves.cached)} held.`,
     );
   if (squidMissing) console.log(`\nsquid is missing (${squidMissing}); only Moat was measured.`);
+  if (options.profile && moat) {
+    await stopChild(moat.child);
+    for (const file of readdirSync(profileDir).filter((f) => f.endsWith('.cpuprofile'))) {
+      console.log(`\n## Moat CPU profile (${join(profileDir, file)})\n`);
+      console.log(summariseProfile(join(profileDir, file)));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -686,7 +724,7 @@ function report(options: Options, results: Measured[]): void {
   );
 
   const detail: string[][] = [];
-  for (const workload of WORKLOADS) {
+  for (const workload of options.workloads) {
     for (const mode of modes) {
       const values = byRound(workload, mode, perSecond);
       detail.push([workload, LABEL[mode], ...values.map(num), num(med(values))]);
@@ -716,7 +754,7 @@ function report(options: Options, results: Measured[]): void {
     ),
   );
 
-  const cpuRows: string[][] = WORKLOADS.map((workload) => [
+  const cpuRows: string[][] = options.workloads.map((workload) => [
     workload,
     ...modes.map((mode) =>
       us(medOf(workload, mode, (m) => m.proxyCpu / Math.max(1, m.result.completed))),

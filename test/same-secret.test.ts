@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { sameSecret } from '../src/same-secret.js';
+import { matchesDigest, sameSecret, secretDigest } from '../src/same-secret.js';
 
 describe('sameSecret', () => {
   it.each([
@@ -19,6 +19,7 @@ describe('sameSecret', () => {
       fc.property(fc.string(), fc.string(), (a, b) => {
         expect(sameSecret(a, b)).toBe(a === b);
         expect(sameSecret(a, Buffer.from(a))).toBe(true);
+        expect(matchesDigest(a, secretDigest(b))).toBe(a === b);
       }),
     );
   });

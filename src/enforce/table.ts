@@ -1,6 +1,6 @@
 import { type Destination, type IPAddress, matchName, type Policy } from '../policy/index.js';
 import { LearnedAddressTable } from './learned.js';
-import { sameSecret } from '../same-secret.js';
+import { matchesDigest, secretDigest } from '../same-secret.js';
 
 /**
  * The operator's SOCKS5 proxy that a sandbox's allowed TCP is tunnelled through (E2B's
@@ -49,7 +49,8 @@ interface SandboxRecord {
   policy: Policy;
   learned: LearnedAddressTable;
   upstream: UpstreamProxy | undefined;
-  egressSecret: Buffer;
+  /** The egress secret's digest: a credential is checked on every proxied request. */
+  egressDigest: Buffer;
 }
 
 /**
@@ -92,7 +93,7 @@ export class EnforcementTable {
       policy,
       learned: new LearnedAddressTable(this.now, this.learnedCapacity),
       upstream,
-      egressSecret: Buffer.from(identity.egressSecret),
+      egressDigest: secretDigest(identity.egressSecret),
     };
     this.byID.set(sandboxID, record);
     if (source !== undefined) this.bySource.set(source.text, record);
@@ -146,7 +147,7 @@ export class EnforcementTable {
   fromCredential(sandboxID: string, secret: string): EnforcedSandbox | undefined {
     const record = this.byID.get(sandboxID);
     if (record === undefined) return undefined;
-    return sameSecret(secret, record.egressSecret) ? record : undefined;
+    return matchesDigest(secret, record.egressDigest) ? record : undefined;
   }
 
   all(): EnforcedSandbox[] {

@@ -402,6 +402,9 @@ export class Interceptor {
 
 /** The requests of one intercepted TLS connection: checked, given the rule's headers, sent. */
 class InterceptedConnection implements RequestHandler {
+  /** The last Host value found to name the target (the check is pure: not parsed again). */
+  private matchedHost: string | undefined;
+
   constructor(
     private readonly interceptor: Interceptor,
     private readonly sandbox: EnforcedSandbox,
@@ -437,10 +440,13 @@ class InterceptedConnection implements RequestHandler {
       );
     const hosts = fieldValues(head.fields, 'host');
     const fronting =
-      hosts.length === 1
-        ? authorityMismatch(target, hosts[0])
-        : `a request to ${target.host} has ${hosts.length} Host headers`;
-    if (fronting !== undefined) {
+      hosts.length !== 1
+        ? `a request to ${target.host} has ${hosts.length} Host headers`
+        : hosts[0] === this.matchedHost
+          ? undefined
+          : authorityMismatch(target, hosts[0]);
+    if (fronting === undefined) this.matchedHost = hosts[0];
+    else {
       interceptor.count('fronting');
       flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: fronting });
       return answer(421, `${fronting}; refused`, false);

@@ -92,6 +92,18 @@ export function headEnd(
   return end + 4 > limit ? tooLong : end + 4;
 }
 
+const SP = 0x20;
+const HTAB = 0x09;
+
+/** `line` from `start` without the spaces and tabs around it (OWS; trim() would take more). */
+function withoutOws(line: string, start: number): string {
+  let from = start;
+  let to = line.length;
+  while (from < to && (line.charCodeAt(from) === SP || line.charCodeAt(from) === HTAB)) from++;
+  while (to > from && (line.charCodeAt(to - 1) === SP || line.charCodeAt(to - 1) === HTAB)) to--;
+  return line.slice(from, to);
+}
+
 function parseFields(lines: readonly string[]): Parsed<HeaderField[]> | string {
   if (lines.length > MAX_HEADER_FIELDS) return `more than ${MAX_HEADER_FIELDS} header fields`;
   const fields: HeaderField[] = [];
@@ -105,7 +117,7 @@ function parseFields(lines: readonly string[]): Parsed<HeaderField[]> | string {
         400,
         `header line ${JSON.stringify(line.slice(0, 60))} is not "name: value" with a token name`,
       );
-    const value = line.slice(colon + 1).replace(/^[ \t]+|[ \t]+$/g, '');
+    const value = withoutOws(line, colon + 1);
     if (line.includes('\r') || !FIELD_VALUE.test(value))
       return fail(400, `header ${name} holds a control character`);
     const lower = name.toLowerCase();

@@ -58,6 +58,11 @@ describe('parseRequestHead', () => {
     });
     expect(request('CONNECT a.test:443 HTTP/1.0\r\n\r\n')).toMatchObject({ minor: 0 });
     expect(request('GET / HTTP/1.1\r\nEmpty:\r\n\r\n').fields[0]!.value).toBe('');
+    expect(request('GET / HTTP/1.1\r\nBlank: \t \r\n\r\n').fields[0]!.value).toBe('');
+    // Only spaces and tabs are optional whitespace: obs-text (a no-break space) stays.
+    expect(request('GET / HTTP/1.1\r\nX: \xa0a \xa0\t\r\n\r\n').fields[0]!.value).toBe(
+      '\xa0a \xa0',
+    );
   });
 
   it.each([

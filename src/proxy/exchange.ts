@@ -304,10 +304,14 @@ export class Exchange {
     socket.on('end', this.onUpstreamClose);
     // Closed between the pool and here: handled as a connection that died unanswered.
     if (socket.destroyed) return this.onUpstreamClose();
+    // The head and the body bytes that came with it (handed on at once by the client's inbox)
+    // leave in one write: one TLS record, one system call.
+    socket.cork();
     socket.write(this.requestText, 'latin1');
     this.request.onSent?.();
     this.readResponseHead(upstream);
     if (!this.requestDone) this.relayRequestBody(socket);
+    socket.uncork();
   }
 
   private readonly onUpstreamTimeout = () => {
@@ -482,7 +486,10 @@ export class Exchange {
       );
       if (reframed) this.relayRedactedBody(upstream, body, reusable, chunkedToClient);
       else this.relayResponseBody(upstream, body, reusable);
-      client.uncork();
+      // The body bytes read with the head reach the body's reader only once this reader
+      // returns (the inbox hands them on in the same tick): uncorked after that, head and body
+      // leave in one write, one TLS record and one system call instead of two.
+      process.nextTick(() => client.uncork());
       return chunk.length - unused;
     });
   }

@@ -114,11 +114,12 @@ export class MoatMetrics {
     registers: [this.registry],
   });
 
-  readonly secretInjections = new Counter({
+  readonly secretInjections: Counter<'outcome'> = new Counter({
     name: 'moat_secret_injections_total',
     help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), store_error (the stored secrets could not be read: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused), leak (a request Moat read carried a stored secret to a destination not bound to it: 403)",
     labelNames: ['outcome'] as const,
     registers: [this.registry],
+    collect: (): void => this.publishHotCounts(this.secretInjections),
   });
 
   readonly proxyDialDuration = new Histogram({

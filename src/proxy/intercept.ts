@@ -4,7 +4,7 @@ import tls from 'node:tls';
 import type { Logger } from 'pino';
 import type { EnforcedSandbox } from '../enforce/index.js';
 import type { FlowKind, OpenFlow } from '../flows/index.js';
-import type { InjectionOutcome } from '../metrics/index.js';
+import type { HotCount, InjectionOutcome } from '../metrics/index.js';
 import {
   type CanonicalName,
   type Decision,
@@ -327,8 +327,12 @@ export class Interceptor {
     return this.context;
   }
 
+  /** Counted on every intercepted request: each outcome's cell is made once. */
+  private readonly counts: Partial<Record<InjectionOutcome, HotCount>> = {};
+
   count(outcome: InjectionOutcome): void {
-    this.options.metrics.secretInjections.inc({ outcome });
+    const { metrics } = this.options;
+    (this.counts[outcome] ??= metrics.hotCount(metrics.secretInjections, { outcome })).count++;
   }
 
   /** A rule's headers with every secret's current value in place. */

@@ -451,8 +451,10 @@ export class Exchange {
       const { framing: body } = framing.value;
       // A body whose values are replaced changes length: it is re-framed for the client.
       const reframed = body.kind !== 'none' && this.redaction !== undefined;
-      const codings = fieldTokens(head.fields, 'content-encoding').filter((c) => c !== 'identity');
-      if (reframed && codings.length > 0) {
+      const codings = reframed
+        ? fieldTokens(head.fields, 'content-encoding').filter((c) => c !== 'identity')
+        : [];
+      if (codings.length > 0) {
         this.answer({
           status: 502,
           message: `${this.what} sent a ${codings.join(', ')} coded body although Moat asked for none: secrets cannot be redacted in it`,

@@ -3,10 +3,10 @@
  * images (Moat's own sandboxes trust it already). Only the certificate: the key never leaves the
  * node's data folder.
  */
-import type { RouteSpec } from './routes.js';
-import { errorSchema } from './views.js';
+import { type PlatformRoute, route } from './route.js';
+import { errors } from './route-schemas.js';
 
-export const caRoute: RouteSpec = {
+export const caRoute: PlatformRoute = route({
   method: 'GET',
   url: '/ca.pem',
   summary: "This node's egress CA certificate (PEM): add it to the trust store of your own images",
@@ -14,11 +14,11 @@ export const caRoute: RouteSpec = {
   schema: {
     response: {
       200: { type: 'string', description: 'application/x-pem-file' },
-      401: errorSchema,
+      ...errors(401),
     },
   },
   handler: async (_request, reply, { caCertificatePem }) => {
     reply.header('content-type', 'application/x-pem-file');
     return caCertificatePem;
   },
-};
+});

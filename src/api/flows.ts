@@ -2,7 +2,7 @@
  * `GET /flows`: the node's recent flow records, filtered, newest first; with `follow=true`
  * every new one as it is recorded (NDJSON, or SSE for `Accept: text/event-stream`).
  */
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyReply } from 'fastify';
 import {
   FLOW_ENDS,
   FLOW_EVENTS,
@@ -14,15 +14,17 @@ import {
   parseFlowQuery,
 } from '../flows/index.js';
 import { SandboxError } from '../sandbox/index.js';
+import { type PlatformRoute, route, type SchemaRequest } from './route.js';
+import { errors } from './route-schemas.js';
 
 /** Bytes a follower may leave unread before it is cut: a slow reader never grows memory. */
 export const MAX_FOLLOW_BACKLOG_BYTES = 1 << 20;
 
-const text = { type: 'string' };
+const text = { type: 'string' } as const;
 const nullableText = { type: ['string', 'null'] };
 const count = { type: 'integer', minimum: 0 };
 
-export const flowsQuerySchema = {
+const flowsQuerySchema = {
   type: 'object',
   properties: {
     sandboxID: { ...text, description: 'Only this sandbox’s flows' },
@@ -45,7 +47,7 @@ export const flowsQuerySchema = {
     },
   },
   additionalProperties: false,
-};
+} as const;
 
 export const flowSchema = {
   type: 'object',
@@ -90,13 +92,31 @@ export const flowTotalsSchema = {
 /** How long a fan-out waits for each other node. */
 const PEER_TIMEOUT_MS = 10_000;
 
-export async function listFlows(
-  request: FastifyRequest,
+type FlowsRequest = SchemaRequest<{
+  querystring: typeof flowsQuerySchema;
+  response: Record<number, object>;
+}>;
+
+export const flowsRoute: PlatformRoute = route({
+  method: 'GET',
+  url: '/flows',
+  summary:
+    'Flow records of this node (nodes=all: of every node), newest first; follow=true streams new ones (NDJSON, or SSE)',
+  auth: true,
+  schema: {
+    querystring: flowsQuerySchema,
+    response: { 200: { type: 'array', items: flowSchema }, ...errors(400, 401) },
+  },
+  handler: (request, reply, { flows, peers }) => listFlows(request, reply, flows, peers),
+});
+
+async function listFlows(
+  request: FlowsRequest,
   reply: FastifyReply,
   store: FlowStore,
   peers: () => readonly string[],
 ): Promise<unknown> {
-  const { nodes, ...query } = request.query as Record<string, unknown>;
+  const { nodes, ...query } = request.query;
   const parsed = parseFlowQuery(query);
   if (!parsed.ok) throw new SandboxError(400, `query.${parsed.parameter}: ${parsed.error}`);
   const { filter, limit, follow } = parsed.value;
@@ -135,14 +155,14 @@ export async function listFlows(
  * than failing the whole answer: the records of the others are still worth having.
  */
 async function everyNode(
-  request: FastifyRequest,
+  request: FlowsRequest,
   reply: FastifyReply,
   own: ReadonlyArray<Record<string, unknown>>,
   peers: readonly string[],
   limit: number,
 ): Promise<unknown> {
   const query = new URLSearchParams(
-    Object.entries(request.query as Record<string, string>).filter(([key]) => key !== 'nodes'),
+    Object.entries(request.query).filter(([key]) => key !== 'nodes'),
   ).toString();
   const unreached: string[] = [];
   const answers = await Promise.all(

@@ -2,15 +2,10 @@
  * /openapi.json, generated from the route table: the same schemas Fastify validates requests
  * with and serialises replies with.
  */
-import type { RouteSpec } from './routes.js';
+import type { PlatformRoute, RouteSchema } from './route.js';
 
-interface ObjectSchema {
-  readonly properties?: Record<string, object>;
-  readonly required?: readonly string[];
-}
-
-const parameters = (schema: object | undefined, where: 'path' | 'query') => {
-  const { properties = {}, required = [] } = (schema ?? {}) as ObjectSchema;
+const parameters = (schema: RouteSchema['params'], where: 'path' | 'query') => {
+  const { properties = {}, required = [] } = typeof schema === 'object' ? schema : {};
   return Object.entries(properties).map(([name, property]) => ({
     name,
     in: where,
@@ -20,7 +15,7 @@ const parameters = (schema: object | undefined, where: 'path' | 'query') => {
 };
 
 /** JSON Schema's `type: [x, 'null']` is OpenAPI 3.1's nullable form, so 3.1 it is. */
-export function openApiDocument(routes: readonly RouteSpec[], version: string): object {
+export function openApiDocument(routes: readonly PlatformRoute[], version: string): object {
   const paths: Record<string, Record<string, object>> = {};
   for (const route of routes) {
     const path = route.url.replace(/:([A-Za-z]+)/g, '{$1}');

@@ -3,7 +3,6 @@
  * write-only: a reply is a secret's metadata, and its schema has no field a value could leak
  * through (Fastify serialises replies with these schemas, dropping anything else).
  */
-import type { FastifyReply } from 'fastify';
 import {
   MAX_METADATA_ENTRIES,
   MAX_METADATA_KEY_BYTES,
@@ -14,31 +13,29 @@ import {
   SecretsError,
 } from '../secrets/index.js';
 import { paginate, SandboxError } from '../sandbox/index.js';
-import type { RouteSpec } from './routes.js';
-import { errorSchema } from './views.js';
-
-const errors = (...codes: number[]) =>
-  Object.fromEntries(codes.map((code) => [code, errorSchema])) as Record<number, object>;
+import { pageLimit, pageReply } from './pages.js';
+import { type PlatformRoute, route } from './route.js';
+import { errors, noContent } from './route-schemas.js';
 
 const secretParams = {
   type: 'object',
   properties: { secretID: { type: 'string', description: 'A secret ID (sec_...) or name' } },
   required: ['secretID'],
-};
+} as const;
 
 const metadata = {
   type: 'object',
   maxProperties: MAX_METADATA_ENTRIES,
   additionalProperties: { type: 'string' },
   description: `At most ${MAX_METADATA_ENTRIES} entries; keys up to ${MAX_METADATA_KEY_BYTES} bytes, values up to ${MAX_METADATA_VALUE_BYTES}, 8192 in all`,
-};
+} as const;
 const value = {
   type: 'string',
   minLength: 1,
   maxLength: MAX_VALUE_BYTES,
   writeOnly: true,
   description: `Write-only: never returned. Up to ${MAX_VALUE_BYTES} bytes, no control characters (it is sent in HTTP headers)`,
-};
+} as const;
 
 export const secretSchema = {
   type: 'object',
@@ -73,17 +70,8 @@ async function answer<T>(work: Promise<T>): Promise<T> {
   }
 }
 
-const secretOf = (request: { params: unknown }) =>
-  (request.params as { secretID: string }).secretID;
-
-interface SecretBody {
-  name: string;
-  value: string;
-  metadata?: Record<string, string>;
-}
-
-export const SECRET_ROUTES: readonly RouteSpec[] = [
-  {
+export const SECRET_ROUTES: readonly PlatformRoute[] = [
+  route({
     method: 'GET',
     url: '/secrets',
     summary: 'List secrets, oldest first (cursor in X-Next-Token); never their values',
@@ -99,18 +87,17 @@ export const SECRET_ROUTES: readonly RouteSpec[] = [
       },
       response: { 200: { type: 'array', items: secretSchema }, ...errors(400, 401, 503) },
     },
-    handler: async (request, reply: FastifyReply, { secrets }) => {
-      const query = request.query as { limit?: number; nextToken?: string };
+    handler: async (request, reply, { secrets }) => {
+      const { query } = request;
       const page = paginate(await answer(secrets.list()), (s) => [s.createdAt, s.secretID], {
         order: 'asc',
-        limit: Math.min(100, Math.max(1, query.limit ?? 100)),
+        limit: pageLimit(query.limit),
         nextToken: query.nextToken,
       });
-      if (page.nextToken !== undefined) reply.header('X-Next-Token', page.nextToken);
-      return page.items.map(secretView);
+      return pageReply(reply, page, secretView);
     },
-  },
-  {
+  }),
+  route({
     method: 'POST',
     url: '/secrets',
     summary: `Create a secret (names: 1 to ${MAX_NAME_LENGTH} of letters, digits, "_", "-", stored lower-case; "sec_" is reserved)`,
@@ -125,22 +112,22 @@ export const SECRET_ROUTES: readonly RouteSpec[] = [
       response: { 201: secretSchema, ...errors(400, 401, 409, 503) },
     },
     handler: async (request, reply, { secrets }) => {
-      const body = request.body as SecretBody;
+      const { body } = request;
       const info = await answer(secrets.create(body.name, body.value, body.metadata));
       reply.code(201);
       return secretView(info);
     },
-  },
-  {
+  }),
+  route({
     method: 'GET',
     url: '/secrets/:secretID',
     summary: 'Get a secret’s metadata by ID or name',
     auth: true,
     schema: { params: secretParams, response: { 200: secretSchema, ...errors(401, 404, 503) } },
     handler: async (request, _reply, { secrets }) =>
-      secretView(await answer(secrets.info(secretOf(request)))),
-  },
-  {
+      secretView(await answer(secrets.info(request.params.secretID))),
+  }),
+  route({
     method: 'POST',
     url: '/secrets/:secretID',
     summary:
@@ -157,22 +144,22 @@ export const SECRET_ROUTES: readonly RouteSpec[] = [
       response: { 200: secretSchema, ...errors(400, 401, 404, 503) },
     },
     handler: async (request, _reply, { secrets }) => {
-      const body = request.body as Omit<SecretBody, 'name'>;
-      return secretView(await answer(secrets.update(secretOf(request), body.value, body.metadata)));
+      const { params, body } = request;
+      return secretView(await answer(secrets.update(params.secretID, body.value, body.metadata)));
     },
-  },
-  {
+  }),
+  route({
     method: 'DELETE',
     url: '/secrets/:secretID',
     summary: 'Delete a secret: requests whose rules name it are no longer given it',
     auth: true,
     schema: {
       params: secretParams,
-      response: { 204: { type: 'null', description: 'Done' }, ...errors(401, 404, 503) },
+      response: { ...noContent, ...errors(401, 404, 503) },
     },
     handler: async (request, reply, { secrets }) => {
-      await answer(secrets.delete(secretOf(request)));
+      await answer(secrets.delete(request.params.secretID));
       reply.code(204);
     },
-  },
+  }),
 ];

@@ -17,8 +17,8 @@ import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbo
 import { registerConsole } from './console.js';
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
-import { ROUTES, type RouteContext, type RouteSpec } from './routes.js';
-import { SECRET_ROUTES } from './secrets.js';
+import type { PlatformRoute, RouteContext, RouteHooks } from './route.js';
+import { ROUTES } from './routes.js';
 import { unsupportedRoutes } from './unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
 import { errorBody } from '../http-answers.js';
@@ -127,35 +127,33 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
     );
   });
 
-  const served = [...ROUTES, ...SECRET_ROUTES];
-  const routes = [...served, ...unsupportedRoutes(served)];
-  for (const route of routes) {
-    app.route({
-      method: route.method,
-      url: route.url,
-      schema: route.schema,
-      onRequest: route.auth ? requireKey : undefined,
-      preValidation: async (request) => {
-        const id = sandboxIDOf(request);
-        // No sandbox has a malformed ID: the SDK reads 404 as "not found" (kill resolves false).
-        if (id !== undefined && !SANDBOX_ID.test(id)) throw notFound(id);
-        if (route.optionalBody && request.body === undefined) request.body = {};
-      },
-      handler: async (request, reply) => {
-        const node = await nodeFor(route, request);
-        if (node !== undefined) return forward(request, reply, node);
-        return route.handler(request, reply, options);
-      },
-    });
-  }
+  const routes = [...ROUTES, ...unsupportedRoutes(ROUTES)];
+  const hooksFor = (route: PlatformRoute): RouteHooks => ({
+    onRequest: route.auth ? requireKey : undefined,
+    preValidation: async (request) => {
+      const id = sandboxIDOf(request);
+      // No sandbox has a malformed ID: the SDK reads 404 as "not found" (kill resolves false).
+      if (id !== undefined && !SANDBOX_ID.test(id)) throw notFound(id);
+      if (route.optionalBody && request.body === undefined) request.body = {};
+    },
+    preHandler: async (request, reply) => {
+      const node = await nodeFor(route, request);
+      // The reply sent here is the answer: the route's handler does not run.
+      if (node !== undefined) return forward(request, reply, node);
+    },
+  });
+  for (const route of routes) route.mount(app, hooksFor(route), options);
 
   /** The API of the node that must carry out this request, when it is another one. */
-  async function nodeFor(route: RouteSpec, request: FastifyRequest): Promise<string | undefined> {
+  async function nodeFor(
+    route: PlatformRoute,
+    request: FastifyRequest,
+  ): Promise<string | undefined> {
     const routing = options.routing;
     if (routing === undefined || route.runsOn === undefined) return undefined;
     if (request.headers[FORWARDED] !== undefined) return undefined;
     if (route.runsOn === 'placement') {
-      const { templateID } = (request.body ?? {}) as { templateID?: unknown };
+      const templateID = fieldOf(request.body, 'templateID');
       return routing.placement(typeof templateID === 'string' ? templateID : 'base');
     }
     return routing.ownerOf(sandboxIDOf(request)!);
@@ -219,8 +217,16 @@ class AuthError extends Error {
   readonly status = 401;
 }
 
-const sandboxIDOf = (request: { params: unknown }) =>
-  (request.params as { sandboxID?: string } | undefined)?.sandboxID;
+/** A field of a request part, read the same way whatever the route (and its schema). */
+const fieldOf = (part: unknown, name: string): unknown =>
+  typeof part === 'object' && part !== null
+    ? Object.getOwnPropertyDescriptor(part, name)?.value
+    : undefined;
+
+const sandboxIDOf = (request: { params: unknown }) => {
+  const id = fieldOf(request.params, 'sandboxID');
+  return typeof id === 'string' ? id : undefined;
+};
 
 export async function listenApi(app: FastifyInstance, at: HostPort): Promise<HostPort> {
   await app.listen({ host: at.host, port: at.port });

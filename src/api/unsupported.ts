@@ -4,10 +4,10 @@
  * found" to the SDK.
  */
 import { SandboxError } from '../sandbox/index.js';
-import type { RouteSpec } from './routes.js';
-import { errorSchema } from './views.js';
+import { type PlatformRoute, route } from './route.js';
+import { errors } from './route-schemas.js';
 
-const FEATURES: ReadonlyArray<readonly [RouteSpec['method'], string, string]> = [
+const FEATURES: ReadonlyArray<readonly [PlatformRoute['method'], string, string]> = [
   ['GET', '/sandboxes/:sandboxID/logs', 'Sandbox logs'],
   ['GET', '/v2/sandboxes/:sandboxID/logs', 'Sandbox logs'],
   ['GET', '/teams', 'Teams'],
@@ -39,18 +39,19 @@ const notSupported = (feature: string) =>
  * The 501 routes, leaving out any that `served` has (so a feature implemented later simply
  * takes its route over).
  */
-export function unsupportedRoutes(served: readonly RouteSpec[]): RouteSpec[] {
+export function unsupportedRoutes(served: readonly PlatformRoute[]): PlatformRoute[] {
   const taken = new Set(served.map((r) => `${r.method} ${r.url}`));
   return FEATURES.filter(([method, url]) => !taken.has(`${method} ${url}`)).map(
-    ([method, url, feature]) => ({
-      method,
-      url,
-      summary: `Not supported: answers 501 "${feature} is not supported by Moat"`,
-      auth: true,
-      schema: { response: { 501: errorSchema, 401: errorSchema } },
-      handler: async () => {
-        throw notSupported(feature);
-      },
-    }),
+    ([method, url, feature]) =>
+      route({
+        method,
+        url,
+        summary: `Not supported: answers 501 "${feature} is not supported by Moat"`,
+        auth: true,
+        schema: { response: errors(501, 401) },
+        handler: async () => {
+          throw notSupported(feature);
+        },
+      }),
   );
 }

@@ -8,6 +8,7 @@ import type { EnforcementMode } from '../runtime/index.js';
 import type { ForkResult, SandboxRecord, SnapshotRecord, UsageSample } from '../sandbox/index.js';
 import type { FlowTotals } from '../flows/index.js';
 import { flowTotalsSchema } from './flows.js';
+import { errorSchema } from './route-schemas.js';
 
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream
@@ -156,11 +157,6 @@ const withOptional = (schema: ReturnType<typeof object>, optional: Record<string
   ...schema,
   properties: { ...schema.properties, ...optional },
 });
-
-export const errorSchema = object(
-  { code: integer, message: string },
-  'Every platform error: code repeats the HTTP status',
-);
 
 export const createdSchema = object({
   templateID: string,

@@ -7,7 +7,6 @@ import { X509Certificate } from 'node:crypto';
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROUTES } from '../../src/api/routes.js';
-import { SECRET_ROUTES } from '../../src/api/secrets.js';
 import { unsupportedRoutes } from '../../src/api/unsupported.js';
 import { ALL_TRAFFIC_MESSAGE } from '../../src/policy/rules.js';
 import {
@@ -76,7 +75,6 @@ const PLATFORM_ROUTES: ReadonlyArray<{ method: string; url: string; body?: objec
   { method: 'POST', url: '/secrets/:secretID', body: { value: 'v' } },
   { method: 'DELETE', url: '/secrets/:secretID' },
 ];
-const SERVED = [...ROUTES, ...SECRET_ROUTES];
 const SANDBOX_ROUTES = PLATFORM_ROUTES.filter((r) => r.url.includes(':sandboxID'));
 const at = (url: string, id: string) =>
   url.replace(':sandboxID', id).replace(':templateID', encodeURIComponent(id));
@@ -216,7 +214,7 @@ describe('errors', () => {
 
   // The E2B routes Moat lacks: a 501 naming the feature, never a 404 the SDK reads as
   // "sandbox not found"; the key is still required.
-  it.each(unsupportedRoutes(SERVED).map((r) => [label(r), r] as const))(
+  it.each(unsupportedRoutes(ROUTES).map((r) => [label(r), r] as const))(
     '%s answers 501 naming the feature',
     async (_label, route) => {
       const path = route.url.replace(/:(\w+)/g, (_m, name: string) =>
@@ -665,12 +663,12 @@ describe('/openapi.json', () => {
     operation(r)?.requestBody?.content['application/json']?.schema;
 
   it('is OpenAPI 3.1 with every route, each needing the key', () => {
-    expect(SERVED.map(label).sort()).toEqual(PLATFORM_ROUTES.map(label).sort());
+    expect(ROUTES.map(label).sort()).toEqual(PLATFORM_ROUTES.map(label).sort());
     expect(doc.openapi).toMatch(/^3\.1\.\d+$/);
     const documented = Object.entries(doc.paths).flatMap(([path, ops]) =>
       Object.keys(ops).map((method) => `${method.toUpperCase()} ${path}`),
     );
-    const expected = [...PLATFORM_ROUTES, ...unsupportedRoutes(SERVED)].map(
+    const expected = [...PLATFORM_ROUTES, ...unsupportedRoutes(ROUTES)].map(
       (r) => `${r.method} ${openApiPath(r.url)}`,
     );
     expect(documented.sort()).toEqual(expected.sort());

@@ -1,0 +1,80 @@
+/**
+ * A sandbox's egress rules: `PUT /sandboxes/{id}/network`, and the schemas of the rules the
+ * create body's `network` shares with it.
+ */
+import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS } from '../policy/index.js';
+import { type PlatformRoute, route } from './route.js';
+import { bodyObject, errors, noContent, sandboxParams, stringList } from './route-schemas.js';
+
+/** E2B's SandboxEgressProxyConfig; null is "no proxy". Sizes and the address are checked later. */
+export const egressProxy = {
+  ...bodyObject(
+    {
+      address: { type: 'string', maxLength: 1024, description: 'SOCKS5 proxy, host:port' },
+      username: { type: 'string', description: 'RFC 1929, 1 to 255 bytes' },
+      password: {
+        type: 'string',
+        description: 'RFC 1929, 1 to 255 bytes; never returned',
+        writeOnly: true,
+      },
+    },
+    ['address'],
+  ),
+  type: ['object', 'null'],
+} as const;
+
+/** E2B's `network.rules`; keys, headers and values are checked by the policy parser. */
+export const networkRulesSchema = {
+  type: 'object',
+  maxProperties: MAX_RULE_KEYS,
+  description:
+    'Headers Moat sets on intercepted HTTPS requests to a destination: { "<name or *.name>": [ { "transform": { "headers": { "<Name>": "<value, may hold ${e2b.secrets.<name>}>" } } } ] }. Rules grant no access: allowOut decides',
+  additionalProperties: {
+    type: 'array',
+    items: bodyObject(
+      {
+        transform: bodyObject(
+          { headers: { type: 'object', additionalProperties: { type: 'string' } } },
+          [],
+        ),
+      },
+      [],
+    ),
+  },
+} as const;
+
+const networkBody = bodyObject(
+  {
+    allowOut: stringList,
+    denyOut: stringList,
+    allow_internet_access: { type: 'boolean' },
+    // What policy files say about themselves: accepted (so a file is a body as it is), not kept.
+    description: {
+      type: 'string',
+      maxLength: MAX_DESCRIPTION_LENGTH,
+      description: 'Accepted and ignored: what a policy file is for',
+    },
+    egressProxy,
+    rules: { ...networkRulesSchema, description: 'Replaces the rules; left out, they are cleared' },
+  },
+  [],
+);
+
+export const NETWORK_ROUTES: readonly PlatformRoute[] = [
+  route({
+    method: 'PUT',
+    url: '/sandboxes/:sandboxID/network',
+    summary: 'Replace the egress rules of a running sandbox ({} clears them)',
+    auth: true,
+    optionalBody: true,
+    schema: {
+      params: sandboxParams,
+      body: networkBody,
+      response: { ...noContent, ...errors(400, 401, 404, 503) },
+    },
+    handler: async (request, reply, { service }) => {
+      await service.updateNetwork(request.params.sandboxID, request.body);
+      reply.code(204);
+    },
+  }),
+];

@@ -47,8 +47,8 @@ export interface RouteSchema {
 }
 
 /**
- * Replies are left untyped here (the views are checked against their schemas by tests); requests
- * are typed by their schemas.
+ * Replies stay untyped: Fastify serialises them with the response schemas, and the views that
+ * build them (views.ts) are typed by hand.
  */
 interface UntypedReply extends RouteGenericInterface {
   Reply: unknown;

@@ -2,7 +2,7 @@
  * /openapi.json, generated from the route table: the same schemas Fastify validates requests
  * with and serialises replies with.
  */
-import type { PlatformRoute, RouteSchema } from './route.js';
+import type { PlatformRoute, RouteSchema } from './routes/route.js';
 
 const parameters = (schema: RouteSchema['params'], where: 'path' | 'query') => {
   const { properties = {}, required = [] } = typeof schema === 'object' ? schema : {};

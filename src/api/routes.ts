@@ -2,15 +2,15 @@
  * Every platform route, by group: what the server mounts, /openapi.json documents and the 501
  * list leaves alone.
  */
-import { caRoute } from './ca.js';
-import { flowsRoute } from './flows.js';
-import { LIFETIME_ROUTES } from './lifetime.js';
-import { NETWORK_ROUTES } from './network.js';
-import type { PlatformRoute } from './route.js';
-import { SANDBOX_ROUTES } from './sandboxes.js';
-import { SECRET_ROUTES } from './secrets.js';
-import { SNAPSHOT_ROUTES } from './snapshots.js';
-import { USAGE_ROUTES } from './usage.js';
+import { caRoute } from './routes/ca.js';
+import { flowsRoute } from './routes/flows.js';
+import { LIFETIME_ROUTES } from './routes/lifetime.js';
+import { NETWORK_ROUTES } from './routes/network.js';
+import type { PlatformRoute } from './routes/route.js';
+import { SANDBOX_ROUTES } from './routes/sandboxes.js';
+import { SECRET_ROUTES } from './routes/secrets.js';
+import { SNAPSHOT_ROUTES } from './routes/snapshots.js';
+import { USAGE_ROUTES } from './routes/usage.js';
 
 export const ROUTES: readonly PlatformRoute[] = [
   ...SANDBOX_ROUTES,

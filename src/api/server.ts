@@ -17,9 +17,9 @@ import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbo
 import { registerConsole } from './console.js';
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
-import type { PlatformRoute, RouteContext, RouteHooks } from './route.js';
+import type { PlatformRoute, RouteContext, RouteHooks } from './routes/route.js';
 import { ROUTES } from './routes.js';
-import { unsupportedRoutes } from './unsupported.js';
+import { unsupportedRoutes } from './routes/unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
 import { errorBody } from '../http-answers.js';
 

@@ -7,8 +7,8 @@ import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import type { ForkResult, SandboxRecord, SnapshotRecord, UsageSample } from '../sandbox/index.js';
 import type { FlowTotals } from '../flows/index.js';
-import { flowTotalsSchema } from './flows.js';
-import { errorSchema } from './route-schemas.js';
+import { flowTotalsSchema } from './routes/flows.js';
+import { errorSchema } from './routes/schemas.js';
 
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream

@@ -7,7 +7,7 @@ import { X509Certificate } from 'node:crypto';
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROUTES } from '../../src/api/routes.js';
-import { unsupportedRoutes } from '../../src/api/unsupported.js';
+import { unsupportedRoutes } from '../../src/api/routes/unsupported.js';
 import { ALL_TRAFFIC_MESSAGE } from '../../src/policy/rules.js';
 import {
   API_KEY,

@@ -4,7 +4,7 @@
  * node's data folder.
  */
 import { type PlatformRoute, route } from './route.js';
-import { errors } from './route-schemas.js';
+import { errors } from './schemas.js';
 
 export const caRoute: PlatformRoute = route({
   method: 'GET',

@@ -2,10 +2,10 @@
  * Copies of a sandbox's files: snapshots (kept as templates, listed and deleted) and forks (new
  * sandboxes from a copy).
  */
-import { DEFAULT_TIMEOUT, MAX_FORKS } from '../sandbox/index.js';
+import { DEFAULT_TIMEOUT, MAX_FORKS } from '../../sandbox/index.js';
 import { pageReply } from './pages.js';
 import { type PlatformRoute, route } from './route.js';
-import { bodyObject, errors, noContent, sandboxParams, timeoutSeconds } from './route-schemas.js';
+import { bodyObject, errors, noContent, sandboxParams, timeoutSeconds } from './schemas.js';
 import {
   BASE_TEMPLATE_VIEW,
   forkResultsSchema,
@@ -14,7 +14,7 @@ import {
   snapshotView,
   templatesSchema,
   templateView,
-} from './views.js';
+} from '../views.js';
 
 export const SNAPSHOT_ROUTES: readonly PlatformRoute[] = [
   route({

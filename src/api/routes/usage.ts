@@ -1,8 +1,8 @@
 /** What sandboxes use: CPU, memory and disk samples, one sandbox's series or many's newest. */
-import { SandboxError } from '../sandbox/index.js';
+import { SandboxError } from '../../sandbox/index.js';
 import { type PlatformRoute, route } from './route.js';
-import { errors, sandboxParams } from './route-schemas.js';
-import { metricSchema, metricView } from './views.js';
+import { errors, sandboxParams } from './schemas.js';
+import { metricSchema, metricView } from '../views.js';
 
 export const USAGE_ROUTES: readonly PlatformRoute[] = [
   route({

@@ -12,10 +12,10 @@ import {
   flowView,
   matches,
   parseFlowQuery,
-} from '../flows/index.js';
-import { SandboxError } from '../sandbox/index.js';
+} from '../../flows/index.js';
+import { SandboxError } from '../../sandbox/index.js';
 import { type PlatformRoute, route, type SchemaRequest } from './route.js';
-import { errors } from './route-schemas.js';
+import { errors } from './schemas.js';
 
 /** Bytes a follower may leave unread before it is cut: a slow reader never grows memory. */
 export const MAX_FOLLOW_BACKLOG_BYTES = 1 << 20;

@@ -1,8 +1,8 @@
 /** How long a sandbox lives and whether it runs: timeout, refresh, pause, resume and connect. */
-import { DEFAULT_TIMEOUT } from '../sandbox/index.js';
+import { DEFAULT_TIMEOUT } from '../../sandbox/index.js';
 import { type PlatformRoute, route } from './route.js';
-import { bodyObject, errors, noContent, sandboxParams, timeoutSeconds } from './route-schemas.js';
-import { createdSchema, createdView } from './views.js';
+import { bodyObject, errors, noContent, sandboxParams, timeoutSeconds } from './schemas.js';
+import { createdSchema, createdView } from '../views.js';
 
 export const LIFETIME_ROUTES: readonly PlatformRoute[] = [
   route({

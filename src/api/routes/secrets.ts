@@ -11,11 +11,11 @@ import {
   MAX_VALUE_BYTES,
   type SecretInfo,
   SecretsError,
-} from '../secrets/index.js';
-import { paginate, SandboxError } from '../sandbox/index.js';
+} from '../../secrets/index.js';
+import { paginate, SandboxError } from '../../sandbox/index.js';
 import { pageLimit, pageReply } from './pages.js';
 import { type PlatformRoute, route } from './route.js';
-import { errors, noContent } from './route-schemas.js';
+import { errors, noContent } from './schemas.js';
 
 const secretParams = {
   type: 'object',

@@ -19,10 +19,10 @@ import type {
 } from 'fastify';
 import type { JsonSchemaToTsProvider } from '@fastify/type-provider-json-schema-to-ts';
 import type { JSONSchema } from 'json-schema-to-ts';
-import type { FlowStore } from '../flows/index.js';
-import type { SandboxService } from '../sandbox/index.js';
-import type { SecretVault } from '../secrets/index.js';
-import type { EgressInfo } from './views.js';
+import type { FlowStore } from '../../flows/index.js';
+import type { SandboxService } from '../../sandbox/index.js';
+import type { SecretVault } from '../../secrets/index.js';
+import type { EgressInfo } from '../views.js';
 
 /** What handlers work with. */
 export interface RouteContext {

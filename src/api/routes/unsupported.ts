@@ -3,9 +3,9 @@
  * which the SDK and CLI show as it is; without these the router's 404 would read as "sandbox not
  * found" to the SDK.
  */
-import { SandboxError } from '../sandbox/index.js';
+import { SandboxError } from '../../sandbox/index.js';
 import { type PlatformRoute, route } from './route.js';
-import { errors } from './route-schemas.js';
+import { errors } from './schemas.js';
 
 const FEATURES: ReadonlyArray<readonly [PlatformRoute['method'], string, string]> = [
   ['GET', '/sandboxes/:sandboxID/logs', 'Sandbox logs'],

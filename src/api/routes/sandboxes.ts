@@ -1,6 +1,6 @@
 /** The sandboxes themselves: create, list, get and kill. */
-import { DEFAULT_TIMEOUT, type SandboxState, SandboxError } from '../sandbox/index.js';
-import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
+import { DEFAULT_TIMEOUT, type SandboxState, SandboxError } from '../../sandbox/index.js';
+import { SANDBOX_API_PORT } from '../../sandbox-api-port.js';
 import { egressProxy, networkRulesSchema } from './network.js';
 import { type PlatformRoute, route } from './route.js';
 import {
@@ -10,7 +10,7 @@ import {
   sandboxParams,
   stringList,
   timeoutSeconds,
-} from './route-schemas.js';
+} from './schemas.js';
 import { pageLimit, pageReply } from './pages.js';
 import {
   createdSchema,
@@ -19,7 +19,7 @@ import {
   detailView,
   listedSchema,
   listedView,
-} from './views.js';
+} from '../views.js';
 
 const createBody = bodyObject(
   {

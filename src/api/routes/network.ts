@@ -2,9 +2,9 @@
  * A sandbox's egress rules: `PUT /sandboxes/{id}/network`, and the schemas of the rules the
  * create body's `network` shares with it.
  */
-import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS } from '../policy/index.js';
+import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS } from '../../policy/index.js';
 import { type PlatformRoute, route } from './route.js';
-import { bodyObject, errors, noContent, sandboxParams, stringList } from './route-schemas.js';
+import { bodyObject, errors, noContent, sandboxParams, stringList } from './schemas.js';
 
 /** E2B's SandboxEgressProxyConfig; null is "no proxy". Sizes and the address are checked later. */
 export const egressProxy = {

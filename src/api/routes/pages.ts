@@ -1,6 +1,6 @@
 /** A page of a list as the API takes and answers it: the limit asked, the items, the cursor. */
 import type { FastifyReply } from 'fastify';
-import type { Page } from '../sandbox/index.js';
+import type { Page } from '../../sandbox/index.js';
 
 /** The items as views; X-Next-Token carries the cursor of the next page (absent on the last). */
 export function pageReply<T, V>(reply: FastifyReply, page: Page<T>, view: (item: T) => V): V[] {

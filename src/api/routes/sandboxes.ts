@@ -115,7 +115,7 @@ function refuseUnsupported(body: { mcp?: unknown; volumeMounts?: unknown[] }): v
 
 export const SANDBOX_ROUTES: readonly PlatformRoute[] = [
   // v2 (what the SDK uses) always secures the sandbox API: the SDK no longer sends `secure` and
-  // expects an envdAccessToken. The v1 path keeps the seed's default (not secure).
+  // expects an envdAccessToken. The v1 path keeps the service specification's default (not secure).
   ...(
     [
       ['/sandboxes', false],

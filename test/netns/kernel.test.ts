@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { hostNetworkLines, namespaceSkipReason } from '../support/netns.js';
+import { endedWithin100ms, python, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 const skip = namespaceSkipReason('test/netns/kernel');
@@ -56,8 +57,6 @@ const curl = (args: string) => `curl --noproxy '*' -sS --max-time 5 ${args}`;
 /** TCP echo through bash's /dev/tcp: prints what came back. */
 const tcpEcho = (host: string, port = WORLD_PORTS.echo) =>
   `exec 3<>/dev/tcp/${host}/${port} && printf ping >&3 && timeout 3 head -c4 <&3`;
-/** A Python program as one shell word (single-quoted; newlines kept). */
-const python = (code: string) => `python3 -u -c '${code.replaceAll("'", `'"'"'`)}'`;
 const udpEcho = (host: string) =>
   python(
     `import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.connect(('${host}', ${WORLD_PORTS.udpEcho})); s.send(b'pong'); print(s.recv(16).decode())`,
@@ -849,37 +848,6 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       await Promise.all([mine.kill(), theirs.kill()]);
     }
   });
-
-  /** Runs a program that prints `open`, then a line per event, in the background. */
-  async function watching(sandbox: Sandbox, code: string) {
-    let printed = '';
-    const handle = await sandbox.commands.run(python(code), {
-      background: true,
-      onStdout: (data: string) => void (printed += data),
-    });
-    const lines = () => printed.split('\n').filter((line) => line !== '');
-    await until(() => lines().includes('open'), 10_000);
-    return { handle, lines };
-  }
-
-  /**
-   * Each watched program (from `watching`) printed `closed <ms>` after the publish was asked for
-   * and less than 100 ms after its 204.
-   */
-  async function endedWithin100ms(
-    watched: Record<string, Awaited<ReturnType<typeof watching>>>,
-    requestedAt: number,
-    appliedAt: number,
-  ): Promise<void> {
-    for (const [label, { handle, lines }] of Object.entries(watched)) {
-      await handle.wait().catch(() => undefined);
-      const closed = lines().find((line) => line.startsWith('closed '));
-      expect(closed, `${label}: ${lines().join('\n')}`).toBeDefined();
-      const closedAt = Number(closed!.split(' ')[1]);
-      expect(closedAt, label).toBeGreaterThanOrEqual(requestedAt);
-      expect(closedAt - appliedAt, label).toBeLessThan(100);
-    }
-  }
 
   it('cuts direct web connections whose Host a tightened policy no longer allows, within 100 ms', async () => {
     // Opened under an open policy to an address shared by allowed.test and fronted.test (a

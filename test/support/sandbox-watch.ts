@@ -1,0 +1,44 @@
+/**
+ * Programs a test leaves running in an SDK sandbox (its python sockets, which only the kernel
+ * can hold), and how soon a publish ended their connections.
+ */
+import type { Sandbox } from 'e2b';
+import { expect } from 'vitest';
+import { until } from './native-relay.js';
+
+/** A Python program as one shell word (single-quoted; newlines kept). */
+export const python = (code: string) => `python3 -u -c '${code.replaceAll("'", `'"'"'`)}'`;
+
+export type Watched = Awaited<ReturnType<typeof watching>>;
+
+/** Runs a program that prints `open`, then a line per event, in the background. */
+export async function watching(sandbox: Sandbox, code: string) {
+  let printed = '';
+  const handle = await sandbox.commands.run(python(code), {
+    background: true,
+    onStdout: (data: string) => void (printed += data),
+  });
+  const lines = () => printed.split('\n').filter((line) => line !== '');
+  await until(() => lines().includes('open'), 10_000);
+  expect(lines(), 'the program did not print open within 10 s').toContain('open');
+  return { handle, lines };
+}
+
+/**
+ * Each watched program (from `watching`) printed `closed <ms>` after the publish was asked for
+ * and less than 100 ms after its 204.
+ */
+export async function endedWithin100ms(
+  watched: Record<string, Watched>,
+  requestedAt: number,
+  appliedAt: number,
+): Promise<void> {
+  for (const [label, { handle, lines }] of Object.entries(watched)) {
+    await handle.wait().catch(() => undefined);
+    const closed = lines().find((line) => line.startsWith('closed '));
+    expect(closed, `${label}: ${lines().join('\n')}`).toBeDefined();
+    const closedAt = Number(closed!.split(' ')[1]);
+    expect(closedAt, label).toBeGreaterThanOrEqual(requestedAt);
+    expect(closedAt - appliedAt, label).toBeLessThan(100);
+  }
+}

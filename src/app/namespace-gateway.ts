@@ -171,12 +171,12 @@ export async function startNamespaceGateway(
       now: parts.now,
       endDenied: async (sandboxID) => {
         const sandbox = parts.table.get(sandboxID);
-        // With an upstream proxy every TCP connection goes through Moat, which ends them itself.
-        if (sandbox === undefined || sandbox.upstream !== undefined) return;
+        if (sandbox === undefined) return;
         try {
           const open = await network.sandboxConnections(sandboxID);
-          // A connection established before the listing is accepted by the transparent
-          // listener by the time this turn of the event loop has polled its socket.
+          // A connection established before the listing is accepted by Moat's listener
+          // (transparent, or inside the namespace) by the time this turn of the event loop has
+          // polled its socket.
           await new Promise((resolve) => setImmediate(resolve));
           const held = new Set<string>();
           for (const { local } of open)
@@ -184,10 +184,14 @@ export async function startNamespaceGateway(
               for (const port of parts.transparent.portsHeldFrom(local.host))
                 held.add(`${local.host}:${port}`);
           const doomed = open.filter(({ local, peer }) => {
-            // The transparent listener's own: it re-decides them by name itself.
+            // Moat's own (its transparent listener's, by name, and its listener's inside the
+            // namespace, by address): it re-decides them itself.
             if (held.has(`${local.host}:${local.port}`)) return false;
             // Redirected to Moat's DNS, whichever resolver they name: never direct.
             if (peer.port === DNS_PORT) return false;
+            // With an upstream proxy none may be direct (Moat's listeners hold the rest, and
+            // decide and end those themselves): these were opened before a PUT named the proxy.
+            if (sandbox.upstream !== undefined) return true;
             const ip = parseIP(peer.host);
             return (
               ip.ok &&

@@ -67,9 +67,10 @@ export class TransparentProxy {
   }
 
   /**
-   * The source ports of the connections from `address` this listener holds now. From inside
-   * the sandbox they look like direct connections to their original destination; whoever ends
-   * direct connections by address must leave these alone (this listener decides them by name).
+   * The source ports of the connections from `address` this listener and those inside sandbox
+   * namespaces (adoptInside) hold now. From inside the sandbox they look like direct connections
+   * to their original destination; whoever ends direct connections by address must leave these
+   * alone (Moat decides them itself: by name, or by address for those redirected inside).
    */
   portsHeldFrom(address: string): Set<number> {
     const ports = new Set<number>();

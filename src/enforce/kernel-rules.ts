@@ -84,7 +84,8 @@ const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
  * to Moat's listener inside the sandbox's namespace (`redirectPort` on its loopback, which
  * decides them by the address they were sent to); both dial through the proxy. `tunnel_direct`
  * refuses any TCP that would still leave directly (all but web ports, when Moat has no listener
- * inside): it must never go around the proxy. Empty for a sandbox without one.
+ * inside), and any that arrives on a direct connection opened before the proxy was named: it
+ * must never go around the proxy. Empty for a sandbox without one.
  */
 const TUNNEL_CHAINS = ['tunnel_redirect', 'tunnel_direct'] as const;
 
@@ -219,6 +220,9 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `ip saddr ${gw} accept`,
     'ct original ip daddr @internal4 drop',
     `ct original ip daddr ${layout.pool.text} drop`,
+    // With an upstream proxy, nothing comes in on a connection that went around it (one opened
+    // before a publish named the proxy, which ends them: this stops their peers from then on).
+    'jump tunnel_direct',
     'ct original ip daddr @allow4 accept',
     `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr @deny4 drop`,
     'jump this_policy',

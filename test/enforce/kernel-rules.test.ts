@@ -230,6 +230,7 @@ describe('kernel rules: the sandbox table', () => {
       'ip saddr 10.216.0.1 accept',
       'ct original ip daddr @internal4 drop',
       'ct original ip daddr 10.216.0.0/24 drop',
+      'jump tunnel_direct',
       'ct original ip daddr @allow4 accept',
       'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 drop',
       'jump this_policy',

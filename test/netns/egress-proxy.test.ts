@@ -172,48 +172,46 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
       expect(answer.status, answer.text).toBe(204);
       return { requestedAt, appliedAt: Date.now() };
     };
-    try {
-      // Direct, and only reading: nothing it sends could be refused (the echo server never
-      // speaks first), so only Moat can end it; until then its peer could send around the proxy.
-      const before = await watching(
-        sandbox,
-        [
-          'import socket, time',
-          `s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo}))`,
-          "s.settimeout(5); print('open', flush=True)",
-          'try:',
-          '  s.recv(1)',
-          'except TimeoutError:',
-          "  print('still open after 5 s', flush=True); exit()",
-          'except OSError: pass',
-          "print('closed', int(time.time() * 1000), flush=True)",
-        ].join('\n'),
-      );
-      const named = await put({ egressProxy: { address: open.address } });
-      await endedWithin100ms({ before }, named.requestedAt, named.appliedAt);
+    // Direct, and only reading: nothing it sends could be refused (the echo server never
+    // speaks first), so only Moat can end it; until then its peer could send around the proxy.
+    const before = await watching(
+      sandbox,
+      [
+        'import socket, time',
+        `s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo}))`,
+        "s.settimeout(5); print('open', flush=True)",
+        'try:',
+        '  s.recv(1)',
+        'except TimeoutError:',
+        "  print('still open after 5 s', flush=True); exit()",
+        'except OSError: pass',
+        "print('closed', int(time.time() * 1000), flush=True)",
+      ].join('\n'),
+    );
+    const named = await put({ egressProxy: { address: open.address } });
+    await endedWithin100ms({ before }, named.requestedAt, named.appliedAt);
 
-      // Through the proxy now (Moat's listener inside): a publish that still allows it keeps it.
-      const requests = open.requests.length;
-      const through = await watching(
-        sandbox,
-        [
-          'import os, socket, time',
-          `s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo})); s.settimeout(5)`,
-          "s.sendall(b'ping'); s.recv(4); print('open', flush=True)",
-          "for _ in range(500):\n  if os.path.exists('/tmp/go'): break\n  time.sleep(0.01)",
-          "s.sendall(b'pong'); print(s.recv(4).decode(), flush=True)",
-        ].join('\n'),
-      );
-      expect(open.requests.slice(requests)).toEqual([
-        { kind: 'ipv4', host: ORIGIN_IP, port: WORLD_PORTS.echo },
-      ]);
-      await put({ allowOut: [`${ORIGIN_IP}/32`], egressProxy: { address: open.address } });
-      await run(sandbox, 'touch /tmp/go');
-      await through.handle.wait().catch(() => undefined);
-      expect(through.lines()).toEqual(['open', 'pong']);
-    } finally {
-      await sandbox.kill();
-    }
+    // Through the proxy now (Moat's listener inside): a publish that still allows it keeps it.
+    const requests = open.requests.length;
+    const through = await watching(
+      sandbox,
+      [
+        'import os, socket, time',
+        `s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo})); s.settimeout(5)`,
+        "s.sendall(b'ping'); s.recv(4); print('open', flush=True)",
+        "for _ in range(500):\n  if os.path.exists('/tmp/go'): break\n  time.sleep(0.01)",
+        "s.sendall(b'pong'); print(s.recv(4).decode(), flush=True)",
+      ].join('\n'),
+    );
+    expect(open.requests.slice(requests)).toEqual([
+      { kind: 'ipv4', host: ORIGIN_IP, port: WORLD_PORTS.echo },
+    ]);
+    await put({ allowOut: [`${ORIGIN_IP}/32`], egressProxy: { address: open.address } });
+    await run(sandbox, 'touch /tmp/go');
+    await through.handle.wait().catch(() => undefined);
+    expect(through.lines()).toEqual(['open', 'pong']);
+    // Left running like the file's other sandboxes (the harness stops them): killed here, it
+    // made 'decides first' below see its refused connection closed, not reset (not yet known why).
   });
 
   describe('a sandbox whose proxy wants a login', () => {

@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { namespaceSkipReason } from '../support/netns.js';
-import { endedWithin100ms, watching } from '../support/sandbox-watch.js';
+import { endedWithin100ms, onlyReading, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 import { SocksServer } from '../support/socks5-server.js';
 
@@ -172,21 +172,11 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
       expect(answer.status, answer.text).toBe(204);
       return { requestedAt, appliedAt: Date.now() };
     };
-    // Direct, and only reading: nothing it sends could be refused (the echo server never
-    // speaks first), so only Moat can end it; until then its peer could send around the proxy.
+    // Direct, and only reading (the echo server never speaks first): until Moat ends it, its
+    // peer could send around the proxy.
     const before = await watching(
       sandbox,
-      [
-        'import socket, time',
-        `s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo}))`,
-        "s.settimeout(5); print('open', flush=True)",
-        'try:',
-        '  s.recv(1)',
-        'except TimeoutError:',
-        "  print('still open after 5 s', flush=True); exit()",
-        'except OSError: pass',
-        "print('closed', int(time.time() * 1000), flush=True)",
-      ].join('\n'),
+      onlyReading(`s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo}))`),
     );
     const named = await put({ egressProxy: { address: open.address } });
     await endedWithin100ms({ before }, named.requestedAt, named.appliedAt);

@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { hostNetworkLines, namespaceSkipReason } from '../support/netns.js';
-import { endedWithin100ms, python, watching } from '../support/sandbox-watch.js';
+import { endedWithin100ms, onlyReading, python, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 const skip = namespaceSkipReason('test/netns/kernel');
@@ -923,21 +923,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     try {
       await new Promise((resolve) => holder.stdout.once('data', resolve));
       const waiting = (open: string) =>
-        watching(
-          sandbox,
-          [
-            'import socket, time',
-            "ip = socket.gethostbyname('allowed.test')",
-            open,
-            "s.settimeout(5); print('open', flush=True)",
-            'try:',
-            '  s.recv(1)',
-            'except TimeoutError:',
-            "  print('still open after 5 s', flush=True); exit()",
-            'except OSError: pass',
-            "print('closed', int(time.time() * 1000), flush=True)",
-          ].join('\n'),
-        );
+        watching(sandbox, onlyReading(`ip = socket.gethostbyname('allowed.test')\n${open}`));
       const mapped = await waiting(
         "s = socket.socket(socket.AF_INET6); s.connect(('::ffff:' + ip, 7000))",
       );

@@ -9,6 +9,24 @@ import { until } from './native-relay.js';
 /** A Python program as one shell word (single-quoted; newlines kept). */
 export const python = (code: string) => `python3 -u -c '${code.replaceAll("'", `'"'"'`)}'`;
 
+/**
+ * A program for `watching`: `opening` (Python that connects `s`), then it only reads, so
+ * nothing it sends could be refused and only Moat can end the connection. Prints `closed <ms>`
+ * when it ends, or `still open after 5 s`.
+ */
+export const onlyReading = (opening: string) =>
+  [
+    'import socket, time',
+    opening,
+    "s.settimeout(5); print('open', flush=True)",
+    'try:',
+    '  s.recv(1)',
+    'except TimeoutError:',
+    "  print('still open after 5 s', flush=True); exit()",
+    'except OSError: pass',
+    "print('closed', int(time.time() * 1000), flush=True)",
+  ].join('\n');
+
 export type Watched = Awaited<ReturnType<typeof watching>>;
 
 /** Runs a program that prints `open`, then a line per event, in the background. */

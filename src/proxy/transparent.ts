@@ -232,6 +232,9 @@ export class TransparentProxy {
         seen,
       );
     }
+    // Raw TCP refused by its address gets a reset, as the firewall refuses direct TCP: a clean
+    // end would read as an empty answer from the destination.
+    const refuse = () => (protocol === 'tcp' ? client.resetAndDestroy() : client.destroy());
     const connected = plan.ok
       ? await dialer.reach(sandbox, target, plan.addresses, tunnelSocket)
       : plan;
@@ -250,7 +253,7 @@ export class TransparentProxy {
           'egress failed',
         );
       }
-      client.destroy();
+      refuse();
       return;
     }
     const dialled: Dialled = { ...target, ip: connected.ip, via: connected.via };
@@ -258,7 +261,7 @@ export class TransparentProxy {
     const now = dialer.check(sandbox, dialled, connected.ip);
     if (client.destroyed || !this.options.table.holds(sandbox) || now.verdict === 'deny') {
       connected.socket.destroy();
-      client.destroy();
+      refuse();
       if (now.verdict === 'deny')
         flows.decided(flowAsk('transparent', sandbox, dialled, protocol), now);
       return;

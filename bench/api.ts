@@ -23,7 +23,7 @@
  * on loopback; no DNS query is made (the DNS upstream names a loopback port where nothing
  * listens). Counts are fixed, every request has a time limit, the whole run has one
  * (TIMEOUT_MS), and the children are stopped on exit, error, SIGINT and SIGTERM, and when this
- * process dies. Options: --keep (keep the scratch folder), --strict (exit 1 when a target fails).
+ * process dies. Options: `--help`.
  */
 import type { ChildProcess } from 'node:child_process';
 import { writeSync } from 'node:fs';
@@ -31,7 +31,6 @@ import { open, readdir, readFile, stat } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import {
   cpuSeconds,
   forkReady,
@@ -40,6 +39,7 @@ import {
   stopChildren,
 } from './lib/procs.js';
 import { startMoatServe } from './lib/moat-serve.js';
+import { flag, readOptions } from './lib/options.js';
 import { Prng } from './lib/prng.js';
 import {
   formatBytes,
@@ -530,17 +530,22 @@ async function run(dir: string, strict: boolean): Promise<void> {
   if (strict && verdicts.some((v) => !v.pass)) process.exitCode = 1;
 }
 
+const SUMMARY = `The platform API at scale: \`moat serve\` as a child process, driven over loopback HTTP with
+1,000 creates, then PUT /sandboxes/{id}/network on each (one at a time, then 16 in flight), every
+page of GET /v2/sandboxes, and Moat's resident memory. The peer is a minimal node:http server
+that appends each PUT's body to a file and calls fdatasync: the floor of a durable write.`;
+
+const OPTIONS = {
+  keep: flag('keep the scratch folder'),
+  strict: flag('exit 1 when a target fails'),
+};
+
 async function main(): Promise<void> {
   if (process.argv[2] === 'peer') {
     await runPeer(process.argv[3]!, Number(process.argv[4]));
     return;
   }
-  const { values } = parseArgs({
-    options: {
-      keep: { type: 'boolean', default: false },
-      strict: { type: 'boolean', default: false },
-    },
-  });
+  const values = readOptions('bench:api', SUMMARY, OPTIONS);
   const timer = setTimeout(() => {
     writeSync(2, `bench:api: still running after ${TIMEOUT_MS / 1000} s; stopping\n`);
     void stopChildren().finally(() => process.exit(1));

@@ -24,14 +24,8 @@
  * installed with apt-get (as root). `dnsmasq-base` is the binary without the Debian service, so
  * nothing starts on port 53.
  *
- * Options: --rounds=3, --seconds=8 (per measured run), --clients=4, --outstanding=100 (dnsperf
- * -c and -q), --workloads=hit,fwd, --strict (exit 1 when a target fails), --no-pin, --udp-io=auto
- * (Moat's --dns-udp-io; dgram measures the node:dgram fallback). Diagnostics:
- * --profile (Moat under `node --cpu-prof`, with a summary of where its CPU time went),
- * --shared-address (every name resolves to one address, which keeps Moat's learned-address
- * table small), --node-flags="..." (extra node flags for Moat), --keep (keep the scratch folder
- * with query files and logs). Everything is bounded: each child process has a time limit, and
- * is stopped on exit, error, SIGINT and SIGTERM, and when this process dies.
+ * Options: `--help`. Everything is bounded: each child process has a time limit, and is stopped
+ * on exit, error, SIGINT and SIGTERM, and when this process dies.
  */
 import { type ChildProcess, spawnSync } from 'node:child_process';
 import dgram from 'node:dgram';
@@ -40,7 +34,6 @@ import { writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import {
   ask,
   commandPid,
@@ -54,6 +47,7 @@ import {
   stopChildren,
   waitReady,
 } from './lib/procs.js';
+import { choice, flag, list, readOptions, text, whole } from './lib/options.js';
 import { summariseProfile } from './lib/profile.js';
 import { formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 
@@ -356,38 +350,40 @@ interface Measured {
   readonly upstreamPerQuery: number;
 }
 
+const SUMMARY = `Moat's DNS interceptor against dnsmasq (a caching forwarder), both in front of the same
+fake upstream on loopback, measured with dnsperf in one run: (hit) cache hits on 10 names and
+(fwd) forwarding, a distinct name per query; medians over rounds, with latency and CPU per
+query at a fixed load. Needs dnsperf and dnsmasq (installed with apt-get when missing).`;
+
+const OPTIONS = {
+  rounds: whole({ default: 3, min: 1, max: 9, help: 'rounds, each measuring every server once' }),
+  seconds: whole({ default: 8, min: 2, max: 30, help: 'seconds of each measured run' }),
+  clients: whole({ default: 4, min: 1, max: 64, help: 'dnsperf clients (-c)' }),
+  outstanding: whole({ default: 100, min: 1, max: 1000, help: 'dnsperf queries in flight (-q)' }),
+  workloads: list<Workload>({ known: ['hit', 'fwd'], default: ['hit', 'fwd'], help: 'what runs' }),
+  strict: flag('exit 1 when a target fails'),
+  'no-pin': flag('do not pin the server under test and dnsperf to CPUs of their own'),
+  'udp-io': choice({
+    known: ['auto', 'dgram'],
+    default: 'auto',
+    help: "Moat's --dns-udp-io (dgram: the node:dgram fallback)",
+  }),
+  profile: flag(
+    'run Moat under node --cpu-prof and summarise where its CPU time went (implies --keep)',
+  ),
+  'shared-address': flag("every name resolves to one address (keeps Moat's learned table small)"),
+  'node-flags': text({ default: '', value: 'FLAGS', help: 'extra node flags for Moat' }),
+  keep: flag('keep the scratch folder with query files and logs'),
+};
+
 function parseOptions(): Options {
-  const { values } = parseArgs({
-    options: {
-      rounds: { type: 'string', default: '3' },
-      seconds: { type: 'string', default: '8' },
-      clients: { type: 'string', default: '4' },
-      outstanding: { type: 'string', default: '100' },
-      workloads: { type: 'string', default: 'hit,fwd' },
-      profile: { type: 'boolean', default: false },
-      'node-flags': { type: 'string', default: '' },
-      'no-pin': { type: 'boolean', default: false },
-      'shared-address': { type: 'boolean', default: false },
-      keep: { type: 'boolean', default: false },
-      strict: { type: 'boolean', default: false },
-      'udp-io': { type: 'string', default: 'auto' },
-    },
-  });
-  const int = (name: string, text: string, min: number, max: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min || n > max)
-      throw new Error(`--${name} must be a whole number from ${min} to ${max}`);
-    return n;
-  };
-  const workloads = values.workloads.split(',').map((w) => w.trim());
-  for (const w of workloads)
-    if (w !== 'hit' && w !== 'fwd') throw new Error(`--workloads: unknown workload ${w}`);
+  const values = readOptions('bench:dns', SUMMARY, OPTIONS);
   return {
-    rounds: int('rounds', values.rounds, 1, 9),
-    seconds: int('seconds', values.seconds, 2, 30),
-    clients: int('clients', values.clients, 1, 64),
-    outstanding: int('outstanding', values.outstanding, 1, 1000),
-    workloads: workloads as Workload[],
+    rounds: values.rounds,
+    seconds: values.seconds,
+    clients: values.clients,
+    outstanding: values.outstanding,
+    workloads: values.workloads,
     profile: values.profile,
     nodeFlags: values['node-flags'].split(/\s+/).filter(Boolean),
     pin: !values['no-pin'] && cpus().length >= 2 && has('taskset'),

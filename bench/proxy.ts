@@ -22,21 +22,13 @@
  * Each run also records CPU time of every process (from /proc), the rest of the machine's CPU
  * (noise), Moat's event-loop delay and how many connections the origin saw.
  *
- * Options: --rounds=5, --seconds=4 (each closed-loop run), --rate=500, --rate-seconds=5,
- * --bulk-mib=1024, --concurrency=32 (tunnels), --connections=32 (GET), --workloads=
- * tunnels,rate,bulk,get, --modes=moat,squid,direct, --proxy-io=auto|node (Moat's
- * --proxy-io: the native relay, or Node's sockets), --strict (exit 1 when a target fails),
- * --keep (keep the scratch folder with logs). Diagnostics: --profile (Moat under
- * `node --cpu-prof`, with a summary of where its CPU time went), --node-flags="..." (extra node
- * flags for Moat, e.g. --max-semi-space-size=64), --moat-import=FILE (an extra `--import`
- * module for Moat's process). Every child process is bounded in time and stopped on exit,
- * error, SIGINT and SIGTERM, and when this process dies.
+ * Options: `--help`. Every child process is bounded in time and stopped on exit, error, SIGINT
+ * and SIGTERM, and when this process dies.
  */
 import type { ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 import { median } from './lib/timing.js';
 import {
@@ -63,6 +55,7 @@ import {
   stopChild,
   stopChildren,
 } from './lib/procs.js';
+import { choice, flag, list, readOptions, text, whole } from './lib/options.js';
 import { summariseProfile } from './lib/profile.js';
 import {
   ensureSquid,
@@ -109,51 +102,58 @@ interface Options {
   readonly strict: boolean;
 }
 
+const SUMMARY = `Moat's egress proxy against squid and against a direct connection, with the same loopback
+origin and load client in one run: new CONNECT tunnels per second (closed loop), tunnel setup
+latency at a fixed rate, bulk throughput of one tunnel, and absolute-form GETs per second;
+medians over rounds, with CPU per process. Needs squid (installed with apt-get when missing).`;
+
+const OPTIONS = {
+  rounds: whole({ default: 5, min: 1, max: 15, help: 'rounds, each measuring every mode once' }),
+  seconds: whole({ default: 4, min: 1, max: 30, help: 'seconds of each closed-loop run' }),
+  rate: whole({ default: 500, min: 1, max: 5000, help: 'tunnels per second of the rate run' }),
+  'rate-seconds': whole({ default: 5, min: 1, max: 30, help: 'seconds of the rate run' }),
+  'bulk-mib': whole({ default: 1024, min: 1, max: 16384, help: 'MiB through the bulk tunnel' }),
+  concurrency: whole({ default: 32, min: 1, max: 512, help: 'tunnels in flight' }),
+  connections: whole({ default: 32, min: 1, max: 512, help: 'keep-alive connections for GET' }),
+  workloads: list({ known: WORKLOADS, default: WORKLOADS, help: 'what runs' }),
+  modes: list({ known: MODES, default: MODES, help: 'what is measured' }),
+  'proxy-io': choice({
+    known: ['auto', 'node'],
+    default: 'auto',
+    help: "Moat's --proxy-io: the native relay, or Node's sockets",
+  }),
+  strict: flag('exit 1 when a target fails'),
+  keep: flag('keep the scratch folder with logs'),
+  profile: flag(
+    'run Moat under node --cpu-prof and summarise where its CPU time went (implies --keep)',
+  ),
+  'node-flags': text({
+    default: '',
+    value: 'FLAGS',
+    help: 'extra node flags for Moat, e.g. --max-semi-space-size=64',
+  }),
+  'moat-import': text({
+    default: undefined,
+    value: 'FILE',
+    help: "an extra --import for Moat's process",
+  }),
+};
+
 function parseOptions(): Options {
-  const { values } = parseArgs({
-    options: {
-      rounds: { type: 'string', default: '5' },
-      seconds: { type: 'string', default: '4' },
-      rate: { type: 'string', default: '500' },
-      'rate-seconds': { type: 'string', default: '5' },
-      'bulk-mib': { type: 'string', default: '1024' },
-      concurrency: { type: 'string', default: '32' },
-      connections: { type: 'string', default: '32' },
-      workloads: { type: 'string', default: WORKLOADS.join(',') },
-      modes: { type: 'string', default: MODES.join(',') },
-      profile: { type: 'boolean', default: false },
-      'node-flags': { type: 'string', default: '' },
-      'proxy-io': { type: 'string', default: 'auto' },
-      'moat-import': { type: 'string' },
-      keep: { type: 'boolean', default: false },
-      strict: { type: 'boolean', default: false },
-    },
-  });
-  const int = (name: string, text: string, min: number, max: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min || n > max)
-      throw new Error(`--${name} must be a whole number from ${min} to ${max}`);
-    return n;
-  };
-  const list = <T extends string>(name: string, text: string, known: readonly T[]): T[] => {
-    const items = text.split(',').map((w) => w.trim());
-    for (const item of items)
-      if (!known.includes(item as T)) throw new Error(`--${name}: unknown ${item}`);
-    return known.filter((k) => items.includes(k));
-  };
+  const values = readOptions('bench:proxy', SUMMARY, OPTIONS);
   return {
-    rounds: int('rounds', values.rounds, 1, 15),
-    seconds: int('seconds', values.seconds, 1, 30),
-    rate: int('rate', values.rate, 1, 5000),
-    rateSeconds: int('rate-seconds', values['rate-seconds'], 1, 30),
-    bulkBytes: int('bulk-mib', values['bulk-mib'], 1, 16384) * 2 ** 20,
-    concurrency: int('concurrency', values.concurrency, 1, 512),
-    connections: int('connections', values.connections, 1, 512),
-    workloads: list('workloads', values.workloads, WORKLOADS),
-    modes: list('modes', values.modes, MODES),
+    rounds: values.rounds,
+    seconds: values.seconds,
+    rate: values.rate,
+    rateSeconds: values['rate-seconds'],
+    bulkBytes: values['bulk-mib'] * 2 ** 20,
+    concurrency: values.concurrency,
+    connections: values.connections,
+    workloads: WORKLOADS.filter((w) => values.workloads.includes(w)),
+    modes: MODES.filter((m) => values.modes.includes(m)),
     profile: values.profile,
     nodeFlags: values['node-flags'].split(/\s+/).filter(Boolean),
-    proxyIo: list('proxy-io', values['proxy-io'], ['auto', 'node'] as const)[0] ?? 'auto',
+    proxyIo: values['proxy-io'],
     moatImport: values['moat-import'],
     keep: values.keep || values.profile,
     strict: values.strict,

@@ -30,17 +30,16 @@
  * Everything is on loopback; no DNS query is made (the DNS upstream names a loopback port
  * where nothing listens). Counts are fixed, every SDK call and every spawn has a time limit,
  * the whole run has one (TIMEOUT_MS), and the children are stopped on exit, error, SIGINT and
- * SIGTERM, and when this process dies. Options: --keep (keep the scratch folder), --strict
- * (exit 1 when a target fails), --profile (run Moat under node --cpu-prof and summarise it).
+ * SIGTERM, and when this process dies. Options: `--help`.
  */
 import { type ChildProcess, execFileSync, spawn, type SpawnOptions } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, writeSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { Sandbox } from 'e2b';
 import { cpuSeconds, printHeading, runInScratchFolder, stopChildren, track } from './lib/procs.js';
 import { startMoatServe } from './lib/moat-serve.js';
+import { flag, readOptions } from './lib/options.js';
 import { summariseProfile } from './lib/profile.js';
 import { formatBytes, formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 import { nowNs } from './lib/timing.js';
@@ -438,14 +437,19 @@ async function run(dir: string, strict: boolean, profile: boolean): Promise<void
   if (strict && verdicts.some((v) => !v.pass)) process.exitCode = 1;
 }
 
+const SUMMARY = `Sandboxes and commands through the real e2b SDK against \`moat serve\` on loopback: over 100
+sandboxes, create to first command, commands.run('true') round trips and kill, with CPU per
+command. The peers start the same command the way Moat does: bash directly, and inside
+bubblewrap and a freezer cgroup where this host allows. Needs root on Linux.`;
+
+const OPTIONS = {
+  keep: flag('keep the scratch folder'),
+  strict: flag('exit 1 when a target fails'),
+  profile: flag('run Moat under node --cpu-prof and summarise it'),
+};
+
 async function main(): Promise<void> {
-  const { values } = parseArgs({
-    options: {
-      keep: { type: 'boolean', default: false },
-      strict: { type: 'boolean', default: false },
-      profile: { type: 'boolean', default: false },
-    },
-  });
+  const values = readOptions('bench:sandbox', SUMMARY, OPTIONS);
   const timer = setTimeout(() => {
     writeSync(2, `bench:sandbox: still running after ${TIMEOUT_MS / 1000} s; stopping\n`);
     void stopChildren().finally(() => process.exit(1));

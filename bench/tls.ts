@@ -23,12 +23,8 @@
  * load client (bench/tls-client.ts). Before measuring, the origin must see the header from both
  * proxies on intercepted flows and not on opaque ones, or the run stops.
  *
- * Options: --rounds=3, --seconds=5 (each timed run), --concurrency=16, --connections=16,
- * --mint-names=300 (names per round for (3)), --modes=moat,squid, --workloads=new,keepalive,
- * mint,opaque (which of (1) to (4) run), --strict (exit 1 when a target fails), --keep (keep the
- * scratch folder with logs). Diagnostics: --profile (Moat under node --cpu-prof; its summary is
- * printed at the end). Every child process is bounded in time and stopped on exit, error,
- * SIGINT and SIGTERM, and when this process dies.
+ * Options: `--help`. Every child process is bounded in time and stopped on exit, error, SIGINT
+ * and SIGTERM, and when this process dies.
  */
 import type { ChildProcess } from 'node:child_process';
 import { spawnSync } from 'node:child_process';
@@ -42,7 +38,6 @@ import {
 } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { TestCa } from './lib/certificate.js';
 import {
   ask,
@@ -55,6 +50,7 @@ import {
   stopChildren,
   treeCpuSeconds,
 } from './lib/procs.js';
+import { flag, list, readOptions, whole } from './lib/options.js';
 import { summariseProfile } from './lib/profile.js';
 import { formatInt, formatMs, formatRatio, markdownTable } from './lib/table.js';
 import { median } from './lib/timing.js';
@@ -122,42 +118,39 @@ interface Options {
   readonly profile: boolean;
 }
 
+const SUMMARY = `TLS interception, Moat against squid with ssl_bump, with the same loopback HTTPS origin and
+load client in one run: new intercepted connections per second, intercepted GETs on keep-alive
+connections, leaves minted for new names and served from the cache, and the same through an
+opaque tunnel (interception's cost is the ratio). Needs squid-openssl (installed with apt-get
+when missing).`;
+
+const OPTIONS = {
+  rounds: whole({ default: 3, min: 1, max: 10, help: 'rounds, each measuring every workload' }),
+  seconds: whole({ default: 5, min: 1, max: 30, help: 'seconds of each timed run' }),
+  concurrency: whole({ default: 16, min: 1, max: 256, help: 'workers opening connections' }),
+  connections: whole({ default: 16, min: 1, max: 256, help: 'keep-alive connections' }),
+  'mint-names': whole({ default: 300, min: 10, max: 5000, help: 'new names per round (mint)' }),
+  modes: list({ known: MODES, default: MODES, help: 'what is measured' }),
+  workloads: list({
+    known: Object.keys(GROUPS),
+    default: Object.keys(GROUPS),
+    help: 'which of the four workload groups run',
+  }),
+  strict: flag('exit 1 when a target fails'),
+  keep: flag('keep the scratch folder with logs'),
+  profile: flag('run Moat under node --cpu-prof and summarise it at the end (implies --keep)'),
+};
+
 function parseOptions(): Options {
-  const { values } = parseArgs({
-    options: {
-      rounds: { type: 'string', default: '3' },
-      seconds: { type: 'string', default: '5' },
-      concurrency: { type: 'string', default: '16' },
-      connections: { type: 'string', default: '16' },
-      'mint-names': { type: 'string', default: '300' },
-      modes: { type: 'string', default: MODES.join(',') },
-      workloads: { type: 'string', default: Object.keys(GROUPS).join(',') },
-      keep: { type: 'boolean', default: false },
-      strict: { type: 'boolean', default: false },
-      profile: { type: 'boolean', default: false },
-    },
-  });
-  const int = (name: string, text: string, min: number, max: number) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min || n > max)
-      throw new Error(`--${name} must be a whole number from ${min} to ${max}`);
-    return n;
-  };
-  const modes = values.modes.split(',').map((m) => m.trim());
-  for (const mode of modes)
-    if (!MODES.includes(mode as Mode)) throw new Error(`--modes: unknown ${mode}`);
-  const workloads = values.workloads.split(',').flatMap((w) => {
-    const group = GROUPS[w.trim()];
-    if (group === undefined) throw new Error(`--workloads: unknown ${w}`);
-    return group;
-  });
+  const values = readOptions('bench:tls', SUMMARY, OPTIONS);
+  const workloads = values.workloads.flatMap((w) => GROUPS[w] ?? []);
   return {
-    rounds: int('rounds', values.rounds, 1, 10),
-    seconds: int('seconds', values.seconds, 1, 30),
-    concurrency: int('concurrency', values.concurrency, 1, 256),
-    connections: int('connections', values.connections, 1, 256),
-    mintNames: int('mint-names', values['mint-names'], 10, 5000),
-    modes: MODES.filter((m) => modes.includes(m)),
+    rounds: values.rounds,
+    seconds: values.seconds,
+    concurrency: values.concurrency,
+    connections: values.connections,
+    mintNames: values['mint-names'],
+    modes: MODES.filter((m) => values.modes.includes(m)),
     workloads: WORKLOADS.filter((w) => workloads.includes(w)),
     keep: values.keep || values.profile,
     strict: values.strict,

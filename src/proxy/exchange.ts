@@ -24,7 +24,7 @@ import {
 import { Inbox } from './inbox.js';
 import { type Redaction, SecretRedaction } from './redact.js';
 import type { TunnelRegistry } from './tunnels.js';
-import type { Upstream, UpstreamPool } from './upstream-pool.js';
+import { Upstream, type UpstreamHolder, type UpstreamPool } from './upstream-pool.js';
 
 /** What the client connection learns when an exchange ends. */
 export interface ExchangeResult {
@@ -166,7 +166,7 @@ function secureOrigin(
  * directions respecting backpressure. An origin's keep-alive connection goes back to the pool
  * only when both messages ended exactly where their framing said.
  */
-export class Exchange {
+export class Exchange implements UpstreamHolder {
   private upstream: Upstream | undefined;
   private reused = false;
   private requestDone: boolean;
@@ -276,7 +276,7 @@ export class Exchange {
       socket = secured.socket;
       if (this.finished) return void socket.destroy();
     }
-    this.send({ socket, inbox: new Inbox(socket), ip: connected.ip, via: connected.via, tlsName });
+    this.send(new Upstream(socket, connected.ip, target.port, connected.via, tlsName));
   }
 
   private send(upstream: Upstream): void {
@@ -299,11 +299,9 @@ export class Exchange {
     // Closed by the registry already: the sandbox was removed while this request was dialled.
     if (this.finished) return;
     socket.setTimeout(this.context.idleTimeoutMs);
-    socket.on('timeout', this.onUpstreamTimeout);
-    socket.on('close', this.onUpstreamClose);
-    socket.on('end', this.onUpstreamClose);
+    upstream.holder = this;
     // Closed between the pool and here: handled as a connection that died unanswered.
-    if (socket.destroyed) return this.onUpstreamClose();
+    if (socket.destroyed) return this.upstreamClose();
     // The head and the body bytes that came with it (handed on at once by the client's inbox)
     // leave in one write: one TLS record, one system call.
     socket.cork();
@@ -314,15 +312,25 @@ export class Exchange {
     socket.uncork();
   }
 
-  private readonly onUpstreamTimeout = () => {
+  upstreamTimeout(): void {
     if (this.responseStarted) return this.abort();
     this.answer({
       status: 504,
       message: `${this.what} did not answer within ${this.context.idleTimeoutMs} ms`,
     });
-  };
+  }
 
-  private readonly onUpstreamClose = () => {
+  /** Set while a response framed by the connection's end is relayed: what its end finishes. */
+  private endsResponse: (() => void) | undefined;
+
+  upstreamEnd(): void {
+    const ends = this.endsResponse;
+    this.endsResponse = undefined;
+    if (ends === undefined) this.upstreamClose();
+    else ends();
+  }
+
+  upstreamClose(): void {
     if (this.finished) return;
     if (this.responseStarted) return this.abort();
     if (
@@ -339,17 +347,14 @@ export class Exchange {
       return;
     }
     this.answer({ status: 502, message: `${this.what} closed the connection without answering` });
-  };
+  }
 
   /** Stops listening to the upstream socket (it goes back to the pool or is gone). */
   private detach(): Upstream | undefined {
     const upstream = this.upstream;
     if (upstream === undefined) return undefined;
     upstream.inbox.stop();
-    upstream.socket
-      .off('timeout', this.onUpstreamTimeout)
-      .off('close', this.onUpstreamClose)
-      .off('end', this.onUpstreamClose);
+    upstream.holder = undefined;
     this.bytesUp += upstream.socket.bytesWritten - this.upBefore;
     this.bytesDown += upstream.socket.bytesRead - this.downBefore;
     this.upstream = undefined;
@@ -521,10 +526,7 @@ export class Exchange {
 
   private relayResponseBody(upstream: Upstream, framing: Framing, reusable: boolean): void {
     if (framing.kind === 'none') return this.responseDone(reusable);
-    if (framing.kind === 'close') {
-      upstream.socket.off('end', this.onUpstreamClose);
-      upstream.socket.once('end', () => this.responseDone(false));
-    }
+    if (framing.kind === 'close') this.endsResponse = () => this.responseDone(false);
     // Bytes past the end of a response mean a broken origin: that connection is not reused.
     this.relayBody(upstream.inbox, this.client.socket, framing, (trailing) =>
       this.responseDone(reusable && !trailing),
@@ -559,10 +561,7 @@ export class Exchange {
       if (chunked) client.write('0\r\n\r\n', 'latin1');
       this.responseDone(reusableNow);
     };
-    if (framing.kind === 'close') {
-      upstream.socket.off('end', this.onUpstreamClose);
-      upstream.socket.once('end', () => end(false));
-    }
+    if (framing.kind === 'close') this.endsResponse = () => end(false);
     const scanner = bodyScanner(framing);
     upstream.inbox.read((chunk) => {
       const pieces: Buffer[] = [];
@@ -598,7 +597,7 @@ export class Exchange {
       // A connection through a proxy went to the name asked for, which the pool (by address)
       // cannot tell apart from another name at that address: never reused.
       if (reusable && this.requestDone && upstream.via === undefined)
-        this.context.pool.put(this.request.sandbox.sandboxID, this.request.target.port, upstream);
+        this.context.pool.put(this.request.sandbox.sandboxID, upstream);
       else upstream.socket.destroy();
     }
     if (!this.requestDone) this.client.stop();

@@ -1,19 +1,46 @@
 import type net from 'node:net';
 import type { UpstreamProxy } from '../enforce/index.js';
 import type { IPAddress } from '../policy/index.js';
-import type { Inbox } from './inbox.js';
+import { Inbox } from './inbox.js';
 
 /** How long an upstream connection may wait in the pool for its next request. */
 const POOL_IDLE_MS = 30_000;
 
-export interface Upstream {
-  readonly socket: net.Socket;
+/** What hears an origin connection's events: the exchange using it, or the pool holding it. */
+export interface UpstreamHolder {
+  upstreamTimeout(): void;
+  upstreamEnd(): void;
+  upstreamClose(): void;
+}
+
+/**
+ * A connection to an origin. Its listeners are set once, when it is made, and call whoever
+ * holds it now: handing it between the pool and an exchange (on every keep-alive request) is
+ * one assignment instead of listeners added and removed on both sides.
+ */
+export class Upstream {
   readonly inbox: Inbox;
-  readonly ip: IPAddress;
-  /** The upstream proxy it goes through (undefined: direct to `ip`). */
-  readonly via?: UpstreamProxy;
-  /** The name its TLS certificate was verified for (undefined: plain HTTP). */
-  readonly tlsName?: string;
+  holder: UpstreamHolder | undefined;
+  /** Where the pool files it (its address, port and TLS name never change). */
+  readonly poolKey: string;
+
+  constructor(
+    readonly socket: net.Socket,
+    readonly ip: IPAddress,
+    port: number,
+    /** The upstream proxy it goes through (undefined: direct to `ip`). */
+    readonly via: UpstreamProxy | undefined,
+    /** The name its TLS certificate was verified for (undefined: plain HTTP). */
+    readonly tlsName: string | undefined,
+  ) {
+    this.inbox = new Inbox(socket);
+    this.poolKey = poolKey(ip, port, tlsName);
+    // 'close' too: a reset destroys the socket without an 'end'.
+    socket
+      .on('timeout', () => this.holder?.upstreamTimeout())
+      .on('end', () => this.holder?.upstreamEnd())
+      .on('close', () => this.holder?.upstreamClose());
+  }
 }
 
 /** A pooled connection serves only requests for the same address, port and TLS name. */
@@ -55,45 +82,33 @@ export class UpstreamPool {
       ?.at(-1);
     if (idle === undefined) return undefined;
     this.forget(idle);
-    const { socket, inbox } = idle.upstream;
-    inbox.stop();
-    socket.off('end', idle.drop).off('timeout', idle.drop).off('close', idle.drop);
-    return idle.upstream;
+    const { upstream } = idle;
+    upstream.inbox.stop();
+    upstream.holder = undefined;
+    return upstream;
   }
 
-  put(sandboxID: string, port: number, upstream: Upstream): void {
+  put(sandboxID: string, upstream: Upstream): void {
     const { socket } = upstream;
     if (socket.destroyed) return;
     const ofSandbox = this.oldestBySandbox.get(sandboxID);
     if (ofSandbox !== undefined && ofSandbox.size >= this.maxIdlePerSandbox)
       ofSandbox.values().next().value?.drop();
     if (this.all.size >= this.maxIdle) this.all.values().next().value?.drop();
-    const idle: IdleUpstream = {
-      sandboxID,
-      key: poolKey(upstream.ip, port, upstream.tlsName),
-      upstream,
-      drop: () => {
-        socket.destroy();
-        this.forget(idle);
-      },
-    };
+    const idle = new IdleUpstream(sandboxID, upstream, (gone) => this.forget(gone));
     let byAddress = this.bySandbox.get(sandboxID);
     if (byAddress === undefined) this.bySandbox.set(sandboxID, (byAddress = new Map()));
-    let list = byAddress.get(idle.key);
-    if (list === undefined) byAddress.set(idle.key, (list = []));
+    let list = byAddress.get(upstream.poolKey);
+    if (list === undefined) byAddress.set(upstream.poolKey, (list = []));
     list.push(idle);
     let oldest = this.oldestBySandbox.get(sandboxID);
     if (oldest === undefined) this.oldestBySandbox.set(sandboxID, (oldest = new Set()));
     oldest.add(idle);
     this.all.add(idle);
     socket.setTimeout(POOL_IDLE_MS);
-    // 'close' too: a reset destroys the socket without an 'end'.
-    socket.on('end', idle.drop).on('timeout', idle.drop).on('close', idle.drop);
+    upstream.holder = idle;
     // An origin has nothing to say between requests: bytes now mean a broken connection.
-    upstream.inbox.read(() => {
-      idle.drop();
-      return 0;
-    });
+    upstream.inbox.read(idle.spoke);
   }
 
   /** Closes every idle connection of a sandbox (its policy changed, or it is gone). */
@@ -112,17 +127,42 @@ export class UpstreamPool {
     oldest.delete(idle);
     if (oldest.size === 0) this.oldestBySandbox.delete(idle.sandboxID);
     const byAddress = this.bySandbox.get(idle.sandboxID)!;
-    const list = byAddress.get(idle.key)!;
+    const { poolKey } = idle.upstream;
+    const list = byAddress.get(poolKey)!;
     list.splice(list.indexOf(idle), 1);
     if (list.length > 0) return;
-    byAddress.delete(idle.key);
+    byAddress.delete(poolKey);
     if (byAddress.size === 0) this.bySandbox.delete(idle.sandboxID);
   }
 }
 
-interface IdleUpstream {
-  readonly sandboxID: string;
-  readonly key: string;
-  readonly upstream: Upstream;
-  readonly drop: () => void;
+/** A connection waiting in the pool: whatever it does there (speak, end, close, idle out) drops it. */
+class IdleUpstream implements UpstreamHolder {
+  constructor(
+    readonly sandboxID: string,
+    readonly upstream: Upstream,
+    private readonly forget: (idle: IdleUpstream) => void,
+  ) {}
+
+  readonly drop = (): void => {
+    this.upstream.socket.destroy();
+    this.forget(this);
+  };
+
+  readonly spoke = (): number => {
+    this.drop();
+    return 0;
+  };
+
+  upstreamTimeout(): void {
+    this.drop();
+  }
+
+  upstreamEnd(): void {
+    this.drop();
+  }
+
+  upstreamClose(): void {
+    this.drop();
+  }
 }

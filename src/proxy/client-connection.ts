@@ -117,6 +117,9 @@ export class ClientConnection {
   };
 
   private readonly onTimeout = () => {
+    // The keep-alive timer stays armed while a request is answered (see readHead); fired then,
+    // it is disarmed, and the next readHead arms it anew.
+    if (this.state === 'busy') this.socket.setTimeout(0);
     if (this.state !== 'head') return;
     if (this.socket.writableNeedDrain) return void this.socket.destroy();
     // A client idling between requests just loses the connection; one stuck in a head is told.
@@ -146,7 +149,6 @@ export class ClientConnection {
   private headDone(): void {
     clearTimeout(this.headDeadline);
     this.headDeadline = undefined;
-    this.socket.setTimeout(0);
   }
 
   private readHead(): void {
@@ -156,12 +158,14 @@ export class ClientConnection {
     const { handshakeTimeoutMs } = this.handler;
     // The first head is due a handshake timeout after the client connected; between requests
     // a quiet client may wait KEEP_ALIVE_MS, and a head, once begun, has the handshake timeout.
+    // The keep-alive timer is armed once, not on every request: every byte either way re-arms
+    // it, and the answer's last write was just now.
     if (this.served === 0)
       this.headDeadline ??= setTimeout(
         this.onTimeout,
         Math.max(0, handshakeTimeoutMs - this.waitedMs),
       );
-    else this.socket.setTimeout(KEEP_ALIVE_MS);
+    else if (this.socket.timeout !== KEEP_ALIVE_MS) this.socket.setTimeout(KEEP_ALIVE_MS);
     // A client that does not read its answers gets no more of them (pipelined requests would
     // otherwise queue answers without bound); one that never reads again times out.
     if (this.socket.writableNeedDrain) {
@@ -220,6 +224,7 @@ export class ClientConnection {
     this.handler.forget(this);
     this.socket.off('error', this.onError).off('end', this.onEnd).off('timeout', this.onTimeout);
     this.socket.off('close', this.onClose);
+    this.socket.setTimeout(0);
     // Stays paused until the tunnel reads it: bytes sent meanwhile wait in the socket.
     const early = this.inbox.detach();
     this.socket.on('error', () => this.socket.destroy());

@@ -52,10 +52,19 @@ export class Inbox {
 
   /** Stops handing bytes on; later ones wait, with the socket paused. */
   stop(): void {
+    this.handOver();
+    this.socket.pause();
+  }
+
+  /**
+   * Stops handing bytes on, for a reader that starts in this same tick (a pooled connection
+   * taken for a request): the socket is not paused, since resuming a paused socket costs a
+   * tick of stream work. Bytes that arrive with no reader pause it all the same.
+   */
+  handOver(): void {
     this.reader = undefined;
     this.generation++;
     this.throttled = false;
-    this.socket.pause();
   }
 
   /**

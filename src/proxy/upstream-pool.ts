@@ -83,7 +83,8 @@ export class UpstreamPool {
     if (idle === undefined) return undefined;
     this.forget(idle);
     const { upstream } = idle;
-    upstream.inbox.stop();
+    // The exchange taking it reads its response head at once.
+    upstream.inbox.handOver();
     upstream.holder = undefined;
     return upstream;
   }

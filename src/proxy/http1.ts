@@ -182,7 +182,10 @@ export function fieldValues(fields: readonly HeaderField[], lower: string): stri
 
 /** The comma-separated tokens of every `lower` field, lower-cased (e.g. Connection options). */
 export function fieldTokens(fields: readonly HeaderField[], lower: string): string[] {
-  return fieldValues(fields, lower)
+  const values = fieldValues(fields, lower);
+  // Most heads have no such field (asked of every request and response).
+  if (values.length === 0) return values;
+  return values
     .flatMap((value) => value.split(','))
     .map((token) => token.trim().toLowerCase())
     .filter((token) => token !== '');
@@ -248,9 +251,12 @@ export function responseFraming(
   }
   if (lengths.length === 0)
     return { ok: true, value: { framing: { kind: 'close' }, reusable: false } };
-  const distinct = new Set(lengths.flatMap((value) => value.split(',')).map((v) => v.trim()));
+  const distinct =
+    lengths.length === 1 && DIGITS.test(lengths[0]!)
+      ? lengths // One plain number, the usual case: nothing to split.
+      : [...new Set(lengths.flatMap((value) => value.split(',')).map((v) => v.trim()))];
   const [length] = distinct;
-  if (distinct.size !== 1 || !DIGITS.test(length!))
+  if (distinct.length !== 1 || !DIGITS.test(length!))
     return fail(502, `its Content-Length ${JSON.stringify(lengths.join(', '))} is not one number`);
   const bytes = Number(length);
   return {

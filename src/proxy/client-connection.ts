@@ -190,7 +190,10 @@ export class ClientConnection {
         }
         return chunk.length;
       }
-      this.inbox.stop();
+      // Not paused: the next reader (a body's, or the next head's) usually comes before any
+      // byte does, and resuming a paused socket costs a tick of stream work per request. Bytes
+      // that arrive meanwhile wait in the inbox, which pauses then.
+      this.inbox.handOver();
       this.state = 'busy';
       this.headDone();
       if (typeof end !== 'number') {

@@ -57,9 +57,10 @@ export class Inbox {
   }
 
   /**
-   * Stops handing bytes on, for a reader that starts in this same tick (a pooled connection
-   * taken for a request): the socket is not paused, since resuming a paused socket costs a
-   * tick of stream work. Bytes that arrive with no reader pause it all the same.
+   * Stops handing bytes on without pausing the socket, for a reader expected before the next
+   * bytes (a pooled connection taken for a request, a client connection between a head and
+   * the next reader): resuming a paused socket costs a tick of stream work. Bytes that arrive
+   * with no reader wait and pause it all the same.
    */
   handOver(): void {
     this.reader = undefined;

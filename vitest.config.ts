@@ -1,14 +1,46 @@
 import { defineConfig } from 'vitest/config';
 
+/**
+ * Suites that put sandboxes in network namespaces, hold them to cgroup limits, or run Moat as
+ * the README does (namespace enforcement on the default pool, which one Moat holds at a time)
+ * run one file at a time, after the rest: two at once interfere (the netns lifecycle test then
+ * finds a deleted sandbox's namespace still there, and a 100 ms bound is missed under the
+ * load). Everything else (in-process Moats on free loopback ports, proxy enforcement) runs two
+ * files at a time.
+ */
+const ALONE = [
+  'test/netns/**/*.test.ts',
+  'test/confinement/**/*.test.ts',
+  'test/walkthrough.test.ts',
+  'test/deploy.test.ts',
+];
+
+const shared = { testTimeout: 30_000, hookTimeout: 30_000 };
+
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
     globalSetup: ['test/support/global-setup.ts'],
     reporters: ['default', './test/support/summary-reporter.ts'],
-    // One file at a time (vitest's default on two CPUs): two at once halve the suite's time, but
-    // two namespace suites running together interfere (the netns lifecycle test then finds a
-    // deleted sandbox's namespace still there, and a 100 ms bound is missed under the load).
-    testTimeout: 30_000,
-    hookTimeout: 30_000,
+    projects: [
+      {
+        test: {
+          ...shared,
+          name: 'together',
+          include: ['test/**/*.test.ts'],
+          exclude: ALONE,
+          maxWorkers: 2,
+          sequence: { groupOrder: 0 },
+        },
+      },
+      {
+        test: {
+          ...shared,
+          name: 'alone',
+          include: ALONE,
+          maxWorkers: 1,
+          sequence: { groupOrder: 1 },
+        },
+      },
+    ],
   },
 });

@@ -169,49 +169,7 @@ export async function startNamespaceGateway(
             }
           : undefined,
       now: parts.now,
-      endDenied: async (sandboxID) => {
-        const sandbox = parts.table.get(sandboxID);
-        if (sandbox === undefined) return;
-        try {
-          const open = await network.sandboxConnections(sandboxID);
-          // A connection established before the listing is accepted by Moat's listener
-          // (transparent, or inside the namespace) by the time this turn of the event loop has
-          // polled its socket.
-          await new Promise((resolve) => setImmediate(resolve));
-          const held = new Set<string>();
-          for (const { local } of open)
-            if (!held.has(local.host))
-              for (const port of parts.transparent.portsHeldFrom(local.host))
-                held.add(`${local.host}:${port}`);
-          const doomed = open.filter(({ local, peer }) => {
-            // Moat's own (its transparent listener's, by name, and its listener's inside the
-            // namespace, by address): it re-decides them itself.
-            if (held.has(`${local.host}:${local.port}`)) return false;
-            // Redirected to Moat's DNS, whichever resolver they name: never direct.
-            if (peer.port === DNS_PORT) return false;
-            // With an upstream proxy none may be direct (Moat's listeners hold the rest, and
-            // decide and end those themselves): these were opened before a PUT named the proxy.
-            if (sandbox.upstream !== undefined) return true;
-            const ip = parseIP(peer.host);
-            return (
-              ip.ok &&
-              firewallDecision(parts, sandbox, ip.value, peer.port, 'tcp').verdict === 'deny'
-            );
-          });
-          await network.endConnections(sandboxID, doomed);
-          if (doomed.length > 0)
-            logger.info(
-              { sandboxID, connections: doomed.length },
-              'open connections the new policy denies ended',
-            );
-        } catch (error) {
-          // Their packets are stopped all the same; the sockets learn at their next send.
-          logger.warn(
-            { sandboxID, err: (error as Error).message },
-            'ending denied connections failed',
-          );
-        }
-      },
+      endDenied: (sandboxID) => endDeniedConnections(network, parts, sandboxID),
       onApplied: (change, ok, seconds) => {
         metrics.kernelApplies.inc({ change, result: ok ? 'applied' : 'failed' });
         if (ok) metrics.kernelApplyDuration.observe({ change }, seconds);
@@ -220,6 +178,56 @@ export async function startNamespaceGateway(
   );
   await kernel.installHost();
   return kernel;
+}
+
+/**
+ * Ends, right after a publish, the sandbox's open TCP connections the new policy denies (their
+ * packets are already stopped; this makes the programs holding them see it at once), leaving
+ * alone those Moat holds itself and those to its DNS.
+ */
+async function endDeniedConnections(
+  network: NamespaceNetwork,
+  parts: NamespaceGatewayParts,
+  sandboxID: string,
+): Promise<void> {
+  const sandbox = parts.table.get(sandboxID);
+  if (sandbox === undefined) return;
+  try {
+    const open = await network.sandboxConnections(sandboxID);
+    // A connection established before the listing is accepted by Moat's listener
+    // (transparent, or inside the namespace) by the time this turn of the event loop has
+    // polled its socket.
+    await new Promise((resolve) => setImmediate(resolve));
+    const held = new Set<string>();
+    for (const host of new Set(open.map(({ local }) => local.host)))
+      for (const port of parts.transparent.portsHeldFrom(host)) held.add(`${host}:${port}`);
+    const doomed = open.filter(({ local, peer }) => {
+      // Moat's own (its transparent listener's, by name, and its listener's inside the
+      // namespace, by address): it re-decides them itself.
+      if (held.has(`${local.host}:${local.port}`)) return false;
+      // Redirected to Moat's DNS, whichever resolver they name: never direct.
+      if (peer.port === DNS_PORT) return false;
+      // With an upstream proxy none may be direct (Moat's listeners hold the rest, and
+      // decide and end those themselves): these were opened before a PUT named the proxy.
+      if (sandbox.upstream !== undefined) return true;
+      const ip = parseIP(peer.host);
+      return (
+        ip.ok && firewallDecision(parts, sandbox, ip.value, peer.port, 'tcp').verdict === 'deny'
+      );
+    });
+    await network.endConnections(sandboxID, doomed);
+    if (doomed.length > 0)
+      parts.logger.info(
+        { sandboxID, connections: doomed.length },
+        'open connections the new policy denies ended',
+      );
+  } catch (error) {
+    // Their packets are stopped all the same; the sockets learn at their next send.
+    parts.logger.warn(
+      { sandboxID, err: (error as Error).message },
+      'ending denied connections failed',
+    );
+  }
 }
 
 /**

@@ -106,6 +106,12 @@ export interface ConfigSources {
   readonly file?: string;
 }
 
+/** Config-file keys that were renamed, old to new: a file with the old one is told the new. */
+const RENAMED_KEYS = new Map([
+  // "namespace" also meant a Linux network namespace (enforcement, namespacePool).
+  ['namespace', 'teamNamespace'],
+]);
+
 function readConfigFile(path: string): Result<Record<string, unknown>> {
   let text: string;
   try {
@@ -120,6 +126,13 @@ function readConfigFile(path: string): Result<Record<string, unknown>> {
     }
     const known = new Set(SETTINGS.map((s) => s.key as string));
     const unknown = Object.keys(value).find((key) => !known.has(key));
+    const renamed = unknown === undefined ? undefined : RENAMED_KEYS.get(unknown);
+    if (renamed !== undefined) {
+      return {
+        ok: false,
+        error: `config file ${path}: key ${JSON.stringify(unknown)} is now ${JSON.stringify(renamed)}; rename it`,
+      };
+    }
     if (unknown !== undefined) {
       return {
         ok: false,

@@ -243,6 +243,13 @@ describe('moat check', () => {
     expect(r.code).toBe(2);
     expect(r.stderr).toContain('allowOut has 2 entries; the limit is 1 per list');
   });
+
+  it('names the new key when a config file uses a renamed one', async () => {
+    const config = file('renamed.json', { namespace: 'team-a' });
+    const r = await runMoat(['check', '--config', config, '--policy', config, '1.1.1.1']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`config file ${config}: key "namespace" is now "teamNamespace"`);
+  });
 });
 
 describe('moat check --resolve', () => {

@@ -15,6 +15,28 @@ export type InjectionOutcome =
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 
+/**
+ * A resource shared by every sandbox on the host, each with a per-sandbox budget
+ * (docs/sandbox-isolation.md has the table): connections held open on one of Moat's
+ * listeners, connections that sent no first byte or sat idle too long, Moat's own file
+ * descriptors, new connections a second and tracked connections (the kernel's), calls to a
+ * sandbox's file agent or launcher past their deadline, and the costly work of Moat's one
+ * event loop (leaf certificates minted, requests proxied).
+ */
+export type BudgetResource =
+  | 'proxy_connections'
+  | 'transparent_connections'
+  | 'dns_tcp_connections'
+  | 'ingress_connections'
+  | 'first_byte_deadline'
+  | 'idle_deadline'
+  | 'file_descriptors'
+  | 'new_connections'
+  | 'tracked_connections'
+  | 'agent_deadline'
+  | 'leaf_mints'
+  | 'proxied_requests';
+
 const MISNAMED_DEFAULT_GAUGES = [
   'nodejs_active_handles_total',
   'nodejs_active_requests_total',
@@ -120,6 +142,14 @@ export class MoatMetrics {
     labelNames: ['outcome'] as const,
     registers: [this.registry],
     collect: (): void => this.publishHotCounts(this.secretInjections),
+  });
+
+  /** Inc with `{resource}` where a sandbox is refused for being over one of its budgets. */
+  readonly budgetRefusals: Counter<'resource'> = new Counter({
+    name: 'moat_budget_refusals_total',
+    help: 'Times a sandbox was refused for being over its budget of a shared resource, by resource (docs/sandbox-isolation.md lists them)',
+    labelNames: ['resource'] as const,
+    registers: [this.registry],
   });
 
   readonly proxyDialDuration = new Histogram({

@@ -830,6 +830,28 @@ describe('TLS interception for header rules', () => {
       expect(await leaks(moat)).toBe(before + 3);
     });
 
+    it('ends a CONNECT tunnel carried by the native relay at a request carrying a secret', async () => {
+      const native = await startInterceptingProxy({
+        names: NAMES,
+        upstreamCa: originCa.cert,
+        transparentPorts: { tls: port, http: port },
+        tcpIo: 'auto',
+        injection: moatInjection,
+      });
+      try {
+        native.register(SANDBOX, SECRET, SOURCE, NETWORK);
+        const tunnel = await connectThrough(native.proxy, `norule.test:${port}`, { auth });
+        expect(tunnel.status).toBe(200);
+        tunnel.socket.write(get('norule.test', `X-T: ${TOKEN.toUpperCase()}\r\n`));
+        await readUntil(tunnel.socket, () => false, 2000);
+        expect(tunnel.socket.readableEnded || tunnel.socket.destroyed).toBe(true);
+        tunnel.socket.destroy();
+        expect(await leaks(native)).toBe(1);
+      } finally {
+        await native.close();
+      }
+    });
+
     it("sends a rule's headers to every port allowOut opens for its name, over verified TLS", async () => {
       const other = https.createServer(originCa.issue(['api.rule.test']), (req, res) =>
         res.end(JSON.stringify({ rawHeaders: req.rawHeaders })),

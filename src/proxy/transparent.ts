@@ -303,7 +303,7 @@ export class TransparentProxy {
     tunnel.release(seen, guard, refused);
   }
 
-  /** The leak guard's refusal of the first request of a plain-HTTP connection (its head read whole by the peek). */
+  /** The leak guard's refusal of a plain-HTTP connection's first request (the peek read it whole). */
   private async firstRequestLeak(
     sandbox: EnforcedSandbox,
     target: Target,

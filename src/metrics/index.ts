@@ -11,7 +11,13 @@ export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'serv
 
 export type ProxyKind = 'connect' | 'forward' | 'transparent';
 export type InjectionOutcome =
-  'injected' | 'missing_secret' | 'store_error' | 'upstream_refused' | 'fronting' | 'leak';
+  | 'injected'
+  | 'missing_secret'
+  | 'store_error'
+  | 'upstream_refused'
+  | 'fronting'
+  | 'leak'
+  | 'upgrade_refused';
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 

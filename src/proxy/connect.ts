@@ -23,7 +23,7 @@ import {
 } from './dial.js';
 import type { ProxyOptions } from './egress.js';
 import { writeRawError } from './http-errors.js';
-import { MAX_REQUEST_HEAD_BYTES } from './http1.js';
+import { MAX_REQUEST_HEAD_BYTES, type RequestHead } from './http1.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { type Interceptor, protocolRefusal, readFirstBytes } from './intercept.js';
 import type { NativeClient, NativeTcp, NativeUpstream } from './native-tcp.js';
@@ -217,8 +217,10 @@ export class TunnelOpener {
     const tunnel = spliceTunnel(this.options, flow, sandbox, dialled, (options) =>
       client.splice(upstream, options),
     );
-    if (!this.options.checkServerName) return tunnel.release(early);
-    this.holdUntilChecked(dialled, early, tunnel, flow);
+    // The leak guard reads plain HTTP in every tunnel, even where names are not checked.
+    const leaks = this.interceptor?.leakInspector(sandbox, dialled);
+    if (!this.options.checkServerName && leaks === undefined) return tunnel.release(early);
+    this.holdUntilChecked(dialled, early, tunnel, flow, leaks);
   }
 
   /**
@@ -267,8 +269,18 @@ export class TunnelOpener {
     );
   }
 
-  /** Holds client bytes until the first ones show the tunnel talks to the host CONNECT named. */
-  private holdUntilChecked(target: Target, head: Buffer, tunnel: Splice, flow: OpenFlow): void {
+  /**
+   * Holds client bytes until the first ones show the tunnel talks to the host CONNECT named (when
+   * names are checked), and plain HTTP carries no secret it may not (`leaks`, the leak guard).
+   */
+  private holdUntilChecked(
+    target: Target,
+    head: Buffer,
+    tunnel: Splice,
+    flow: OpenFlow,
+    leaks: ((head: RequestHead) => string | undefined) | undefined,
+  ): void {
+    const checkNames = this.options.checkServerName;
     const arriving = new ArrivingBytes();
     let seen = arriving.restart(head);
     const timer = setTimeout(
@@ -302,14 +314,18 @@ export class TunnelOpener {
       if (seen.length === 0) return;
       const verdict = checkFirstBytes(target, seen);
       if (verdict === 'wait') return;
-      if (verdict !== 'ok' && verdict !== 'tls' && verdict !== 'http') return finish(verdict);
+      if (checkNames && verdict !== 'ok' && verdict !== 'tls' && verdict !== 'http')
+        return finish(verdict);
       stopWatching();
-      if (verdict === 'ok') return tunnel.release(seen);
+      if (verdict !== 'http' && (!checkNames || verdict !== 'tls')) return tunnel.release(seen);
       // Every ClientHello the server acts on, or every request, is checked, not only the first.
       const guard =
         verdict === 'tls'
           ? new TlsHelloGuard((name) => serverNameProblem(target, name))
-          : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+          : new RequestStreamGuard(
+              (authority) => (checkNames ? authorityMismatch(target, authority) : undefined),
+              leaks,
+            );
       tunnel.release(seen, guard, refuse);
     };
     examine();

@@ -25,8 +25,11 @@ export interface Refusal {
   readonly status: 403 | 429 | 502 | 504;
   readonly message: string;
   readonly decision?: Decision;
-  /** The origin's TLS failed verification (or its handshake): an intercepted request's refusal. */
-  readonly cause?: 'origin-tls';
+  /**
+   * An intercepted request's refusal: the origin's TLS failed verification (or its handshake),
+   * or the origin switched protocols without proving a WebSocket handshake.
+   */
+  readonly cause?: 'origin-tls' | 'switch';
 }
 
 /** A connection made, to the address it was decided for, or a refusal. */

@@ -24,6 +24,7 @@ import {
 import { Inbox } from './inbox.js';
 import { type Redaction, SecretRedaction } from './redact.js';
 import type { TunnelRegistry } from './tunnels.js';
+import { switchedToWebSocket } from './websocket.js';
 import { Upstream, type UpstreamHolder, type UpstreamPool } from './upstream-pool.js';
 
 /** What the client connection learns when an exchange ends. */
@@ -71,8 +72,11 @@ export interface ForwardRequest {
   readonly flow: Pick<OpenFlow, 'dialled' | 'refused' | 'closed'>;
   /** Fields set on the request, each replacing any field of its name (case-insensitively). */
   readonly setFields?: readonly SetField[];
-  /** The protocol the client asks to switch to (`Upgrade`), passed to the origin. */
-  readonly upgrade?: string;
+  /**
+   * The client asks to switch to WebSocket (checked by `webSocketUpgrade`): passed to the
+   * origin, whose 101 must carry this Sec-WebSocket-Accept. No other switch is ever asked for.
+   */
+  readonly webSocketAccept?: string;
   /** The request head went to the origin (with `setFields`). */
   readonly onSent?: () => void;
   /**
@@ -96,10 +100,13 @@ function hostHeader(target: Target, defaultPort: number): string {
 
 /** The request head sent to the origin: the client's end-to-end fields, `setFields` replacing theirs. */
 export function originRequestText(
-  request: Pick<ForwardRequest, 'head' | 'target' | 'path' | 'framing' | 'setFields' | 'upgrade'>,
+  request: Pick<
+    ForwardRequest,
+    'head' | 'target' | 'path' | 'framing' | 'setFields' | 'webSocketAccept'
+  >,
   overTls: boolean,
 ): string {
-  const { head, target, path, setFields = [], upgrade } = request;
+  const { head, target, path, setFields = [], webSocketAccept } = request;
   const drop = new Set(REQUEST_DROP);
   let set = '';
   for (const field of setFields) {
@@ -109,9 +116,9 @@ export function originRequestText(
   const connection =
     head.minor === 0
       ? 'Connection: close\r\n'
-      : upgrade === undefined
+      : webSocketAccept === undefined
         ? ''
-        : `Connection: Upgrade\r\nUpgrade: ${upgrade}\r\n`;
+        : 'Connection: Upgrade\r\nUpgrade: websocket\r\n';
   return (
     `${head.method} ${path} HTTP/1.${head.minor}\r\n` +
     `Host: ${hostHeader(target, overTls ? 443 : 80)}\r\n` +
@@ -415,14 +422,20 @@ export class Exchange implements UpstreamHolder {
         return chunk.length;
       }
       const head = parsed.value;
-      if (head.status === 101 && this.request.upgrade !== undefined) {
+      const accept = this.request.webSocketAccept;
+      if (accept !== undefined && switchedToWebSocket(head, accept)) {
         this.switchProtocols(upstream, head);
         return chunk.length - unused;
       }
+      // Past a switch nothing more is read or redacted: only a proven WebSocket one passes.
       if (head.status === 101) {
         this.answer({
           status: 502,
-          message: `${this.what} switched protocols, which Moat never asks for`,
+          message:
+            accept === undefined
+              ? `${this.what} switched protocols, which Moat never asks for`
+              : `${this.what} answered the WebSocket upgrade with 101 without the matching Sec-WebSocket-Accept`,
+          cause: 'switch',
         });
         return chunk.length;
       }
@@ -588,7 +601,9 @@ export class Exchange implements UpstreamHolder {
   private redactedFields(fields: readonly HeaderField[]): readonly HeaderField[] {
     const { redaction } = this;
     if (redaction === undefined) return fields;
-    return fields.map((field) => ({ ...field, value: redaction.text(field.value) }));
+    return fields
+      .filter((field) => !redaction.inName(field.name))
+      .map((field) => ({ ...field, value: redaction.text(field.value) }));
   }
 
   private responseDone(reusable: boolean): void {

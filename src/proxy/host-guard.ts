@@ -1,28 +1,22 @@
-import { createHash } from 'node:crypto';
 import { parseAuthority } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 import type { Target } from './dial.js';
 import {
   bodyScanner,
   type BodyScanner,
-  fieldTokens,
   fieldValues,
   headEnd,
   MAX_REQUEST_HEAD_BYTES,
   MAX_RESPONSE_HEAD_BYTES,
   parseRequestHead,
   parseResponseHead,
+  type RequestHead,
   requestFraming,
 } from './http1.js';
 import type { Checked, TunnelGuard } from './splice.js';
+import { switchedToWebSocket, webSocketUpgrade } from './websocket.js';
 
 const EMPTY = Buffer.alloc(0);
-/** RFC 6455 1.3: the server proves it read the handshake by hashing the key with this. */
-const WEBSOCKET_GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
-const webSocketAccept = (key: string): string =>
-  createHash('sha1')
-    .update(key + WEBSOCKET_GUID)
-    .digest('base64');
 const joined = (parts: readonly Buffer[]): Buffer =>
   parts.length === 1 ? parts[0]! : Buffer.concat(parts);
 /** What a client may send after its upgrade request before the origin has answered it. */
@@ -64,9 +58,13 @@ export class RequestStreamGuard implements TunnelGuard {
 
   /**
    * `mismatch` says why an authority (a Host value, an absolute-form target's, or undefined for
-   * a request without Host) is not the tunnel's; undefined when it is.
+   * a request without Host) is not the tunnel's; undefined when it is. `inspect`, when given,
+   * says why a head that passed those checks may still not go on (the leak guard).
    */
-  constructor(private readonly mismatch: (authority: string | undefined) => string | undefined) {}
+  constructor(
+    private readonly mismatch: (authority: string | undefined) => string | undefined,
+    private readonly inspect?: (head: RequestHead) => string | undefined,
+  ) {}
 
   /** The origin switched to WebSocket: every byte passes as it is from now on. */
   get done(): boolean {
@@ -143,12 +141,7 @@ export class RequestStreamGuard implements TunnelGuard {
       this.answer.restart();
       const held = this.held.bytes;
       this.held.restart();
-      // Switched only by an answer that proves it read this handshake (RFC 6455 4.2.2): a
-      // canned 101 from an origin that goes on reading HTTP must not end the checks.
-      if (
-        head?.status === 101 &&
-        fieldValues(head.fields, 'sec-websocket-accept').join() === this.accept
-      ) {
+      if (switchedToWebSocket(head, this.accept)) {
         this.state = 'switched';
         return { pass: held };
       }
@@ -182,18 +175,16 @@ export class RequestStreamGuard implements TunnelGuard {
       const byTarget = this.mismatch(absolute[1]!);
       if (byTarget !== undefined) return byTarget;
     }
+    const inspected = this.inspect?.(head);
+    if (inspected !== undefined) return inspected;
     const first = this.requests++ === 0;
     if (head.method === 'CONNECT') return 'a request asks to switch protocols (CONNECT)';
-    if (head.fields.some((field) => field.lower === 'upgrade')) {
-      const protocols = fieldTokens(head.fields, 'upgrade');
-      if (protocols.length === 0 || protocols.some((protocol) => protocol !== 'websocket'))
-        return `a request asks to switch protocols to ${JSON.stringify(protocols.join(', '))}: only websocket is let through`;
+    const upgrade = webSocketUpgrade(head);
+    if (upgrade !== undefined) {
+      if ('problem' in upgrade) return upgrade.problem;
       if (!first)
         return "a request other than the tunnel's first asks to switch protocols: only the first may";
-      const keys = fieldValues(head.fields, 'sec-websocket-key');
-      if (keys.length !== 1 || !fieldTokens(head.fields, 'connection').includes('upgrade'))
-        return 'a WebSocket upgrade request needs one Sec-WebSocket-Key and Connection: Upgrade';
-      this.accept = webSocketAccept(keys[0]!);
+      this.accept = upgrade.accept;
       this.state = 'answer';
     }
     const framing = requestFraming(head);

@@ -18,8 +18,10 @@ import type { Dialled, Refusal, Target } from './dial.js';
 import type { ProxyOptions } from './egress.js';
 import { Exchange, type ExchangeContext, type SetField } from './exchange.js';
 import { UpstreamPool } from './upstream-pool.js';
+import { webSocketUpgrade } from './websocket.js';
 import { authorityMismatch } from './host-guard.js';
-import { fieldTokens, fieldValues, isHopByHop, type RequestHead } from './http1.js';
+import { carriedSecret } from './leak-guard.js';
+import { fieldValues, isHopByHop, type RequestHead } from './http1.js';
 import type { Redaction } from './redact.js';
 import { flowAsk } from './tunnels.js';
 
@@ -147,6 +149,8 @@ export class Interceptor {
   private readonly context: ExchangeContext;
   private readonly sockets = new Set<net.Socket>();
   private draining = false;
+  /** The stored secrets as last read, for the leak guard of plain-HTTP tunnels. */
+  private lastSecrets: ReadonlyMap<string, string> | 'unreadable' | undefined;
 
   constructor(private readonly options: InterceptOptions) {
     this.pool = new UpstreamPool(options.maxTunnelsPerSandbox);
@@ -163,6 +167,8 @@ export class Interceptor {
       draining: () => this.draining,
       originTls: trust,
     };
+    // Read once now, so the first request of a plain-HTTP tunnel has values to be checked by.
+    this.readSecrets().catch(() => {});
   }
 
   /** The header rule a decided target is intercepted for; undefined: it is not. */
@@ -187,7 +193,8 @@ export class Interceptor {
   /**
    * The refusal of a request whose head (target or a header) carries a stored secret, by value
    * or placeholder, to a destination whose header rule does not name that secret; undefined
-   * when it carries none. Bodies are not read.
+   * when it carries none. Bodies are not read. The one leak guard of every request Moat reads:
+   * forwarded, intercepted, and (through `leakInspector`) in plain-HTTP tunnels.
    */
   async leakRefusal(
     sandbox: EnforcedSandbox,
@@ -196,47 +203,79 @@ export class Interceptor {
   ): Promise<Refusal | undefined> {
     let secrets: ReadonlyMap<string, string> | undefined;
     try {
-      secrets = await this.options.injection.secretValues?.();
+      secrets = await this.readSecrets();
     } catch (error) {
-      // Fail closed: a request that cannot be checked is not sent. The cause (a store outage,
-      // another node's key) is the operator's to read, not the sandbox's.
-      this.options.logger.error(
-        { err: error, sandboxID: sandbox.sandboxID, destination: formatDestination(target) },
-        'stored secrets unreadable; request refused',
-      );
-      this.count('store_error');
-      return unreadableSecrets(target);
+      return this.unchecked(sandbox, target, error);
     }
-    if (secrets === undefined || secrets.size === 0) return undefined;
+    return secrets === undefined ? undefined : this.leakIn(secrets, sandbox, target, head);
+  }
+
+  /**
+   * The leak guard for the requests of a plain-HTTP tunnel, which are checked as they pass and
+   * cannot wait for a read: each is checked against the secrets as last read, and asks for a
+   * fresh read for the next one (a vault answers from memory until its secrets change).
+   * Undefined when there is no leak guard; a problem refuses the request and ends the tunnel.
+   */
+  leakInspector(
+    sandbox: EnforcedSandbox,
+    target: Target,
+  ): ((head: RequestHead) => string | undefined) | undefined {
+    if (this.options.injection.secretValues === undefined) return undefined;
+    return (head) => {
+      const secrets = this.lastSecrets;
+      this.readSecrets().catch(() => {});
+      if (secrets === undefined || secrets === 'unreadable')
+        return this.unchecked(sandbox, target, undefined).message;
+      return this.leakIn(secrets, sandbox, target, head)?.message;
+    };
+  }
+
+  /** Every stored secret, read now (undefined: no leak guard); remembered for tunnels. */
+  private async readSecrets(): Promise<ReadonlyMap<string, string> | undefined> {
+    try {
+      const secrets = await this.options.injection.secretValues?.();
+      this.lastSecrets = secrets;
+      return secrets;
+    } catch (error) {
+      this.lastSecrets = 'unreadable';
+      throw error;
+    }
+  }
+
+  /** Fail closed: a request that cannot be checked is not sent. */
+  private unchecked(sandbox: EnforcedSandbox, target: Target, error: unknown): Refusal {
+    // The cause (a store outage, another node's key) is the operator's to read, not the
+    // sandbox's.
+    this.options.logger.error(
+      { err: error, sandboxID: sandbox.sandboxID, destination: formatDestination(target) },
+      'stored secrets unreadable; request refused',
+    );
+    this.count('store_error');
+    return unreadableSecrets(target);
+  }
+
+  private leakIn(
+    secrets: ReadonlyMap<string, string>,
+    sandbox: EnforcedSandbox,
+    target: Target,
+    head: RequestHead,
+  ): Refusal | undefined {
+    if (secrets.size === 0) return undefined;
     const rule = this.ruleFor(sandbox, target);
     const bound = new Set(
       rule?.headers.flatMap((header) =>
         header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
       ),
     );
-    let decoded = head.target;
-    try {
-      decoded = decodeURIComponent(head.target);
-    } catch {
-      // Not percent-encoded text: read as it is.
-    }
-    const text = [head.target, decoded, ...head.fields.map((field) => field.value)].join('\n');
-    const lower = text.toLowerCase();
-    for (const [name, value] of secrets) {
-      if (bound.has(name)) continue;
-      const carried =
-        (value !== '' && text.includes(value)) ||
-        lower.includes(secretPlaceholder(name.toLowerCase()));
-      if (!carried) continue;
-      this.count('leak');
-      const reason = `the request carries secret ${JSON.stringify(name)} to ${formatDestination(target)}, which no header rule binds to it`;
-      this.options.logger.warn(
-        { sandboxID: sandbox.sandboxID, destination: formatDestination(target), secret: name },
-        'secret leak refused',
-      );
-      return protocolRefusal(reason);
-    }
-    return undefined;
+    const name = carriedSecret(secrets, bound, head);
+    if (name === undefined) return undefined;
+    this.count('leak');
+    const reason = `the request carries secret ${JSON.stringify(name)} to ${formatDestination(target)}, which no header rule binds to it`;
+    this.options.logger.warn(
+      { sandboxID: sandbox.sandboxID, destination: formatDestination(target), secret: name },
+      'secret leak refused',
+    );
+    return protocolRefusal(reason);
   }
 
   /**
@@ -390,6 +429,7 @@ export class Interceptor {
   /** Logs a refusal an intercepted request's exchange answered (the origin's 502/504). */
   private refused(sandbox: EnforcedSandbox, target: Target, refusal: Refusal): Refusal {
     if (refusal.cause === 'origin-tls') this.count('upstream_refused');
+    if (refusal.cause === 'switch') this.count('upgrade_refused');
     this.options.logger.warn(
       {
         sandboxID: sandbox.sandboxID,
@@ -455,6 +495,13 @@ class InterceptedConnection implements RequestHandler {
       flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: fronting });
       return answer(421, `${fronting}; refused`, false);
     }
+    // Past a switch nothing more is read or redacted: only a WebSocket one may be asked for.
+    const upgrade = webSocketUpgrade(head);
+    if (upgrade !== undefined && 'problem' in upgrade) {
+      interceptor.count('upgrade_refused');
+      flow.refused({ verdict: 'deny', list: 'invalid', rule: null, reason: upgrade.problem });
+      return answer(400, `${upgrade.problem}; refused`, false);
+    }
     // Rules change: each request is given the rule current now, or none (then the client
     // reconnects, and gets an opaque tunnel).
     const rule = interceptor.ruleFor(sandbox, target);
@@ -494,8 +541,6 @@ class InterceptedConnection implements RequestHandler {
       return answer(502, substituted.message);
     }
     const names = substituted.fields.map((field) => field.name);
-    const upgrades = fieldTokens(head.fields, 'connection').includes('upgrade');
-    const upgrade = upgrades ? fieldValues(head.fields, 'upgrade').join(', ') : '';
     connection.exchange(
       new Exchange(
         interceptor.exchangeContext,
@@ -517,7 +562,7 @@ class InterceptedConnection implements RequestHandler {
                 redactions: substituted.secrets,
               }
             : { setFields: substituted.fields }),
-          upgrade: upgrade === '' ? undefined : upgrade,
+          ...(upgrade === undefined ? {} : { webSocketAccept: upgrade.accept }),
           onSent: () => {
             interceptor.count('injected');
             flow.injectedHeaders(names);

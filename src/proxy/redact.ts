@@ -21,6 +21,8 @@ export class SecretRedaction {
   /** Longest first, so that a tie at one position goes to the longest value. */
   readonly needles: readonly Needle[];
   readonly longest: number;
+  /** Each value's bytes as latin1 text, lower-cased (header names are read as latin1). */
+  private readonly lowerValues: readonly string[];
 
   constructor(redactions: readonly Redaction[]) {
     this.needles = redactions
@@ -31,6 +33,16 @@ export class SecretRedaction {
       }))
       .sort((a, b) => b.bytes.length - a.bytes.length);
     this.longest = this.needles[0]?.bytes.length ?? 0;
+    this.lowerValues = this.needles.map((needle) => needle.bytes.toString('latin1').toLowerCase());
+  }
+
+  /**
+   * Whether a header name holds a value, in any ASCII case (names are case-insensitive, and an
+   * origin may well echo them lower-cased). Such a field is dropped: a placeholder is no token.
+   */
+  inName(name: string): boolean {
+    const lower = name.toLowerCase();
+    return this.lowerValues.some((value) => lower.includes(value));
   }
 
   /** A redactor for one stream (a response body). */

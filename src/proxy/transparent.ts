@@ -9,9 +9,10 @@ import {
   parseIP,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
-import { type Dialled, type Target, tunnelSocket } from './dial.js';
+import { type Dialled, type Refusal, type Target, tunnelSocket } from './dial.js';
 import { interceptorFor, type ProxyListen, type ProxyOptions } from './egress.js';
 import { writeRawError } from './http-errors.js';
+import { headEnd, MAX_REQUEST_HEAD_BYTES, parseRequestHead } from './http1.js';
 import type { Interceptor } from './intercept.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';
 import { identify } from './identity.js';
@@ -232,6 +233,16 @@ export class TransparentProxy {
         seen,
       );
     }
+    // The leak guard, as on the proxy: the first request is answered before anything is
+    // dialled; later ones of the connection are checked by its guard below.
+    const leak =
+      plan.ok && protocol === 'http'
+        ? await this.firstRequestLeak(sandbox, target, seen)
+        : undefined;
+    if (leak !== undefined) {
+      flows.decided(flowAsk('transparent', sandbox, target, protocol), leak.decision!);
+      return writeRawError(client, leak.status, leak.message, leak.decision);
+    }
     // Raw TCP refused by its address gets a reset, as the firewall refuses direct TCP: a clean
     // end would read as an empty answer from the destination.
     const refuse = () => (protocol === 'tcp' ? client.resetAndDestroy() : client.destroy());
@@ -285,7 +296,24 @@ export class TransparentProxy {
                 ? undefined
                 : `the TLS server name ${JSON.stringify(name)} is not ${target.host}`;
             })
-          : new RequestStreamGuard((authority) => authorityMismatch(target, authority));
+          : new RequestStreamGuard(
+              (authority) => authorityMismatch(target, authority),
+              this.interceptor?.leakInspector(sandbox, target),
+            );
     tunnel.release(seen, guard, refused);
+  }
+
+  /** The leak guard's refusal of a plain-HTTP connection's first request (the peek read it whole). */
+  private async firstRequestLeak(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    seen: Buffer,
+  ): Promise<Refusal | undefined> {
+    if (this.interceptor === undefined) return undefined;
+    const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES);
+    const parsed = typeof end === 'number' ? parseRequestHead(seen.subarray(0, end)) : undefined;
+    // A head that does not parse is the guard's to refuse.
+    if (parsed?.ok !== true) return undefined;
+    return this.interceptor.leakRefusal(sandbox, target, parsed.value);
   }
 }

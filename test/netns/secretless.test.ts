@@ -157,6 +157,20 @@ describe.skipIf(skip !== undefined)('secretless egress in namespace mode', () =>
     });
   }
 
+  // Issue 33: sent directly (the transparent listener's port 80), this was not refused.
+  for (const { way, flags } of WAYS) {
+    it(`refuses plain HTTP carrying a secret's placeholder to a name without its rule, ${way}`, async () => {
+      const before = world.seen('http').length;
+      const leak = await curlIn(
+        sandbox,
+        `-H 'X-T: ${PLACEHOLDER}' http://plain.secret.test/headers`,
+        flags,
+      );
+      expect(leak.stdout, leak.stderr).toContain('carries secret \\"gh\\"');
+      expect(world.seen('http').slice(before)).toEqual([]);
+    });
+  }
+
   it('never gives the sandbox, the API or the logs the secret', async () => {
     // The injections above were logged (by header names): the log check below looks at real lines.
     const injected = logs.filter((line) => line.includes('secret headers injected'));

@@ -247,6 +247,22 @@ describe('RequestStreamGuard', () => {
   });
 });
 
+describe('RequestStreamGuard, with an inspector (the leak guard)', () => {
+  it('shows it every head, however cut, and ends the tunnel at the first it refuses', () => {
+    const inspected: string[] = [];
+    const guard = new RequestStreamGuard(mismatch, (head) => {
+      inspected.push(head.target);
+      return head.fields.some((f) => f.lower === 'x-leak') ? 'carries a secret' : undefined;
+    });
+    const first = 'GET /1 HTTP/1.1\r\nHost: site.test\r\n\r\n';
+    const second = 'GET /2 HTTP/1.1\r\nHost: site.test\r\nX-Leak: 1\r\n\r\n';
+    const { problem, passed } = run(guard, [first.slice(0, 9), first.slice(9), second]);
+    expect(problem).toBe('carries a secret');
+    expect(passed).toBe(first);
+    expect(inspected).toEqual(['/1', '/2']);
+  });
+});
+
 describe('RequestStreamGuard, a switch to WebSocket', () => {
   // Bytes that are not HTTP: a masked WebSocket frame, as a client sends them.
   const FRAME = '\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58';

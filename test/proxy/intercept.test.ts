@@ -163,6 +163,12 @@ describe('TLS interception for header rules', () => {
             res.write(`{"seen":"${req.headers.authorization ?? ''}`);
             return void setTimeout(() => res.end('"}'), 10);
           }
+          // The credential back in a response header's name, in another case.
+          if (req.url === '/echo-name') {
+            const credential = (req.headers.authorization ?? '').split(' ')[1] ?? 'none';
+            res.setHeader(`X-Bearer-${credential.toUpperCase()}`, '1');
+            return void res.end('named');
+          }
           // The body back in pieces, with no length: chunked.
           if (req.url === '/chunked') {
             const body = Buffer.concat(chunks);
@@ -184,6 +190,13 @@ describe('TLS interception for header rules', () => {
         });
       });
       server.on('upgrade', (req, socket: net.Socket) => {
+        // Any switch agreed to, without proving it read the handshake, and the request echoed.
+        if (req.url === '/echo-upgrade') {
+          socket.write(
+            `HTTP/1.1 101 Switching Protocols\r\nUpgrade: ${req.headers.upgrade}\r\nConnection: Upgrade\r\n\r\n`,
+          );
+          return void socket.end(JSON.stringify(req.rawHeaders));
+        }
         const accept = createHash('sha1')
           .update(`${req.headers['sec-websocket-key']}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`)
           .digest('base64');
@@ -693,6 +706,168 @@ describe('TLS interception for header rules', () => {
     });
   });
 
+  describe('secret gaps on the interception and plaintext paths', () => {
+    /** Every byte of `text` percent-encoded (`%6B%65...`). */
+    const percent = (text: string) =>
+      [...Buffer.from(text)].map((b) => `%${b.toString(16).padStart(2, '0')}`).join('');
+    const carriesAny = (text: string) => SECRET_VALUES.some((v) => text.includes(v));
+    const leaks = async (proxy: InterceptingProxy) => {
+      const text = await proxy.metrics.registry.getSingleMetricAsString(
+        'moat_secret_injections_total',
+      );
+      return Number(/outcome="leak"} (\d+)/.exec(text)?.[1] ?? 0);
+    };
+
+    it('refuses any Upgrade but WebSocket on an intercepted connection: the echoed request never comes back', async () => {
+      for (const proxy of [moat, redacting]) {
+        const socket = await tunnelTls('api.rule.test', moatCa.cert, proxy);
+        const reply = await exchange(
+          socket,
+          'GET /echo-upgrade HTTP/1.1\r\nHost: api.rule.test\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n',
+        );
+        const all = reply.head + reply.body + (await readUntil(socket, () => false, 300));
+        socket.destroy();
+        expect(reply.status).toBe(400);
+        expect(reply.body).toContain('only websocket');
+        expect(carriesAny(all), 'a secret value reached the sandbox').toBe(false);
+      }
+    });
+
+    it('answers 502 and closes the origin when a WebSocket 101 does not carry the matching Sec-WebSocket-Accept', async () => {
+      const socket = await tunnelTls('api.rule.test', moatCa.cert, redacting);
+      const reply = await exchange(
+        socket,
+        'GET /echo-upgrade HTTP/1.1\r\nHost: api.rule.test\r\nConnection: Upgrade\r\n' +
+          'Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n',
+      );
+      const all = reply.head + reply.body + (await readUntil(socket, () => false, 300));
+      socket.destroy();
+      expect(reply.status).toBe(502);
+      expect(reply.body).toContain('Sec-WebSocket-Accept');
+      expect(carriesAny(all), 'a secret value reached the sandbox').toBe(false);
+      // A WebSocket request without a well-formed key is not sent at all.
+      const keyless = await tunnelTls('ws.rule.test', moatCa.cert, redacting);
+      const bad = await exchange(
+        keyless,
+        get(
+          'ws.rule.test',
+          'Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: x\r\n',
+        ),
+      );
+      keyless.destroy();
+      expect(bad.status).toBe(400);
+    });
+
+    it('drops a response header whose name carries an injected value (any case)', async () => {
+      const { stdout } = await curlThrough(
+        redacting,
+        `https://api.rule.test:${port}/echo-name`,
+        '-i',
+      );
+      expect(stdout).toContain('named');
+      const lower = stdout.toLowerCase();
+      expect(
+        SECRET_VALUES.some((v) => lower.includes(v.toLowerCase())),
+        'a secret value in a header name',
+      ).toBe(false);
+    });
+
+    it('refuses a secret sent lower- or upper-cased, split across fields, or percent-encoded more than once', async () => {
+      const half = API_KEY.length >> 1;
+      const [front, back] = [API_KEY.slice(0, half), API_KEY.slice(half)];
+      const variants: [string, string, string][] = [
+        ['upper case', '/p', `X-Other: ${API_KEY.toUpperCase()}\r\n`],
+        ['two fields', '/p', `X-A: ${front}\r\nX-B: ${back}\r\n`],
+        ['one field twice', '/p', `X-A: ${front}\r\nX-Z: 1\r\nX-A: ${back}\r\n`],
+        ['encoded twice', `/q?k=${percent(percent(API_KEY))}`, ''],
+        ['encoded three times', `/q?k=${percent(percent(percent(API_KEY)))}`, ''],
+        ['in a field name', '/p', `X-${API_KEY}: 1\r\n`],
+        ['placeholder, upper case', '/p', 'X-T: ${E2B.SECRETS.KEY}\r\n'],
+        ['placeholder, encoded', `/q?k=${percent('${e2b.secrets.key}')}`, ''],
+      ];
+      for (const [what, path, extra] of variants) {
+        const socket = await tunnelTls('api.rule.test', moatCa.cert);
+        const reply = await exchange(
+          socket,
+          `GET ${path} HTTP/1.1\r\nHost: api.rule.test\r\n${extra}\r\n`,
+        );
+        socket.destroy();
+        expect(reply.status, what).toBe(403);
+        expect(reply.body, what).toContain('secret \\"key\\"');
+      }
+      // Not a false alarm: a near value passes, and the bound secret goes where it is bound.
+      const near = await tunnelTls('api.rule.test', moatCa.cert);
+      const nearMiss = `${API_KEY.slice(0, -1)}_`;
+      expect((await exchange(near, get('api.rule.test', `X-N: ${nearMiss}\r\n`))).status).toBe(200);
+      const own = `/q?t=${percent(percent(TOKEN.toUpperCase()))}`;
+      expect(
+        (await exchange(near, `GET ${own} HTTP/1.1\r\nHost: api.rule.test\r\n\r\n`)).status,
+      ).toBe(200);
+      near.destroy();
+    });
+
+    it('refuses a secret on plain HTTP sent directly to port 80 (transparent) and inside a CONNECT tunnel', async () => {
+      const before = await leaks(moat);
+      // Transparent port 80: the first request is answered 403 before anything is dialled.
+      const plain = net.connect({ ...moat.transparent, localAddress: SOURCE });
+      const reply = await exchange(plain, get('norule.test', 'X-T: ${e2b.secrets.token}\r\n'));
+      plain.destroy();
+      expect(reply.status).toBe(403);
+      expect(reply.body).toContain('secret \\"token\\"');
+      const byValue = net.connect({ ...moat.transparent, localAddress: SOURCE });
+      const valued = await exchange(byValue, get('norule.test', `X-T: ${TOKEN}\r\n`));
+      byValue.destroy();
+      expect(valued.status).toBe(403);
+      expect(carriesAny(valued.body)).toBe(false);
+      // Inside a CONNECT tunnel to a destination without a rule: the tunnel is closed before
+      // the request goes on.
+      const tunnel = await connectThrough(moat.proxy, `norule.test:${port}`, { auth });
+      expect(tunnel.status).toBe(200);
+      tunnel.socket.write(get('norule.test', 'X-T: ${e2b.secrets.token}\r\n'));
+      await readUntil(tunnel.socket, () => false, 2000);
+      expect(tunnel.socket.readableEnded || tunnel.socket.destroyed).toBe(true);
+      tunnel.socket.destroy();
+      expect(await leaks(moat)).toBe(before + 3);
+    });
+
+    it('ends a CONNECT tunnel carried by the native relay at a request carrying a secret', async () => {
+      const native = await startInterceptingProxy({
+        names: NAMES,
+        upstreamCa: originCa.cert,
+        transparentPorts: { tls: port, http: port },
+        tcpIo: 'auto',
+        injection: moatInjection,
+      });
+      try {
+        native.register(SANDBOX, SECRET, SOURCE, NETWORK);
+        const tunnel = await connectThrough(native.proxy, `norule.test:${port}`, { auth });
+        expect(tunnel.status).toBe(200);
+        tunnel.socket.write(get('norule.test', `X-T: ${TOKEN.toUpperCase()}\r\n`));
+        await readUntil(tunnel.socket, () => false, 2000);
+        expect(tunnel.socket.readableEnded || tunnel.socket.destroyed).toBe(true);
+        tunnel.socket.destroy();
+        expect(await leaks(native)).toBe(1);
+      } finally {
+        await native.close();
+      }
+    });
+
+    it("sends a rule's headers to every port allowOut opens for its name, over verified TLS", async () => {
+      const other = https.createServer(originCa.issue(['api.rule.test']), (req, res) =>
+        res.end(JSON.stringify({ rawHeaders: req.rawHeaders })),
+      );
+      await new Promise<void>((resolve) => other.listen(0, '127.0.0.31', resolve));
+      const otherPort = (other.address() as net.AddressInfo).port;
+      try {
+        const { stdout } = await curlProxy(`https://api.rule.test:${otherPort}/port`);
+        const echo = JSON.parse(stdout) as Echo;
+        expect(seen(echo, 'authorization')).toEqual([`Bearer ${TOKEN}`]);
+      } finally {
+        await new Promise((resolve) => other.close(resolve));
+      }
+    });
+  });
+
   describe('a hostile sandbox', () => {
     it('gets garbage, oversized and slow heads refused within bounds, and Moat serves on', async () => {
       const garbage = await tunnelTls('api.rule.test', moatCa.cert);
@@ -766,6 +941,7 @@ describe('TLS interception for header rules', () => {
       'upstream_refused',
       'fronting',
       'leak',
+      'upgrade_refused',
     ])
       expect(metrics).toMatch(new RegExp(`outcome="${outcome}"} [1-9]`));
 

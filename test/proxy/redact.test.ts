@@ -112,4 +112,11 @@ describe('the response redactor', () => {
       released += Buffer.concat(redactor.push(Buffer.alloc(1000, 'y'))).length;
     expect(100 * 1000 - released).toBe(value.length - 1);
   });
+
+  it('finds a value in a header name in any case, and nothing in a name without one', () => {
+    const redaction = new SecretRedaction([{ value: 'tok-Abc123', placeholder: 'P' }]);
+    expect(redaction.inName('X-Bearer-TOK-ABC123')).toBe(true);
+    expect(redaction.inName('x-bearer-tok-abc123-2')).toBe(true);
+    expect(redaction.inName('X-Bearer-tok-abc12')).toBe(false);
+  });
 });

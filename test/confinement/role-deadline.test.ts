@@ -1,0 +1,102 @@
+/**
+ * Attacker tests: a sandbox's user stops (SIGSTOP) its own file agent or launcher. Before,
+ * Moat waited on a stopped role for ever: that user's file calls hung until the client gave up
+ * and the agent was never replaced. Now a call that sees no progress within the deadline fails,
+ * the role is killed by the sandbox's init, the next call gets a new one, and other sandboxes
+ * never notice.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type RuntimeSandbox, USERS } from '../../src/runtime/index.js';
+import { shell } from '../support/sandbox-shell.js';
+import { BUDGETS, type Harness, skipReason, startHarness } from './runtime-harness.js';
+
+const skip = skipReason('confinement/role-deadline');
+const DEADLINE_MS = 1000;
+let harness: Harness;
+let attacker: RuntimeSandbox;
+let bystander: RuntimeSandbox;
+const missed: string[] = [];
+
+beforeAll(async () => {
+  if (skip) return;
+  harness = await startHarness({
+    budgets: {
+      roleDeadline: {
+        ms: DEADLINE_MS,
+        onMissed: (sandboxID, role, user) => missed.push(`${sandboxID} ${role} ${user}`),
+      },
+    },
+  });
+  attacker = await harness.sandbox();
+  bystander = await harness.sandbox();
+}, 60_000);
+
+afterAll(async () => {
+  await harness?.close();
+});
+
+/**
+ * Python run as `user` in the sandbox (its parent is the user's launcher): stops every other
+ * process of the user that runs Moat's roles and prints their pids.
+ */
+const STOP_OWN_AGENTS =
+  'import os, signal\n' +
+  'stopped = []\n' +
+  'for name in os.listdir("/proc"):\n' +
+  '    if not name.isdigit() or int(name) in (os.getpid(), os.getppid()): continue\n' +
+  '    try:\n' +
+  '        cmdline = open(f"/proc/{name}/cmdline", "rb").read()\n' +
+  '        uid = int(open(f"/proc/{name}/status").read().split("Uid:")[1].split()[1])\n' +
+  '    except OSError: continue\n' +
+  '    if uid == os.getuid() and b"main.py" in cmdline:\n' +
+  '        os.kill(int(name), signal.SIGSTOP)\n' +
+  '        stopped.append(name)\n' +
+  'print(" ".join(stopped))';
+
+/** Rejects after `ms`: how a test says "this hung". */
+const within = <T>(promise: Promise<T>, ms: number): Promise<T> =>
+  Promise.race([
+    promise,
+    new Promise<T>((_, reject) =>
+      setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms),
+    ),
+  ]);
+
+describe.skipIf(skip)('a stopped role of a sandbox', () => {
+  it('a stopped file agent fails its call within the deadline, is replaced, and other sandboxes go on', async () => {
+    await attacker.files.stat('user', '/home/user');
+    const stopped = (await shell(attacker, `exec python3 -c '${STOP_OWN_AGENTS}'`)).trim();
+    expect(stopped.split(' ')).toHaveLength(1);
+
+    const started = Date.now();
+    const call = attacker.files.stat('user', '/home/user');
+    // Meanwhile another sandbox's files answer at once.
+    expect((await within(bystander.files.stat('user', '/home/user'), 1000)).path).toBe(
+      '/home/user',
+    );
+    await expect(within(call, DEADLINE_MS * 5)).rejects.toThrow(/made no progress within 1 s/);
+    expect(Date.now() - started).toBeLessThan(DEADLINE_MS * 3);
+    expect(missed).toEqual([`${attacker.sandboxID} file agent user`]);
+
+    // The next call gets a new agent; the stopped one was killed.
+    expect((await within(attacker.files.stat('user', '/home/user'), 5000)).path).toBe('/home/user');
+    expect(await shell(attacker, `test -e /proc/${stopped} || echo gone`)).toBe('gone\n');
+  }, 30_000);
+
+  it('a stopped launcher is replaced: the next command runs', async () => {
+    missed.length = 0;
+    // The command's parent is the launcher: it stops that one (its own output stops with it),
+    // once the launcher has said it started.
+    const stopping = await attacker.processes.start({
+      config: { cmd: '/bin/sh', args: ['-c', 'sleep 0.3; kill -STOP $PPID'], envs: {} },
+      user: USERS.get('user')!,
+      stdin: false,
+    });
+    stopping.release();
+    await new Promise((resolve) => setTimeout(resolve, 800));
+    const started = Date.now();
+    expect(await within(shell(attacker, 'echo after'), DEADLINE_MS * 5)).toBe('after\n');
+    expect(Date.now() - started).toBeLessThan(DEADLINE_MS * 3);
+    expect(missed).toEqual([`${attacker.sandboxID} launcher user`]);
+  }, 30_000);
+});

@@ -5,7 +5,11 @@
  * the role is killed by the sandbox's init, the next call gets a new one, and other sandboxes
  * never notice.
  */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SandboxApi } from '../../src/envd/index.js';
 import { type RuntimeSandbox, USERS } from '../../src/runtime/index.js';
 import { shell } from '../support/sandbox-shell.js';
 import { BUDGETS, type Harness, skipReason, startHarness } from './runtime-harness.js';
@@ -16,6 +20,8 @@ let harness: Harness;
 let attacker: RuntimeSandbox;
 let bystander: RuntimeSandbox;
 const missed: string[] = [];
+/** The attacker's sandbox API. */
+let server: http.Server;
 
 beforeAll(async () => {
   if (skip) return;
@@ -29,11 +35,38 @@ beforeAll(async () => {
   });
   attacker = await harness.sandbox();
   bystander = await harness.sandbox();
+  const api = new SandboxApi(pino({ level: 'silent' }));
+  const envd = {
+    sandboxID: attacker.sandboxID,
+    accessToken: null,
+    envVars: {},
+    runtime: attacker,
+    running: () => true,
+  };
+  server = http.createServer((request, response) => void api.handle(request, response, envd));
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
 }, 60_000);
 
 afterAll(async () => {
+  server?.closeAllConnections();
+  await new Promise((resolve) => server?.close(resolve));
   await harness?.close();
 });
+
+/** Filesystem Stat of `path` as `user` through the attacker's sandbox API: status and body. */
+async function apiStat(path: string): Promise<{ status: number; body: Record<string, unknown> }> {
+  const { port } = server.address() as AddressInfo;
+  const response = await fetch(`http://127.0.0.1:${port}/filesystem.Filesystem/Stat`, {
+    method: 'POST',
+    headers: {
+      'Content-Type': 'application/json',
+      'Connect-Protocol-Version': '1',
+      Authorization: `Basic ${Buffer.from('user:').toString('base64')}`,
+    },
+    body: JSON.stringify({ path }),
+  });
+  return { status: response.status, body: (await response.json()) as Record<string, unknown> };
+}
 
 /**
  * Python run as `user` in the sandbox (its parent is the user's launcher): stops every other
@@ -63,23 +96,28 @@ const within = <T>(promise: Promise<T>, ms: number): Promise<T> =>
   ]);
 
 describe.skipIf(skip)('a stopped role of a sandbox', () => {
-  it('a stopped file agent fails its call within the deadline, is replaced, and other sandboxes go on', async () => {
-    await attacker.files.stat('user', '/home/user');
+  it('a stopped file agent fails its API call within the deadline (504), is replaced, and other sandboxes go on', async () => {
+    expect((await apiStat('/home/user')).status).toBe(200);
     const stopped = (await shell(attacker, `exec python3 -c '${STOP_OWN_AGENTS}'`)).trim();
     expect(stopped.split(' ')).toHaveLength(1);
 
     const started = Date.now();
-    const call = attacker.files.stat('user', '/home/user');
+    const call = apiStat('/home/user');
     // Meanwhile another sandbox's files answer at once.
     expect((await within(bystander.files.stat('user', '/home/user'), 1000)).path).toBe(
       '/home/user',
     );
-    await expect(within(call, DEADLINE_MS * 5)).rejects.toThrow(/made no progress within 1 s/);
+    const answer = await within(call, DEADLINE_MS * 5);
+    expect(answer.status).toBe(504);
+    expect(answer.body).toMatchObject({
+      code: 'deadline_exceeded',
+      message: expect.stringMatching(/made no progress within 1 s/),
+    });
     expect(Date.now() - started).toBeLessThan(DEADLINE_MS * 3);
     expect(missed).toEqual([`${attacker.sandboxID} file agent user`]);
 
     // The next call gets a new agent; the stopped one was killed.
-    expect((await within(attacker.files.stat('user', '/home/user'), 5000)).path).toBe('/home/user');
+    expect((await within(apiStat('/home/user'), 5000)).status).toBe(200);
     expect(await shell(attacker, `test -e /proc/${stopped} || echo gone`)).toBe('gone\n');
   }, 30_000);
 

@@ -121,6 +121,24 @@ describe.skipIf(skip)('a stopped role of a sandbox', () => {
     expect(await shell(attacker, `test -e /proc/${stopped} || echo gone`)).toBe('gone\n');
   }, 30_000);
 
+  it('the deadline is on progress: a download read slower than the deadline is not cut', async () => {
+    missed.length = 0;
+    await shell(bystander, 'head -c 8388608 /dev/urandom > /home/user/big');
+    const { size, body } = await bystander.files.read('user', '/home/user/big');
+    expect(size).toBe(8 << 20);
+    let received = 0;
+    for await (const chunk of body) {
+      received += (chunk as Buffer).length;
+      // The reader stops for over twice the deadline once: the agent waits on it, not it on
+      // the agent.
+      if (received === (chunk as Buffer).length) {
+        await new Promise((resolve) => setTimeout(resolve, DEADLINE_MS * 2.5));
+      }
+    }
+    expect(received).toBe(8 << 20);
+    expect(missed).toEqual([]);
+  }, 30_000);
+
   it('a stopped launcher is replaced: the next command runs', async () => {
     missed.length = 0;
     // The command's parent is the launcher: it stops that one (its own output stops with it),

@@ -226,12 +226,14 @@ export class Supervisor {
       const { spawn } = expected;
       this.spawns.set(spawn, label);
       this.send({ op: 'spawn', spawn, token: expected.token, role: kind, user });
-      return expected.connection.finally(() => this.spawns.delete(spawn)).then((connection) => {
-        // Moat is done with it (it missed a deadline, broke the protocol, or ended): a role
-        // still there, stopped perhaps, is ended by the sandbox's init.
-        void connection.closed.then(() => this.send({ op: 'kill', spawn }));
-        return connection;
-      });
+      return expected.connection
+        .finally(() => this.spawns.delete(spawn))
+        .then((connection) => {
+          // Moat is done with it (it missed a deadline, broke the protocol, or ended): a role
+          // still there, stopped perhaps, is ended by the sandbox's init.
+          void connection.closed.then(() => this.send({ op: 'kill', spawn }));
+          return connection;
+        });
     });
     this.roles.set(key, started);
     started.catch(() => {

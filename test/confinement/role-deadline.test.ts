@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SandboxApi } from '../../src/envd/index.js';
 import { type RuntimeSandbox, USERS } from '../../src/runtime/index.js';
 import { shell } from '../support/sandbox-shell.js';
-import { BUDGETS, type Harness, skipReason, startHarness } from './runtime-harness.js';
+import { type Harness, skipReason, startHarness } from './runtime-harness.js';
 
 const skip = skipReason('confinement/role-deadline');
 const DEADLINE_MS = 1000;

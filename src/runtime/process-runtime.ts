@@ -323,6 +323,7 @@ export class ProcessRuntime implements SandboxRuntime {
           ms,
           onMissed: (kind, user) =>
             onMissed(sandboxID, kind === 'proc' ? 'launcher' : 'file agent', user),
+          excused: () => this.live.get(sandboxID)?.frozen === true,
         },
       );
       await supervisor.ready;
@@ -460,6 +461,7 @@ export class ProcessRuntime implements SandboxRuntime {
     const { ids, layers } = this.confinedParts;
     const freeze = live !== undefined && !live.frozen ? live.cgroup : undefined;
     await freeze?.freeze();
+    if (freeze) live!.frozen = true;
     try {
       await layers.snapshot(templateKey, {
         upper: this.folders.upperBase(sandboxID, meta),
@@ -470,6 +472,7 @@ export class ProcessRuntime implements SandboxRuntime {
       });
     } finally {
       await freeze?.thaw();
+      if (freeze) live!.frozen = false;
     }
     await this.collectLayers();
   }

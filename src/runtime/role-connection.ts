@@ -25,6 +25,8 @@ const MAX_UNREAD_BYTES = 32 << 20;
 export interface RoleDeadline {
   readonly ms: number;
   readonly onMissed: () => void;
+  /** True while the role cannot make progress through no fault of its own (its sandbox is frozen). */
+  readonly excused: () => boolean;
 }
 
 /** A role made no progress within its deadline while Moat waited on it; it was replaced. */
@@ -78,8 +80,12 @@ export class RoleConnection {
     if (this.ended) return () => undefined;
     this.waits += 1;
     if (this.deadline !== undefined && this.timer === undefined) {
-      const { ms, onMissed } = this.deadline;
+      const { ms, onMissed, excused } = this.deadline;
       this.timer = setTimeout(() => {
+        if (excused()) {
+          this.timer?.refresh();
+          return;
+        }
         this.timer = undefined;
         onMissed();
         this.socket.destroy();

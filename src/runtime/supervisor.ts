@@ -27,6 +27,8 @@ export interface RolesDeadline {
   readonly ms: number;
   /** A role missed it (it is then ended and started again on next use). */
   readonly onMissed: (kind: RoleKind, user: string) => void;
+  /** True while the sandbox is frozen (paused, or held still for a snapshot): no role misses it then. */
+  readonly excused: () => boolean;
 }
 
 /** What the supervisor builds; see supervisor/main.py and sandbox_init.py for each field. */
@@ -221,7 +223,11 @@ export class Supervisor {
       const deadline = this.deadline;
       const expected = this.agents.expect(
         label,
-        deadline && { ms: deadline.ms, onMissed: () => deadline.onMissed(kind, user) },
+        deadline && {
+          ms: deadline.ms,
+          onMissed: () => deadline.onMissed(kind, user),
+          excused: deadline.excused,
+        },
       );
       const { spawn } = expected;
       this.spawns.set(spawn, label);

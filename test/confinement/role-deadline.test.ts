@@ -139,6 +139,20 @@ describe.skipIf(skip)('a stopped role of a sandbox', () => {
     expect(missed).toEqual([]);
   }, 30_000);
 
+  it('a frozen sandbox (paused, or held for a snapshot) is not its roles’ fault: a call waits for the thaw', async () => {
+    missed.length = 0;
+    await bystander.files.stat('user', '/home/user');
+    await harness.runtime.pause(bystander.sandboxID);
+    const call = bystander.files.stat('user', '/home/user');
+    try {
+      await new Promise((resolve) => setTimeout(resolve, DEADLINE_MS * 2.5));
+    } finally {
+      await harness.runtime.resume(bystander.sandboxID);
+    }
+    expect((await within(call, 5000)).path).toBe('/home/user');
+    expect(missed).toEqual([]);
+  }, 30_000);
+
   it('a stopped launcher is replaced: the next command runs', async () => {
     missed.length = 0;
     // The command's parent is the launcher: it stops that one (its own output stops with it),

@@ -82,6 +82,12 @@ export interface MoatConfig {
   readonly sandboxMemoryMB: number;
   readonly sandboxDiskMB: number;
   readonly sandboxPids: number;
+  /** Each sandbox's shares of the host's inotify and pty pools (see KernelBudgets). */
+  readonly sandboxInotifyInstances: number;
+  readonly sandboxInotifyWatches: number;
+  readonly sandboxPtys: number;
+  /** How long a sandbox's file agent or launcher may go without progress while Moat waits. */
+  readonly sandboxAgentDeadlineMs: number;
   /** The team namespace of named snapshots (`<team namespace>/<alias>:<tag>`). */
   readonly teamNamespace: string;
   /** `file` (the embedded store in the data folder) or a `redis://` URL shared by many nodes. */

@@ -314,6 +314,21 @@ export async function startMoat(
       ids: config.sandboxIds,
       defaultDiskMB: config.sandboxDiskMB,
       trustedCaPem: ca.certificatePem,
+      kernelBudgets: {
+        inotifyInstances: config.sandboxInotifyInstances,
+        inotifyWatches: config.sandboxInotifyWatches,
+        ptys: config.sandboxPtys,
+      },
+      roleDeadline: {
+        ms: config.sandboxAgentDeadlineMs,
+        onMissed: (sandboxID, role, user) => {
+          metrics.budgetRefusals.inc({ resource: 'agent_deadline' });
+          logger.warn(
+            { sandboxID, role, user, deadlineMs: config.sandboxAgentDeadlineMs },
+            `a sandbox's ${role} made no progress within its deadline; it was ended and its calls failed`,
+          );
+        },
+      },
     });
     // The listener guard goes only once no sandbox process runs: with the runtime.
     const guard = runtime.enforcement === 'proxy' ? guardListeners(runtime) : undefined;

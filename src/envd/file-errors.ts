@@ -3,7 +3,7 @@
  * each, and the file agent's answers (an errno name, or invalid/exists/exhausted) turned into
  * them with the path as the sandbox names it. A host path never appears in a message.
  */
-import { FileAgentError } from '../runtime/index.js';
+import { FileAgentError, RoleStalled } from '../runtime/index.js';
 import { type ConnectCode, ConnectError } from './connect.js';
 import type { CallContext } from './context.js';
 import { sendSandboxError } from '../http-answers.js';
@@ -48,6 +48,10 @@ const BY_ERRNO: Readonly<Record<string, [ConnectCode, number, string]>> = {
 /** A failed file operation as the client should see it, naming the path it gave. */
 export function fileError(error: unknown, path: string, action: string): ConnectError {
   if (error instanceof ConnectError) return error;
+  if (error instanceof RoleStalled) {
+    // The agent was stopped or stuck: the call fails now, the next one gets a new agent.
+    return new FileError('deadline_exceeded', `cannot ${action} '${path}': ${error.message}`, 504);
+  }
   if (!(error instanceof FileAgentError)) {
     return new FileError(
       'internal',

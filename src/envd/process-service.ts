@@ -3,7 +3,12 @@
  * Output goes to whoever is attached; a client that goes away leaves the process running (as
  * the reference daemon does), and Connect-Timeout-Ms ends it.
  */
-import type { ProcessEnd, ProcessTable, SandboxProcess } from '../runtime/index.js';
+import {
+  type ProcessEnd,
+  type ProcessTable,
+  RoleStalled,
+  type SandboxProcess,
+} from '../runtime/index.js';
 import { ConnectError, EnvelopeReader, type ServerStream } from './connect.js';
 import type { CallContext, Method } from './context.js';
 
@@ -234,7 +239,10 @@ const start: Method = {
         stdin: message.stdin === true,
       });
     } catch (error) {
-      throw invalid(`could not start ${config.cmd}: ${(error as Error).message}`);
+      const message = `could not start ${config.cmd}: ${(error as Error).message}`;
+      throw error instanceof RoleStalled
+        ? new ConnectError('deadline_exceeded', message)
+        : invalid(message);
     }
     context.log.info(
       { sandboxID: context.sandbox.sandboxID, pid: started.pid, cmd: config.cmd },

@@ -9,7 +9,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { FrameReader } from './frames.js';
-import { RoleConnection } from './role-connection.js';
+import { RoleConnection, type RoleDeadline } from './role-connection.js';
 import { sameSecret } from '../same-secret.js';
 
 const HELLO_TIMEOUT_MS = 10_000;
@@ -19,6 +19,7 @@ const MAX_HELLO_BYTES = 4096;
 interface Pending {
   readonly token: Buffer;
   readonly label: string;
+  readonly deadline: RoleDeadline | undefined;
   readonly resolve: (connection: RoleConnection) => void;
   readonly reject: (error: Error) => void;
   readonly timer: NodeJS.Timeout;
@@ -52,9 +53,12 @@ export class AgentSocket {
 
   /**
    * A spawn that a supervisor will answer: its number and token (to send to the supervisor),
-   * and the connection once it arrives (rejected after a timeout).
+   * and the connection once it arrives (rejected after a timeout), held to `deadline`.
    */
-  expect(label: string): { spawn: string; token: string; connection: Promise<RoleConnection> } {
+  expect(
+    label: string,
+    deadline?: RoleDeadline,
+  ): { spawn: string; token: string; connection: Promise<RoleConnection> } {
     const spawn = String(this.nextSpawn++);
     const token = randomBytes(32).toString('hex');
     const connection = new Promise<RoleConnection>((resolve, reject) => {
@@ -63,7 +67,14 @@ export class AgentSocket {
         reject(new Error(`the ${label} did not connect within ${HELLO_TIMEOUT_MS / 1000} s`));
       }, HELLO_TIMEOUT_MS);
       timer.unref();
-      this.pending.set(spawn, { token: Buffer.from(token), label, resolve, reject, timer });
+      this.pending.set(spawn, {
+        token: Buffer.from(token),
+        label,
+        deadline,
+        resolve,
+        reject,
+        timer,
+      });
     });
     return { spawn, token, connection };
   }
@@ -121,7 +132,7 @@ export class AgentSocket {
       this.pending.delete(hello.spawn as string);
       clearTimeout(pending.timer);
       socket.off('error', drop);
-      pending.resolve(new RoleConnection(socket, pending.label));
+      pending.resolve(new RoleConnection(socket, pending.label, pending.deadline));
     };
     socket.on('data', onData);
   }

@@ -30,6 +30,8 @@ export type {
   SandboxRuntime,
 } from './runtime.js';
 export { type IdRangeSetting, IDS_PER_SANDBOX } from './sandbox-ids.js';
+export { RoleStalled } from './role-connection.js';
+export type { KernelBudgets } from './supervisor-config.js';
 export type { SandboxListeners } from './listening-ports.js';
 export type { SandboxUsage } from './usage.js';
 export {

@@ -67,9 +67,20 @@ export class Launcher {
     if (this.gone) return Promise.reject(this.gone);
     const id = this.nextId++;
     return new Promise<number>((resolve, reject) => {
+      // Until it says the command runs (or could not), Moat waits on the launcher.
+      const over = this.connection.waitOn();
       this.commands.set(id, {
         callbacks,
-        started: { resolve: () => resolve(id), reject },
+        started: {
+          resolve: () => {
+            over();
+            resolve(id);
+          },
+          reject: (error) => {
+            over();
+            reject(error);
+          },
+        },
         running: false,
         outputUncredited: 0,
         inputInFlight: 0,

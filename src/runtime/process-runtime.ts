@@ -31,7 +31,7 @@ import { SANDBOX_TRUST_BUNDLE, trustEnvironment } from './trust-store.js';
 import { IDS_PER_SANDBOX, type IdRangeSetting } from './sandbox-ids.js';
 import { diskUsage, processUsage, type SandboxUsage } from './usage.js';
 import { spawnSupervisor, Supervisor, SupervisorSpares } from './supervisor.js';
-import { SupervisorConfigs } from './supervisor-config.js';
+import { type KernelBudgets, SupervisorConfigs } from './supervisor-config.js';
 
 export const BASE_TEMPLATE = 'base';
 
@@ -53,6 +53,17 @@ export interface ProcessRuntimeOptions {
   readonly defaultDiskMB: number;
   /** A CA (PEM) every sandbox trusts besides the host's bundle: Moat's egress CA. */
   readonly trustedCaPem?: string;
+  /** Each sandbox's shares of the host's inotify and pty pools. */
+  readonly kernelBudgets: KernelBudgets;
+  /**
+   * How long a sandbox's launcher or file agent may go without progress while Moat waits on
+   * it (then it is ended, the call fails, and a new one starts on next use); `onMissed` hears
+   * of each miss.
+   */
+  readonly roleDeadline: {
+    readonly ms: number;
+    readonly onMissed: (sandboxID: string, role: 'launcher' | 'file agent', user: string) => void;
+  };
 }
 
 interface Live extends RuntimeSandbox {
@@ -117,6 +128,7 @@ export class ProcessRuntime implements SandboxRuntime {
       confined: confinedParts,
       trustBundle,
       network: options.network,
+      budgets: options.kernelBudgets,
     });
     this.confined = confinedParts !== undefined;
     this.confinementReason = probe.confinementReason;
@@ -302,10 +314,17 @@ export class ProcessRuntime implements SandboxRuntime {
     try {
       if (network) await network.create(sandboxID, address);
       await cgroup?.limit(limits);
+      const { ms, onMissed } = this.options.roleDeadline;
       supervisor = new Supervisor(
         this.configs.sandbox(sandboxID, limits, meta, cgroup),
         this.agents,
         spare.child,
+        {
+          ms,
+          onMissed: (kind, user) =>
+            onMissed(sandboxID, kind === 'proc' ? 'launcher' : 'file agent', user),
+          excused: () => this.live.get(sandboxID)?.frozen === true,
+        },
       );
       await supervisor.ready;
     } catch (error) {
@@ -442,6 +461,7 @@ export class ProcessRuntime implements SandboxRuntime {
     const { ids, layers } = this.confinedParts;
     const freeze = live !== undefined && !live.frozen ? live.cgroup : undefined;
     await freeze?.freeze();
+    if (freeze) live!.frozen = true;
     try {
       await layers.snapshot(templateKey, {
         upper: this.folders.upperBase(sandboxID, meta),
@@ -452,6 +472,7 @@ export class ProcessRuntime implements SandboxRuntime {
       });
     } finally {
       await freeze?.thaw();
+      if (freeze) live!.frozen = false;
     }
     await this.collectLayers();
   }

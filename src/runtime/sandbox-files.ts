@@ -150,21 +150,32 @@ class FileAgent {
       this.watches.get(field.string(frame.header, 'wid'))?.(frame);
       return;
     }
+    // A long operation's sign of life: progress for the connection's deadline, nothing more.
+    if (frame.header.working === true) return;
     this.requests.get(field.int(frame.header, 'rid'))?.onFrame(frame);
   }
 
-  /** Sends a request; `onFrame` sees every frame answering it until it calls done(). */
+  /**
+   * Sends a request; `onFrame` sees every frame answering it until it calls done(). Until
+   * then Moat waits on the agent (its deadline runs), unless `waits` is false: the caller
+   * then says itself when it waits (a download waits only while its reader wants more).
+   */
   open(
     header: object,
     onFrame: (frame: Frame, done: () => void) => void,
     fail: (error: Error) => void,
+    waits = true,
   ): number {
     const rid = this.nextId++;
     if (!this.connection.alive) {
       fail(this.connection.failure ?? new Error(`the ${this.connection.label} ended`));
       return rid;
     }
-    const done = () => this.requests.delete(rid);
+    const over = waits ? this.connection.waitOn() : () => undefined;
+    const done = () => {
+      over();
+      this.requests.delete(rid);
+    };
     this.requests.set(rid, {
       onFrame: (frame) => onFrame(frame, done),
       fail: (error) => {
@@ -296,24 +307,42 @@ export class SandboxFiles {
     return new Promise((resolve, reject) => {
       let size = 0;
       let opened = false;
+      let finished = false;
       let received = 0;
       let unacknowledged = 0;
       let rid = 0;
+      // Moat waits on the agent while the reader wants bytes, not while the reader is behind.
+      let waiting: (() => void) | undefined = agent.connection.waitOn();
+      const stopWaiting = () => {
+        waiting?.();
+        waiting = undefined;
+      };
       const body = new Readable({
         read() {
+          if (!finished) waiting ??= agent.connection.waitOn();
           if (unacknowledged > 0) {
             agent.connection.send({ op: 'credit', rid, bytes: unacknowledged });
             unacknowledged = 0;
           }
         },
         destroy(error, callback) {
+          finished = true;
+          stopWaiting();
           if (received < size) agent.connection.send({ op: 'cancel', rid });
           callback(error);
         },
       });
+      const over = () => {
+        finished = true;
+        stopWaiting();
+      };
       rid = agent.open(
         { op: 'read', path },
-        ({ header, payload }, done) => {
+        ({ header, payload }, finish) => {
+          const done = () => {
+            over();
+            finish();
+          };
           const error = failureOf(header);
           if (error) {
             done();
@@ -336,13 +365,15 @@ export class SandboxFiles {
             received += payload.length;
             if (received > size) throw new FrameError('file agent sent more bytes than the size');
             unacknowledged += payload.length;
-            body.push(payload);
+            if (!body.push(payload)) stopWaiting();
           }
         },
         (error) => {
+          over();
           if (opened) body.destroy(error);
           else reject(error);
         },
+        false,
       );
     });
   }

@@ -25,6 +25,19 @@ interface Part {
   readonly bottom: { readonly path: string; readonly ids: 'host' | 'store' };
 }
 
+/** A sandbox's shares of kernel resources that every user of the host draws on. */
+export interface KernelBudgets {
+  /**
+   * inotify instances and watches of each user of a sandbox. They are charged to the sandbox's
+   * own host uid (its user namespace's owner), so the sandbox as a whole has at most the host's
+   * per-user limits (fs.inotify.max_user_*), and never takes the host root's.
+   */
+  readonly inotifyInstances: number;
+  readonly inotifyWatches: number;
+  /** Pseudo-terminals open at once in a sandbox (its devpts `max=`). */
+  readonly ptys: number;
+}
+
 export interface SupervisorConfigParts {
   /** The agent socket's path, where the supervisor brings the sandbox's roles. */
   readonly socket: string;
@@ -34,6 +47,7 @@ export interface SupervisorConfigParts {
   /** The host path of the CA bundle sandboxes trust, when Moat adds a CA. */
   readonly trustBundle: string | undefined;
   readonly network: NamespaceNetwork | undefined;
+  readonly budgets: KernelBudgets;
 }
 
 export class SupervisorConfigs {
@@ -51,9 +65,14 @@ export class SupervisorConfigs {
 
   early(slot: number, cgroup: SandboxCgroup): EarlyConfig {
     const { ids } = this.options.confined!;
+    const { inotifyInstances, inotifyWatches } = this.options.budgets;
     return {
       cgroups: cgroup.folders,
       ids: { host: ids.hostFirst(slot), store: ids.storeFirst, count: IDS_PER_SANDBOX },
+      userLimits: {
+        max_inotify_instances: inotifyInstances,
+        max_inotify_watches: inotifyWatches,
+      },
     };
   }
 
@@ -72,7 +91,7 @@ export class SupervisorConfigs {
       socket: this.options.socket,
       hostname: HOSTNAME,
       users,
-      limits: { nofile: NOFILE },
+      limits: { nofile: NOFILE, ptys: this.options.budgets.ptys },
       shmBytes: Math.max(64, Math.floor(limits.memoryMB / 2)) * 2 ** 20,
     };
     if (meta === undefined) {

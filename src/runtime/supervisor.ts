@@ -22,6 +22,15 @@ const REFILL_DELAY_MS = 50;
 
 export type RoleKind = 'proc' | 'file';
 
+/** How long a sandbox's roles may go without progress while Moat waits on them. */
+export interface RolesDeadline {
+  readonly ms: number;
+  /** A role missed it (it is then ended and started again on next use). */
+  readonly onMissed: (kind: RoleKind, user: string) => void;
+  /** True while the sandbox is frozen (paused, or held still for a snapshot): no role misses it then. */
+  readonly excused: () => boolean;
+}
+
 /** What the supervisor builds; see supervisor/main.py and sandbox_init.py for each field. */
 export interface SupervisorConfig {
   readonly sandboxID: string;
@@ -44,7 +53,7 @@ export interface SupervisorConfig {
   readonly trustBundle: string | null;
   readonly hostname: string;
   readonly shmBytes: number;
-  readonly limits: { readonly nofile: number };
+  readonly limits: { readonly nofile: number; readonly ptys: number };
   readonly users: Readonly<Record<string, { uid: number; gid: number; home: string }>>;
   readonly seccomp: boolean;
 }
@@ -64,6 +73,8 @@ export interface EarlyConfig {
   readonly cgroups: readonly string[];
   /** The sandbox's host ids, for its user namespaces (confined), or null. */
   readonly ids: { readonly host: number; readonly store: number; readonly count: number } | null;
+  /** The sandbox's user namespace's own limits: /proc/sys/user file names and values. */
+  readonly userLimits?: Readonly<Record<string, number>>;
 }
 
 /** A supervisor process, done with `early`, waiting for its sandbox's configuration on stdin. */
@@ -145,6 +156,7 @@ export class Supervisor {
     private readonly agents: AgentSocket,
     /** A process from SupervisorSpares, not yet configured. */
     private readonly child: ChildProcess,
+    private readonly deadline?: RolesDeadline,
   ) {
     this.ready.catch(() => undefined);
     const timer = setTimeout(
@@ -208,18 +220,38 @@ export class Supervisor {
     const label = `${kind === 'proc' ? 'launcher' : 'file agent'} of ${user} in sandbox ${this.config.sandboxID}`;
     const started = this.ready.then(() => {
       if (this.failure) throw this.failure;
-      const expected = this.agents.expect(label);
-      this.spawns.set(expected.spawn, label);
-      this.child.stdin!.write(
-        `${JSON.stringify({ op: 'spawn', spawn: expected.spawn, token: expected.token, role: kind, user })}\n`,
+      const deadline = this.deadline;
+      const expected = this.agents.expect(
+        label,
+        deadline && {
+          ms: deadline.ms,
+          onMissed: () => deadline.onMissed(kind, user),
+          excused: deadline.excused,
+        },
       );
-      return expected.connection.finally(() => this.spawns.delete(expected.spawn));
+      const { spawn } = expected;
+      this.spawns.set(spawn, label);
+      this.send({ op: 'spawn', spawn, token: expected.token, role: kind, user });
+      return expected.connection
+        .finally(() => this.spawns.delete(spawn))
+        .then((connection) => {
+          // Moat is done with it (it missed a deadline, broke the protocol, or ended): a role
+          // still there, stopped perhaps, is ended by the sandbox's init.
+          void connection.closed.then(() => this.send({ op: 'kill', spawn }));
+          return connection;
+        });
     });
     this.roles.set(key, started);
     started.catch(() => {
       if (this.roles.get(key) === started) this.roles.delete(key);
     });
     return started;
+  }
+
+  private send(request: object): void {
+    if (this.child.exitCode === null && this.child.signalCode === null) {
+      this.child.stdin!.write(`${JSON.stringify(request)}\n`);
+    }
   }
 
   private onLine(line: string): void {

@@ -8,12 +8,19 @@ import path from 'node:path';
 import { removeMoatFolder } from '../../bench/lib/scratch.js';
 import {
   ProcessRuntime,
+  type ProcessRuntimeOptions,
   type RuntimeSandbox,
   type SandboxLimits,
 } from '../../src/runtime/index.js';
 import { confinementSkipReason } from '../support/netns.js';
 
 export const LIMITS: SandboxLimits = { cpuCount: 1, memoryMB: 256, diskSizeMB: 256, pids: 128 };
+
+/** Moat's defaults of the runtime's budgets (src/config-settings.ts), for runtimes of tests. */
+export const BUDGETS: Pick<ProcessRuntimeOptions, 'kernelBudgets' | 'roleDeadline'> = {
+  kernelBudgets: { inotifyInstances: 128, inotifyWatches: 8192, ptys: 256 },
+  roleDeadline: { ms: 10_000, onMissed: () => undefined },
+};
 
 export interface Harness {
   readonly runtime: ProcessRuntime;
@@ -27,13 +34,19 @@ let counter = 0;
 
 /** `dataDir` (default: a new scratch folder) is removed by close(). */
 export async function startHarness(
-  options: { dataDir?: string; trustedCaPem?: string } = {},
+  options: {
+    dataDir?: string;
+    trustedCaPem?: string;
+    budgets?: Partial<typeof BUDGETS>;
+  } = {},
 ): Promise<Harness> {
   const dataDir = options.dataDir ?? mkdtempSync(path.join(os.tmpdir(), 'moat-confine-'));
   const runtime = await ProcessRuntime.start(dataDir, {
     allowUnconfined: false,
     ids: 'auto',
     defaultDiskMB: LIMITS.diskSizeMB,
+    ...BUDGETS,
+    ...options.budgets,
     ...(options.trustedCaPem === undefined ? {} : { trustedCaPem: options.trustedCaPem }),
   });
   const made: string[] = [];

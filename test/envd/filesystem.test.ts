@@ -25,6 +25,7 @@ import { type EnvdSandbox, SandboxApi } from '../../src/envd/index.js';
 import { ProcessRuntime, type RuntimeSandbox } from '../../src/runtime/index.js';
 import { envelope, type Frame as ConnectFrame, StreamCall } from '../support/connect-client.js';
 import { shell } from '../support/sandbox-shell.js';
+import { BUDGETS } from '../confinement/runtime-harness.js';
 
 const OPEN = 'ifsopen000000000000001';
 const SECURE = 'ifssecure00000000000001';
@@ -63,6 +64,7 @@ beforeAll(async () => {
     allowUnconfined: true,
     ids: 'auto',
     defaultDiskMB: LIMITS.diskSizeMB,
+    ...BUDGETS,
   });
   for (const [id, token] of [
     [OPEN, null],

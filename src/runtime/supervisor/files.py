@@ -8,7 +8,9 @@ and every change is made relative to an opened folder.
 
 Requests carry a request number `rid`; each gets one reply {"rid", ...} or {"rid", "error":
 {"code", "message"}} where code is an errno name (ENOENT...) or one of `invalid`, `exists`,
-`exhausted`. Streams (read, write, list, watch) are described at their methods.
+`exhausted`. Streams (read, write, list, watch) are described at their methods. An operation
+that takes long (compose, remove of a big tree) sends {"rid", "working": true} at most every
+WORKING_EVERY seconds meanwhile: Moat's deadline is on progress, and this is progress.
 """
 import errno
 import os
@@ -28,6 +30,7 @@ LIST_BATCH = 1000
 READ_CHUNK = 256 << 10
 READ_WINDOW = 2 << 20
 COPY_CHUNK = 1 << 20
+WORKING_EVERY = 1.0
 METADATA_PREFIX = 'user.e2b.'
 TEMPORARY_PREFIX = '.moat-'
 OPEN_PATH = os.O_PATH | os.O_CLOEXEC
@@ -154,7 +157,15 @@ class Agent:
         self.staged = {}
         self.selector = selectors.DefaultSelector()
         self.watches = watch.Watches(self, self.selector)
+        self.said_working = 0.0
         os.umask(0o022)
+
+    def working(self, message):
+        """Tells Moat the request `message` is still being carried out (not too often)."""
+        now = time.monotonic()
+        if now - self.said_working >= WORKING_EVERY:
+            self.said_working = now
+            frames.send(self.sock, {'rid': message.get('rid'), 'working': True})
 
     # --- Paths ------------------------------------------------------------------------------
 
@@ -310,7 +321,7 @@ class Agent:
             except FileNotFoundError:
                 return {}
             if st.S_ISDIR(info.st_mode):
-                remove_tree(fd, name)
+                remove_tree(fd, name, lambda: self.working(message))
             else:
                 os.unlink(name, dir_fd=fd)
             return {}
@@ -542,7 +553,7 @@ class Agent:
                 temporary, out = self.temporary(folder, 'compose', mode)
                 try:
                     for fd in sources:
-                        copy_all(fd, out)
+                        copy_all(fd, out, lambda: self.working(message))
                     os.close(out)
                     out = None
                     os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -641,8 +652,9 @@ class Agent:
             busy = self.pump_reads()
 
 
-def remove_tree(parent, name):
-    """rm -r of `name` in the opened folder `parent`, never following a symlink."""
+def remove_tree(parent, name, working):
+    """rm -r of `name` in the opened folder `parent`, never following a symlink; calls
+    `working` as it goes."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     except OSError as error:
@@ -657,17 +669,20 @@ def remove_tree(parent, name):
             except FileNotFoundError:
                 continue
             if st.S_ISDIR(info.st_mode):
-                remove_tree(fd, child)
+                remove_tree(fd, child, working)
             else:
                 os.unlink(child, dir_fd=fd)
+            working()
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
 
 
-def copy_all(source, target):
-    """Appends all of `source` to `target` (the kernel copies where it can)."""
+def copy_all(source, target, working):
+    """Appends all of `source` to `target` (the kernel copies where it can); calls `working`
+    after each chunk."""
     while True:
+        working()
         try:
             copied = os.copy_file_range(source, target, COPY_CHUNK)
         except OSError as error:

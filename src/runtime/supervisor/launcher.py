@@ -67,18 +67,34 @@ class Launcher:
     def start(self, message):
         ident = message['id']
         terminal = message.get('pty')
-        if terminal:
-            # One pseudo-terminal: the child's stdin, stdout and stderr; Moat reads its master side.
-            out_r, slave = os.openpty()
-            _set_size(slave, int(terminal['cols']), int(terminal['rows']))
-            err_r = err_w = None
-            in_r, in_w, out_w = slave, os.dup(out_r), slave
-        else:
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            in_r, in_w = os.pipe() if message.get('stdin') else (os.open('/dev/null', os.O_RDONLY), None)
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        opened = []
+        try:
+            if terminal:
+                # One pseudo-terminal: the child's stdin, stdout and stderr; Moat reads its master side.
+                out_r, slave = os.openpty()
+                opened += [out_r, slave]
+                _set_size(slave, int(terminal['cols']), int(terminal['rows']))
+                err_r = err_w = None
+                in_w = os.dup(out_r)
+                opened.append(in_w)
+                in_r, out_w = slave, slave
+            else:
+                out_r, out_w = os.pipe()
+                opened += [out_r, out_w]
+                err_r, err_w = os.pipe()
+                opened += [err_r, err_w]
+                in_r, in_w = os.pipe() if message.get('stdin') else (os.open('/dev/null', os.O_RDONLY), None)
+                opened += [fd for fd in (in_r, in_w) if fd is not None]
+            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            opened += [status_r, status_w]
+            pid = os.fork()
+        except OSError as error:
+            # Out of ptys, descriptors or processes (the sandbox's own budgets): this command
+            # fails; the launcher and its other commands go on.
+            for fd in opened:
+                os.close(fd)
+            self.send({'ev': 'failed', 'id': ident, 'error': f'cannot start it: {error.strerror or error}'})
+            return
         if pid == 0:
             try:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -17,7 +17,8 @@ Then Moat writes a second JSON line, the sandbox's configuration, and it
 3. forks the sandbox's init (sandbox_init.py) into new PID, IPC, UTS and cgroup namespaces;
 4. brokers roles: for each `{"op":"spawn","spawn","token","role","user"}` line from Moat it
    connects to Moat's agent socket, introduces itself with the spawn's number and token and
-   hands the connection to the init, which forks the role (launcher or file agent) inside.
+   hands the connection to the init, which forks the role (launcher or file agent) inside;
+   `{"op":"kill","spawn"}` has the init kill that role (Moat gave up on it).
 
 Events to Moat, one JSON line each: {"ev":"ready","pid":P}, {"ev":"failed","error"},
 {"ev":"spawned","spawn"}, {"ev":"spawn-failed","spawn","error"}.
@@ -49,14 +50,31 @@ def emit(event):
     os.write(1, (json.dumps(event) + '\n').encode())
 
 
-def user_namespace(inside, outside, count):
-    """A user namespace (kept alive by the returned descriptor) mapping inside..+count to outside."""
+def user_namespace(inside, outside, count, owner=0, limits=None):
+    """A user namespace (kept alive by the returned descriptor) mapping inside..+count to outside.
+
+    Its owner is host uid `owner`: the kernel charges what the namespace's users take of
+    per-user limits (inotify instances and watches, message queues, pending signals...) to
+    them and, one level up, to its owner, so a sandbox's namespace owned by its own host uid
+    is charged to that uid, never to the host's root. `limits` are the namespace's own
+    /proc/sys/user values (name: number), a bound on each of its users.
+    """
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            if owner != 0:
+                # Capabilities kept across the change of effective uid (some kernels want
+                # CAP_SYS_ADMIN to make a user namespace); only this short-lived helper has it.
+                sysapi.prctl(sysapi.PR_SET_SECUREBITS, sysapi.SECBIT_NO_SETUID_FIXUP)
+                os.setresuid(-1, owner, -1)
             sysapi.unshare(sysapi.CLONE_NEWUSER)
+            # Full capabilities in the new namespace: its own limits are ours to set. Which
+            # namespace /proc/sys/user shows is the writer's, never the host's.
+            for name, value in (limits or {}).items():
+                with open(f'/proc/sys/user/{name}', 'w') as limit:
+                    limit.write(str(int(value)))
             os.write(ready_w, b'x')
             os.read(go_r, 1)
         finally:
@@ -89,7 +107,7 @@ def early(pre):
         with open(os.path.join(folder, 'cgroup.procs'), 'w') as procs:
             procs.write(str(os.getpid()))
     ids = pre['ids']
-    sandbox_ns = user_namespace(0, ids['host'], ids['count'])
+    sandbox_ns = user_namespace(0, ids['host'], ids['count'], owner=ids['host'], limits=pre.get('userLimits'))
     store_ns = user_namespace(ids['store'], ids['host'], ids['count'])
     return sandbox_ns, store_ns
 
@@ -122,7 +140,7 @@ def spawn(config, broker, request):
     try:
         connection.connect(config['socket'])
         frames.send(connection.fileno(), {'spawn': spawn_id, 'token': request.get('token')})
-        message = json.dumps({'role': request['role'], 'user': request['user']}).encode()
+        message = json.dumps({'role': request['role'], 'user': request['user'], 'spawn': spawn_id}).encode()
         socket.send_fds(broker, [message], [connection.fileno()])
         emit({'ev': 'spawned', 'spawn': spawn_id})
     except (OSError, KeyError, frames.ProtocolError) as error:
@@ -189,6 +207,8 @@ def main():
                 request = json.loads(line)
                 if request.get('op') == 'spawn':
                     spawn(config, supervisor_end, request)
+                elif request.get('op') == 'kill':
+                    supervisor_end.send(json.dumps({'kill': request.get('spawn')}).encode())
 
 
 if __name__ == '__main__':

@@ -84,7 +84,10 @@ def build_dev(dev, config):
         bind(f'/dev/{name}', target, sysapi.MS_NOSUID | sysapi.MS_NOEXEC)
     os.mkdir(os.path.join(dev, 'pts'), 0o755)
     tty_gid = config['ids']['host'] + 5
-    sysapi.mount('devpts', os.path.join(dev, 'pts'), 'devpts', sysapi.MS_NOSUID | sysapi.MS_NOEXEC, f'newinstance,ptmxmode=0666,mode=620,gid={tty_gid}')
+    # max=: the ptys of every sandbox's devpts come from one pool of the host's (kernel.pty.max
+    # less kernel.pty.reserve); each sandbox takes at most its own share.
+    ptys = config['limits']['ptys']
+    sysapi.mount('devpts', os.path.join(dev, 'pts'), 'devpts', sysapi.MS_NOSUID | sysapi.MS_NOEXEC, f'newinstance,ptmxmode=0666,mode=620,gid={tty_gid},max={ptys}')
     os.symlink('pts/ptmx', os.path.join(dev, 'ptmx'))
     os.mkdir(os.path.join(dev, 'shm'), 0o1777)
     sysapi.mount('tmpfs', os.path.join(dev, 'shm'), 'tmpfs', BASE_FLAGS, f"mode=1777,size={config['shmBytes']},uid={config['ids']['host']},gid={config['ids']['host']}")
@@ -184,6 +187,9 @@ def serve_roles(config, broker, confined):
     # Python's own SIGINT handler would let `kill -INT 1` from inside end the sandbox; with no
     # handler, the kernel drops what the namespace sends its process 1.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Spawn number to the pid of the role it started, until that role is reaped: a pid here is
+    # never one the kernel gave to another process since.
+    roles = {}
     selector = selectors.DefaultSelector()
     selector.register(broker, selectors.EVENT_READ, 'broker')
     selector.register(wake_r, selectors.EVENT_READ, 'wake')
@@ -194,7 +200,9 @@ def serve_roles(config, broker, confined):
                     os.read(wake_r, 4096)
                 except BlockingIOError:
                     pass
-                reap()
+                ended = reap()
+                for spawn in [spawn for spawn, pid in roles.items() if pid in ended]:
+                    del roles[spawn]
                 continue
             try:
                 data, fds, _, _ = socket.recv_fds(broker, 4096, 1)
@@ -203,8 +211,15 @@ def serve_roles(config, broker, confined):
             if not data:
                 os._exit(0)
             message = json.loads(data)
+            if 'kill' in message:
+                # Moat gave up on this role (it missed a deadline): a stopped role ends too.
+                pid = roles.pop(message['kill'], None)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                continue
             for fd in fds:
-                if os.fork() == 0:
+                pid = os.fork()
+                if pid == 0:
                     try:
                         signal.set_wakeup_fd(-1)
                         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -214,17 +229,21 @@ def serve_roles(config, broker, confined):
                         start_role(config, message, fd, confined)
                     finally:
                         os._exit(0)
+                roles[message['spawn']] = pid
                 os.close(fd)
 
 
 def reap():
+    """Waits for every ended child and orphan; returns their pids."""
+    ended = []
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended.append(pid)
 
 
 def run(config, broker, sandbox_ns, store_ns):

@@ -211,7 +211,13 @@ export class TransparentProxy {
     seen: Buffer,
     protocol: 'tls' | 'http' | 'tcp',
   ): Promise<void> {
-    const { dialer, metrics, logger, flows } = this.options;
+    const { dialer, metrics, logger, flows, fairShare } = this.options;
+    const hold = fairShare === undefined ? 0 : fairShare.admit(sandbox.sandboxID);
+    if (hold !== 0) {
+      const what = `the connection to ${formatDestination(target)}`;
+      if ((await fairShare!.held(hold, sandbox.sandboxID, what)) !== undefined)
+        return void client.resetAndDestroy();
+    }
     const plan = await dialer.plan(sandbox, target);
     const rule = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
     if (plan.ok && rule !== undefined) {

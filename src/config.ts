@@ -46,6 +46,10 @@ export interface MoatConfig {
   readonly proxyHandshakeTimeoutMs: number;
   readonly proxyIdleTimeoutMs: number;
   readonly proxyCheckServerName: boolean;
+  /** Proxied requests and new tunnels a second per sandbox while others are active. */
+  readonly proxyRequestsPerSecond: number;
+  /** TLS connections of a sandbox waiting for a leaf mint; more are reset. */
+  readonly leafMintsWaiting: number;
   /** PEM file of CAs trusted for origins of intercepted TLS, beside Node's roots; undefined: none. */
   readonly upstreamCa: string | undefined;
   readonly redactSecretsInResponses: boolean;

@@ -14,6 +14,8 @@ import {
 import {
   Dialer,
   EgressProxy,
+  FairShare,
+  type FairShareBudgets,
   type HeaderInjection,
   type TcpIoSetting,
   TransparentProxy,
@@ -36,6 +38,8 @@ export interface InterceptingProxyOptions {
   readonly tcpIo?: TcpIoSetting;
   /** `--redact-secrets-in-responses`. */
   readonly redactSecretsInResponses?: boolean;
+  /** Sandboxes' shares of costly work (`--proxy-requests-per-second`...); default: none. */
+  readonly fairShare?: FairShareBudgets;
 }
 
 export interface InterceptingProxy {
@@ -107,6 +111,10 @@ export async function startInterceptingProxy(
     injection: options.injection,
     upstreamCa: options.upstreamCa,
     redactSecretsInResponses: options.redactSecretsInResponses,
+    fairShare:
+      options.fairShare === undefined
+        ? undefined
+        : new FairShare(options.fairShare, { table, metrics, logger }),
   };
   const egress = new EgressProxy(proxyOptions);
   const transparent = new TransparentProxy(proxyOptions);

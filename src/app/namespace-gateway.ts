@@ -233,7 +233,9 @@ async function endDeniedConnections(
 /**
  * One direct flow the kernel let out or refused, as a flow record: the kernel's verdict, and the
  * list and rule of the one decision when it agrees (it always should; a learned address the
- * kernel still holds for a name is the one way they can differ).
+ * kernel still holds for a name is the one way they can differ). A flow to the host's own
+ * address leaves the sandbox's firewall but goes no further: the host's table drops it, and
+ * the record says so.
  */
 function recordDirectFlow(flow: DirectFlow, parts: NamespaceGatewayParts): void {
   const sandbox = parts.table.get(flow.sandboxID);
@@ -247,7 +249,7 @@ function recordDirectFlow(flow: DirectFlow, parts: NamespaceGatewayParts): void 
       kind: 'direct',
       destination: { name: null, address: flow.address, port, protocol: flow.protocol },
     },
-    decision.verdict === flow.verdict
+    decision.verdict === flow.verdict || decision.list === 'host'
       ? decision
       : {
           verdict: flow.verdict,

@@ -28,7 +28,13 @@ import {
   type HostAddresses,
   type InternalDenyList,
 } from '../policy/index.js';
-import { Dialer, EgressProxy, TransparentProxy, TunnelRegistry } from '../proxy/index.js';
+import {
+  Dialer,
+  EgressProxy,
+  FairShare,
+  TransparentProxy,
+  TunnelRegistry,
+} from '../proxy/index.js';
 import { NamespaceNetwork, ProcessRuntime, type SandboxRuntime } from '../runtime/index.js';
 import { SandboxService, sandboxEnvironment } from '../sandbox/index.js';
 import { RedisStore, type Store } from '../store/index.js';
@@ -245,6 +251,13 @@ export async function startMoat(
       flows,
       checkServerName: config.proxyCheckServerName,
       maxTunnelsPerSandbox: config.proxyMaxTunnels,
+      fairShare: new FairShare(
+        {
+          requestsPerSecond: config.proxyRequestsPerSecond,
+          leafMintsWaiting: config.leafMintsWaiting,
+        },
+        { table, metrics, logger },
+      ),
       sourceIsProof: network !== undefined,
       handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,

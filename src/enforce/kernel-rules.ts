@@ -46,6 +46,13 @@ export interface KernelLayout {
  * unrecorded, never unenforced).
  */
 const FLOW_LOG_RATE = 'limit rate 500/second burst 1000 packets';
+/**
+ * A flow, as the log rules know it: a SYN sent again (or a datagram to the same port and from
+ * the same one) is the same flow, logged once. Kept long enough to outlast a connect's retries.
+ */
+const FLOW_KEY = 'ip daddr . meta l4proto . th sport . th dport';
+const LOGGED_FLOWS =
+  'set logged4 { type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic, timeout; timeout 2m; size 65536; }';
 
 export interface LearnedElement {
   readonly address: IPAddress;
@@ -186,7 +193,9 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
   const logged = (verdict: string) =>
     layout.flowLogGroup === undefined
       ? []
-      : [`ct state new ${FLOW_LOG_RATE} log group ${layout.flowLogGroup} prefix "moat-${verdict}"`];
+      : [
+          `ct state new ${FLOW_KEY} != @logged4 ${FLOW_LOG_RATE} add @logged4 { ${FLOW_KEY} } log group ${layout.flowLogGroup} prefix "moat-${verdict}"`,
+        ];
   const refusals = {
     refuse_drop: [...logged('deny'), 'drop'],
     refuse_reset: [...logged('deny'), 'reject with tcp reset'],
@@ -236,7 +245,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), ...Object.entries(refusals).map(([name, rules]) => chain(name, rules)), chain('outbound', egress), chain('outbound_log', egressLog), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), ...Object.entries(refusals).map(([name, rules]) => chain(name, rules)), chain('outbound', egress), chain('outbound_log', egressLog), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
   ].join('; ');
 }
 

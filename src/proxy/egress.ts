@@ -28,6 +28,7 @@ import {
   type TcpIoSetting,
 } from './native-tcp.js';
 import { type HeaderInjection, Interceptor } from './intercept.js';
+import type { FairShare } from './fair-share.js';
 import { flowAsk, type TunnelRegistry } from './tunnels.js';
 import type { HostPort } from '../host-port.js';
 
@@ -45,6 +46,8 @@ export interface ProxyOptions {
   /** Close CONNECT tunnels whose TLS SNI (or port-80 Host) names another host than CONNECT did. */
   readonly checkServerName: boolean;
   readonly maxTunnelsPerSandbox: number;
+  /** Sandboxes' shares of the event loop's costly work (requests, leaf mints); undefined: none. */
+  readonly fairShare?: FairShare;
   /**
    * A sandbox's source address proves who it is (namespace mode): a credential must be that
    * sandbox's own. Otherwise (sandboxes share the host network) the credential identifies.
@@ -358,6 +361,19 @@ export class EgressProxy implements RequestHandler {
       );
     }
     const target = parsed.value as Target;
+    const fair = this.options.fairShare;
+    const hold = fair === undefined ? 0 : fair.admit(sandbox.sandboxID);
+    if (hold !== 0) {
+      const over = await fair!.held(
+        hold,
+        sandbox.sandboxID,
+        `CONNECT ${formatDestination(target)}`,
+      );
+      if (over !== undefined) {
+        this.count('connect', 'limited');
+        return client.refuse(429, over);
+      }
+    }
     const refuse = (refusal: Refusal) => {
       const { status, message, decision } = this.refused('connect', sandbox, target, refusal);
       client.refuse(status, message, decision);
@@ -417,6 +433,20 @@ export class EgressProxy implements RequestHandler {
       return answer(400, `request target ${JSON.stringify(url)}: ${parsed.error}`);
     }
     const target: Target = { ...parsed.value, port: parsed.value.port ?? 80 };
+    const fair = this.options.fairShare;
+    const hold = fair === undefined ? 0 : fair.admit(sandbox.sandboxID);
+    if (hold !== 0) {
+      const over = await fair!.held(
+        hold,
+        sandbox.sandboxID,
+        `a request to ${formatDestination(target)}`,
+      );
+      if (over !== undefined) {
+        this.count('forward', 'limited');
+        return answer(429, over);
+      }
+      if (client.destroyed) return;
+    }
     const refuse = (refusal: Refusal) => {
       const { status, message, decision } = this.refused('forward', sandbox, target, refusal);
       answer(status, message, decision);

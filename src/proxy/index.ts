@@ -4,6 +4,7 @@
  */
 export { Dialer, type DialerOptions } from './dial.js';
 export { EgressProxy, type ProxyListen, type ProxyOptions } from './egress.js';
+export { FairShare, type FairShareBudgets } from './fair-share.js';
 export { type HeaderInjection } from './intercept.js';
 export { type TcpIo, type TcpIoSetting } from './native-tcp.js';
 export { originalDestinationUnavailable } from './original-destination.js';

@@ -295,7 +295,16 @@ export class Interceptor {
     socket: net.Socket,
     hello: Buffer,
   ): Promise<void> {
-    const { logger, flows, tunnels } = this.options;
+    const { logger, flows, tunnels, fairShare } = this.options;
+    // Leaves are minted in turn across sandboxes: one asking for name after name waits for its
+    // own turns, not every other sandbox.
+    const turn = fairShare?.mintTurn(sandbox.sandboxID);
+    if (fairShare !== undefined && turn === undefined) {
+      fairShare.refuse('leaf_mints', sandbox.sandboxID, `the TLS connection to ${target.host}`);
+      return void socket.resetAndDestroy();
+    }
+    const endTurn = await turn;
+    if (socket.destroyed) return endTurn?.();
     let context: tls.SecureContext;
     try {
       context = await this.options.injection.leafContext(target.host);
@@ -306,6 +315,8 @@ export class Interceptor {
       );
       socket.destroy();
       return;
+    } finally {
+      endTurn?.();
     }
     if (socket.destroyed || this.draining) return void socket.destroy();
     const flow = flows.opened(
@@ -477,6 +488,12 @@ class InterceptedConnection implements RequestHandler {
     const answer = (status: number, message: string, keep = keepAlive) =>
       connection.refuse(head, keep, status, message);
     if (!framing.ok) return answer(framing.status, `request ${head.target}: ${framing.message}`);
+    const fair = options.fairShare;
+    const hold = fair === undefined ? 0 : fair.admit(sandbox.sandboxID);
+    if (hold !== 0) {
+      const over = await fair!.held(hold, sandbox.sandboxID, `a request to ${target.host}`);
+      if (over !== undefined) return answer(429, over);
+    }
     if (!head.target.startsWith('/') && !(head.method === 'OPTIONS' && head.target === '*'))
       return answer(
         400,

@@ -5,6 +5,7 @@ import {
   type CanonicalName,
   canonicalName,
   formatDestination,
+  type IPAddress,
   parseAuthority,
   parseIP,
 } from '../policy/index.js';
@@ -169,7 +170,8 @@ export class TransparentProxy {
         },
         { verdict: 'deny', list: 'invalid', rule: null, reason },
       );
-      client.destroy();
+      // A reset, as the firewall refuses: a clean end would read as an empty answer.
+      client.resetAndDestroy();
     };
     const timer = setTimeout(
       () => fail('no TLS ClientHello or HTTP request head within the handshake timeout'),
@@ -190,11 +192,16 @@ export class TransparentProxy {
       if (peek.name === undefined) return fail('the client named no host (no SNI, no Host header)');
       const tls = looksLikeTls(seen[0]!);
       const parsed = parseAuthority(peek.name);
-      if (!parsed.ok || parsed.value.host === undefined)
-        return fail(`${JSON.stringify(peek.name)} is not a host name`);
       // The kernel redirects 443 and 80 only; a port in the Host header is not trusted.
       const ports = this.options.transparentPorts ?? { tls: 443, http: 80 };
-      const target = { host: parsed.value.host, port: tls ? ports.tls : ports.http };
+      const port = tls ? ports.tls : ports.http;
+      if (parsed.ok && parsed.value.ip !== undefined)
+        return void this.toAddress(sandbox, client, seen, parsed.value.ip, port, tls).finally(
+          release,
+        );
+      if (!parsed.ok || parsed.value.host === undefined)
+        return fail(`${JSON.stringify(peek.name)} is not a host name`);
+      const target = { host: parsed.value.host, port };
       void this.connect(sandbox, target, client, seen, tls ? 'tls' : 'http').finally(release);
     };
     client.on('close', () => {
@@ -205,6 +212,37 @@ export class TransparentProxy {
     client.once('end', abandoned);
   }
 
+  /**
+   * A web connection that names an address, not a host (`Host: 192.0.2.1`, or an address as
+   * SNI): nothing names a host to decide, so it is decided by the address the kernel redirected
+   * (the one named when it cannot say) as the firewall decides a direct web connection.
+   * Refused, it is recorded with that address and the deciding rule, and reset.
+   */
+  private async toAddress(
+    sandbox: EnforcedSandbox,
+    client: net.Socket,
+    seen: Buffer,
+    named: IPAddress,
+    port: number,
+    tls: boolean,
+  ): Promise<void> {
+    const original = originalDestination(client);
+    const redirected =
+      original === undefined ||
+      (original.ip === client.localAddress && original.port === client.localPort)
+        ? undefined
+        : parseIP(original.ip);
+    const target =
+      redirected?.ok === true
+        ? { ip: redirected.value, port: original!.port }
+        : { ip: named, port };
+    const decision = this.options.dialer.check(sandbox, target, target.ip, true);
+    if (decision.verdict === 'allow') return this.connect(sandbox, target, client, seen, 'tcp');
+    const protocol = tls ? 'tls' : 'http';
+    this.options.flows.decided(flowAsk('transparent', sandbox, target, protocol), decision);
+    client.resetAndDestroy();
+  }
+
   private async connect(
     sandbox: EnforcedSandbox,
     target: Target,
@@ -212,7 +250,13 @@ export class TransparentProxy {
     seen: Buffer,
     protocol: 'tls' | 'http' | 'tcp',
   ): Promise<void> {
-    const { dialer, metrics, logger, flows } = this.options;
+    const { dialer, metrics, logger, flows, fairShare } = this.options;
+    const hold = fairShare === undefined ? 0 : fairShare.admit(sandbox.sandboxID);
+    if (hold !== 0) {
+      const what = `the connection to ${formatDestination(target)}`;
+      if ((await fairShare!.held(hold, sandbox.sandboxID, what)) !== undefined)
+        return void client.resetAndDestroy();
+    }
     const plan = await dialer.plan(sandbox, target);
     const rule = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
     if (plan.ok && rule !== undefined) {

@@ -144,6 +144,8 @@ describe('kernel rules: the sandbox table', () => {
       allow4: 'type ipv4_addr; flags interval; auto-merge;',
       deny4: 'type ipv4_addr; flags interval; auto-merge; elements = { 0.0.0.0/0 }',
       learned4: 'type ipv4_addr; flags timeout;',
+      logged4:
+        'type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic, timeout; timeout 2m; size 65536;',
     });
   });
 
@@ -186,8 +188,10 @@ describe('kernel rules: the sandbox table', () => {
   });
 
   it('logs the first packet of each direct flow, refused or let out, rate-limited, for the flow log', () => {
+    // Once per flow: a SYN sent again finds its flow in logged4.
+    const flow = 'ip daddr . meta l4proto . th sport . th dport';
     const log = (verdict: string) =>
-      `ct state new limit rate 500/second burst 1000 packets log group 7 prefix "moat-${verdict}"`;
+      `ct state new ${flow} != @logged4 limit rate 500/second burst 1000 packets add @logged4 { ${flow} } log group 7 prefix "moat-${verdict}"`;
     expect(table.chains.refuse_drop).toEqual([log('deny'), 'drop']);
     expect(table.chains.refuse_reset).toEqual([log('deny'), 'reject with tcp reset']);
     expect(table.chains.refuse_icmp).toEqual([log('deny'), 'reject with icmpx admin-prohibited']);

@@ -109,6 +109,30 @@ describe.skipIf(skip !== undefined)('the host is never a destination (namespace 
     expect(host.served).toEqual([]);
   });
 
+  it("records a direct connection to the host's address once, as the host refusing it", async () => {
+    const since = new Date().toISOString();
+    // Long enough for the kernel to send its SYN again twice (after 1 s and 3 s).
+    const tried = await run(
+      sandbox,
+      `curl -sS --noproxy '*' --max-time 4 http://${HOST}:${PORTS.service}/`,
+    );
+    expect(tried.code).not.toBe(0);
+    type Direct = {
+      verdict: string;
+      list: string;
+      destination: { address: string; port: number };
+    };
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const response = await fetch(
+      `${process.env.E2B_API_URL}/flows?sandboxID=${sandbox.sandboxId}&kind=direct&since=${since}&limit=100`,
+      { headers: { 'X-API-KEY': API_KEY } },
+    );
+    const records = ((await response.json()) as Direct[])
+      .filter((r) => r.destination.address === HOST && r.destination.port === PORTS.service)
+      .map((r) => [r.verdict, r.list]);
+    expect(records).toEqual([['deny', 'host']]);
+  });
+
   it('refuses an address the host gets after Moat started, at once', async () => {
     host.ip('addr', 'add', `${LATER}/32`, 'dev', 'host0');
     try {

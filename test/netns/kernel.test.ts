@@ -284,6 +284,34 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       );
     });
 
+    it('resets a direct web connection to a denied address and records the address and the rule', async () => {
+      const since = new Date().toISOString();
+      // Redirected to the transparent listener (port 80 to an address the rules deny), whose
+      // Host header names only the address.
+      const plain = await run(sandbox, curl(`http://${DENIED_IP}/`));
+      expect(plain.exitCode, plain.stderr).toBe(56); // a reset, not 52 (an empty reply)
+      expect(plain.stderr).toMatch(/reset/i);
+      type Record = {
+        verdict: string;
+        list: string;
+        rule: string | null;
+        destination: { address: string | null; port: number | null };
+      };
+      const records = async () =>
+        (
+          (
+            await harness.api.call(
+              'GET',
+              `/flows?sandboxID=${sandbox.sandboxId}&kind=transparent&since=${since}&limit=100`,
+            )
+          ).body as Record[]
+        ).map((r) => [r.verdict, r.list, r.rule, r.destination.address, r.destination.port]);
+      const deadline = Date.now() + 3000;
+      while ((await records()).length < 1 && Date.now() < deadline)
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      expect(await records()).toEqual([['deny', 'denyOut', '0.0.0.0/0', DENIED_IP, 80]]);
+    });
+
     it('records at most the firewall log rate of a flood of new direct flows, and Moat serves on', async () => {
       const since = new Date().toISOString();
       const started = Date.now();

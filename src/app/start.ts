@@ -43,6 +43,7 @@ import {
   ownListeners,
 } from './listeners.js';
 import { chooseNetwork, startNamespaceGateway } from './namespace-gateway.js';
+import { watchKernelBudgets } from './kernel-budgets.js';
 import { createSandboxListener } from './sandbox-listener.js';
 import { nodeIdentity, openStore } from './store.js';
 import { notReady } from './readiness.js';
@@ -306,6 +307,8 @@ export async function startMoat(
         dialer,
         flows,
       });
+      const budgets = watchKernelBudgets(network, kernel, { logger, metrics });
+      lifecycle.started(() => budgets.stop());
     }
     const runtime = await ProcessRuntime.start(config.dataDir, {
       network,

@@ -18,7 +18,9 @@ export {
   type KernelEnforcerOptions,
 } from './kernel.js';
 export {
+  type ConnectionBudget,
   DNS_PORT,
+  type KernelBudget,
   type KernelLayout,
   type LearnedElement,
   removeHostRuleset,

@@ -1,6 +1,9 @@
 import type { IPAddress, Policy } from '../policy/index.js';
 import {
+  BUDGET_COUNTERS_QUERY,
+  budgetRefusals,
   hostRuleset,
+  type KernelBudget,
   type KernelLayout,
   type LearnedElement,
   learnedElements,
@@ -19,6 +22,8 @@ export interface KernelEnforcerOptions {
   readonly table: EnforcementTable;
   /** Runs nft commands inside the sandbox's namespace (the runtime's job). */
   readonly apply: (sandboxID: string, commands: string) => Promise<void>;
+  /** What a listing nft command prints in the sandbox's namespace. */
+  readonly list: (sandboxID: string, command: string) => Promise<string>;
   /** Runs nft commands in the host's namespace. */
   readonly applyHost: (commands: string) => Promise<void>;
   readonly now: () => number;
@@ -121,6 +126,11 @@ export class KernelEnforcer {
         `the firewall of sandbox ${sandboxID} could not be updated (${(error as Error).message}); ${locked}`,
       );
     }
+  }
+
+  /** The new connections the sandbox's firewall refused so far, by budget. */
+  async refusals(sandboxID: string): Promise<Record<KernelBudget, number>> {
+    return budgetRefusals(await this.options.list(sandboxID, BUDGET_COUNTERS_QUERY));
   }
 
   /** Opens addresses the interceptor is about to hand out; resolves once they are live. */

@@ -291,6 +291,19 @@ export class NamespaceNetwork {
     return link.firewall.run(commands);
   }
 
+  /** What a listing nft command prints in the sandbox's namespace (its budget counters). */
+  firewallListing(sandboxID: string, command: string): Promise<string> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined)
+      return Promise.reject(new Error(`sandbox ${sandboxID} has no network namespace`));
+    return link.firewall.read(command);
+  }
+
+  /** The sandboxes that have a namespace here. */
+  sandboxes(): string[] {
+    return [...this.links.keys()];
+  }
+
   /**
    * A listening socket on the loopback of the sandbox's namespace, made there and accepted on by
    * Moat: connections the sandbox's firewall redirects to it keep their original destination

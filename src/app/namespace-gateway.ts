@@ -164,6 +164,8 @@ export async function startNamespaceGateway(
       table: parts.table,
       apply: (sandboxID, commands) => network.firewall(sandboxID, commands),
       list: (sandboxID, command) => network.firewallListing(sandboxID, command),
+      limitBandwidth: (sandboxID, { egressMbps, ingressMbps }) =>
+        network.limitBandwidth(sandboxID, egressMbps, ingressMbps),
       applyHost: (commands) => network.host(commands),
       // Only where the original destination of a redirected connection can be read.
       redirectPort:

@@ -333,6 +333,10 @@ export async function startMoat(
       table,
       sources,
       kernel,
+      bandwidthDefaults: {
+        egressMbps: config.sandboxEgressMbps,
+        ingressMbps: config.sandboxIngressMbps,
+      },
       cluster:
         nodeID === undefined
           ? undefined
@@ -382,6 +386,10 @@ export async function startMoat(
         },
         enforcement: runtime.enforcement,
         confinement: runtime.confined ? 'confined' : 'unconfined',
+        bandwidthDefaults: {
+          egressMbps: config.sandboxEgressMbps,
+          ingressMbps: config.sandboxIngressMbps,
+        },
       },
       keys: apiKeys.keys,
       caCertificatePem: ca.certificatePem,

@@ -12,6 +12,7 @@ export {
   type UpstreamProxy,
 } from './table.js';
 export {
+  type Bandwidth,
   type KernelChange,
   KernelEnforcementError,
   KernelEnforcer,

@@ -18,12 +18,20 @@ import type { EnforcementTable, UpstreamProxy } from './table.js';
 
 export type KernelChange = 'install' | 'policy' | 'learned';
 
+/** A sandbox's bandwidth each way, in Mbit/s; 0: unlimited. */
+export interface Bandwidth {
+  readonly egressMbps: number;
+  readonly ingressMbps: number;
+}
+
 export interface KernelEnforcerOptions {
   readonly table: EnforcementTable;
   /** Runs nft commands inside the sandbox's namespace (the runtime's job). */
   readonly apply: (sandboxID: string, commands: string) => Promise<void>;
   /** What a listing nft command prints in the sandbox's namespace. */
   readonly list: (sandboxID: string, command: string) => Promise<string>;
+  /** Holds the sandbox's link to `bandwidth` (the runtime's job). */
+  readonly limitBandwidth: (sandboxID: string, bandwidth: Bandwidth) => Promise<void>;
   /** Runs nft commands in the host's namespace. */
   readonly applyHost: (commands: string) => Promise<void>;
   readonly now: () => number;
@@ -124,6 +132,17 @@ export class KernelEnforcer {
       );
       throw new KernelEnforcementError(
         `the firewall of sandbox ${sandboxID} could not be updated (${(error as Error).message}); ${locked}`,
+      );
+    }
+  }
+
+  /** Holds the sandbox's link to `bandwidth`, replacing its earlier limits. */
+  async limitBandwidth(sandboxID: string, bandwidth: Bandwidth): Promise<void> {
+    try {
+      await this.options.limitBandwidth(sandboxID, bandwidth);
+    } catch (error) {
+      throw new KernelEnforcementError(
+        `the bandwidth limits of sandbox ${sandboxID} could not be written: ${(error as Error).message}`,
       );
     }
   }

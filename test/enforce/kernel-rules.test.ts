@@ -686,6 +686,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
       table: new EnforcementTable({ now: () => NOW }),
       apply: async (_, commands) => nft(commands),
       list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
       applyHost: async () => {},
       now: () => NOW,
     });
@@ -806,6 +807,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
         nft(commands);
       },
       list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
       applyHost: async () => {},
       now: () => NOW,
     });
@@ -827,6 +829,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
       table,
       apply: async (_, commands) => nft(commands),
       list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
       applyHost: async () => {},
       now: () => NOW,
     });

@@ -2,7 +2,8 @@
  * A `moat serve` in namespace mode inside a network namespace this test makes, which plays the
  * host (test/support/host-namespace.ts): so that what the host's side holds (its connection
  * tracking table, its end of each sandbox link) is the test's own to measure, never the
- * machine's. The API is reached through a forwarder; sandboxes are made with the `e2b` SDK.
+ * machine's. The API is reached through a forwarder; sandboxes are made through it and driven
+ * with the `e2b` SDK.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
@@ -65,15 +66,18 @@ export async function startHostMoat(
       E2B_API_KEY: API_KEY,
       E2B_DOMAIN: 'moat.test',
     });
+    const client = new ApiClient(`http://127.0.0.1:${api}`);
     return {
       host,
       moat,
-      api: new ApiClient(`http://127.0.0.1:${api}`),
+      api: client,
       async sandbox(network) {
-        const sandbox = await Sandbox.create({
-          timeoutMs: 120_000,
-          ...(network === undefined ? {} : { network }),
+        // Through the API: the SDK sends only the network fields E2B knows.
+        const reply = await client.call('POST', '/v2/sandboxes', {
+          body: { templateID: 'base', timeout: 120, ...(network === undefined ? {} : { network }) },
         });
+        if (reply.status !== 201) throw new Error(`create: ${reply.status} ${reply.text}`);
+        const sandbox = await Sandbox.connect((reply.body as { sandboxID: string }).sandboxID);
         created.push(sandbox);
         return sandbox;
       },

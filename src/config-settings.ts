@@ -25,7 +25,7 @@ import {
   wholeNumber,
 } from './config-values.js';
 import { formatHostPort } from './host-port.js';
-import { IDS_PER_SANDBOX } from './runtime/index.js';
+import { IDS_PER_SANDBOX, MAX_BANDWIDTH_MBPS } from './runtime/index.js';
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
@@ -347,7 +347,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_SANDBOX_EGRESS_MBPS',
     default: '0',
     help: "a namespaced sandbox's outgoing bandwidth in Mbit/s when its network.bandwidth does not say; 0: unlimited",
-    parse: wholeNumber(100_000),
+    parse: wholeNumber(MAX_BANDWIDTH_MBPS),
   },
   {
     key: 'sandboxIngressMbps',
@@ -356,7 +356,7 @@ export const SETTINGS: readonly AnySetting[] = [
     env: 'MOAT_SANDBOX_INGRESS_MBPS',
     default: '0',
     help: "a namespaced sandbox's incoming bandwidth in Mbit/s when its network.bandwidth does not say; 0: unlimited",
-    parse: wholeNumber(100_000),
+    parse: wholeNumber(MAX_BANDWIDTH_MBPS),
   },
   {
     key: 'apiListen',

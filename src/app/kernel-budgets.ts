@@ -18,18 +18,12 @@ const WHAT: Record<KernelBudget, string> = {
   tracked_connections: 'new connections over its count of open ones',
 };
 
-export interface KernelBudgetWatch {
-  /** Reads every sandbox's counters once (the timer's round). */
-  read(): Promise<void>;
-  stop(): void;
-}
-
 export function watchKernelBudgets(
   network: NamespaceNetwork,
   kernel: KernelEnforcer,
   parts: { readonly logger: Logger; readonly metrics: MoatMetrics },
   everyMs = KERNEL_BUDGET_READ_MS,
-): KernelBudgetWatch {
+): { stop(): void } {
   /** Each sandbox's counters as last read. */
   const seen = new Map<string, Record<KernelBudget, number>>();
   let reading: Promise<void> | undefined;
@@ -55,8 +49,10 @@ export function watchKernelBudgets(
       }
     }
   };
-  const read = () => (reading ??= readAll().finally(() => (reading = undefined)));
-  const timer = setInterval(() => void read(), everyMs);
+  // A round still reading (many sandboxes, a slow nft) is not started over.
+  const timer = setInterval(() => {
+    reading ??= readAll().finally(() => (reading = undefined));
+  }, everyMs);
   timer.unref();
-  return { read, stop: () => clearInterval(timer) };
+  return { stop: () => clearInterval(timer) };
 }

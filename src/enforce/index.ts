@@ -19,7 +19,6 @@ export {
   type KernelEnforcerOptions,
 } from './kernel.js';
 export {
-  type ConnectionBudget,
   DNS_PORT,
   type KernelBudget,
   type KernelLayout,

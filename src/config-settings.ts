@@ -22,9 +22,10 @@ import {
   resolverList,
   showOptional,
   storeLocation,
+  wholeNumber,
 } from './config-values.js';
 import { formatHostPort } from './host-port.js';
-import { IDS_PER_SANDBOX } from './runtime/index.js';
+import { IDS_PER_SANDBOX, MAX_BANDWIDTH_MBPS } from './runtime/index.js';
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
@@ -329,6 +330,51 @@ export const SETTINGS: readonly AnySetting[] = [
     help: "IPv4 range of namespaced sandboxes' links, a /30 each; its first address is Moat's gateway for them (DNS, proxy). Give every Moat on a host its own",
     show: (cidr) => cidr.text,
     parse: ipv4Range(28),
+  },
+  {
+    key: 'sandboxNewConnectionsPerSecond',
+    metavar: 'N',
+    flag: 'sandbox-new-connections-per-second',
+    env: 'MOAT_SANDBOX_NEW_CONNECTIONS_PER_SECOND',
+    default: '200',
+    help: "new connections (TCP, and UDP flows) a namespaced sandbox may open per second, to any destination, Moat's listeners included; past it (and its burst) its firewall answers a reset (ICMP for UDP) before the connection reaches the host's connection tracking table",
+    parse: positiveInteger(1_000_000),
+  },
+  {
+    key: 'sandboxNewConnectionsBurst',
+    metavar: 'N',
+    flag: 'sandbox-new-connections-burst',
+    env: 'MOAT_SANDBOX_NEW_CONNECTIONS_BURST',
+    default: '400',
+    help: 'new connections a namespaced sandbox may open at once above its per-second rate',
+    parse: positiveInteger(1_000_000),
+  },
+  {
+    key: 'sandboxTrackedConnections',
+    metavar: 'N',
+    flag: 'sandbox-tracked-connections',
+    env: 'MOAT_SANDBOX_TRACKED_CONNECTIONS',
+    default: '4096',
+    help: 'connections a namespaced sandbox may hold open at once (closed ones not counted); a new one past it is answered with a reset (ICMP for UDP)',
+    parse: positiveInteger(1_000_000),
+  },
+  {
+    key: 'sandboxEgressMbps',
+    metavar: 'MBPS',
+    flag: 'sandbox-egress-mbps',
+    env: 'MOAT_SANDBOX_EGRESS_MBPS',
+    default: '0',
+    help: "a namespaced sandbox's outgoing bandwidth in Mbit/s when its network.bandwidth does not say; 0: unlimited",
+    parse: wholeNumber(MAX_BANDWIDTH_MBPS),
+  },
+  {
+    key: 'sandboxIngressMbps',
+    metavar: 'MBPS',
+    flag: 'sandbox-ingress-mbps',
+    env: 'MOAT_SANDBOX_INGRESS_MBPS',
+    default: '0',
+    help: "a namespaced sandbox's incoming bandwidth in Mbit/s when its network.bandwidth does not say; 0: unlimited",
+    parse: wholeNumber(MAX_BANDWIDTH_MBPS),
   },
   {
     key: 'apiListen',

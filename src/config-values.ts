@@ -26,6 +26,17 @@ export const positiveInteger =
           error: `expected a whole number from 1 to ${max}, got ${JSON.stringify(text)}`,
         };
 
+/** 0 to `max` (0 usually meaning "no limit"). */
+export const wholeNumber =
+  (max: number) =>
+  (text: string): Result<number> =>
+    /^(0|[1-9][0-9]*)$/.test(text) && Number(text) <= max
+      ? { ok: true, value: Number(text) }
+      : {
+          ok: false,
+          error: `expected a whole number from 0 to ${max}, got ${JSON.stringify(text)}`,
+        };
+
 /** A CA file path, or `generated` (undefined: the CA Moat makes in its data folder). */
 export function caFile(text: string): Result<string | undefined> {
   if (text === 'generated') return { ok: true, value: undefined };

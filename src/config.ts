@@ -59,6 +59,14 @@ export interface MoatConfig {
   readonly enforcement: EnforcementSetting;
   /** Where namespaced sandboxes' links come from: a /30 each, the first holding the gateway. */
   readonly namespacePool: CIDR;
+  /** New connections (TCP, UDP flows) per second each namespaced sandbox may open, and its burst. */
+  readonly sandboxNewConnectionsPerSecond: number;
+  readonly sandboxNewConnectionsBurst: number;
+  /** Connections each namespaced sandbox may hold open at once (its firewall's ct count). */
+  readonly sandboxTrackedConnections: number;
+  /** Each namespaced sandbox's default bandwidth, out and in, in Mbit/s; 0: unlimited. */
+  readonly sandboxEgressMbps: number;
+  readonly sandboxIngressMbps: number;
   readonly apiListen: HostPort;
   /** The sandbox API and ingress: `{port}-{sandboxID}.<domain>` or E2b-Sandbox-* headers. */
   readonly sandboxListen: HostPort;

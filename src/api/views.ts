@@ -5,7 +5,14 @@
  */
 import { formatHostPort, type HostPort } from '../config.js';
 import type { EnforcementMode } from '../runtime/index.js';
-import type { ForkResult, SandboxRecord, SnapshotRecord, UsageSample } from '../sandbox/index.js';
+import {
+  type BandwidthSettings,
+  bandwidthOf,
+  type ForkResult,
+  type SandboxRecord,
+  type SnapshotRecord,
+  type UsageSample,
+} from '../sandbox/index.js';
 import type { FlowTotals } from '../flows/index.js';
 import { flowTotalsSchema } from './routes/flows.js';
 import { errorSchema } from './routes/schemas.js';
@@ -25,6 +32,8 @@ export interface EgressInfo {
   readonly enforcement: EnforcementMode;
   /** Whether this node's sandboxes are confined (or run unconfined by the operator's override). */
   readonly confinement: 'confined' | 'unconfined';
+  /** The operator's bandwidth for sandboxes whose `network.bandwidth` leaves a direction out. */
+  readonly bandwidthDefaults: Required<BandwidthSettings>;
 }
 
 /** A sandbox's own bounds (its cgroup and disk), as the reference service reports its VM's. */
@@ -81,6 +90,7 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTota
     httpsPorts: r.network.httpsPorts ?? [],
     // Exactly as stored: placeholders stay placeholders, and literal values are the client's own.
     ...(r.network.rules === undefined ? {} : { rules: r.network.rules }),
+    bandwidth: bandwidthOf(r.network, egress.bandwidthDefaults),
   },
   lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
   egress: {
@@ -88,6 +98,8 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTota
     proxyUrl: `http://${formatHostPort(egress.proxy)}`,
     dns: formatHostPort(egress.dns),
     enforcement: egress.enforcement,
+    // Only a sandbox in a network namespace has a link of its own to hold to a rate.
+    bandwidthEnforced: egress.enforcement === 'namespace',
     node: r.node ?? null,
   },
   flows,
@@ -208,6 +220,10 @@ export const detailSchema = object({
         description: 'The SOCKS5 proxy allowed TCP is tunnelled through (never its password)',
       },
       httpsPorts: { type: 'array', items: { type: 'integer' } },
+      bandwidth: object(
+        { egressMbps: { type: 'integer' }, ingressMbps: { type: 'integer' } },
+        'Moat extension: Mbit/s each way (0: unlimited), the operator’s default where network.bandwidth left it out; see egress.bandwidthEnforced',
+      ),
     }),
     {
       rules: {
@@ -240,6 +256,11 @@ export const detailSchema = object({
       proxyUrl: { ...string, description: 'Egress proxy (credential not included)' },
       dns: { ...string, description: 'DNS interceptor the sandbox resolves through' },
       enforcement: { type: 'string', enum: ['namespace', 'proxy'] },
+      bandwidthEnforced: {
+        type: 'boolean',
+        description:
+          'Whether network.bandwidth holds the sandbox’s link (namespace enforcement); false: it is kept but not enforced',
+      },
       node: {
         ...nullableString,
         description: 'The node that hosts it when many nodes share a Redis store, else null',

@@ -154,10 +154,18 @@ export async function startNamespaceGateway(
       linkPrefix: network.linkPrefix,
       hostTable: network.hostTable,
       flowLogGroup: FLOW_LOG_GROUP,
+      connections: {
+        newPerSecond: config.sandboxNewConnectionsPerSecond,
+        newBurst: config.sandboxNewConnectionsBurst,
+        tracked: config.sandboxTrackedConnections,
+      },
     },
     {
       table: parts.table,
       apply: (sandboxID, commands) => network.firewall(sandboxID, commands),
+      list: (sandboxID, command) => network.firewallListing(sandboxID, command),
+      limitBandwidth: (sandboxID, { egressMbps, ingressMbps }) =>
+        network.limitBandwidth(sandboxID, egressMbps, ingressMbps),
       applyHost: (commands) => network.host(commands),
       // Only where the original destination of a redirected connection can be read.
       redirectPort:

@@ -49,6 +49,7 @@ import {
   ownListeners,
 } from './listeners.js';
 import { chooseNetwork, startNamespaceGateway } from './namespace-gateway.js';
+import { watchKernelBudgets } from './kernel-budgets.js';
 import { createSandboxListener } from './sandbox-listener.js';
 import { nodeIdentity, openStore } from './store.js';
 import { notReady } from './readiness.js';
@@ -319,6 +320,8 @@ export async function startMoat(
         dialer,
         flows,
       });
+      const budgets = watchKernelBudgets(network, kernel, { logger, metrics });
+      lifecycle.started(() => budgets.stop());
     }
     const runtime = await ProcessRuntime.start(config.dataDir, {
       network,
@@ -358,6 +361,10 @@ export async function startMoat(
       table,
       sources,
       kernel,
+      bandwidthDefaults: {
+        egressMbps: config.sandboxEgressMbps,
+        ingressMbps: config.sandboxIngressMbps,
+      },
       cluster:
         nodeID === undefined
           ? undefined
@@ -407,6 +414,10 @@ export async function startMoat(
         },
         enforcement: runtime.enforcement,
         confinement: runtime.confined ? 'confined' : 'unconfined',
+        bandwidthDefaults: {
+          egressMbps: config.sandboxEgressMbps,
+          ingressMbps: config.sandboxIngressMbps,
+        },
       },
       keys: apiKeys.keys,
       caCertificatePem: ca.certificatePem,

@@ -12,6 +12,7 @@ export {
   type UpstreamProxy,
 } from './table.js';
 export {
+  type Bandwidth,
   type KernelChange,
   KernelEnforcementError,
   KernelEnforcer,
@@ -19,6 +20,7 @@ export {
 } from './kernel.js';
 export {
   DNS_PORT,
+  type KernelBudget,
   type KernelLayout,
   type LearnedElement,
   removeHostRuleset,

@@ -39,7 +39,26 @@ export interface KernelLayout {
    * flow log's reader); undefined: none is logged.
    */
   readonly flowLogGroup?: number;
+  /** What each sandbox may open (see budgetChains). */
+  readonly connections: ConnectionBudget;
 }
+
+/**
+ * Each sandbox's connections, budgeted in its own namespace before they reach the host: new ones
+ * per second (with a burst), and the ones it may hold open at once.
+ */
+export interface ConnectionBudget {
+  readonly newPerSecond: number;
+  readonly newBurst: number;
+  readonly tracked: number;
+}
+
+/** The named nft counters of each budget's refusals, by the resource they count. */
+export const BUDGET_COUNTERS = {
+  new_connections: 'new_connections_refused',
+  tracked_connections: 'tracked_connections_refused',
+} as const;
+export type KernelBudget = keyof typeof BUDGET_COUNTERS;
 
 /**
  * Log statements per second, per rule, a sandbox's direct flows may cost (beyond them flows go
@@ -132,6 +151,54 @@ const generationRules = (generation: number): string[] => {
 
 const elements = (items: readonly string[]) =>
   items.length ? ` elements = { ${items.join(', ')} }` : '';
+
+/**
+ * The budget chain, first on the way out (before Moat's DNAT and filter chains, and before the
+ * packet reaches the host's namespace, whose connection tracking table every sandbox shares):
+ * a new connection over the rate, or over the count of connections the sandbox already holds
+ * open, is refused at once (a reset, or ICMP for UDP), never left to time out. Only the first
+ * packet of a connection is looked at; the rest of its packets pass at the first rule. Loopback
+ * inside the sandbox is its own and not budgeted.
+ */
+function budgetChains(budget: ConnectionBudget): string[] {
+  const refusal = (resource: KernelBudget) =>
+    `chain refuse_${resource} { counter name "${BUDGET_COUNTERS[resource]}"; meta l4proto tcp reject with tcp reset; reject with icmpx admin-prohibited; }`;
+  const rules = [
+    'type filter hook output priority mangle; policy accept',
+    'oifname "lo" accept',
+    'ct state != new accept',
+    `limit rate over ${budget.newPerSecond}/second burst ${budget.newBurst} packets goto refuse_new_connections`,
+    // ct count counts the connections this rule saw that are still open (TIME_WAIT and CLOSE
+    // are not open), in this namespace's table.
+    `ct count over ${budget.tracked} goto refuse_tracked_connections`,
+  ];
+  return [
+    ...Object.values(BUDGET_COUNTERS).map((name) => `counter ${name} { }`),
+    refusal('new_connections'),
+    refusal('tracked_connections'),
+    `chain budget { ${rules.join('; ')}; }`,
+  ];
+}
+
+/** Lists the budget counters (`list counters` of the sandbox's table); read by budgetRefusals. */
+export const BUDGET_COUNTERS_QUERY = `list counters table ${TABLE}`;
+
+/**
+ * The refusals so far by budget, from nft's answer to BUDGET_COUNTERS_QUERY; a counter the
+ * answer lacks is an error naming it (never read as 0).
+ */
+export function budgetRefusals(listing: string): Record<KernelBudget, number> {
+  const read = (resource: KernelBudget): number => {
+    const name = BUDGET_COUNTERS[resource];
+    const match = new RegExp(`counter ${name} \\{\\s*packets (\\d+)`).exec(listing);
+    if (match === null) throw new Error(`nft's counter listing has no counter ${name}`);
+    return Number(match[1]);
+  };
+  return {
+    new_connections: read('new_connections'),
+    tracked_connections: read('tracked_connections'),
+  };
+}
 
 /**
  * The sandbox's whole table, replacing any earlier one, with every destination denied until the
@@ -245,7 +312,7 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), ...Object.entries(refusals).map(([name, rules]) => chain(name, rules)), chain('outbound', egress), chain('outbound_log', egressLog), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...budgetChains(layout.connections), ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), ...Object.entries(refusals).map(([name, rules]) => chain(name, rules)), chain('outbound', egress), chain('outbound_log', egressLog), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
   ].join('; ');
 }
 
@@ -326,6 +393,17 @@ export function hostRuleset(layout: KernelLayout): string {
           : []),
         // Everything else addressed to the host, on any of its addresses: it is never a destination.
         `iifname ${links} drop`,
+      ]),
+      // Sandboxes' traffic with Moat's listeners on the gateway is not tracked here: it needs
+      // no NAT and is accepted by port, and tracked it would let one sandbox's connect-and-close
+      // loop fill the host's table (closed connections stay in it for two minutes) for all.
+      chain('untracked_to_gateway', [
+        'type filter hook prerouting priority raw; policy accept',
+        `iifname ${links} ip daddr ${gw} notrack`,
+      ]),
+      chain('untracked_from_gateway', [
+        'type filter hook output priority raw; policy accept',
+        `oifname ${links} ip saddr ${gw} notrack`,
       ]),
       chain('between_sandboxes', [
         'type filter hook forward priority filter; policy accept',

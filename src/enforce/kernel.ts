@@ -1,6 +1,9 @@
 import type { IPAddress, Policy } from '../policy/index.js';
 import {
+  BUDGET_COUNTERS_QUERY,
+  budgetRefusals,
   hostRuleset,
+  type KernelBudget,
   type KernelLayout,
   type LearnedElement,
   learnedElements,
@@ -15,10 +18,20 @@ import type { EnforcementTable, UpstreamProxy } from './table.js';
 
 export type KernelChange = 'install' | 'policy' | 'learned';
 
+/** A sandbox's bandwidth each way, in Mbit/s; 0: unlimited. */
+export interface Bandwidth {
+  readonly egressMbps: number;
+  readonly ingressMbps: number;
+}
+
 export interface KernelEnforcerOptions {
   readonly table: EnforcementTable;
   /** Runs nft commands inside the sandbox's namespace (the runtime's job). */
   readonly apply: (sandboxID: string, commands: string) => Promise<void>;
+  /** What a listing nft command prints in the sandbox's namespace. */
+  readonly list: (sandboxID: string, command: string) => Promise<string>;
+  /** Holds the sandbox's link to `bandwidth` (the runtime's job). */
+  readonly limitBandwidth: (sandboxID: string, bandwidth: Bandwidth) => Promise<void>;
   /** Runs nft commands in the host's namespace. */
   readonly applyHost: (commands: string) => Promise<void>;
   readonly now: () => number;
@@ -121,6 +134,22 @@ export class KernelEnforcer {
         `the firewall of sandbox ${sandboxID} could not be updated (${(error as Error).message}); ${locked}`,
       );
     }
+  }
+
+  /** Holds the sandbox's link to `bandwidth`, replacing its earlier limits. */
+  async limitBandwidth(sandboxID: string, bandwidth: Bandwidth): Promise<void> {
+    try {
+      await this.options.limitBandwidth(sandboxID, bandwidth);
+    } catch (error) {
+      throw new KernelEnforcementError(
+        `the bandwidth limits of sandbox ${sandboxID} could not be written: ${(error as Error).message}`,
+      );
+    }
+  }
+
+  /** The new connections the sandbox's firewall refused so far, by budget. */
+  async refusals(sandboxID: string): Promise<Record<KernelBudget, number>> {
+    return budgetRefusals(await this.options.list(sandboxID, BUDGET_COUNTERS_QUERY));
   }
 
   /** Opens addresses the interceptor is about to hand out; resolves once they are live. */

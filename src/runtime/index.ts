@@ -3,6 +3,7 @@ export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
 export { type DirectFlow, FLOW_LOG_GROUP } from './direct-flow-log.js';
 export {
+  MAX_BANDWIDTH_MBPS,
   NamespaceNetwork,
   type NamespaceNetworkOptions,
   namespacesWork,

@@ -19,6 +19,12 @@ import { RangeLock } from './range-lock.js';
 import type { HostPort } from '../host-port.js';
 
 const IP = '/usr/sbin/ip';
+/** iproute2's traffic control: each sandbox's bandwidth, a token bucket on each end of its link. */
+const TC = '/usr/sbin/tc';
+/** How long a packet may wait in a bandwidth limit's queue before it is dropped (TCP backs off). */
+const SHAPER_LATENCY = '50ms';
+/** The largest bandwidth limit, in Mbit/s (100 Gbit/s). */
+export const MAX_BANDWIDTH_MBPS = 100_000;
 /** iproute2's socket tool: lists a namespace's sockets, and ends them (sock_diag destroy). */
 const SS = '/usr/bin/ss';
 /** Connections ended by one `ss -K` (its filter is one argument). */
@@ -99,6 +105,25 @@ function run(file: string, args: readonly string[], input?: string): Promise<str
       reject(new Error(`${[file, ...args].join(' ')}: ${detail}`));
     });
     if (input !== undefined) child.stdin!.end(input);
+  });
+}
+
+/** A device's outgoing rate held to `mbps` by a token bucket; 0 removes the limit. */
+async function limitDevice(where: string[], device: string, mbps: number): Promise<void> {
+  if (mbps > 0) {
+    const bytesPerSecond = (mbps * 1_000_000) / 8;
+    // 20 ms at the rate, and never less than a few full-size (GSO) packets.
+    const burst = Math.max(32 * 1024, Math.ceil(bytesPerSecond / 50));
+    await run(TC, [
+      ...where,
+      ...['qdisc', 'replace', 'dev', device, 'root', 'tbf'],
+      ...['rate', `${mbps}mbit`, 'burst', String(burst), 'latency', SHAPER_LATENCY],
+    ]);
+    return;
+  }
+  await run(TC, [...where, 'qdisc', 'del', 'dev', device, 'root']).catch((error: Error) => {
+    // The device's own default queue, which tc cannot delete: there was no limit.
+    if (!error.message.includes('handle of zero')) throw error;
   });
 }
 
@@ -289,6 +314,32 @@ export class NamespaceNetwork {
     if (link === undefined)
       return Promise.reject(new Error(`sandbox ${sandboxID} has no network namespace`));
     return link.firewall.run(commands);
+  }
+
+  /**
+   * Holds the sandbox's link to `egressMbps` out and `ingressMbps` in (0: unlimited), replacing
+   * any earlier limits: a token bucket (tbf) where each direction leaves a namespace, the
+   * sandbox's end for what it sends, the host's end for what it receives. The sandbox holds no
+   * capability over its own namespace's devices, so it cannot lift either.
+   */
+  async limitBandwidth(sandboxID: string, egressMbps: number, ingressMbps: number): Promise<void> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined) throw new Error(`sandbox ${sandboxID} has no network namespace`);
+    await limitDevice(['-n', link.namespace], 'eth0', egressMbps);
+    await limitDevice([], link.hostLink, ingressMbps);
+  }
+
+  /** What a listing nft command prints in the sandbox's namespace (its budget counters). */
+  firewallListing(sandboxID: string, command: string): Promise<string> {
+    const link = this.links.get(sandboxID);
+    if (link === undefined)
+      return Promise.reject(new Error(`sandbox ${sandboxID} has no network namespace`));
+    return link.firewall.read(command);
+  }
+
+  /** The sandboxes that have a namespace here. */
+  sandboxes(): string[] {
+    return [...this.links.keys()];
   }
 
   /**

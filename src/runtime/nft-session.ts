@@ -27,7 +27,8 @@ export async function listNftTables(family: 'inet' | 'ip' | 'ip6'): Promise<stri
 }
 
 interface Waiting {
-  readonly resolve: () => void;
+  /** With what nft printed before the acknowledgement (trimmed). */
+  readonly resolve: (printed: string) => void;
   readonly reject: (error: Error) => void;
 }
 
@@ -46,11 +47,30 @@ export class NftSession {
   ) {}
 
   /** Applies one transaction; rejects with nft's message when it was refused. */
-  run(commands: string): Promise<void> {
+  async run(commands: string): Promise<void> {
+    const printed = await this.queued(commands);
+    if (printed !== '') throw this.refused(printed);
+  }
+
+  /** What a listing command (`list counters ...`) prints; rejects with nft's message on an error. */
+  async read(command: string): Promise<string> {
+    const printed = await this.queued(command);
+    if (/^Error:/m.test(printed)) throw this.refused(printed);
+    return printed;
+  }
+
+  private queued(commands: string): Promise<string> {
     if (commands.includes('\n')) throw new Error('nft commands must be one line');
     const result = this.tail.then(() => this.send(commands));
-    this.tail = result.catch(() => undefined);
+    this.tail = result.then(
+      () => undefined,
+      () => undefined,
+    );
     return result;
+  }
+
+  private refused(printed: string): Error {
+    return new Error(`nft in ${this.where} refused the change: ${printed.slice(0, 800)}`);
   }
 
   /** Ends the session; changes still waiting are reported as failed. */
@@ -82,15 +102,15 @@ export class NftSession {
     return child;
   }
 
-  private send(commands: string): Promise<void> {
+  private send(commands: string): Promise<string> {
     const child = this.child ?? this.start();
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<string>((resolve, reject) => {
       // A hung nft is replaced by the next change; this one is reported as failed.
       const timer = setTimeout(() => this.close(`no answer within ${TIMEOUT_MS} ms`), TIMEOUT_MS);
       this.waiting.push({
-        resolve: () => {
+        resolve: (printed) => {
           clearTimeout(timer);
-          resolve();
+          resolve(printed);
         },
         reject: (error) => {
           clearTimeout(timer);
@@ -115,13 +135,7 @@ export class NftSession {
       if (at < 0) return;
       const before = this.output.slice(0, at).trim();
       this.output = this.output.slice(at + ack.length);
-      const waiter = this.waiting.shift();
-      if (!waiter) continue;
-      if (before === '') waiter.resolve();
-      else
-        waiter.reject(
-          new Error(`nft in ${this.where} refused the change: ${before.slice(0, 800)}`),
-        );
+      this.waiting.shift()?.resolve(before);
     }
   }
 

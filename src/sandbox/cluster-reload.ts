@@ -3,14 +3,22 @@
  * of them again after the store was out of reach, and the records of nodes that are gone removed.
  */
 import { isLocal, onLiveNode } from './membership.js';
-import { storedUpstream } from './network-settings.js';
+import { bandwidthOf, storedUpstream } from './network-settings.js';
 import type { LifecycleParts } from './parts.js';
 import type { SandboxRecord } from './records.js';
 
 /** What reloading uses of the lifecycle's parts. */
 export interface ReloadContext extends Pick<
   LifecycleParts,
-  'queue' | 'records' | 'policies' | 'table' | 'kernel' | 'cluster' | 'logger' | 'transition'
+  | 'queue'
+  | 'records'
+  | 'policies'
+  | 'table'
+  | 'kernel'
+  | 'bandwidthDefaults'
+  | 'cluster'
+  | 'logger'
+  | 'transition'
 > {
   /** The sandbox's record; undefined only when it is not found (a store outage throws). */
   find(sandboxID: string): Promise<SandboxRecord | undefined>;
@@ -45,6 +53,11 @@ export class ClusterReload {
       await kernel?.enforce(sandboxID, policy, upstream).catch((error: Error) => {
         logger.error({ sandboxID, err: error.message }, 'firewall update failed');
       });
+      await kernel
+        ?.limitBandwidth(sandboxID, bandwidthOf(record.network, this.context.bandwidthDefaults))
+        .catch((error: Error) => {
+          logger.error({ sandboxID, err: error.message }, 'bandwidth update failed');
+        });
       this.context.transition(record, 'network', { from: 'cluster' });
       return true;
     });

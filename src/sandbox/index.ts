@@ -5,7 +5,14 @@
  */
 export { SANDBOX_ID } from './ids.js';
 export { InvalidTokenError, type Order, type Page, paginate } from './pages.js';
-export type { NetworkSettings, SandboxRecord, SandboxState, SnapshotRecord } from './records.js';
+export { bandwidthOf } from './network-settings.js';
+export type {
+  BandwidthSettings,
+  NetworkSettings,
+  SandboxRecord,
+  SandboxState,
+  SnapshotRecord,
+} from './records.js';
 export {
   type CreateRequest,
   DEFAULT_TIMEOUT,

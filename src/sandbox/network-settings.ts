@@ -1,5 +1,5 @@
 /** A sandbox's network settings between the wire, the store and the enforcement table. */
-import type { UpstreamProxy } from '../enforce/index.js';
+import type { Bandwidth, UpstreamProxy } from '../enforce/index.js';
 import { canonicalRuleKeys, parseAuthority } from '../policy/index.js';
 import type { EgressProxySettings, NetworkSettings, SandboxRecord } from './records.js';
 import { type EgressRules, SandboxError } from './requests.js';
@@ -19,6 +19,12 @@ export const networkRules = (network: NetworkSettings): EgressRules => ({
   ...(network.allowInternetAccess === null
     ? {}
     : { allow_internet_access: network.allowInternetAccess }),
+});
+
+/** The bandwidth a sandbox is held to: what its settings name, the operator's default for the rest. */
+export const bandwidthOf = (network: NetworkSettings, defaults: Bandwidth): Bandwidth => ({
+  egressMbps: network.bandwidth?.egressMbps ?? defaults.egressMbps,
+  ingressMbps: network.bandwidth?.ingressMbps ?? defaults.ingressMbps,
 });
 
 /** Each of a SOCKS5 username or password is one length byte's worth (RFC 1929). */

@@ -5,7 +5,7 @@
 import type { UpstreamProxy } from '../enforce/index.js';
 import type { Policy } from '../policy/index.js';
 import { isLocal } from './membership.js';
-import { storedRules, upstreamProxy } from './network-settings.js';
+import { bandwidthOf, storedRules, upstreamProxy } from './network-settings.js';
 import type { LifecycleParts } from './parts.js';
 import type { SandboxRecord } from './records.js';
 import { type EgressRules, SandboxError } from './requests.js';
@@ -13,7 +13,15 @@ import { type EgressRules, SandboxError } from './requests.js';
 /** What a network update uses of the lifecycle's parts. */
 export type NetworkUpdateContext = Pick<
   LifecycleParts,
-  'records' | 'policies' | 'table' | 'kernel' | 'cluster' | 'metrics' | 'logger' | 'transition'
+  | 'records'
+  | 'policies'
+  | 'table'
+  | 'kernel'
+  | 'bandwidthDefaults'
+  | 'cluster'
+  | 'metrics'
+  | 'logger'
+  | 'transition'
 >;
 
 /**
@@ -29,8 +37,9 @@ export async function updateNetwork(
   const sandboxID = record.sandboxID;
   let policy: Policy;
   let upstream: UpstreamProxy | undefined;
-  // The proxy is no part of the policy (which decides), but of where allowed flows go.
-  const { egressProxy, ...policyRules } = rules;
+  // The proxy is no part of the policy (which decides), but of where allowed flows go; the
+  // bandwidth is the link's.
+  const { egressProxy, bandwidth, ...policyRules } = rules;
   try {
     policy = context.policies.compile(policyRules);
     upstream = upstreamProxy(egressProxy);
@@ -50,6 +59,7 @@ export async function updateNetwork(
       // Replaced like every other field: a body without rules clears them.
       rules: undefined,
       ...storedRules(rules.rules),
+      bandwidth,
     },
   };
   try {
@@ -76,6 +86,10 @@ export async function updateNetwork(
   context.table.publish(sandboxID, policy, upstream);
   try {
     await context.kernel?.enforce(sandboxID, policy, upstream);
+    await context.kernel?.limitBandwidth(
+      sandboxID,
+      bandwidthOf(next.network, context.bandwidthDefaults),
+    );
   } catch (error) {
     metrics.policyPublishes.inc({ result: 'failed' });
     context.logger.error({ sandboxID, err: (error as Error).message }, 'firewall update failed');

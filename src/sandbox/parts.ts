@@ -3,7 +3,7 @@
  * snapshots, forks, network updates, cluster reloads) names the few it uses in its context.
  */
 import type { Logger } from 'pino';
-import type { AddressPool, EnforcementTable, KernelEnforcer } from '../enforce/index.js';
+import type { AddressPool, Bandwidth, EnforcementTable, KernelEnforcer } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import type { SandboxEnvironment, SandboxRuntime } from '../runtime/index.js';
 import type { ClusterMembership } from './membership.js';
@@ -21,6 +21,8 @@ export interface LifecycleParts {
   readonly table: EnforcementTable;
   /** Writes each sandbox's firewall in its network namespace (namespace enforcement only). */
   readonly kernel?: KernelEnforcer;
+  /** The operator's bandwidth for sandboxes whose `network.bandwidth` leaves a direction out. */
+  readonly bandwidthDefaults: Bandwidth;
   readonly sources: AddressPool;
   /** Other nodes sharing the store; absent for a Moat on its own. */
   readonly cluster?: ClusterMembership;

@@ -23,6 +23,14 @@ export interface NetworkSettings {
   readonly httpsPorts?: readonly number[];
   /** `network.rules`, keys canonical, values as written (absent: none). */
   readonly rules?: Readonly<Record<string, JsonValue>>;
+  /** `network.bandwidth` as the client set it; what it leaves out is the operator's default. */
+  readonly bandwidth?: BandwidthSettings;
+}
+
+/** Moat's `network.bandwidth`: Mbit/s each way, 0 unlimited. */
+export interface BandwidthSettings {
+  readonly egressMbps?: number;
+  readonly ingressMbps?: number;
 }
 
 /** E2B's `network.egressProxy`, as accepted; the password is a secret the API never returns. */
@@ -99,6 +107,7 @@ const fits = (value: unknown, shape: Shape) =>
 
 const isPort = (v: unknown) => Number.isInteger(v) && (v as number) >= 1 && (v as number) <= 65535;
 const isCount = (v: unknown) => Number.isSafeInteger(v) && (v as number) > 0;
+const isRate = (v: unknown) => Number.isSafeInteger(v) && (v as number) >= 0;
 const LIMITS: Shape = { cpuCount: isCount, memoryMB: isCount, diskSizeMB: isCount, pids: isCount };
 const isLimits = (v: unknown) => v === undefined || fits(v, LIMITS);
 
@@ -117,6 +126,12 @@ const NETWORK: Shape = {
       password: (p) => p === undefined || isString(p),
     }),
   httpsPorts: (v) => v === undefined || (Array.isArray(v) && v.every(isPort)),
+  bandwidth: (v) =>
+    v === undefined ||
+    fits(v, {
+      egressMbps: (r) => r === undefined || isRate(r),
+      ingressMbps: (r) => r === undefined || isRate(r),
+    }),
   // Checked in full when compiled: a stored rule set that no longer parses is enforced deny-all.
   rules: (v) => v === undefined || (typeof v === 'object' && v !== null && !Array.isArray(v)),
 };

@@ -1,6 +1,11 @@
 /** What the lifecycle is asked (the platform API's requests, checked), and how it refuses. */
 import type { Order } from './pages.js';
-import type { EgressProxySettings, SandboxRecord, SandboxState } from './records.js';
+import type {
+  BandwidthSettings,
+  EgressProxySettings,
+  SandboxRecord,
+  SandboxState,
+} from './records.js';
 
 /** A refusal with the HTTP status the platform API answers it with. */
 export class SandboxError extends Error {
@@ -31,6 +36,8 @@ export interface EgressRules {
   readonly egressProxy?: EgressProxySettings | null;
   /** `network.rules`: headers Moat sets on requests to a destination (as the client sent them). */
   readonly rules?: Readonly<Record<string, unknown>>;
+  /** Moat's `network.bandwidth`; left out, the operator's defaults. */
+  readonly bandwidth?: BandwidthSettings;
 }
 
 export interface CreateRequest {
@@ -50,6 +57,7 @@ export interface CreateRequest {
     readonly egressProxy?: EgressProxySettings | null;
     readonly httpsPorts?: readonly number[];
     readonly rules?: Readonly<Record<string, unknown>>;
+    readonly bandwidth?: BandwidthSettings;
   };
   readonly metadata?: Readonly<Record<string, string>>;
   readonly envVars?: Readonly<Record<string, string>>;

@@ -5,7 +5,7 @@
  */
 import { type IPAddress, parseIP, type Policy } from '../policy/index.js';
 import { isLocal } from './membership.js';
-import { storedUpstream } from './network-settings.js';
+import { bandwidthOf, storedUpstream } from './network-settings.js';
 import type { LifecycleParts } from './parts.js';
 import type { SandboxRecord } from './records.js';
 import { SandboxError } from './requests.js';
@@ -15,6 +15,7 @@ export interface RestoreContext extends Pick<
   LifecycleParts,
   | 'runtime'
   | 'kernel'
+  | 'bandwidthDefaults'
   | 'sources'
   | 'records'
   | 'policies'
@@ -126,6 +127,10 @@ export class SandboxRecovery {
         records.limitsOf(record),
       );
       await kernel?.install(record.sandboxID, address, policy, storedUpstream(record));
+      await kernel?.limitBandwidth(
+        record.sandboxID,
+        bandwidthOf(record.network, this.context.bandwidthDefaults),
+      );
       this.unrestored.delete(record.sandboxID);
       return undefined;
     } catch (error) {

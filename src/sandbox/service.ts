@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import {
   type AddressPool,
+  type Bandwidth,
   type EnforcementTable,
   KernelEnforcementError,
   type KernelEnforcer,
@@ -20,7 +21,13 @@ import { newSandboxID, newSecret } from './ids.js';
 import { type ClusterMembership, madeHere, onLiveNode } from './membership.js';
 import { type Page, paginate } from './pages.js';
 import type { NetworkSettings, SandboxRecord, SandboxState, SnapshotRecord } from './records.js';
-import { networkRules, storedRules, storedUpstream, upstreamProxy } from './network-settings.js';
+import {
+  bandwidthOf,
+  networkRules,
+  storedRules,
+  storedUpstream,
+  upstreamProxy,
+} from './network-settings.js';
 import { updateNetwork } from './network-update.js';
 import type { LifecycleParts } from './parts.js';
 import { SandboxPolicies } from './policies.js';
@@ -50,6 +57,8 @@ export interface SandboxServiceOptions {
   readonly sources: AddressPool;
   /** Writes each sandbox's firewall in its network namespace (namespace enforcement only). */
   readonly kernel?: KernelEnforcer;
+  /** The operator's bandwidth for sandboxes whose `network.bandwidth` leaves a direction out. */
+  readonly bandwidthDefaults: Bandwidth;
   /** Other nodes sharing the store; absent for a Moat on its own. */
   readonly cluster?: ClusterMembership;
   readonly internal: InternalDenyList;
@@ -172,6 +181,7 @@ export class SandboxService {
       egressProxy: request.network?.egressProxy ?? null,
       httpsPorts: request.network?.httpsPorts ?? [],
       ...storedRules(request.network?.rules),
+      ...(request.network?.bandwidth === undefined ? {} : { bandwidth: request.network.bandwidth }),
     };
     const policy = this.policies.compile(networkRules(network));
     await this.policies.checkSecrets(policy);
@@ -245,6 +255,10 @@ export class SandboxService {
       );
       // Fail closed: a sandbox whose firewall cannot be written is not started.
       await this.options.kernel?.install(id, source, policy, upstream);
+      await this.options.kernel?.limitBandwidth(
+        id,
+        bandwidthOf(record.network, this.options.bandwidthDefaults),
+      );
       await this.records.save(record);
     } catch (error) {
       sources.release(source);

@@ -291,6 +291,7 @@ describe('create and detail', () => {
           maskRequestHost: null,
           egressProxy: null,
           httpsPorts: [],
+          bandwidth: { egressMbps: 0, ingressMbps: 0 },
         },
         lifecycle: { autoResume: false, onTimeout: 'kill' },
         egress: {
@@ -298,6 +299,7 @@ describe('create and detail', () => {
           proxyUrl: `http://127.0.0.1:${listening.proxy.port}`,
           dns: `127.0.0.1:${listening.dns.port}`,
           enforcement: 'proxy',
+          bandwidthEnforced: false,
           node: null,
         },
         flows: { allowed: 0, denied: 0, bytesUp: 0, bytesDown: 0 },

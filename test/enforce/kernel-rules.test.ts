@@ -12,6 +12,7 @@ import { existsSync } from 'node:fs';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
+  budgetRefusals,
   hostRuleset,
   type KernelLayout,
   type LearnedElement,
@@ -55,6 +56,7 @@ const LAYOUT: KernelLayout = {
   linkPrefix: 'mtabc123-',
   hostTable: 'moat_abc123',
   flowLogGroup: 7,
+  connections: { newPerSecond: 200, newBurst: 400, tracked: 4096 },
 };
 const LINK_HOST = ip('10.216.0.5');
 
@@ -100,17 +102,20 @@ function tableOf(line: string): {
   commands: string[];
   sets: Record<string, string>;
   chains: Record<string, string[]>;
+  counters: string[];
 } {
   const commands = splitTop(line);
   const sets: Record<string, string> = {};
   const chains: Record<string, string[]> = {};
+  const counters: string[] = [];
   for (const item of splitTop(inside(commands.at(-1)!))) {
     const [kind, name] = item.split(' ', 2);
     if (kind === 'set') sets[name!] = inside(item).trim();
     else if (kind === 'chain') chains[name!] = splitTop(inside(item));
+    else if (kind === 'counter') counters.push(name!);
     else throw new Error(`unexpected table item ${item}`);
   }
-  return { commands, sets, chains };
+  return { commands, sets, chains, counters };
 }
 
 const NOW = 1_700_000_000_000;
@@ -205,6 +210,42 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr 10.216.0.5 return',
       log('allow'),
     ]);
+  });
+
+  it('refuses new connections over the rate or over the open count first, with a reset or ICMP, counted', () => {
+    expect(table.chains.budget).toEqual([
+      'type filter hook output priority mangle',
+      'policy accept',
+      'oifname "lo" accept',
+      'ct state != new accept',
+      'limit rate over 200/second burst 400 packets goto refuse_new_connections',
+      'ct count over 4096 goto refuse_tracked_connections',
+    ]);
+    expect(table.counters).toEqual(['new_connections_refused', 'tracked_connections_refused']);
+    for (const [chain, counter] of [
+      ['refuse_new_connections', 'new_connections_refused'],
+      ['refuse_tracked_connections', 'tracked_connections_refused'],
+    ] as const)
+      expect(table.chains[chain]).toEqual([
+        `counter name "${counter}"`,
+        'meta l4proto tcp reject with tcp reset',
+        'reject with icmpx admin-prohibited',
+      ]);
+  });
+
+  it("reads the budget counters from nft's listing, and refuses a listing without one", () => {
+    const listing = `table inet moat {
+	counter new_connections_refused {
+		packets 4660 bytes 279600
+	}
+	counter tracked_connections_refused {
+		packets 73 bytes 4380
+	}
+}`;
+    expect(budgetRefusals(listing)).toEqual({ new_connections: 4660, tracked_connections: 73 });
+    expect(() => budgetRefusals('Error: No such file or directory')).toThrow(
+      'no counter new_connections_refused',
+    );
   });
 
   it('starts with empty generation chains: nothing passes on a mark, and learned4 ends in drop', () => {
@@ -385,7 +426,7 @@ describe('kernel rules: learned addresses', () => {
 });
 
 describe('kernel rules: the host table', () => {
-  it('opens only the gateway ports to sandbox links, separates links and masquerades the pool', () => {
+  it('opens only the gateway ports to sandbox links, untracked, separates links and masquerades the pool', () => {
     const line = hostRuleset(LAYOUT);
     expect(line).not.toContain('\n');
     const table = tableOf(line);
@@ -402,6 +443,16 @@ describe('kernel rules: the host table', () => {
         'iifname "mtabc123-*" ip daddr 10.216.0.1 udp dport 53 accept',
         'iifname "mtabc123-*" ip daddr 10.216.0.1 tcp dport { 53, 3128, 3129 } accept',
         'iifname "mtabc123-*" drop',
+      ],
+      untracked_to_gateway: [
+        'type filter hook prerouting priority raw',
+        'policy accept',
+        'iifname "mtabc123-*" ip daddr 10.216.0.1 notrack',
+      ],
+      untracked_from_gateway: [
+        'type filter hook output priority raw',
+        'policy accept',
+        'oifname "mtabc123-*" ip saddr 10.216.0.1 notrack',
       ],
       between_sandboxes: [
         'type filter hook forward priority filter',
@@ -563,6 +614,11 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     });
     expect(ran.status, `${line}\n${ran.stderr}`).toBe(0);
   };
+  /** What a listing command prints in the namespace. */
+  const nftList = (command: string): string =>
+    execFileSync(NSENTER, [`--net=/run/netns/${namespace}`, NFT, ...command.split(' ')], {
+      encoding: 'utf8',
+    });
   /** The rules of one chain of Moat's table, as nft lists them, that begin with `starts`. */
   const chainRules = (chain: string, starts: readonly string[]): string[] =>
     execFileSync(
@@ -626,6 +682,22 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     expectIntervals('deny4', ['0.0.0.0/0']);
     expectIntervals('allow4', []);
     expect(timeoutsOf()).toEqual({});
+  });
+
+  it('takes the budget chains, and reads their counters back', async () => {
+    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    const enforcer = new KernelEnforcer(LAYOUT, {
+      table: new EnforcementTable({ now: () => NOW }),
+      apply: async (_, commands) => nft(commands),
+      list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
+      applyHost: async () => {},
+      now: () => NOW,
+    });
+    expect(await enforcer.refusals('ikernelsandbox000003')).toEqual({
+      new_connections: 0,
+      tracked_connections: 0,
+    });
   });
 
   it('takes policy sets and holds what they name', () => {
@@ -738,6 +810,8 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
         }
         nft(commands);
       },
+      list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
       applyHost: async () => {},
       now: () => NOW,
     });
@@ -758,6 +832,8 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     const enforcer = new KernelEnforcer(LAYOUT, {
       table,
       apply: async (_, commands) => nft(commands),
+      list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
       applyHost: async () => {},
       now: () => NOW,
     });

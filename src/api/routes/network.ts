@@ -3,6 +3,7 @@
  * create body's `network` shares with it.
  */
 import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS } from '../../policy/index.js';
+import { MAX_BANDWIDTH_MBPS } from '../../runtime/index.js';
 import { type PlatformRoute, route } from './route.js';
 import { bodyObject, errors, noContent, sandboxParams, stringList } from './schemas.js';
 
@@ -22,6 +23,20 @@ export const egressProxy = {
   ),
   type: ['object', 'null'],
 } as const;
+
+const mbps = (direction: string) =>
+  ({
+    type: 'integer',
+    minimum: 0,
+    maximum: MAX_BANDWIDTH_MBPS,
+    description: `Mbit/s ${direction}; 0: unlimited; left out: the operator's default`,
+  }) as const;
+
+/** Moat's `network.bandwidth`, held in the kernel on the sandbox's link (namespace mode only). */
+export const bandwidthSchema = bodyObject(
+  { egressMbps: mbps('the sandbox sends'), ingressMbps: mbps('the sandbox receives') },
+  [],
+);
 
 /** E2B's `network.rules`; keys, headers and values are checked by the policy parser. */
 export const networkRulesSchema = {
@@ -56,6 +71,10 @@ const networkBody = bodyObject(
     },
     egressProxy,
     rules: { ...networkRulesSchema, description: 'Replaces the rules; left out, they are cleared' },
+    bandwidth: {
+      ...bandwidthSchema,
+      description: "Moat extension: replaces the bandwidth; left out, the operator's defaults",
+    },
   },
   [],
 );

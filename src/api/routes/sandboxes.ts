@@ -1,7 +1,7 @@
 /** The sandboxes themselves: create, list, get and kill. */
 import { DEFAULT_TIMEOUT, type SandboxState, SandboxError } from '../../sandbox/index.js';
 import { SANDBOX_API_PORT } from '../../sandbox-api-port.js';
-import { egressProxy, networkRulesSchema } from './network.js';
+import { bandwidthSchema, egressProxy, networkRulesSchema } from './network.js';
 import { type PlatformRoute, route } from './route.js';
 import {
   bodyObject,
@@ -48,6 +48,7 @@ const createBody = bodyObject(
           description: `Sandbox ports that serve TLS; not ${SANDBOX_API_PORT}`,
         },
         rules: networkRulesSchema,
+        bandwidth: { ...bandwidthSchema, description: 'Moat extension: Mbit/s each way' },
       },
       [],
     ),

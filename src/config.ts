@@ -45,6 +45,9 @@ export interface MoatConfig {
   readonly proxyConnectTimeoutMs: number;
   readonly proxyHandshakeTimeoutMs: number;
   readonly proxyIdleTimeoutMs: number;
+  readonly proxyFirstByteTimeoutMs: number;
+  readonly proxyKeepAliveTimeoutMs: number;
+  readonly fdReserve: number;
   readonly proxyCheckServerName: boolean;
   /** PEM file of CAs trusted for origins of intercepted TLS, beside Node's roots; undefined: none. */
   readonly upstreamCa: string | undefined;

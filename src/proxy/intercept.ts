@@ -243,8 +243,8 @@ export class Interceptor {
    * Serves the sandbox's TLS connection `socket` (its ClientHello, already checked to name the
    * target, in `hello`) with Moat's leaf certificate for the target, as a connection of the
    * sandbox (`at`: the address it was decided for) registered with the tunnel registry, so a
-   * policy change that denies it closes it. The caller holds the sandbox's slot until this
-   * resolves.
+   * policy change that denies it closes it. Its client connection is charged to the sandbox's
+   * connection budget from accept to close.
    */
   async intercept(
     kind: FlowKind,
@@ -476,15 +476,9 @@ class InterceptedConnection implements RequestHandler {
       if (plan.decision !== undefined) flow.refused(plan.decision);
       return answer(plan.status, plan.message, false);
     }
-    const release = options.tunnels.reserve(sandbox.sandboxID, options.maxTunnelsPerSandbox);
-    if (release === undefined)
-      return answer(
-        429,
-        `sandbox ${sandbox.sandboxID} already has ${options.maxTunnelsPerSandbox} open connections; ${target.host} refused`,
-      );
+    // The connection's budget charge (taken at accept) covers the one request it carries.
     const substituted = await interceptor.substitute(rule);
     if (!substituted.ok || connection.socket.destroyed) {
-      release();
       if (substituted.ok) return;
       if (substituted.outcome !== undefined) interceptor.count(substituted.outcome);
       this.logger.warn(
@@ -536,7 +530,6 @@ class InterceptedConnection implements RequestHandler {
         // Retrying another address is only safe while no body has been sent.
         hasBody ? plan.addresses.slice(0, 1) : plan.addresses,
         (result) => connection.exchangeDone(result.keepAlive),
-        release,
       ),
     );
   }

@@ -200,6 +200,40 @@ describe.skipIf(native === undefined)('native TCP relay', () => {
     native!.close(client);
   });
 
+  it('tells its listener of each client at accept and when it lets go of it; one refused then is reset unread', async () => {
+    const opened: Array<[number, string | undefined]> = [];
+    const gone: number[] = [];
+    const arrived: NativeClient[] = [];
+    const listener = native!.listen(HOST, 0, 10_000, {
+      // The second client is refused (over its budget, in the proxy).
+      opened: (id, address) => opened.push([id, address]) === 1,
+      client: (client) => arrived.push(client),
+      gone: (id) => gone.push(id),
+    });
+    closers.push(() => listener.close());
+    const kept = await connect(listener.port);
+    await until(() => opened.length === 1, 2000);
+    // Told before any byte came.
+    expect(opened[0]![1]).toBe(HOST);
+    expect(arrived).toEqual([]);
+    const refused = net.connect({ host: HOST, port: listener.port });
+    closers.push(() => refused.destroy());
+    const ended = new Promise<string>((resolve) => {
+      refused.once('error', (error: NodeJS.ErrnoException) => resolve(error.code ?? 'error'));
+      refused.once('close', () => resolve('closed'));
+    });
+    refused.resume();
+    expect(await ended).toBe('ECONNRESET');
+    expect(opened).toHaveLength(2);
+    // Nothing is said of a client it refused: it was never kept.
+    expect(gone).toEqual([]);
+    kept.write('x');
+    await until(() => arrived.length === 1, 2000);
+    native!.close(arrived[0]!);
+    await until(() => gone.length === 1, 2000);
+    expect(gone).toEqual([opened[0]![0]]);
+  });
+
   it('hands over a silent connection with no bytes once the handshake time has passed', async () => {
     const { listener, next } = listenNative(150);
     const started = performance.now();

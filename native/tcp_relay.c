@@ -32,6 +32,9 @@
  *               watched bytes are not relayed, nor is a watched side's end: JavaScript sends
  *               what should go on, and ends the other side when it should
  *   4 CLOSED    client id of a tunnel, a bytes up, b bytes down (not sent for close())
+ *   5 OPENED    client id just accepted, a listener, b peer port, text peer address: JavaScript
+ *               counts it against its sandbox from here (and close()s it when over budget)
+ *   6 GONE      client id whose descriptor this relay no longer holds (closed, or adopted)
  *
  * Ids are slot numbers with a generation, so an id JavaScript kept after its socket closed
  * finds nothing instead of another socket. A socket closed while events or epoll results may
@@ -73,7 +76,7 @@ enum {
 /* Generations: ids stay below 2^53, exact as JavaScript numbers. */
 #define GEN_LIMIT (1ULL << (53 - SLOT_BITS))
 
-enum { EV_ACCEPTED = 1, EV_CONNECTED = 2, EV_DATA = 3, EV_CLOSED = 4 };
+enum { EV_ACCEPTED = 1, EV_CONNECTED = 2, EV_DATA = 3, EV_CLOSED = 4, EV_OPENED = 5, EV_GONE = 6 };
 enum { LISTENER = 1, CLIENT, UPSTREAM };
 enum { S_LISTENING = 1, S_HEAD, S_PARKED, S_CONNECTING, S_SPLICED, S_DEAD };
 
@@ -346,6 +349,8 @@ static void drop(engine *e, sock *s, int keep_fd) {
   if (s->next) s->next->prev = s->prev;
   release_id(e, s);
   if (--e->live_count == 0) uv_unref((uv_handle_t *)&e->poll);
+  /* Every client JavaScript heard OPENED for ends with GONE, whatever ended it. */
+  if (s->role == CLIENT) push_event(e, EV_GONE, s->id);
   if (s->role != LISTENER) e->timed_count--;
   else if (s->paused_until != 0) e->paused_count--;
   sweep_as_needed(e);
@@ -574,6 +579,17 @@ static void flush(engine *e, sock *dst) {
   else if (!src->hold_end) end_toward(e, dst);
 }
 
+/* A client's peer address as text; 0 when it has none. */
+static int peer_text(const sock *s, char *text, size_t size) {
+  const void *address = &s->peer_address.sin6_addr;
+  int family = AF_INET6;
+  if (s->peer_address.sin6_family == AF_INET) {
+    family = AF_INET;
+    address = &((const struct sockaddr_in *)&s->peer_address)->sin_addr;
+  }
+  return inet_ntop(family, address, text, (socklen_t)size) != NULL;
+}
+
 static void read_first(engine *e, sock *s) {
   if (!s->readable) return;
   ssize_t n;
@@ -595,14 +611,8 @@ static void read_first(engine *e, sock *s) {
     e->event_count--;
     return drop(e, s, 0);
   }
-  const void *address = &s->peer_address.sin6_addr;
-  int family = AF_INET6;
-  if (s->peer_address.sin6_family == AF_INET) {
-    family = AF_INET;
-    address = &((struct sockaddr_in *)&s->peer_address)->sin_addr;
-  }
   ev->b = ntohs(s->peer_address.sin6_port);
-  ev->has_text = inet_ntop(family, address, ev->text, sizeof ev->text) != NULL;
+  ev->has_text = peer_text(s, ev->text, sizeof ev->text);
 }
 
 static void finish_connect(engine *e, sock *s) {
@@ -667,9 +677,15 @@ static void accept_all(engine *e, sock *listener) {
     s->handshake_ms = listener->handshake_ms;
     s->since = uv_now(e->loop);
     memcpy(&s->peer_address, &peer, length < sizeof peer ? length : sizeof peer);
+    event *opened = push_event(e, EV_OPENED, s->id);
+    if (opened != NULL) {
+      opened->a = (double)listener->id;
+      opened->b = ntohs(s->peer_address.sin6_port);
+      opened->has_text = peer_text(s, opened->text, sizeof opened->text);
+    }
     struct epoll_event interest = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
                                    .data.ptr = s};
-    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &interest) != 0) drop(e, s, 0);
+    if (opened == NULL || epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &interest) != 0) drop(e, s, 0);
   }
 }
 
@@ -1207,6 +1223,10 @@ static napi_value close_any(napi_env env, napi_callback_info info) {
       /* Its clients that sent nothing yet have no one left to decide for them. */
       for (sock *other = e->live; other; other = other->next)
         if (other->state == S_HEAD && other->listener == s->id) drop(e, other, 0);
+    } else if (s->role == CLIENT && s->state == S_HEAD) {
+      /* Refused before a byte was read (over its budget): a reset, not an orderly end. */
+      struct linger reset = {.l_onoff = 1, .l_linger = 0};
+      setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
     }
     drop(e, s, 0);
   }

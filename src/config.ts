@@ -45,6 +45,9 @@ export interface MoatConfig {
   readonly proxyConnectTimeoutMs: number;
   readonly proxyHandshakeTimeoutMs: number;
   readonly proxyIdleTimeoutMs: number;
+  readonly proxyFirstByteTimeoutMs: number;
+  readonly proxyKeepAliveTimeoutMs: number;
+  readonly fdReserve: number;
   readonly proxyCheckServerName: boolean;
   /** Proxied requests and new tunnels a second per sandbox while others are active. */
   readonly proxyRequestsPerSecond: number;

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import { pino } from 'pino';
-import { EnforcementTable } from '../../src/enforce/index.js';
+import { ConnectionBudget, EnforcementTable } from '../../src/enforce/index.js';
 import { FlowRecorder, FlowStore } from '../../src/flows/index.js';
 import { MoatMetrics } from '../../src/metrics/index.js';
 import {
@@ -103,8 +103,17 @@ export async function startInterceptingProxy(
     flows,
     checkServerName: true,
     maxTunnelsPerSandbox: options.maxTunnelsPerSandbox ?? 256,
+    connections: new ConnectionBudget({
+      table,
+      perSandbox: options.maxTunnelsPerSandbox ?? 256,
+      total: Infinity,
+      now: Date.now,
+      refused: (refusal) => metrics.budgetRefusals.inc({ resource: refusal.resource }),
+    }),
     sourceIsProof: false,
     handshakeTimeoutMs: options.handshakeTimeoutMs ?? 10_000,
+    firstByteTimeoutMs: options.handshakeTimeoutMs ?? 10_000,
+    keepAliveTimeoutMs: 30_000,
     idleTimeoutMs: 300_000,
     transparentPorts: options.transparentPorts,
     tcpIo: options.tcpIo ?? 'node',

@@ -4,6 +4,7 @@
  * runtime (src/runtime).
  */
 import type { Logger } from 'pino';
+import type { ConnectionBudget } from '../enforce/index.js';
 import { type EnvdSandbox, SandboxApi, signatureMatches } from '../envd/index.js';
 import { type RoutedSandbox, IngressProxy, SandboxRouter } from '../proxy/index.js';
 import type { SandboxRuntime } from '../runtime/index.js';
@@ -19,6 +20,8 @@ export interface SandboxListenerParts {
   readonly sandboxes: SandboxService;
   readonly runtime: SandboxRuntime;
   readonly logger: Logger;
+  /** Sandboxes' own connections to the sandbox listener are charged here. */
+  readonly connections: ConnectionBudget;
   /** Where ingress requests are recorded. */
   readonly flows: FlowRecorder;
   readonly connectTimeoutMs: number;
@@ -78,6 +81,7 @@ export function createSandboxListener(parts: SandboxListenerParts): {
 
   const router = new SandboxRouter<HostedSandbox>({
     logger,
+    connections: parts.connections,
     lookup: hosted,
     elsewhere: parts.elsewhere,
     // A signed URL names no sandbox: the secure sandbox whose token signed it is the one.

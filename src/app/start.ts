@@ -9,11 +9,18 @@ import type { Logger } from 'pino';
 import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
 import { Cluster } from '../cluster/index.js';
 import { type HostPort, type MoatConfig } from '../config.js';
-import { AnswerCache, DnsInterceptor, HostResolver, UpstreamClient } from '../dns/index.js';
+import {
+  AnswerCache,
+  DnsInterceptor,
+  HostResolver,
+  MAX_TCP_CONNECTIONS_PER_SOURCE,
+  UpstreamClient,
+} from '../dns/index.js';
 import { FlowFileSink, FlowRecorder, FlowStore } from '../flows/index.js';
 import { MoatCa } from '../intercept-ca/index.js';
 import {
   AddressPool,
+  ConnectionBudget,
   EnforcementTable,
   HOST_REFRESH_MS,
   HostWatch,
@@ -52,6 +59,7 @@ import { chooseNetwork, startNamespaceGateway } from './namespace-gateway.js';
 import { watchKernelBudgets } from './kernel-budgets.js';
 import { createSandboxListener } from './sandbox-listener.js';
 import { nodeIdentity, openStore } from './store.js';
+import { openFileLimit, openFileWarning, sandboxConnectionShare } from './open-files.js';
 import { notReady } from './readiness.js';
 import { VERSION } from '../version.js';
 import { warnEvery } from '../warn-every.js';
@@ -62,6 +70,8 @@ export interface RunningMoat {
   readonly metrics: MoatMetrics;
   readonly internal: InternalDenyList;
   readonly tunnels: TunnelRegistry;
+  /** Connections sandboxes hold open on Moat's listeners, each charged to its sandbox. */
+  readonly connections: ConnectionBudget;
   /** Every enforcement decision of this node, and its store of recent ones. */
   readonly flows: FlowRecorder;
   /** The explicit egress proxy (its `io` says how it carries connections). */
@@ -123,6 +133,25 @@ export async function startMoat(
   });
   const internal = compileInternalDenyList(config.internalDeny);
   const table = new EnforcementTable({ now });
+  const fileLimit = await openFileLimit();
+  const fileWarning = openFileWarning(fileLimit, config.fdReserve, config.proxyMaxTunnels);
+  if (fileWarning !== undefined) logger.warn({ limit: fileLimit }, fileWarning);
+  const connections = new ConnectionBudget({
+    table,
+    perSandbox: config.proxyMaxTunnels,
+    perListener: { dns_tcp: MAX_TCP_CONNECTIONS_PER_SOURCE },
+    total: sandboxConnectionShare(fileLimit, config.fdReserve),
+    now,
+    refused: (refusal) => {
+      metrics.budgetRefusals.inc({ resource: refusal.resource });
+      if (refusal.log === 0) return;
+      const { sandboxID, source, listener, resource, held, max, log } = refusal;
+      logger.warn(
+        { sandboxID, source, listener, resource, held, max, refusals: log },
+        'connection refused: over budget',
+      );
+    },
+  });
   const flows = new FlowRecorder({
     store: new FlowStore(config.flowStoreSize, (where) =>
       metrics.flowRecordsDropped.inc({ where }),
@@ -180,6 +209,7 @@ export async function startMoat(
     maxLearnTtl: config.dnsMaxTtl,
     rateLimit: config.dnsRateLimit,
     udpIo: config.dnsUdpIo,
+    connections,
     host,
     now,
     onLearn: network
@@ -259,8 +289,11 @@ export async function startMoat(
         },
         { table, metrics, logger },
       ),
+      connections,
       sourceIsProof: network !== undefined,
       handshakeTimeoutMs: config.proxyHandshakeTimeoutMs,
+      firstByteTimeoutMs: config.proxyFirstByteTimeoutMs,
+      keepAliveTimeoutMs: config.proxyKeepAliveTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
       transparentPorts: options.transparentPorts,
       tcpIo: config.proxyIo,
@@ -450,6 +483,7 @@ export async function startMoat(
       sandboxes,
       runtime,
       logger,
+      connections,
       flows,
       connectTimeoutMs: config.proxyConnectTimeoutMs,
       idleTimeoutMs: config.proxyIdleTimeoutMs,
@@ -500,6 +534,7 @@ export async function startMoat(
       metrics,
       internal,
       tunnels,
+      connections,
       flows,
       proxy,
       dns,

@@ -2,7 +2,12 @@ import net from 'node:net';
 import type { Logger } from 'pino';
 import { warnEvery } from '../warn-every.js';
 import { listenFailure } from '../listen-failure.js';
-import type { EnforcedSandbox, EnforcementTable, LearnedElement } from '../enforce/index.js';
+import type {
+  ConnectionBudget,
+  EnforcedSandbox,
+  EnforcementTable,
+  LearnedElement,
+} from '../enforce/index.js';
 import type { FlowRecorder } from '../flows/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
@@ -52,6 +57,8 @@ export interface DnsInterceptorOptions {
   readonly now: () => number;
   /** TCP connections idle longer than this are closed (RFC 7766 section 6.2.3). */
   readonly tcpIdleTimeoutMs?: number;
+  /** Each TCP connection is charged to its sandbox's connection budget from accept to close. */
+  readonly connections: ConnectionBudget;
   /** UDP I/O: batched system calls where available (`auto`, the default) or node:dgram. */
   readonly udpIo?: UdpIoSetting;
   /**
@@ -82,9 +89,8 @@ export class DnsInterceptor {
 
   constructor(private readonly options: DnsInterceptorOptions) {
     this.tcpConnections = new DnsTcpConnections({
-      logger: options.logger,
+      connections: options.connections,
       idleTimeoutMs: options.tcpIdleTimeoutMs ?? 10_000,
-      ownerOf: (source) => this.sandboxAt(source)?.sandboxID ?? '',
       answer: (message, source) => this.answer(message, source, 'tcp'),
     });
     this.sendFailed = warnEvery(options.logger, 'dns udp socket error', 10_000, options.now);

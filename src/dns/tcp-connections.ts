@@ -5,11 +5,12 @@
  * answers waiting unsent per connection.
  */
 import type net from 'node:net';
-import type { Logger } from 'pino';
+import type { ConnectionBudget } from '../enforce/index.js';
 import { ArrivingBytes } from '../arriving-bytes.js';
 
 /**
- * TCP connections one sandbox (or all unknown sources together) may hold at once, so that no
+ * TCP connections one sandbox (or one unknown source) may hold at once, within its budget of
+ * connections to all of Moat's listeners (ConnectionBudget's per-listener cap), so that no
  * sandbox can crowd the others out of DNS over TCP (their fallback for truncated answers).
  */
 export const MAX_TCP_CONNECTIONS_PER_SOURCE = 32;
@@ -24,11 +25,10 @@ const MAX_PIPELINED = 16;
 const MAX_UNSENT_BYTES = 256 * 1024;
 
 export interface DnsTcpOptions {
-  readonly logger: Logger;
+  /** Where each connection is charged to its sandbox from accept to close (or refused). */
+  readonly connections: ConnectionBudget;
   /** Connections idle longer than this are closed (RFC 7766 section 6.2.3). */
   readonly idleTimeoutMs: number;
-  /** The sandbox a source address belongs to ('' for sources that are no sandbox). */
-  readonly ownerOf: (source: string) => string;
   /** The answer to one query message from `source` (undefined: none is sent). */
   readonly answer: (
     message: Buffer,
@@ -38,8 +38,6 @@ export interface DnsTcpOptions {
 
 export class DnsTcpConnections {
   private readonly connections = new Set<net.Socket>();
-  /** Open connections by sandbox ID ('' for sources that are no sandbox). */
-  private readonly tcpBySource = new Map<string, number>();
 
   constructor(private readonly options: DnsTcpOptions) {}
 
@@ -54,25 +52,15 @@ export class DnsTcpConnections {
    */
   serve(socket: net.Socket): void {
     socket.on('error', () => socket.destroy());
-    const owner = this.options.ownerOf(socket.remoteAddress ?? '');
-    const held = this.tcpBySource.get(owner) ?? 0;
-    if (held >= MAX_TCP_CONNECTIONS_PER_SOURCE) {
-      this.options.logger.warn(
-        { sandboxID: owner || undefined, source: socket.remoteAddress, held },
-        'dns tcp connection refused: too many open from this source',
-      );
-      return void socket.destroy();
-    }
-    this.tcpBySource.set(owner, held + 1);
+    const hold = this.options.connections.admit('dns_tcp', socket.remoteAddress);
+    if (hold === undefined) return void socket.resetAndDestroy();
     this.connections.add(socket);
     socket.setTimeout(this.options.idleTimeoutMs, () => socket.destroy());
     let partial: NodeJS.Timeout | undefined;
     socket.on('close', () => {
       clearTimeout(partial);
       this.connections.delete(socket);
-      const left = (this.tcpBySource.get(owner) ?? 1) - 1;
-      if (left > 0) this.tcpBySource.set(owner, left);
-      else this.tcpBySource.delete(owner);
+      hold.release();
     });
     // A message sent a byte at a time must not be copied whole once per byte.
     const arriving = new ArrivingBytes();

@@ -33,3 +33,10 @@ export {
   overlappingListenerGuards,
   removeListenerGuard,
 } from './listener-guard.js';
+export {
+  type BudgetedListener,
+  ConnectionBudget,
+  type ConnectionBudgetOptions,
+  type ConnectionHold,
+  type ConnectionRefusal,
+} from './connection-budget.js';

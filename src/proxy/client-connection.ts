@@ -16,8 +16,19 @@ import {
 } from './http1.js';
 import { Inbox } from './inbox.js';
 
-/** How long a client connection may wait between two requests. */
+/** How long a client connection may wait between two requests, where no deadlines are set. */
 const KEEP_ALIVE_MS = 30_000;
+
+/**
+ * The deadlines of a listener's connections (each held against its sandbox's connection budget
+ * all the while): its first byte after connecting, and the wait between requests. `passed` is
+ * told of each connection closed for one.
+ */
+export interface ConnectionDeadlines {
+  readonly firstByteMs: number;
+  readonly keepAliveMs: number;
+  passed(resource: 'first_byte_deadline' | 'idle_deadline'): void;
+}
 
 /** How a request's exchange ends the client connection's turn. */
 export interface RequestTurn {
@@ -45,6 +56,8 @@ export interface RequestHandler {
   readonly logger: Logger;
   /** Time a client has to send a request head once it began one (and its first one). */
   readonly handshakeTimeoutMs: number;
+  /** First-byte and keep-alive deadlines; without them, keep-alive waits KEEP_ALIVE_MS. */
+  readonly deadlines?: ConnectionDeadlines;
   /** The connection closed, or was taken over. */
   forget(connection: ClientConnection): void;
   onRequest(head: RequestHead, connection: ClientConnection): Promise<void>;
@@ -82,6 +95,12 @@ export class ClientConnection {
     private readonly waitedMs = 0,
   ) {
     this.inbox = new Inbox(socket, firstBytes);
+    const { deadlines } = handler;
+    if (deadlines !== undefined && (firstBytes === undefined || firstBytes.length === 0))
+      this.firstByteDeadline = setTimeout(
+        this.onFirstByteTimeout,
+        Math.max(0, deadlines.firstByteMs - waitedMs),
+      );
     socket.on('error', this.onError);
     socket.on('end', this.onEnd);
     socket.on('timeout', this.onTimeout);
@@ -100,6 +119,16 @@ export class ClientConnection {
   }
 
   private readonly onError = () => this.socket.destroy();
+
+  /** Set until the first byte comes: a silent connection holds its sandbox's budget no longer. */
+  private firstByteDeadline: NodeJS.Timeout | undefined;
+
+  private readonly onFirstByteTimeout = () => {
+    this.firstByteDeadline = undefined;
+    if (this.state !== 'head') return;
+    this.handler.deadlines?.passed('first_byte_deadline');
+    this.socket.destroy();
+  };
 
   /** A defect in handling a request: this connection goes, the process (and every sandbox) stays. */
   private readonly failed = (error: unknown) => {
@@ -133,7 +162,10 @@ export class ClientConnection {
           true,
         ),
       );
-    else this.close();
+    else {
+      this.handler.deadlines?.passed('idle_deadline');
+      this.close();
+    }
   };
 
   private readonly onClose = () => {
@@ -148,7 +180,8 @@ export class ClientConnection {
 
   private headDone(): void {
     clearTimeout(this.headDeadline);
-    this.headDeadline = undefined;
+    clearTimeout(this.firstByteDeadline);
+    this.headDeadline = this.firstByteDeadline = undefined;
   }
 
   private readHead(): void {
@@ -165,7 +198,10 @@ export class ClientConnection {
         this.onTimeout,
         Math.max(0, handshakeTimeoutMs - this.waitedMs),
       );
-    else if (this.socket.timeout !== KEEP_ALIVE_MS) this.socket.setTimeout(KEEP_ALIVE_MS);
+    else {
+      const keepAliveMs = this.handler.deadlines?.keepAliveMs ?? KEEP_ALIVE_MS;
+      if (this.socket.timeout !== keepAliveMs) this.socket.setTimeout(keepAliveMs);
+    }
     // A client that does not read its answers gets no more of them (pipelined requests would
     // otherwise queue answers without bound); one that never reads again times out.
     if (this.socket.writableNeedDrain) {
@@ -176,6 +212,8 @@ export class ClientConnection {
     }
     const arriving = new ArrivingBytes();
     this.inbox.read((chunk) => {
+      clearTimeout(this.firstByteDeadline);
+      this.firstByteDeadline = undefined;
       const scanned = arriving.bytes.length;
       const seen = arriving.append(chunk);
       const end = headEnd(seen, MAX_REQUEST_HEAD_BYTES, scanned);

@@ -87,13 +87,14 @@ export function nodeClient(client: net.Socket, early: Buffer): ConnectClient<net
 
 /**
  * A CONNECT client on the native relay, held in `clients` (the proxy's count of open client
- * connections) from here until it is refused (then Node answers it), destroyed or its tunnel
- * closes.
+ * connections) from here until it is refused (then Node answers it, on the socket `adopt`
+ * makes), destroyed or its tunnel closes.
  */
 export function nativeConnectClient(
   native: NativeTcp,
   client: NativeClient,
   clients: Set<NativeClient>,
+  adopt: (client: NativeClient) => net.Socket,
 ): ConnectClient<NativeUpstream> {
   clients.add(client);
   const forget = () => clients.delete(client);
@@ -106,7 +107,7 @@ export function nativeConnectClient(
     },
     refuse: (status, message, decision, extra) => {
       forget();
-      writeRawError(native.adopt(client), status, message, decision, extra);
+      writeRawError(adopt(client), status, message, decision, extra);
     },
     destroy: () => {
       forget();

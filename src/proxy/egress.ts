@@ -1,12 +1,22 @@
 import net from 'node:net';
 import type { Logger } from 'pino';
 import { ListenerGroup } from '../dns/index.js';
-import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
+import type {
+  ConnectionBudget,
+  ConnectionHold,
+  EnforcedSandbox,
+  EnforcementTable,
+} from '../enforce/index.js';
 import type { FlowRecorder } from '../flows/index.js';
 import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import { type Decision, formatDestination, parseAuthority } from '../policy/index.js';
 import { type Dialer, type Refusal, removed, type Target } from './dial.js';
-import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
+import {
+  ClientConnection,
+  type ConnectionDeadlines,
+  type RequestHandler,
+  requestTurn,
+} from './client-connection.js';
 import { type ConnectClient, nativeConnectClient, nodeClient, TunnelOpener } from './connect.js';
 import { Exchange, type ExchangeContext } from './exchange.js';
 import { UpstreamPool } from './upstream-pool.js';
@@ -48,6 +58,8 @@ export interface ProxyOptions {
   readonly maxTunnelsPerSandbox: number;
   /** Sandboxes' shares of the event loop's costly work (requests, leaf mints); undefined: none. */
   readonly fairShare?: FairShare;
+  /** Every connection to a listener is charged to its sandbox here, from accept to close. */
+  readonly connections: ConnectionBudget;
   /**
    * A sandbox's source address proves who it is (namespace mode): a credential must be that
    * sandbox's own. Otherwise (sandboxes share the host network) the credential identifies.
@@ -55,6 +67,10 @@ export interface ProxyOptions {
   readonly sourceIsProof: boolean;
   /** Time a client has to send its request head, or its first tunnel bytes when they are checked. */
   readonly handshakeTimeoutMs: number;
+  /** Time a client has, after connecting, to send its first byte. */
+  readonly firstByteTimeoutMs: number;
+  /** Time a client connection may wait between two requests. */
+  readonly keepAliveTimeoutMs: number;
   readonly idleTimeoutMs: number;
   /** Destination ports of traffic the kernel redirects to the transparent listener (443, 80). */
   readonly transparentPorts?: { readonly tls: number; readonly http: number };
@@ -102,14 +118,25 @@ export class EgressProxy implements RequestHandler {
   /** Intercepts TLS to destinations with a header rule (secretless egress), when configured. */
   private readonly interceptor: Interceptor | undefined;
   private readonly tunnelOpener: TunnelOpener;
+  /** The budget charge of each client connection Node holds, and of each the relay holds. */
+  private readonly holds = new WeakMap<net.Socket, ConnectionHold>();
+  private readonly nativeHolds = new Map<number, ConnectionHold>();
+  readonly deadlines: ConnectionDeadlines;
   private logged = false;
   /** close() was called: connections finish what they carry and take no new request. */
   draining = false;
 
   constructor(readonly options: ProxyOptions) {
-    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
-      this.accept(socket),
-    );
+    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) => {
+      const hold = options.connections.admit('proxy', socket.remoteAddress);
+      if (hold === undefined) return void socket.resetAndDestroy();
+      this.accept(socket, hold);
+    });
+    this.deadlines = {
+      firstByteMs: options.firstByteTimeoutMs,
+      keepAliveMs: options.keepAliveTimeoutMs,
+      passed: (resource) => options.metrics.budgetRefusals.inc({ resource }),
+    };
     this.native = nativeTcp(options.tcpIo ?? 'auto');
     this.stopHearingDefects = this.native?.onDefect((error) =>
       options.logger.error({ err: error }, 'egress request failed'),
@@ -151,21 +178,74 @@ export class EgressProxy implements RequestHandler {
     // The native relay binds IP addresses only; a name or a scoped address is left to Node.
     if (this.native === undefined || net.isIP(address.host) === 0 || address.host.includes('%'))
       return this.listeners.listen(address);
+    // The relay hands a client over when its first bytes come, or when the first-byte
+    // deadline passes with none (then it is closed at once, see ClientConnection).
     const listener = this.native.listen(
       address.host,
       address.port,
-      this.options.handshakeTimeoutMs,
-      (client) => this.onNativeClient(client),
+      this.options.firstByteTimeoutMs,
+      {
+        opened: (id, remoteAddress) => {
+          const hold = this.options.connections.admit('proxy', remoteAddress);
+          if (hold !== undefined) this.nativeHolds.set(id, hold);
+          return hold !== undefined;
+        },
+        client: (client) => this.onNativeClient(client),
+        gone: (id) => {
+          this.nativeHolds.get(id)?.release();
+          this.nativeHolds.delete(id);
+        },
+      },
     );
     this.nativeListeners.push(listener);
     return listener.port;
   }
 
-  /** A connection Node holds: read, head by head, by a ClientConnection. */
-  private accept(socket: net.Socket, firstBytes?: Buffer, waitedMs = 0): void {
+  /** A connection Node holds, charged to `hold`: read, head by head, by a ClientConnection. */
+  private accept(
+    socket: net.Socket,
+    hold: ConnectionHold | undefined,
+    firstBytes?: Buffer,
+    waitedMs = 0,
+  ): void {
     this.sockets.add(socket);
-    socket.once('close', () => this.sockets.delete(socket));
+    if (hold !== undefined) this.holds.set(socket, hold);
+    socket.once('close', () => {
+      this.sockets.delete(socket);
+      hold?.release();
+    });
     this.connections.add(new ClientConnection(this, socket, firstBytes, waitedMs));
+  }
+
+  /** Hands a client of the relay to Node, with its budget charge. */
+  private adopt(client: NativeClient): { socket: net.Socket; hold: ConnectionHold | undefined } {
+    const hold = this.nativeHolds.get(client.id);
+    this.nativeHolds.delete(client.id);
+    const socket = this.native!.adopt(client);
+    if (hold !== undefined) {
+      this.holds.set(socket, hold);
+      socket.once('close', () => hold.release());
+    }
+    return { socket, hold };
+  }
+
+  /**
+   * Moves the connection's charge to the sandbox its credential named; false (after answering
+   * 429 through `refuse`) when that sandbox is at its budget.
+   */
+  private charged(
+    hold: ConnectionHold | undefined,
+    sandbox: EnforcedSandbox,
+    kind: ProxyKind,
+    refuse: (status: number, message: string) => void,
+  ): boolean {
+    if (hold === undefined || hold.chargeTo(sandbox.sandboxID)) return true;
+    this.count(kind, 'limited');
+    refuse(
+      429,
+      `sandbox ${sandbox.sandboxID} already has ${this.options.maxTunnelsPerSandbox} open connections to Moat`,
+    );
+    return false;
   }
 
   /**
@@ -186,20 +266,28 @@ export class EgressProxy implements RequestHandler {
       // A tunnel through the sandbox's upstream proxy is set up on a Node socket.
       this.tunnelled(parsed.value, client)
     ) {
-      const socket = native.adopt(client);
+      const { socket, hold } = this.adopt(client);
       try {
-        return this.accept(socket, bytes, client.waitedMs);
+        return this.accept(socket, hold, bytes, client.waitedMs);
       } catch (error) {
         // Adopted, it is no longer the relay's to close.
         socket.destroy();
         throw error;
       }
     }
-    const connectClient = nativeConnectClient(native, client, this.nativeClients);
-    this.onConnect(parsed.value, connectClient, bytes.subarray(end)).catch((error: unknown) => {
-      this.options.logger.error({ err: error }, 'egress request failed');
-      connectClient.destroy();
-    });
+    const connectClient = nativeConnectClient(
+      native,
+      client,
+      this.nativeClients,
+      (parked) => this.adopt(parked).socket,
+    );
+    const hold = this.nativeHolds.get(client.id);
+    this.onConnect(parsed.value, connectClient, bytes.subarray(end), hold).catch(
+      (error: unknown) => {
+        this.options.logger.error({ err: error }, 'egress request failed');
+        connectClient.destroy();
+      },
+    );
   }
 
   /** A CONNECT through the sandbox's upstream proxy, or one Moat may intercept: Node's. */
@@ -255,7 +343,7 @@ export class EgressProxy implements RequestHandler {
 
   /** A CONNECT read by a ClientConnection: the tunnel takes its socket over. */
   takeConnect(head: RequestHead, socket: net.Socket, early: Buffer): Promise<void> {
-    return this.onConnect(head, nodeClient(socket, early), early);
+    return this.onConnect(head, nodeClient(socket, early), early, this.holds.get(socket));
   }
 
   private count(kind: ProxyKind, verdict: ProxyVerdict): void {
@@ -287,24 +375,6 @@ export class EgressProxy implements RequestHandler {
       );
     }
     return refusal;
-  }
-
-  /**
-   * One of the sandbox's connection slots for `target`, held from here until the connection is
-   * registered or failed (the returned `release`), or the 429 when none is free.
-   */
-  private slot(
-    sandbox: EnforcedSandbox,
-    target: Target,
-  ): { ok: true; release: () => void } | ({ ok: false } & Refusal) {
-    const max = this.options.maxTunnelsPerSandbox;
-    const release = this.options.tunnels.reserve(sandbox.sandboxID, max);
-    if (release !== undefined) return { ok: true, release };
-    return {
-      ok: false,
-      status: 429,
-      message: `sandbox ${sandbox.sandboxID} already has ${max} open connections; ${formatDestination(target)} refused`,
-    };
   }
 
   /**
@@ -342,7 +412,12 @@ export class EgressProxy implements RequestHandler {
     );
   }
 
-  async onConnect<U>(head: RequestHead, client: ConnectClient<U>, early: Buffer): Promise<void> {
+  async onConnect<U>(
+    head: RequestHead,
+    client: ConnectClient<U>,
+    early: Buffer,
+    hold: ConnectionHold | undefined,
+  ): Promise<void> {
     const who = this.identify(head, client);
     if (!who.ok) {
       this.unidentified('connect', client, head.target, who);
@@ -351,6 +426,10 @@ export class EgressProxy implements RequestHandler {
       });
     }
     const sandbox = who.sandbox;
+    if (
+      !this.charged(hold, sandbox, 'connect', (status, message) => client.refuse(status, message))
+    )
+      return;
     const parsed = parseAuthority(head.target);
     if (!parsed.ok || parsed.value.port === undefined) {
       this.count('connect', 'invalid');
@@ -361,14 +440,9 @@ export class EgressProxy implements RequestHandler {
       );
     }
     const target = parsed.value as Target;
-    const fair = this.options.fairShare;
-    const hold = fair === undefined ? 0 : fair.admit(sandbox.sandboxID);
-    if (hold !== 0) {
-      const over = await fair!.held(
-        hold,
-        sandbox.sandboxID,
-        `CONNECT ${formatDestination(target)}`,
-      );
+    const wait = this.options.fairShare?.wait(sandbox.sandboxID, 'CONNECT', target);
+    if (wait !== undefined) {
+      const over = await wait;
       if (over !== undefined) {
         this.count('connect', 'limited');
         return client.refuse(429, over);
@@ -378,13 +452,7 @@ export class EgressProxy implements RequestHandler {
       const { status, message, decision } = this.refused('connect', sandbox, target, refusal);
       client.refuse(status, message, decision);
     };
-    const slot = this.slot(sandbox, target);
-    if (!slot.ok) return refuse(slot);
-    try {
-      await this.tunnelOpener.open(sandbox, target, client, early, refuse);
-    } finally {
-      slot.release();
-    }
+    await this.tunnelOpener.open(sandbox, target, client, early, refuse);
   }
 
   /**
@@ -418,6 +486,9 @@ export class EgressProxy implements RequestHandler {
       return answer(407, who.reason, undefined, { 'Proxy-Authenticate': 'Basic realm="moat"' });
     }
     const sandbox = who.sandbox;
+    const overBudget = (status: number, message: string) =>
+      connection.refuse(head, false, status, message);
+    if (!this.charged(this.holds.get(client), sandbox, 'forward', overBudget)) return;
     const rest = url.slice(scheme[0].length);
     const pathStart = rest.search(/[/?#]/);
     const authority = pathStart < 0 ? rest : rest.slice(0, pathStart);
@@ -433,14 +504,9 @@ export class EgressProxy implements RequestHandler {
       return answer(400, `request target ${JSON.stringify(url)}: ${parsed.error}`);
     }
     const target: Target = { ...parsed.value, port: parsed.value.port ?? 80 };
-    const fair = this.options.fairShare;
-    const hold = fair === undefined ? 0 : fair.admit(sandbox.sandboxID);
-    if (hold !== 0) {
-      const over = await fair!.held(
-        hold,
-        sandbox.sandboxID,
-        `a request to ${formatDestination(target)}`,
-      );
+    const wait = this.options.fairShare?.wait(sandbox.sandboxID, 'a request to', target);
+    if (wait !== undefined) {
+      const over = await wait;
       if (over !== undefined) {
         this.count('forward', 'limited');
         return answer(429, over);
@@ -451,18 +517,15 @@ export class EgressProxy implements RequestHandler {
       const { status, message, decision } = this.refused('forward', sandbox, target, refusal);
       answer(status, message, decision);
     };
-    const slot = this.slot(sandbox, target);
-    if (!slot.ok) return refuse(slot);
     const plan = await this.options.dialer.plan(sandbox, target);
-    if (client.destroyed) return slot.release();
+    if (client.destroyed) return;
     // Plain HTTP to a destination with a header rule, or a request leaking a stored secret.
     const secretRefusal = plan.ok
       ? (this.interceptor?.plainRefusal(sandbox, target) ??
         (await this.interceptor?.leakRefusal(sandbox, target, head)))
       : undefined;
-    if (client.destroyed) return slot.release();
+    if (client.destroyed) return;
     if (!plan.ok || !this.options.table.holds(sandbox) || secretRefusal !== undefined) {
-      slot.release();
       return refuse(plan.ok ? (secretRefusal ?? removed(sandbox)) : plan);
     }
     // Decided by name, or by the one address a bare-address request names.
@@ -476,7 +539,6 @@ export class EgressProxy implements RequestHandler {
         connection.inbox,
         addresses,
         (result) => connection.exchangeDone(result.keepAlive),
-        slot.release,
       ),
     );
   }

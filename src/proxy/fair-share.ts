@@ -8,6 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { EnforcementTable } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
+import { type Destination, formatDestination } from '../policy/index.js';
 
 export interface FairShareBudgets {
   /** Proxied requests and new tunnels a sandbox may start a second while another is active. */
@@ -71,7 +72,7 @@ export class FairShare {
    * Admits one proxied request or new tunnel of `sandboxID`: 0 to go now, the milliseconds to
    * hold it first, or undefined when it is over its rate by more than a brief hold.
    */
-  admit(sandboxID: string): number | undefined {
+  private admit(sandboxID: string): number | undefined {
     const now = this.now();
     if (sandboxID !== this.lastSandbox) {
       this.lastSandbox = sandboxID;
@@ -119,17 +120,23 @@ export class FairShare {
   }
 
   /**
-   * What `admit` answered, when not 0: holds the request that long and resolves to undefined,
-   * or resolves to the refusal the sandbox is told (counted and logged) when it is over its rate.
+   * Admits one proxied request or new tunnel of `sandboxID` (`what` and `target` name it in a
+   * refusal): undefined to go on at once, which allocates nothing; else a promise that resolves
+   * to undefined once the request has been held its time, or to the refusal the sandbox is told
+   * (counted and logged) when it is over its rate.
    */
-  async held(
-    hold: number | undefined,
+  wait(
     sandboxID: string,
     what: string,
-  ): Promise<string | undefined> {
-    if (hold === undefined) return this.refuse('proxied_requests', sandboxID, what);
-    await sleep(hold);
-    return undefined;
+    target: Destination,
+  ): Promise<string | undefined> | undefined {
+    const hold = this.admit(sandboxID);
+    if (hold === 0) return undefined;
+    if (hold === undefined)
+      return Promise.resolve(
+        this.refuse('proxied_requests', sandboxID, `${what} ${formatDestination(target)}`),
+      );
+    return sleep(hold).then(() => undefined);
   }
 
   private forget(sandboxID: string): void {

@@ -282,8 +282,8 @@ export class Interceptor {
    * Serves the sandbox's TLS connection `socket` (its ClientHello, already checked to name the
    * target, in `hello`) with Moat's leaf certificate for the target, as a connection of the
    * sandbox (`at`: the address it was decided for) registered with the tunnel registry, so a
-   * policy change that denies it closes it. The caller holds the sandbox's slot until this
-   * resolves.
+   * policy change that denies it closes it. Its client connection is charged to the sandbox's
+   * connection budget from accept to close.
    */
   async intercept(
     kind: FlowKind,
@@ -488,10 +488,9 @@ class InterceptedConnection implements RequestHandler {
     const answer = (status: number, message: string, keep = keepAlive) =>
       connection.refuse(head, keep, status, message);
     if (!framing.ok) return answer(framing.status, `request ${head.target}: ${framing.message}`);
-    const fair = options.fairShare;
-    const hold = fair === undefined ? 0 : fair.admit(sandbox.sandboxID);
-    if (hold !== 0) {
-      const over = await fair!.held(hold, sandbox.sandboxID, `a request to ${target.host}`);
+    const wait = options.fairShare?.wait(sandbox.sandboxID, 'a request to', target);
+    if (wait !== undefined) {
+      const over = await wait;
       if (over !== undefined) return answer(429, over);
     }
     if (!head.target.startsWith('/') && !(head.method === 'OPTIONS' && head.target === '*'))
@@ -540,15 +539,9 @@ class InterceptedConnection implements RequestHandler {
       if (plan.decision !== undefined) flow.refused(plan.decision);
       return answer(plan.status, plan.message, false);
     }
-    const release = options.tunnels.reserve(sandbox.sandboxID, options.maxTunnelsPerSandbox);
-    if (release === undefined)
-      return answer(
-        429,
-        `sandbox ${sandbox.sandboxID} already has ${options.maxTunnelsPerSandbox} open connections; ${target.host} refused`,
-      );
+    // The connection's budget charge (taken at accept) covers the one request it carries.
     const substituted = await interceptor.substitute(rule);
     if (!substituted.ok || connection.socket.destroyed) {
-      release();
       if (substituted.ok) return;
       if (substituted.outcome !== undefined) interceptor.count(substituted.outcome);
       this.logger.warn(
@@ -598,7 +591,6 @@ class InterceptedConnection implements RequestHandler {
         // Retrying another address is only safe while no body has been sent.
         hasBody ? plan.addresses.slice(0, 1) : plan.addresses,
         (result) => connection.exchangeDone(result.keepAlive),
-        release,
       ),
     );
   }

@@ -52,6 +52,8 @@ const ACCEPTED = 1;
 const CONNECTED = 2;
 const DATA = 3;
 const CLOSED = 4;
+const OPENED = 5;
+const GONE = 6;
 
 /** A connection accepted natively, parked with its first bytes until it is spliced or adopted. */
 export interface NativeClient {
@@ -69,6 +71,19 @@ export interface NativeListener {
   close(): void;
 }
 
+/** What a native listener is told of each client, from accept to the relay letting it go. */
+export interface NativeListenerHandlers {
+  /**
+   * A client was just accepted (nothing read yet): true keeps it, false has it closed with a
+   * reset at once.
+   */
+  opened(id: number, remoteAddress: string | undefined): boolean;
+  /** Its first bytes came (or the handshake time passed with none). */
+  client(client: NativeClient): void;
+  /** The relay no longer holds the client's descriptor (closed, or adopted by Node). */
+  gone(id: number): void;
+}
+
 /** A connected upstream, parked until spliced (or closed). */
 export interface NativeUpstream {
   readonly id: number;
@@ -83,7 +98,9 @@ interface TunnelHandlers {
 
 /** One per process (per worker): the addon keeps one epoll set for every listener and tunnel. */
 export class NativeTcp {
-  private readonly listeners = new Map<number, (client: NativeClient) => void>();
+  private readonly listeners = new Map<number, NativeListenerHandlers>();
+  /** Clients kept at OPENED, until GONE: whom to tell. */
+  private readonly openedBy = new Map<number, NativeListenerHandlers>();
   private readonly dials = new Map<number, (code: string | undefined) => void>();
   private readonly tunnels = new Map<number, TunnelHandlers>();
 
@@ -129,9 +146,17 @@ export class NativeTcp {
   }
 
   private dispatch(...[type, id, a, b, c, bytes, text]: RelayEvent): void {
-    if (type === ACCEPTED) {
+    if (type === OPENED) {
+      const handlers = this.listeners.get(a);
+      if (handlers?.opened(id, text) === true) this.openedBy.set(id, handlers);
+      else this.addon.close(id);
+    } else if (type === GONE) {
+      const handlers = this.openedBy.get(id);
+      this.openedBy.delete(id);
+      handlers?.gone(id);
+    } else if (type === ACCEPTED) {
       const firstBytes = bytes!;
-      this.listeners.get(a)?.({ id, remoteAddress: text, firstBytes, waitedMs: c });
+      this.listeners.get(a)?.client({ id, remoteAddress: text, firstBytes, waitedMs: c });
       // A listener closed meanwhile: its client has no one to decide for it.
       if (!this.listeners.has(a)) this.addon.close(id);
     } else if (type === CONNECTED) {
@@ -147,16 +172,19 @@ export class NativeTcp {
     }
   }
 
-  /** Listens on an IP address; `onClient` gets each connection once its first bytes are in. */
+  /**
+   * Listens on an IP address; `handlers` hear of each connection at accept, once its first
+   * bytes are in (or `handshakeMs` passed with none), and when the relay lets it go.
+   */
   listen(
     host: string,
     port: number,
     handshakeMs: number,
-    onClient: (client: NativeClient) => void,
+    handlers: NativeListenerHandlers,
   ): NativeListener {
     // Node's own default backlog.
     const [id, bound] = this.addon.listen(host, port, 511, handshakeMs);
-    this.listeners.set(id, onClient);
+    this.listeners.set(id, handlers);
     return {
       port: bound,
       close: () => {

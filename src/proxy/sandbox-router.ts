@@ -6,8 +6,10 @@
  * sandbox API; any other port is ingress to that port of the sandbox.
  */
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
+import type { ConnectionBudget } from '../enforce/index.js';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
 import { sendSandboxError } from '../http-answers.js';
 import type { IngressProxy, IngressTarget } from './ingress.js';
@@ -35,6 +37,11 @@ export interface RoutedSandbox {
 
 export interface SandboxRouterOptions<S extends RoutedSandbox> {
   readonly logger: Logger;
+  /**
+   * A sandbox that connects here (its own or another's API, a port through ingress) is charged
+   * for the connection from accept to close; other clients are not sandboxes and not counted.
+   */
+  readonly connections: ConnectionBudget;
   /** The sandbox if it is running here (a paused one with autoResume is resumed first). */
   lookup(sandboxID: string): Promise<S | undefined>;
   /**
@@ -108,6 +115,11 @@ export class SandboxRouter<S extends RoutedSandbox> {
         void this.onUpgrade(request, socket, head),
     );
     this.server.on('clientError', (_error, socket) => socket.destroy());
+    this.server.on('connection', (socket: Socket) => {
+      const hold = options.connections.admit('ingress', socket.remoteAddress, true);
+      if (hold === undefined) return void socket.resetAndDestroy();
+      socket.once('close', () => hold.release());
+    });
   }
 
   private async onRequest(request: IncomingMessage, response: ServerResponse): Promise<void> {

@@ -43,9 +43,9 @@ export class TransparentProxy {
   private readonly interceptor: Interceptor | undefined;
 
   constructor(private readonly options: ProxyOptions) {
-    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) =>
-      this.accept(socket),
-    );
+    this.server = net.createServer({ allowHalfOpen: true, noDelay: true }, (socket) => {
+      if (this.admitted(socket)) this.accept(socket);
+    });
     this.listeners = new ListenerGroup(this.server);
     this.interceptor = interceptorFor(options);
   }
@@ -96,7 +96,7 @@ export class TransparentProxy {
   }
 
   private acceptRedirected(sandboxID: string, client: net.Socket): void {
-    this.track(client);
+    if (!this.admitted(client, sandboxID)) return;
     client.on('error', () => client.destroy());
     const sandbox = this.options.table.get(sandboxID);
     const original = originalDestination(client);
@@ -105,36 +105,29 @@ export class TransparentProxy {
     const redirected =
       original !== undefined &&
       !(original.ip === client.localAddress && original.port === client.localPort);
-    const release = sandbox && this.reserve(sandbox, client);
-    if (!redirected || !ip?.ok || release === undefined) {
-      release?.();
+    if (!redirected || !ip?.ok || sandbox === undefined) {
       client.destroy();
       return;
     }
-    client.on('close', release);
     const target = { ip: ip.value, port: original.port };
-    void this.connect(sandbox!, target, client, EMPTY, 'tcp').finally(release);
+    void this.connect(sandbox, target, client, EMPTY, 'tcp');
   }
 
-  /** A slot of the sandbox's connection cap, held while the origin is decided and dialled. */
-  private reserve(sandbox: EnforcedSandbox, client: net.Socket): (() => void) | undefined {
-    const { logger, metrics } = this.options;
-    const release = this.options.tunnels.reserve(
-      sandbox.sandboxID,
-      this.options.maxTunnelsPerSandbox,
-    );
-    if (release !== undefined) return release;
-    metrics.proxyConnections.inc({ kind: 'transparent', verdict: 'limited' });
-    logger.info(
-      {
-        sandboxID: sandbox.sandboxID,
-        kind: 'transparent',
-        reason: `the sandbox already has ${this.options.maxTunnelsPerSandbox} open connections`,
-      },
-      'transparent connection closed',
-    );
-    client.destroy();
-    return undefined;
+  /**
+   * Charges a connection just accepted to its sandbox's connection budget (to `sandboxID` when
+   * the listener it came to is that sandbox's own), tracked until it closes; false when it is
+   * over budget, and then reset at once.
+   */
+  private admitted(client: net.Socket, sandboxID?: string): boolean {
+    const hold = this.options.connections.admit('transparent', client.remoteAddress);
+    if (hold === undefined || (sandboxID !== undefined && !hold.chargeTo(sandboxID))) {
+      hold?.release();
+      client.resetAndDestroy();
+      return false;
+    }
+    this.track(client);
+    client.once('close', () => hold.release());
+    return true;
   }
 
   /** Tracks `client` until it closes. */
@@ -144,7 +137,6 @@ export class TransparentProxy {
   }
 
   private accept(client: net.Socket): void {
-    this.track(client);
     client.on('error', () => client.destroy());
     const who = identify(this.options.table, undefined, client, this.options.sourceIsProof);
     if (!who.ok) {
@@ -156,8 +148,6 @@ export class TransparentProxy {
       return;
     }
     const sandbox = who.sandbox;
-    const release = this.reserve(sandbox, client);
-    if (release === undefined) return;
     const arriving = new ArrivingBytes();
     let seen: Buffer = arriving.bytes;
     // Nothing names a destination yet: recorded as what the kernel redirected (the name unknown).
@@ -173,13 +163,26 @@ export class TransparentProxy {
       // A reset, as the firewall refuses: a clean end would read as an empty answer.
       client.resetAndDestroy();
     };
-    const timer = setTimeout(
-      () => fail('no TLS ClientHello or HTTP request head within the handshake timeout'),
-      this.options.handshakeTimeoutMs,
-    );
+    const { firstByteTimeoutMs, handshakeTimeoutMs, metrics } = this.options;
+    const accepted = Date.now();
+    // Silent, it holds its sandbox's budget only until the first-byte deadline; once it has
+    // begun, its ClientHello or head has the handshake timeout from the connect.
+    let timer = setTimeout(() => {
+      metrics.budgetRefusals.inc({ resource: 'first_byte_deadline' });
+      client.destroy();
+    }, firstByteTimeoutMs);
+    let begun = false;
     // A client that ends before naming its host is gone: nothing to wait for.
     const abandoned = () => client.destroy();
     const onData = (chunk: Buffer) => {
+      if (!begun) {
+        begun = true;
+        clearTimeout(timer);
+        timer = setTimeout(
+          () => fail('no TLS ClientHello or HTTP request head within the handshake timeout'),
+          Math.max(0, handshakeTimeoutMs - (Date.now() - accepted)),
+        );
+      }
       const scanned = seen.length;
       seen = arriving.append(chunk);
       const peek = peekName(seen, scanned);
@@ -196,18 +199,13 @@ export class TransparentProxy {
       const ports = this.options.transparentPorts ?? { tls: 443, http: 80 };
       const port = tls ? ports.tls : ports.http;
       if (parsed.ok && parsed.value.ip !== undefined)
-        return void this.toAddress(sandbox, client, seen, parsed.value.ip, port, tls).finally(
-          release,
-        );
+        return void this.toAddress(sandbox, client, seen, parsed.value.ip, port, tls);
       if (!parsed.ok || parsed.value.host === undefined)
         return fail(`${JSON.stringify(peek.name)} is not a host name`);
       const target = { host: parsed.value.host, port };
-      void this.connect(sandbox, target, client, seen, tls ? 'tls' : 'http').finally(release);
+      void this.connect(sandbox, target, client, seen, tls ? 'tls' : 'http');
     };
-    client.on('close', () => {
-      clearTimeout(timer);
-      release();
-    });
+    client.on('close', () => clearTimeout(timer));
     client.on('data', onData);
     client.once('end', abandoned);
   }
@@ -251,12 +249,8 @@ export class TransparentProxy {
     protocol: 'tls' | 'http' | 'tcp',
   ): Promise<void> {
     const { dialer, metrics, logger, flows, fairShare } = this.options;
-    const hold = fairShare === undefined ? 0 : fairShare.admit(sandbox.sandboxID);
-    if (hold !== 0) {
-      const what = `the connection to ${formatDestination(target)}`;
-      if ((await fairShare!.held(hold, sandbox.sandboxID, what)) !== undefined)
-        return void client.resetAndDestroy();
-    }
+    const wait = fairShare?.wait(sandbox.sandboxID, 'the connection to', target);
+    if (wait !== undefined && (await wait) !== undefined) return void client.resetAndDestroy();
     const plan = await dialer.plan(sandbox, target);
     const rule = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
     if (plan.ok && rule !== undefined) {

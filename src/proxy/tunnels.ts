@@ -36,31 +36,12 @@ export class TunnelRegistry {
     });
   }
 
-  /** Connections being set up (resolved, dialled, peeked) that hold a slot of their sandbox. */
-  private readonly reserved = new Map<string, number>();
-
-  /** Open tunnels and requests of a sandbox, and the slots held for ones being set up. */
-  count(sandboxID: string): number {
-    return (this.bySandbox.get(sandboxID)?.size ?? 0) + (this.reserved.get(sandboxID) ?? 0);
-  }
-
   /**
-   * Takes one of the sandbox's `max` slots for a connection about to be set up, so that
-   * connections racing through DNS and dialling cannot all pass the cap; returns the function
-   * that gives it back (once the tunnel is added, or set-up failed), or undefined when none is
-   * free.
+   * Open tunnels and requests of a sandbox. Not a budget: what a sandbox may hold is counted
+   * per client connection, from accept (ConnectionBudget), and each carries one at most.
    */
-  reserve(sandboxID: string, max: number): (() => void) | undefined {
-    if (this.count(sandboxID) >= max) return undefined;
-    this.reserved.set(sandboxID, (this.reserved.get(sandboxID) ?? 0) + 1);
-    let held = true;
-    return () => {
-      if (!held) return;
-      held = false;
-      const left = this.reserved.get(sandboxID)! - 1;
-      if (left > 0) this.reserved.set(sandboxID, left);
-      else this.reserved.delete(sandboxID);
-    };
+  count(sandboxID: string): number {
+    return this.bySandbox.get(sandboxID)?.size ?? 0;
   }
 
   /** Sandboxes with open connections, and how many each has. */

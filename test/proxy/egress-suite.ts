@@ -846,16 +846,18 @@ export function egressSuite(io: TcpIoSetting): void {
     });
 
     it('holds the cap for tunnels still being resolved and dialled, not only open ones', async () => {
-      // slow.allowed.test takes 150 ms to resolve: all 20 pass the check before any is open.
+      // slow.allowed.test takes 150 ms to resolve: all 20 are read before any is open. Each is
+      // charged from accept: to its source address (no sandbox's) until its credential names
+      // the sandbox; past the cap, one is reset at accept or answered 429 once named.
       const tunnels = await Promise.all(
         Array.from({ length: 20 }, () =>
-          connectThrough(proxy, `slow.allowed.test:${ssh.port}`, { auth }),
+          connectThrough(proxy, `slow.allowed.test:${ssh.port}`, { auth }).catch(() => undefined),
         ),
       );
-      const statuses = tunnels.map((t) => t.status);
-      for (const t of tunnels) t.socket.destroy();
+      const statuses = tunnels.map((t) => t?.status ?? 'reset');
+      for (const t of tunnels) t?.socket.destroy();
       expect(statuses.filter((s) => s === 200)).toHaveLength(8);
-      expect(statuses.filter((s) => s === 429)).toHaveLength(12);
+      expect(statuses.filter((s) => s === 429 || s === 'reset')).toHaveLength(12);
     });
 
     it('counts transparent connections (even those still naming their host) against the cap', async () => {
@@ -864,15 +866,17 @@ export function egressSuite(io: TcpIoSetting): void {
         Array.from({ length: 9 }, () => {
           const socket = net.connect({ ...transparent, localAddress: SOURCE });
           socket.on('error', () => {});
-          return new Promise<net.Socket>((resolve) =>
-            socket.once('connect', () => resolve(socket)),
-          );
+          // The ninth may be reset before its client saw the connect.
+          return new Promise<net.Socket>((resolve) => {
+            socket.once('connect', () => resolve(socket));
+            socket.once('close', () => resolve(socket));
+          });
         }),
       );
       // Eight wait for their first bytes; the ninth is closed at once.
       await waitFor(async () => open.filter((s) => s.destroyed || s.readableEnded).length === 1);
       for (const socket of open) socket.destroy();
-      await waitFor(async () => moat.tunnels.count(SANDBOX) === 0);
+      await waitFor(async () => moat.connections.held(SANDBOX) === 0);
     });
 
     it('respects a slow reader: the origin cannot push far ahead of what the client reads', async () => {

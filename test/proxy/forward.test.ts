@@ -1223,10 +1223,11 @@ describe('fuzz', () => {
   }
 
   /** Undefined when the connection ended (response head or close) within 2 s, else the problem. */
-  async function runCase(bytes: Buffer): Promise<string | undefined> {
+  /** `source`: each worker connects from its own address, within the per-source budget. */
+  async function runCase(bytes: Buffer, source: string): Promise<string | undefined> {
     let client: RawClient;
     try {
-      client = await RawClient.connect(proxy, 2000);
+      client = await RawClient.connect(proxy, 2000, source);
     } catch (error) {
       return `could not connect: ${(error as Error).message}`;
     }
@@ -1249,10 +1250,10 @@ describe('fuzz', () => {
     const budgetEnd = performance.now() + 15_000;
     let next = 0;
     let done = 0;
-    const worker = async () => {
+    const worker = async (source: string) => {
       while (next < cases.length && problems.length < 20 && performance.now() < budgetEnd) {
         const fuzzCase = cases[next++]!;
-        const problem = await runCase(fuzzCase.bytes);
+        const problem = await runCase(fuzzCase.bytes, source);
         done++;
         if (problem !== undefined) {
           const preview = fuzzCase.bytes.toString('latin1', 0, 120);
@@ -1260,7 +1261,7 @@ describe('fuzz', () => {
         }
       }
     };
-    await Promise.all(Array.from({ length: 32 }, worker));
+    await Promise.all(Array.from({ length: 32 }, (_, i) => worker(`127.0.4.${i + 1}`)));
     expect(problems, `seed ${FUZZ_SEED} (MOAT_FUZZ_SEED to replay)`).toEqual([]);
     expect(done, 'cases run within the 15 s budget').toBe(cases.length);
     const { response } = await exchange(request(url(FUZZ, fuzz.port, '/after')));

@@ -7,7 +7,7 @@ import {
   type NativeUpstream,
 } from '../../src/proxy/native-tcp.js';
 import { hasIpv6Loopback } from '../support/ipv6.js';
-import { expectNativeRelayEmpty, sleep, until } from '../support/native-relay.js';
+import { everyClient, expectNativeRelayEmpty, sleep, until } from '../support/native-relay.js';
 
 const HOST = '127.0.0.1';
 const native = nativeTcp('auto');
@@ -33,7 +33,12 @@ afterEach(async () => {
 /** A native listener whose clients queue up for the test to take. */
 function listenNative(handshakeMs = 10_000) {
   const arrived: NativeClient[] = [];
-  const listener = native!.listen(HOST, 0, handshakeMs, (client) => arrived.push(client));
+  const listener = native!.listen(
+    HOST,
+    0,
+    handshakeMs,
+    everyClient((client) => arrived.push(client)),
+  );
   closers.push(() => listener.close());
   const next = async () => {
     await until(() => arrived.length > 0, 3000);
@@ -195,6 +200,40 @@ describe.skipIf(native === undefined)('native TCP relay', () => {
     native!.close(client);
   });
 
+  it('tells its listener of each client at accept and when it lets go of it; one refused then is reset unread', async () => {
+    const opened: Array<[number, string | undefined]> = [];
+    const gone: number[] = [];
+    const arrived: NativeClient[] = [];
+    const listener = native!.listen(HOST, 0, 10_000, {
+      // The second client is refused (over its budget, in the proxy).
+      opened: (id, address) => opened.push([id, address]) === 1,
+      client: (client) => arrived.push(client),
+      gone: (id) => gone.push(id),
+    });
+    closers.push(() => listener.close());
+    const kept = await connect(listener.port);
+    await until(() => opened.length === 1, 2000);
+    // Told before any byte came.
+    expect(opened[0]![1]).toBe(HOST);
+    expect(arrived).toEqual([]);
+    const refused = net.connect({ host: HOST, port: listener.port });
+    closers.push(() => refused.destroy());
+    const ended = new Promise<string>((resolve) => {
+      refused.once('error', (error: NodeJS.ErrnoException) => resolve(error.code ?? 'error'));
+      refused.once('close', () => resolve('closed'));
+    });
+    refused.resume();
+    expect(await ended).toBe('ECONNRESET');
+    expect(opened).toHaveLength(2);
+    // Nothing is said of a client it refused: it was never kept.
+    expect(gone).toEqual([]);
+    kept.write('x');
+    await until(() => arrived.length === 1, 2000);
+    native!.close(arrived[0]!);
+    await until(() => gone.length === 1, 2000);
+    expect(gone).toEqual([opened[0]![0]]);
+  });
+
   it('hands over a silent connection with no bytes once the handshake time has passed', async () => {
     const { listener, next } = listenNative(150);
     const started = performance.now();
@@ -256,9 +295,14 @@ describe.skipIf(native === undefined)('native TCP relay', () => {
   it('closes the connection whose handling threw, and tells the defect listeners', async () => {
     const defects: unknown[] = [];
     closers.push(native!.onDefect((error) => defects.push(error)));
-    const listener = native!.listen(HOST, 0, 10_000, () => {
-      throw new Error('a defect');
-    });
+    const listener = native!.listen(
+      HOST,
+      0,
+      10_000,
+      everyClient(() => {
+        throw new Error('a defect');
+      }),
+    );
     closers.push(() => listener.close());
     const socket = await connect(listener.port);
     socket.write('hello');
@@ -292,7 +336,14 @@ describe.skipIf(native === undefined)('native TCP relay', () => {
   });
 
   it('refuses what is not an IP address or a port, naming the call', () => {
-    expect(() => native!.listen('localhost', 0, 1000, () => {})).toThrow(/not an IP address/);
+    expect(() =>
+      native!.listen(
+        'localhost',
+        0,
+        1000,
+        everyClient(() => {}),
+      ),
+    ).toThrow(/not an IP address/);
     let failure: Error | undefined;
     native!.dial(HOST, 0, (error) => (failure = error));
     expect(failure?.message).toMatch(/dial\(ip, port\)/);
@@ -300,9 +351,14 @@ describe.skipIf(native === undefined)('native TCP relay', () => {
 
   it('refuses a port in use with EADDRINUSE', () => {
     const { listener } = listenNative();
-    expect(() => native!.listen(HOST, listener.port, 1000, () => {})).toThrow(
-      expect.objectContaining({ code: 'EADDRINUSE' }),
-    );
+    expect(() =>
+      native!.listen(
+        HOST,
+        listener.port,
+        1000,
+        everyClient(() => {}),
+      ),
+    ).toThrow(expect.objectContaining({ code: 'EADDRINUSE' }));
   });
 
   it('closes a tunnel quiet both ways for the idle time, and counts its bytes', async () => {
@@ -387,7 +443,12 @@ describe.skipIf(native === undefined)('native TCP relay over IPv6', () => {
       return context.skip();
     }
     const arrived: NativeClient[] = [];
-    const listener = native!.listen('::1', 0, 10_000, (client) => arrived.push(client));
+    const listener = native!.listen(
+      '::1',
+      0,
+      10_000,
+      everyClient((client) => arrived.push(client)),
+    );
     closers.push(() => listener.close());
     const origin = net.createServer((socket) => socket.end('from v6'));
     await new Promise<void>((resolve) => origin.listen(0, '::1', resolve));

@@ -5,7 +5,7 @@ import { Prng } from '../../bench/lib/prng.js';
 import { nativeTcp, nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
 import { connectUpstream, readBufferBytes, type Splice, splice } from '../../src/proxy/splice.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
-import { expectNativeRelayEmpty, sleep, until } from '../support/native-relay.js';
+import { everyClient, expectNativeRelayEmpty, sleep, until } from '../support/native-relay.js';
 
 const HOST = '127.0.0.1';
 const KiB = 1024;
@@ -106,24 +106,29 @@ async function nativeSplicer(
 ): Promise<Splicer> {
   const relay = native!;
   const closed: Closed[] = [];
-  const listener = relay.listen(HOST, 0, 10_000, (client) => {
-    expect(client.firstBytes.subarray(0, PREAMBLE.length).toString()).toBe(PREAMBLE);
-    const rest = client.firstBytes.subarray(PREAMBLE.length);
-    relay.dial(HOST, originPort, (error, upstream) => {
-      if (error !== undefined) return relay.close(client);
-      const spliced = relay.splice(client, upstream!, EMPTY, {
-        idleTimeoutMs: 60_000,
-        finishedIdleMs,
-        onClose: (up, down) => closed.push({ up, down }),
+  const listener = relay.listen(
+    HOST,
+    0,
+    10_000,
+    everyClient((client) => {
+      expect(client.firstBytes.subarray(0, PREAMBLE.length).toString()).toBe(PREAMBLE);
+      const rest = client.firstBytes.subarray(PREAMBLE.length);
+      relay.dial(HOST, originPort, (error, upstream) => {
+        if (error !== undefined) return relay.close(client);
+        const spliced = relay.splice(client, upstream!, EMPTY, {
+          idleTimeoutMs: 60_000,
+          finishedIdleMs,
+          onClose: (up, down) => closed.push({ up, down }),
+        });
+        release({
+          release: (initial, guard, refused) =>
+            spliced.release(Buffer.concat([initial ?? EMPTY, rest]), guard, refused),
+          hold: (onData, onGone) => spliced.hold(onData, onGone),
+          close: () => spliced.close(),
+        });
       });
-      release({
-        release: (initial, guard, refused) =>
-          spliced.release(Buffer.concat([initial ?? EMPTY, rest]), guard, refused),
-        hold: (onData, onGone) => spliced.hold(onData, onGone),
-        close: () => spliced.close(),
-      });
-    });
-  });
+    }),
+  );
   nativeListeners.push(listener);
   return { port: listener.port, closed, preamble: PREAMBLE };
 }

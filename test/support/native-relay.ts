@@ -1,5 +1,9 @@
 import { expect } from 'vitest';
-import { nativeTcp } from '../../src/proxy/native-tcp.js';
+import {
+  type NativeClient,
+  type NativeListenerHandlers,
+  nativeTcp,
+} from '../../src/proxy/native-tcp.js';
 
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -19,3 +23,10 @@ export async function expectNativeRelayEmpty(): Promise<void> {
   await until(() => relay.stats().sockets === 0, 2000);
   expect(relay.stats()).toEqual({ sockets: 0, pendingBytes: 0 });
 }
+
+/** Listener handlers that keep every client and hand each, with its first bytes, to `client`. */
+export const everyClient = (client: (client: NativeClient) => void): NativeListenerHandlers => ({
+  opened: () => true,
+  client,
+  gone: () => {},
+});

@@ -57,9 +57,10 @@ export class RawClient {
     socket.on('error', ended);
   }
 
-  static connect(address: HostPort, timeoutMs = 3000): Promise<RawClient> {
+  /** `localAddress`: the source address to connect from (Moat budgets connections by it). */
+  static connect(address: HostPort, timeoutMs = 3000, localAddress?: string): Promise<RawClient> {
     return new Promise((resolve, reject) => {
-      const socket = net.connect({ host: address.host, port: address.port });
+      const socket = net.connect({ host: address.host, port: address.port, localAddress });
       const timer = setTimeout(() => {
         socket.destroy();
         reject(

@@ -36,9 +36,17 @@ export class ServeChild {
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   private readonly child: ChildProcess;
 
-  /** `netns`: a network namespace the test made, where this Moat then plays the host. */
-  constructor(args: string[], env: Record<string, string> = {}, netns?: string) {
-    const command = [process.execPath, MOAT_BIN, 'serve', ...args];
+  /**
+   * `netns`: a network namespace the test made, where this Moat then plays the host;
+   * `wrapper`: a command that runs it (`prlimit --nofile=...`).
+   */
+  constructor(
+    args: string[],
+    env: Record<string, string> = {},
+    netns?: string,
+    wrapper: string[] = [],
+  ) {
+    const command = [...wrapper, process.execPath, MOAT_BIN, 'serve', ...args];
     const [file, ...argv] =
       netns === undefined
         ? command

@@ -21,6 +21,7 @@ const skip = namespaceSkipReason('test/netns/neighbours');
 const PREFIX = '198.18.34';
 const POOL = '10.224.34.0/24';
 const FLOOD_SECONDS = 10;
+const AGENT_DEADLINE_MS = 2000;
 /**
  * Moat runs in this process: its open files are held to what a host's service limit might be,
  * so a flood of connections reaches the limit within the flood's time when nothing budgets them.
@@ -72,6 +73,7 @@ describe.skipIf(skip !== undefined)('a flooding sandbox and its neighbour', () =
         'internal-deny': '169.254.0.0/16',
         // A sandbox gets one of the machine's two cores, so CPU alone cannot starve Moat.
         'sandbox-cpus': '1',
+        'sandbox-agent-deadline-ms': String(AGENT_DEADLINE_MS),
       },
     });
     const network = { denyOut: ['0.0.0.0/0'], allowOut: ['origin.test'] };
@@ -161,9 +163,21 @@ describe.skipIf(skip !== undefined)('a flooding sandbox and its neighbour', () =
     'inotify',
     'ptys',
     'proxied-requests',
+    'stopped-agent',
   ] as const) {
     it(`the neighbour is answered within 1 s while the other floods ${kind}`, async () => {
-      await whileFlooding(kind, () => neighbourAnswers(kind));
+      // The attacker's file agent runs from its first file call on.
+      if (kind === 'stopped-agent') await attacker.files.list('/home/user');
+      const printed = await whileFlooding(kind, async () => {
+        await neighbourAnswers(kind);
+        if (kind !== 'stopped-agent') return;
+        // The stopped agent's own sandbox gets an error within the deadline, never a hang.
+        const took = await timed(() =>
+          expect(attacker.files.list('/home/user')).rejects.toThrow(/deadline|progress/),
+        );
+        expect(took).toBeLessThan(AGENT_DEADLINE_MS * 3);
+      });
+      if (kind === 'stopped-agent') expect(printed).toMatch(/took [1-9]/);
     }, 60_000);
   }
 });

@@ -12,13 +12,36 @@ export type FloodKind =
   | 'connection-churn'
   | 'inotify'
   | 'ptys'
-  | 'proxied-requests';
+  | 'proxied-requests'
+  | 'stopped-agent';
 
 /** The longest any flood runs, and the most it takes of anything. */
 const BOUND = { seconds: 12, count: 20_000 };
 
+/**
+ * Python: `stop_own_roles()` stops (SIGSTOP) every other process of the calling sandbox user
+ * that runs Moat's roles (its file agent; its launcher too unless that is the caller's parent)
+ * and returns their pids.
+ */
+export const STOP_OWN_ROLES = String.raw`
+import os, signal
+def stop_own_roles():
+    stopped = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (os.getpid(), os.getppid()): continue
+        try:
+            cmdline = open(f"/proc/{name}/cmdline", "rb").read()
+            uid = int(open(f"/proc/{name}/status").read().split("Uid:")[1].split()[1])
+        except OSError: continue
+        if uid == os.getuid() and b"main.py" in cmdline:
+            os.kill(int(name), signal.SIGSTOP)
+            stopped.append(name)
+    return stopped
+`;
+
 const PROGRAM = String.raw`
 import ctypes, os, socket, sys, threading, time, urllib.parse
+${STOP_OWN_ROLES}
 kind = sys.argv[1]
 seconds = min(float(sys.argv[2]), ${BOUND.seconds})
 end = time.monotonic() + seconds
@@ -91,11 +114,15 @@ elif kind == "proxied-requests":
     for t in threads: t.start()
     flooding()
     for t in threads: t.join()
+elif kind == "stopped-agent":
+    done = len(stop_own_roles())
+    flooding()
+    time.sleep(max(0, end - time.monotonic()))
 flooding()
 print("took", done, flush=True)
 `;
 
-/** A shell command that runs one flood for `seconds` (at most 12). */
+/** A shell command that runs one flood for `seconds` (at most 12), as the shell's own process. */
 export function floodCommand(kind: FloodKind, seconds: number): string {
-  return `python3 -u -c '${PROGRAM.replaceAll("'", `'"'"'`)}' ${kind} ${seconds}`;
+  return `exec python3 -u -c '${PROGRAM.replaceAll("'", `'"'"'`)}' ${kind} ${seconds}`;
 }

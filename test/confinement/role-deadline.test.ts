@@ -11,6 +11,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SandboxApi } from '../../src/envd/index.js';
 import { type RuntimeSandbox, USERS } from '../../src/runtime/index.js';
+import { STOP_OWN_ROLES } from '../support/floods.js';
 import { shell } from '../support/sandbox-shell.js';
 import { type Harness, skipReason, startHarness } from './runtime-harness.js';
 
@@ -68,23 +69,8 @@ async function apiStat(path: string): Promise<{ status: number; body: Record<str
   return { status: response.status, body: (await response.json()) as Record<string, unknown> };
 }
 
-/**
- * Python run as `user` in the sandbox (its parent is the user's launcher): stops every other
- * process of the user that runs Moat's roles and prints their pids.
- */
-const STOP_OWN_AGENTS =
-  'import os, signal\n' +
-  'stopped = []\n' +
-  'for name in os.listdir("/proc"):\n' +
-  '    if not name.isdigit() or int(name) in (os.getpid(), os.getppid()): continue\n' +
-  '    try:\n' +
-  '        cmdline = open(f"/proc/{name}/cmdline", "rb").read()\n' +
-  '        uid = int(open(f"/proc/{name}/status").read().split("Uid:")[1].split()[1])\n' +
-  '    except OSError: continue\n' +
-  '    if uid == os.getuid() and b"main.py" in cmdline:\n' +
-  '        os.kill(int(name), signal.SIGSTOP)\n' +
-  '        stopped.append(name)\n' +
-  'print(" ".join(stopped))';
+/** Python run as `user` in the sandbox (its parent is the user's launcher): prints the pids it stopped. */
+const STOP_OWN_AGENTS = `${STOP_OWN_ROLES}\nprint(" ".join(stop_own_roles()))`;
 
 /** Rejects after `ms`: how a test says "this hung". */
 const within = <T>(promise: Promise<T>, ms: number): Promise<T> =>

@@ -1,9 +1,9 @@
 /**
  * One sandbox cannot starve its neighbours: while a hostile sandbox floods each shared resource
  * in turn (connections to Moat's proxy in every state, new connections a second, inotify
- * instances, ptys, proxied requests as fast as it can), a second sandbox's proxy request, DNS
- * query, `commands.run`, `files.watchDir` and `pty.create`, and Moat's `/health`, each answer
- * within 1 s. Sandboxes in their own namespaces, made by a Moat in this process; the origin is
+ * instances, ptys, proxied requests and new intercepted names as fast as it can, its own file
+ * agent stopped), a second sandbox's proxy request, DNS query, `commands.run`,
+ * `files.watchDir` and `pty.create`, and Moat's `/health`, each answer within 1 s. Sandboxes in their own namespaces, made by a Moat in this process; the origin is
  * in a namespace of this test's own.
  */
 import { execFileSync } from 'node:child_process';
@@ -76,9 +76,19 @@ describe.skipIf(skip !== undefined)('a flooding sandbox and its neighbour', () =
         'sandbox-agent-deadline-ms': String(AGENT_DEADLINE_MS),
       },
     });
+    // Every name under wild.test is the world's origin, and a header rule covers them all,
+    // so each new name the attacker asks for is a leaf for Moat to mint.
+    for (let n = 1; n <= 20_000; n++)
+      zone.set(`n${n}.wild.test`, { A: [world.origins[1]!], ttl: 300 });
     const network = { denyOut: ['0.0.0.0/0'], allowOut: ['origin.test'] };
     [attacker, neighbour] = await Promise.all([
-      harness.sandbox({ network }),
+      harness.sandbox({
+        network: {
+          ...network,
+          allowOut: [...network.allowOut, '*.wild.test'],
+          rules: { '*.wild.test': [{ transform: { headers: { 'X-Team': 'moat' } } }] },
+        },
+      }),
       harness.sandbox({ network }),
     ]);
   }, 120_000);
@@ -163,6 +173,7 @@ describe.skipIf(skip !== undefined)('a flooding sandbox and its neighbour', () =
     'inotify',
     'ptys',
     'proxied-requests',
+    'intercepted-names',
     'stopped-agent',
   ] as const) {
     it(`the neighbour is answered within 1 s while the other floods ${kind}`, async () => {

@@ -13,6 +13,7 @@ export type FloodKind =
   | 'inotify'
   | 'ptys'
   | 'proxied-requests'
+  | 'intercepted-names'
   | 'stopped-agent';
 
 /** The longest any flood runs, and the most it takes of anything. */
@@ -40,7 +41,7 @@ def stop_own_roles():
 `;
 
 const PROGRAM = String.raw`
-import ctypes, os, socket, sys, threading, time, urllib.parse
+import ctypes, os, socket, ssl, sys, threading, time, urllib.parse
 ${STOP_OWN_ROLES}
 kind = sys.argv[1]
 seconds = min(float(sys.argv[2]), ${BOUND.seconds})
@@ -114,6 +115,31 @@ elif kind == "proxied-requests":
     for t in threads: t.start()
     flooding()
     for t in threads: t.join()
+elif kind == "intercepted-names":
+    # A TLS handshake through the proxy to name after name under a header rule's wildcard
+    # (sys.argv[3]): each asks Moat to mint a leaf for a name it has not seen.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    lock = threading.Lock()
+    def handshakes():
+        global done
+        while time.monotonic() < end:
+            with lock:
+                done += 1
+                name = f"n{done}.{sys.argv[3]}"
+            if done > ${BOUND.count}: return
+            try:
+                s = connect()
+                s.sendall(f"CONNECT {name}:443 HTTP/1.1\r\nHost: {name}:443\r\n\r\n".encode())
+                if b" 200" not in s.recv(4096): s.close(); continue
+                context.wrap_socket(s, server_hostname=name).close()
+            except OSError:
+                time.sleep(0.01)
+    threads = [threading.Thread(target=handshakes, daemon=True) for _ in range(8)]
+    for t in threads: t.start()
+    flooding()
+    for t in threads: t.join()
 elif kind == "stopped-agent":
     done = len(stop_own_roles())
     flooding()
@@ -122,7 +148,10 @@ flooding()
 print("took", done, flush=True)
 `;
 
-/** A shell command that runs one flood for `seconds` (at most 12), as the shell's own process. */
-export function floodCommand(kind: FloodKind, seconds: number): string {
-  return `exec python3 -u -c '${PROGRAM.replaceAll("'", `'"'"'`)}' ${kind} ${seconds}`;
+/**
+ * A shell command that runs one flood for `seconds` (at most 12), as the shell's own process;
+ * `wildcard`: the domain under which `intercepted-names` asks for names.
+ */
+export function floodCommand(kind: FloodKind, seconds: number, wildcard = 'wild.test'): string {
+  return `exec python3 -u -c '${PROGRAM.replaceAll("'", `'"'"'`)}' ${kind} ${seconds} ${wildcard}`;
 }

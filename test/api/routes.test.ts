@@ -491,7 +491,8 @@ describe('listing sandboxes', () => {
       expect(pages.map((p) => p.length)).toEqual([100, 1]);
       expect(pages.flat().sort()).toEqual([...made].sort());
     }
-  });
+    // 101 confined sandboxes: about 10 s on a quiet machine, several times that on a loaded one.
+  }, 120_000);
 
   it('decodes metadata as the SDK encodes it; every pair must match', async () => {
     // The wire example of the SDK notes: the helper encodes exactly as the SDK does.

@@ -841,11 +841,14 @@ export function egressSuite(io: TcpIoSetting): void {
       // --metrics-per-sandbox: the open connections show under the sandbox's own label.
       const series = `moat_proxy_sandbox_active_tunnels{sandbox_id="${SANDBOX}"}`;
       expect(await moat.metrics.registry.metrics()).toContain(`${series} 8`);
-      for (const t of open) t.socket.destroy();
+      for (const t of [...open, extra]) t.socket.destroy();
       await waitFor(async () => !(await moat.metrics.registry.metrics()).includes(series));
     });
 
     it('holds the cap for tunnels still being resolved and dialled, not only open ones', async () => {
+      // Every connection of the tests before is closed (a refused one stays charged to its
+      // source address until it is), so each of the 20 is charged against the cap alone.
+      await waitFor(async () => moat.connections.total === 0);
       // slow.allowed.test takes 150 ms to resolve: all 20 are read before any is open. Each is
       // charged from accept: to its source address (no sandbox's) until its credential names
       // the sandbox; past the cap, one is reset at accept or answered 429 once named.

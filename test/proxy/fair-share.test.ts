@@ -234,31 +234,43 @@ describe('fair shares of the event loop between sandboxes', () => {
     expect(counted?.value).toBeGreaterThan(0);
   }, 30_000);
 
-  it("holds the requests of a plain-HTTP tunnel to the sandbox's rate, as proxied ones are", async () => {
-    // Every request of a plain-HTTP tunnel is parsed and checked on Moat's loop (Host, the leak
-    // guard), as an absolute-form one is: one CONNECT must not carry requests past the rate.
-    const steadyUntil = Date.now() + 2500;
-    const steady: Tally = { ok: 0, limited: 0 };
-    const active = hammerSlowly(moat.proxy, STEADY, steadyUntil, steady);
-    await sleep(100);
-    const tunnel = await connectThrough(moat.proxy, `fair.test:${originPort}`, {
-      localAddress: HEAVY.source,
-      auth: `${HEAVY.id}:${HEAVY.secret}`,
-    });
-    expect(tunnel.status).toBe(200);
-    tunnelledServed = 0;
-    const request = `GET /tunnelled HTTP/1.1\r\nHost: fair.test:${originPort}\r\n\r\n`;
-    // 1,000 requests pipelined in one write, read back for 1.5 s: at 100 a second (a tenth of a
-    // second's burst, 250 ms held) fewer than 200 may be served.
-    tunnel.socket.resume();
-    tunnel.socket.write(request.repeat(1000));
-    await sleep(1500);
-    const served = tunnelledServed;
-    tunnel.socket.destroy();
-    await active;
-    expect(steady.ok).toBeGreaterThan(5);
-    expect(served).toBeLessThan(200);
-  }, 30_000);
+  it.each([
+    ['a CONNECT tunnel', 'connect'],
+    ['a direct connection to port 80 (transparent)', 'transparent'],
+  ] as const)(
+    "holds the requests of plain HTTP kept alive in %s to the sandbox's rate, as proxied ones are",
+    async (_, path) => {
+      // Every request of a plain-HTTP tunnel is parsed and checked on Moat's loop (Host, the
+      // leak guard), as an absolute-form one is: one connection must not carry requests past
+      // the rate.
+      const steadyUntil = Date.now() + 2500;
+      const steady: Tally = { ok: 0, limited: 0 };
+      const active = hammerSlowly(moat.proxy, STEADY, steadyUntil, steady);
+      await sleep(100);
+      let socket: net.Socket;
+      if (path === 'connect') {
+        const tunnel = await connectThrough(moat.proxy, `fair.test:${originPort}`, {
+          localAddress: HEAVY.source,
+          auth: `${HEAVY.id}:${HEAVY.secret}`,
+        });
+        expect(tunnel.status).toBe(200);
+        socket = tunnel.socket;
+      } else socket = await openSocket(moat.transparent.port, HEAVY.source);
+      tunnelledServed = 0;
+      const request = `GET /tunnelled HTTP/1.1\r\nHost: fair.test:${originPort}\r\n\r\n`;
+      // 1,000 requests pipelined in one write, read back for 1.5 s: at 100 a second (a tenth
+      // of a second's burst, 250 ms held) fewer than 200 may be served.
+      socket.resume();
+      socket.write(request.repeat(1000));
+      await sleep(1500);
+      const served = tunnelledServed;
+      socket.destroy();
+      await active;
+      expect(steady.ok).toBeGreaterThan(5);
+      expect(served).toBeLessThan(200);
+    },
+    30_000,
+  );
 
   it("keeps a sandbox asking for leaf after leaf from delaying another sandbox's intercepted connection", async () => {
     /**

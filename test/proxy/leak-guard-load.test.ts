@@ -18,8 +18,8 @@ const ORIGIN_IP = '127.0.0.43';
 const NETWORK = { allowOut: ['plain.test'], denyOut: ['0.0.0.0/0'] };
 const HEAVY = { id: 'guardheavysandbox0001', secret: 'heavy-secret', source: '127.88.1.2' };
 const LIGHT = { id: 'guardlightsandbox0001', secret: 'light-secret', source: '127.88.1.3' };
-/** Sixteen stored secrets of the lengths API keys have (20 to 108 characters), none in a head. */
-const SECRETS = new Map(
+/** Sixteen stored secrets of the lengths API keys have (20 to 110 characters), none in a head. */
+const SECRETS = new Map<string, string>(
   Array.from({ length: 16 }, (_, i) => [`key${i}`, `${'v'.repeat(19 + i * 6)}Z`] as const),
 );
 

@@ -132,6 +132,32 @@ describe.skipIf(skip !== undefined)('connection budgets in the kernel (namespace
     await neighbourConnects();
   }, 30_000);
 
+  it("keeps a sandbox's entries in the host's table within its tracked-connections cap, closed ones included", async () => {
+    // The host's table is shared by every sandbox: what one sandbox may hold there is its
+    // cap, whatever state its connections are in. Closed ones (TIME_WAIT, two minutes) are not
+    // counted by the sandbox's `ct count`, so at the rate alone a sandbox holds rate x 120 s
+    // there (24,000 at the default 200/s: eleven sandboxes fill the default 262,144).
+    await new Promise((resolve) => setTimeout(resolve, 2500)); // the bucket refills
+    const before = hostEntries();
+    // Under the rate: 150 connect-and-close a second for 3 s, none refused.
+    const paced = python(
+      [
+        'import socket, time',
+        'opened = 0; start = time.time()',
+        'while time.time() - start < 3:',
+        '  s = socket.socket(); s.settimeout(1)',
+        '  try:',
+        `    s.connect(("${HOST}", ${OPENED_PORT})); opened += 1`,
+        '  except OSError: pass',
+        '  s.close(); time.sleep(1 / 150)',
+        'print(opened)',
+      ].join('\n'),
+    );
+    const { out, err } = await runIn(flooder, paced);
+    expect(Number(out.trim()), err).toBeGreaterThan(TRACKED * 4);
+    expect(hostEntries() - before).toBeLessThanOrEqual(TRACKED + 20);
+  }, 30_000);
+
   it('holds a sandbox to its count of open connections, and not its neighbour', async () => {
     await new Promise((resolve) => setTimeout(resolve, 2500));
     const held = await runIn(flooder, holdOpen(GATEWAY, PROXY_PORT, TRACKED + 36));

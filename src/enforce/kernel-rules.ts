@@ -367,6 +367,9 @@ export function learnedElements(learned: readonly LearnedElement[], now: number)
   ].join('; ');
 }
 
+/** The host table's conntrack timeout policy for sandboxes' TCP flows (see hostRuleset). */
+const CLOSED_LEAVE = 'closed_leave_at_once';
+
 /**
  * The host's side: only Moat's listeners on the gateway are reachable from sandbox links,
  * sandboxes cannot reach each other, and what leaves the host is masqueraded.
@@ -400,6 +403,16 @@ export function hostRuleset(layout: KernelLayout): string {
       chain('untracked_to_gateway', [
         'type filter hook prerouting priority raw; policy accept',
         `iifname ${links} ip daddr ${gw} notrack`,
+      ]),
+      // What a sandbox still has tracked here (its host ports, its direct flows) is held to its
+      // tracked-connections cap by its own firewall's ct count, which counts open connections
+      // only: a closed one (TIME_WAIT, CLOSE) leaves this table at once instead of after two
+      // minutes, or a sandbox under its rate would hold rate x 120 s entries of it.
+      `ct timeout ${CLOSED_LEAVE} { protocol tcp; l3proto ip; policy = { time_wait: 0, close: 0 }; }`,
+      chain('tracked_from_sandboxes', [
+        // After conntrack (-200): the new entry must exist, not yet confirmed, to take a policy.
+        'type filter hook prerouting priority mangle; policy accept',
+        `iifname ${links} ct state new meta l4proto tcp ct timeout set "${CLOSED_LEAVE}"`,
       ]),
       chain('untracked_from_gateway', [
         'type filter hook output priority raw; policy accept',

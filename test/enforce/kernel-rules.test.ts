@@ -215,15 +215,20 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
-  it('refuses new connections over the rate or over the open count first, with a reset or ICMP, counted', () => {
+  it('refuses new connections over the rate or over the open count first, with a reset or ICMP, counted; lets closed ones leave its table at once', () => {
     expect(table.chains.budget).toEqual([
       'type filter hook output priority mangle',
       'policy accept',
       'oifname "lo" accept',
       'ct state != new accept',
+      'meta l4proto tcp ct timeout set "closed_leave_at_once"',
       'limit rate over 200/second burst 400 packets goto refuse_new_connections',
       'ct count over 4096 goto refuse_tracked_connections',
     ]);
+    // Closed connections leave its table at once: ct count does not count them.
+    expect(table.timeouts).toEqual({
+      closed_leave_at_once: ['protocol tcp', 'l3proto ip', 'policy = { time_wait: 0, close: 0 }'],
+    });
     expect(table.counters).toEqual(['new_connections_refused', 'tracked_connections_refused']);
     for (const [chain, counter] of [
       ['refuse_new_connections', 'new_connections_refused'],

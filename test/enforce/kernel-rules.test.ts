@@ -103,19 +103,22 @@ function tableOf(line: string): {
   sets: Record<string, string>;
   chains: Record<string, string[]>;
   counters: string[];
+  timeouts: Record<string, string[]>;
 } {
   const commands = splitTop(line);
   const sets: Record<string, string> = {};
   const chains: Record<string, string[]> = {};
   const counters: string[] = [];
+  const timeouts: Record<string, string[]> = {};
   for (const item of splitTop(inside(commands.at(-1)!))) {
     const [kind, name] = item.split(' ', 2);
     if (kind === 'set') sets[name!] = inside(item).trim();
     else if (kind === 'chain') chains[name!] = splitTop(inside(item));
     else if (kind === 'counter') counters.push(name!);
+    else if (item.startsWith('ct timeout ')) timeouts[item.split(' ')[2]!] = splitTop(inside(item));
     else throw new Error(`unexpected table item ${item}`);
   }
-  return { commands, sets, chains, counters };
+  return { commands, sets, chains, counters, timeouts };
 }
 
 const NOW = 1_700_000_000_000;
@@ -212,15 +215,20 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
-  it('refuses new connections over the rate or over the open count first, with a reset or ICMP, counted', () => {
+  it('refuses new connections over the rate or over the open count first, with a reset or ICMP, counted; lets closed ones leave its table at once', () => {
     expect(table.chains.budget).toEqual([
       'type filter hook output priority mangle',
       'policy accept',
       'oifname "lo" accept',
       'ct state != new accept',
+      'meta l4proto tcp ct timeout set "closed_leave_at_once"',
       'limit rate over 200/second burst 400 packets goto refuse_new_connections',
       'ct count over 4096 goto refuse_tracked_connections',
     ]);
+    // Closed connections leave its table at once: ct count does not count them.
+    expect(table.timeouts).toEqual({
+      closed_leave_at_once: ['protocol tcp', 'l3proto ip', 'policy = { time_wait: 0, close: 0 }'],
+    });
     expect(table.counters).toEqual(['new_connections_refused', 'tracked_connections_refused']);
     for (const [chain, counter] of [
       ['refuse_new_connections', 'new_connections_refused'],
@@ -426,7 +434,7 @@ describe('kernel rules: learned addresses', () => {
 });
 
 describe('kernel rules: the host table', () => {
-  it('opens only the gateway ports to sandbox links, untracked, separates links and masquerades the pool', () => {
+  it('opens only the gateway ports to sandbox links, untracked, lets closed connections leave the table at once, separates links and masquerades the pool', () => {
     const line = hostRuleset(LAYOUT);
     expect(line).not.toContain('\n');
     const table = tableOf(line);
@@ -435,6 +443,9 @@ describe('kernel rules: the host table', () => {
       'delete table inet moat_abc123',
     ]);
     expect(table.sets).toEqual({});
+    expect(table.timeouts).toEqual({
+      closed_leave_at_once: ['protocol tcp', 'l3proto ip', 'policy = { time_wait: 0, close: 0 }'],
+    });
     expect(table.chains).toEqual({
       from_sandboxes: [
         'type filter hook input priority filter',
@@ -448,6 +459,11 @@ describe('kernel rules: the host table', () => {
         'type filter hook prerouting priority raw',
         'policy accept',
         'iifname "mtabc123-*" ip daddr 10.216.0.1 notrack',
+      ],
+      tracked_from_sandboxes: [
+        'type filter hook prerouting priority mangle',
+        'policy accept',
+        'iifname "mtabc123-*" ct state new meta l4proto tcp ct timeout set "closed_leave_at_once"',
       ],
       untracked_from_gateway: [
         'type filter hook output priority raw',

@@ -8,6 +8,7 @@
  * connections open is held to its count.
  */
 import { spawnSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
 import type { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type HostMoat, runIn, startHostMoat } from '../support/host-moat.js';
@@ -130,6 +131,71 @@ describe.skipIf(skip !== undefined)('connection budgets in the kernel (namespace
     // Closed connections stay in the host's table (TIME_WAIT): no more than the rate let out.
     expect(hostEntries() - before).toBeLessThanOrEqual(BURST + RATE * seconds * 1.1);
     await neighbourConnects();
+  }, 30_000);
+
+  it("keeps a sandbox's entries in the host's table within its tracked-connections cap, closed ones included", async () => {
+    // The host's table is shared by every sandbox: what one sandbox may hold there is its
+    // cap, whatever state its connections are in. Closed ones (TIME_WAIT, two minutes) are not
+    // counted by the sandbox's `ct count`, so at the rate alone a sandbox holds rate x 120 s
+    // there (24,000 at the default 200/s: eleven sandboxes fill the default 262,144).
+    await new Promise((resolve) => setTimeout(resolve, 2500)); // the bucket refills
+    const before = hostEntries();
+    // Under the rate: 150 connect-and-close a second for 3 s, none refused.
+    const paced = python(
+      [
+        'import socket, time',
+        'opened = 0; start = time.time()',
+        'while time.time() - start < 3:',
+        '  s = socket.socket(); s.settimeout(1)',
+        '  try:',
+        `    s.connect(("${HOST}", ${OPENED_PORT})); opened += 1`,
+        '  except OSError: pass',
+        '  s.close(); time.sleep(1 / 150)',
+        'print(opened)',
+      ].join('\n'),
+    );
+    const { out, err } = await runIn(flooder, paced);
+    expect(Number(out.trim()), err).toBeGreaterThan(TRACKED * 4);
+    expect(hostEntries() - before).toBeLessThanOrEqual(TRACKED + 20);
+  }, 30_000);
+
+  it("keeps closed connections out of the sandbox's own table too (its entries share the kernel's memory and hash)", async () => {
+    // Each namespace counts its own table against nf_conntrack_max, but every entry is kernel
+    // memory and sits in the one hash every namespace looks connections up in.
+    const ownEntries = (): number => {
+      let entries = 0;
+      for (const name of readdirSync('/run/netns').filter((n) => n !== harness.host.name)) {
+        const listed = spawnSync(
+          '/usr/bin/nsenter',
+          [`--net=/run/netns/${name}`, '--', '/bin/cat', '/proc/net/nf_conntrack'],
+          { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 },
+        );
+        entries += listed.stdout
+          .split('\n')
+          .filter((line) => line.includes(`dst=${HOST} `) && line.includes(`dport=${OPENED_PORT} `))
+          .filter((line) => /\bsrc=10\.222\.0\./.test(line)).length;
+      }
+      return entries;
+    };
+    await new Promise((resolve) => setTimeout(resolve, 2500)); // the bucket refills
+    const before = ownEntries();
+    // Under the rate and the count (the host's service closes each at once): 150 a second, 2 s.
+    const paced = python(
+      [
+        'import socket, time',
+        'opened = 0; start = time.time()',
+        'while time.time() - start < 2:',
+        '  s = socket.socket(); s.settimeout(1)',
+        '  try:',
+        `    s.connect(("${HOST}", ${OPENED_PORT})); opened += 1`,
+        '  except OSError: pass',
+        '  s.close(); time.sleep(1 / 150)',
+        'print(opened)',
+      ].join('\n'),
+    );
+    const { out, err } = await runIn(flooder, paced);
+    expect(Number(out.trim()), err).toBeGreaterThan(TRACKED * 2);
+    expect(ownEntries() - before).toBeLessThanOrEqual(20);
   }, 30_000);
 
   it('holds a sandbox to its count of open connections, and not its neighbour', async () => {

@@ -74,6 +74,24 @@ async function hammer(proxy: { port: number }, who: Who, until: number, tally: T
   }
 }
 
+/** One request every 100 ms on a keep-alive connection: a sandbox that is merely active. */
+async function hammerSlowly(proxy: { port: number }, who: Who, until: number, tally: Tally) {
+  const auth = Buffer.from(`${who.id}:${who.secret}`).toString('base64');
+  const request = `GET http://fair.test:${originPort}/ HTTP/1.1\r\nHost: fair.test\r\nProxy-Authorization: Basic ${auth}\r\n\r\n`;
+  const socket = await openSocket(proxy.port, who.source);
+  try {
+    while (Date.now() < until && !socket.destroyed) {
+      const answer = await exchange(socket, request);
+      if (answer === undefined) break;
+      if (answer.status === 200) tally.ok++;
+      else tally.limited++;
+      await sleep(100);
+    }
+  } finally {
+    socket.destroy();
+  }
+}
+
 async function openSocket(port: number, localAddress: string): Promise<net.Socket> {
   const { connect } = await import('node:net');
   return new Promise((resolve, reject) => {
@@ -111,6 +129,8 @@ function exchange(
 }
 
 let originPort = 0;
+/** Requests the origin served that came through a plain-HTTP CONNECT tunnel. */
+let tunnelledServed = 0;
 
 describe('fair shares of the event loop between sandboxes', () => {
   const originCa = new TestCa('fair-origin-ca');
@@ -135,7 +155,10 @@ describe('fair shares of the event loop between sandboxes', () => {
   let leaf: tls.SecureContext;
 
   beforeAll(async () => {
-    origin = http.createServer((_, res) => res.end('ok'));
+    origin = http.createServer((req, res) => {
+      if (req.url === '/tunnelled') tunnelledServed++;
+      res.end('ok');
+    });
     await new Promise<void>((resolve) => origin.listen(0, ORIGIN_IP, resolve));
     originPort = (origin.address() as net.AddressInfo).port;
     tlsOrigin = https.createServer(originCa.issue(['*.wild.test']), (_, res) => res.end('tls'));
@@ -210,6 +233,44 @@ describe('fair shares of the event loop between sandboxes', () => {
     const counted = refusals.values.find((v) => v.labels.resource === 'proxied_requests');
     expect(counted?.value).toBeGreaterThan(0);
   }, 30_000);
+
+  it.each([
+    ['a CONNECT tunnel', 'connect'],
+    ['a direct connection to port 80 (transparent)', 'transparent'],
+  ] as const)(
+    "holds the requests of plain HTTP kept alive in %s to the sandbox's rate, as proxied ones are",
+    async (_, path) => {
+      // Every request of a plain-HTTP tunnel is parsed and checked on Moat's loop (Host, the
+      // leak guard), as an absolute-form one is: one connection must not carry requests past
+      // the rate.
+      const steadyUntil = Date.now() + 2500;
+      const steady: Tally = { ok: 0, limited: 0 };
+      const active = hammerSlowly(moat.proxy, STEADY, steadyUntil, steady);
+      await sleep(100);
+      let socket: net.Socket;
+      if (path === 'connect') {
+        const tunnel = await connectThrough(moat.proxy, `fair.test:${originPort}`, {
+          localAddress: HEAVY.source,
+          auth: `${HEAVY.id}:${HEAVY.secret}`,
+        });
+        expect(tunnel.status).toBe(200);
+        socket = tunnel.socket;
+      } else socket = await openSocket(moat.transparent.port, HEAVY.source);
+      tunnelledServed = 0;
+      const request = `GET /tunnelled HTTP/1.1\r\nHost: fair.test:${originPort}\r\n\r\n`;
+      // 1,000 requests pipelined in one write, read back for 1.5 s: at 100 a second (a tenth
+      // of a second's burst, 250 ms held) fewer than 200 may be served.
+      socket.resume();
+      socket.write(request.repeat(1000));
+      await sleep(1500);
+      const served = tunnelledServed;
+      socket.destroy();
+      await active;
+      expect(steady.ok).toBeGreaterThan(5);
+      expect(served).toBeLessThan(200);
+    },
+    30_000,
+  );
 
   it("keeps a sandbox asking for leaf after leaf from delaying another sandbox's intercepted connection", async () => {
     /**

@@ -830,6 +830,29 @@ describe('TLS interception for header rules', () => {
       expect(await leaks(moat)).toBe(before + 3);
     });
 
+    it('answers the placeholder of a stored secret no rule of the sandbox names as it answers an unknown name (no oracle of stored names)', async () => {
+      // A placeholder is no credential: refusing it only for names that are stored, and naming
+      // them, tells a sandbox which secrets the platform holds beyond its own rules.
+      secrets.set('unbound_key', `${'u'.repeat(32)}-unbound`);
+      try {
+        const answer = async (name: string) => {
+          const plain = net.connect({ ...moat.transparent, localAddress: SOURCE });
+          const reply = await exchange(
+            plain,
+            get('norule.test', `X-T: \${e2b.secrets.${name}}\r\n`),
+          );
+          plain.destroy();
+          return reply;
+        };
+        const stored = await answer('unbound_key');
+        const unknown = await answer('no_such_key');
+        expect(stored.status).toBe(unknown.status);
+        expect(stored.body).not.toContain('unbound_key');
+      } finally {
+        secrets.delete('unbound_key');
+      }
+    });
+
     it('ends a CONNECT tunnel carried by the native relay at a request carrying a secret', async () => {
       const native = await startInterceptingProxy({
         names: NAMES,

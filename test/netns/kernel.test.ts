@@ -834,7 +834,8 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         onStdout: (data) => void (printed += data),
       });
       const deadline = Date.now() + 10_000;
-      while (!printed.includes('open') && Date.now() < deadline)
+      // The whole line: its start can arrive before its end.
+      while (!printed.includes('\n') && Date.now() < deadline)
         await new Promise((r) => setTimeout(r, 20));
       expect(printed).toBe('open 200\n');
       const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {

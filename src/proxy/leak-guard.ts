@@ -1,6 +1,6 @@
 /**
- * The leak guard's search: which stored secret, by value or placeholder, a request head carries,
- * read as an origin might read it: in any ASCII case, percent-decoded once or more, and split
+ * The leak guard's search: which secret a request head carries, by a stored value or by a
+ * placeholder of any name, read as an origin might read it: in any ASCII case, percent-decoded once or more, and split
  * across header fields of the one request. Pure byte work, no I/O; the values are compared
  * without an exit that depends on them (every window of the head is hashed by a value's
  * prefix, a hash hit is compared whole in constant time, and the search never stops at the first
@@ -8,7 +8,7 @@
  * the number of secrets.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
-import { secretPlaceholder } from '../policy/index.js';
+import { MAX_SECRET_NAME_LENGTH, SECRET_NAME, secretPlaceholder } from '../policy/index.js';
 import type { RequestHead } from './http1.js';
 
 /** Percent-decoding rounds tried beyond the text as sent (`%25%36%42` is two rounds from `k`). */
@@ -121,13 +121,10 @@ function searchedText(head: RequestHead): Buffer {
 class SecretNeedles {
   /** One per prefix length: normally one, a group per length under PREFIX besides. */
   private readonly prefixes: SamePrefix[] = [];
-  /** Lower-case names, to the stored name (placeholders are found by name). */
-  private readonly names = new Map<string, string>();
 
   constructor(secrets: ReadonlyMap<string, string>) {
     const byLength = new Map<number, SamePrefix>();
     for (const [name, value] of secrets) {
-      this.names.set(name.toLowerCase(), name);
       const bytes = lowerAscii(Buffer.from(value, 'utf8'));
       if (bytes.length === 0) continue;
       const length = Math.min(PREFIX, bytes.length);
@@ -147,7 +144,7 @@ class SecretNeedles {
     }
   }
 
-  /** The names of every secret whose value or placeholder is in `text` (lower-cased). */
+  /** The names of every secret whose value is in `text` (lower-cased). */
   foundIn(text: Buffer): Set<string> {
     const found = new Set<string>();
     for (const { length, power, filter, byHash } of this.prefixes) {
@@ -165,34 +162,54 @@ class SecretNeedles {
         hash = (Math.imul((hash - out) >>> 0, BASE) + text[at + length]!) >>> 0;
       }
     }
-    // Placeholders are no secret: found by their fixed start, whatever the number of names.
-    for (let at = text.indexOf(PLACEHOLDER_START); at >= 0;) {
-      const from = at + PLACEHOLDER_START.length;
-      const end = text.indexOf(PLACEHOLDER_END, from);
-      if (end < 0) break;
-      const name = this.names.get(text.toString('latin1', from, end));
-      if (name !== undefined) found.add(name);
-      at = text.indexOf(PLACEHOLDER_START, from);
-    }
     return found;
   }
+}
+
+/**
+ * The names (lower case, as stored) of every placeholder in `text` (lower-cased), stored or
+ * not: found by their fixed start, whatever the number of secrets.
+ */
+function placeholdersIn(text: Buffer): string[] {
+  const names: string[] = [];
+  for (let at = text.indexOf(PLACEHOLDER_START); at >= 0;) {
+    const from = at + PLACEHOLDER_START.length;
+    const end = text.indexOf(PLACEHOLDER_END, from);
+    if (end < 0) break;
+    const name = end - from <= MAX_SECRET_NAME_LENGTH ? text.toString('latin1', from, end) : '';
+    if (SECRET_NAME.test(name)) names.push(name);
+    at = text.indexOf(PLACEHOLDER_START, from);
+  }
+  return names;
 }
 
 /** Needles per snapshot: a vault hands out one map until its secrets change. */
 const needlesOf = new WeakMap<ReadonlyMap<string, string>, SecretNeedles>();
 
+/** A secret a request carries: by its value, or by a placeholder (of any name, stored or not). */
+export interface CarriedSecret {
+  readonly name: string;
+  readonly by: 'value' | 'placeholder';
+}
+
 /**
- * The first secret (in `secrets`' order) that `head` carries, by value or placeholder, and
- * that `bound` does not name; undefined when none. Never throws, never logs.
+ * The first secret that `head` carries and that `bound` (names, lower case) does not name:
+ * by value (in `secrets`' order), else by placeholder (in the head's order); undefined when
+ * none. A placeholder is never filled in outside a rule's headers, so one of a name no stored
+ * secret has is found the same as a stored one's (which names are stored is no answer a
+ * request gets). Never throws, never logs.
  */
 export function carriedSecret(
   secrets: ReadonlyMap<string, string>,
   bound: ReadonlySet<string>,
   head: RequestHead,
-): string | undefined {
+): CarriedSecret | undefined {
   let needles = needlesOf.get(secrets);
   if (needles === undefined) needlesOf.set(secrets, (needles = new SecretNeedles(secrets)));
-  const found = needles.foundIn(searchedText(head));
-  for (const name of secrets.keys()) if (found.has(name) && !bound.has(name)) return name;
-  return undefined;
+  const text = searchedText(head);
+  const found = needles.foundIn(text);
+  for (const name of secrets.keys())
+    if (found.has(name) && !bound.has(name)) return { name, by: 'value' };
+  const placeholder = placeholdersIn(text).find((name) => !bound.has(name));
+  return placeholder === undefined ? undefined : { name: placeholder, by: 'placeholder' };
 }

@@ -174,9 +174,9 @@ function placeholdersIn(text: Buffer): string[] {
   const names: string[] = [];
   for (let at = text.indexOf(PLACEHOLDER_START); at >= 0;) {
     const from = at + PLACEHOLDER_START.length;
-    const end = text.indexOf(PLACEHOLDER_END, from);
-    if (end < 0) break;
-    const name = end - from <= MAX_SECRET_NAME_LENGTH ? text.toString('latin1', from, end) : '';
+    // Only as far as the longest name: many starts and one far `}` must not cost their product.
+    const length = text.subarray(from, from + MAX_SECRET_NAME_LENGTH + 1).indexOf(PLACEHOLDER_END);
+    const name = length > 0 ? text.toString('latin1', from, from + length) : '';
     if (SECRET_NAME.test(name)) names.push(name);
     at = text.indexOf(PLACEHOLDER_START, from);
   }

@@ -221,7 +221,11 @@ export class TunnelOpener {
     // The leak guard reads plain HTTP in every tunnel, even where names are not checked.
     const leaks = this.interceptor?.leakInspector(sandbox, dialled);
     if (!this.options.checkServerName && leaks === undefined) return tunnel.release(early);
-    this.holdUntilChecked(dialled, early, tunnel, flow, leaks);
+    const { fairShare } = this.options;
+    // Each later request read in the tunnel is work on Moat's loop: held to the sandbox's rate.
+    const admit =
+      fairShare && (() => fairShare.admitNow(sandbox.sandboxID, 'a request to', dialled));
+    this.holdUntilChecked(dialled, early, tunnel, flow, leaks, admit);
   }
 
   /**
@@ -272,7 +276,8 @@ export class TunnelOpener {
 
   /**
    * Holds client bytes until the first ones show the tunnel talks to the host CONNECT named (when
-   * names are checked), and plain HTTP carries no secret it may not (`leaks`, the leak guard).
+   * names are checked), and plain HTTP carries no secret it may not (`leaks`, the leak guard)
+   * and no more requests than the sandbox's rate (`admit`, its fair share).
    */
   private holdUntilChecked(
     target: Target,
@@ -280,6 +285,7 @@ export class TunnelOpener {
     tunnel: Splice,
     flow: OpenFlow,
     leaks: ((head: RequestHead) => string | undefined) | undefined,
+    admit: (() => string | undefined) | undefined,
   ): void {
     const checkNames = this.options.checkServerName;
     const arriving = new ArrivingBytes();
@@ -326,6 +332,7 @@ export class TunnelOpener {
           : new RequestStreamGuard(
               (authority) => (checkNames ? authorityMismatch(target, authority) : undefined),
               leaks,
+              admit,
             );
       tunnel.release(seen, guard, refuse);
     };

@@ -139,6 +139,17 @@ export class FairShare {
     return sleep(hold).then(() => undefined);
   }
 
+  /**
+   * Admits one later request of a connection already admitted (a plain-HTTP tunnel's, read as
+   * it passes: it cannot wait): undefined to go on, within a brief hold over the rate (its place
+   * in the rate is taken, so a steady flood is over it soon); else the refusal, counted and
+   * logged, that ends the connection. A number update, no promise, no timer.
+   */
+  admitNow(sandboxID: string, what: string, target: Destination): string | undefined {
+    if (this.admit(sandboxID) !== undefined) return undefined;
+    return this.refuse('proxied_requests', sandboxID, `${what} ${formatDestination(target)}`);
+  }
+
   private forget(sandboxID: string): void {
     this.due.delete(sandboxID);
     this.logged.delete(`proxied_requests ${sandboxID}`);

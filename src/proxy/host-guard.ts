@@ -59,11 +59,14 @@ export class RequestStreamGuard implements TunnelGuard {
   /**
    * `mismatch` says why an authority (a Host value, an absolute-form target's, or undefined for
    * a request without Host) is not the tunnel's; undefined when it is. `inspect`, when given,
-   * says why a head that passed those checks may still not go on (the leak guard).
+   * says why a head that passed those checks may still not go on (the leak guard). `admit`,
+   * when given, says why a request after the tunnel's first (which came with the tunnel) may
+   * not go on now (the sandbox's fair share), asked before any work is done on its head.
    */
   constructor(
     private readonly mismatch: (authority: string | undefined) => string | undefined,
     private readonly inspect?: (head: RequestHead) => string | undefined,
+    private readonly admit?: () => string | undefined,
   ) {}
 
   /** The origin switched to WebSocket: every byte passes as it is from now on. */
@@ -161,6 +164,9 @@ export class RequestStreamGuard implements TunnelGuard {
   }
 
   private check(bytes: Buffer): string | undefined {
+    const first = this.requests++ === 0;
+    const refused = first ? undefined : this.admit?.();
+    if (refused !== undefined) return refused;
     const parsed = parseRequestHead(bytes);
     if (!parsed.ok) return `request head: ${parsed.message}`;
     const head = parsed.value;
@@ -177,7 +183,6 @@ export class RequestStreamGuard implements TunnelGuard {
     }
     const inspected = this.inspect?.(head);
     if (inspected !== undefined) return inspected;
-    const first = this.requests++ === 0;
     if (head.method === 'CONNECT') return 'a request asks to switch protocols (CONNECT)';
     const upgrade = webSocketUpgrade(head);
     if (upgrade !== undefined) {

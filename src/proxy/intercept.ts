@@ -191,9 +191,9 @@ export class Interceptor {
   }
 
   /**
-   * The refusal of a request whose head (target or a header) carries a stored secret, by value
-   * or placeholder, to a destination whose header rule does not name that secret; undefined
-   * when it carries none. Bodies are not read. The one leak guard of every request Moat reads:
+   * The refusal of a request whose head (target or a header) carries a stored secret's value,
+   * or a placeholder of any name (stored or not), to a destination whose header rule does not
+   * name that secret; undefined when it carries none. Bodies are not read. The one leak guard of every request Moat reads:
    * forwarded, intercepted, and (through `leakInspector`) in plain-HTTP tunnels.
    */
   async leakRefusal(
@@ -260,19 +260,24 @@ export class Interceptor {
     target: Target,
     head: RequestHead,
   ): Refusal | undefined {
-    if (secrets.size === 0) return undefined;
     const rule = this.ruleFor(sandbox, target);
     const bound = new Set(
       rule?.headers.flatMap((header) =>
         header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
       ),
     );
-    const name = carriedSecret(secrets, bound, head);
-    if (name === undefined) return undefined;
+    const carried = carriedSecret(secrets, bound, head);
+    if (carried === undefined) return undefined;
     this.count('leak');
-    const reason = `the request carries secret ${JSON.stringify(name)} to ${formatDestination(target)}, which no header rule binds to it`;
+    const destination = formatDestination(target);
+    // A value's name is no news to a sandbox that holds the value; a placeholder's is not
+    // echoed, whether stored or not (which names are stored is the operator's to read).
+    const reason =
+      carried.by === 'value'
+        ? `the request carries secret ${JSON.stringify(carried.name)} to ${destination}, which no header rule binds to it`
+        : `the request carries a secret placeholder to ${destination}, which no header rule there names: placeholders are filled in only in a rule's headers`;
     this.options.logger.warn(
-      { sandboxID: sandbox.sandboxID, destination: formatDestination(target), secret: name },
+      { sandboxID: sandbox.sandboxID, destination, secret: carried.name, by: carried.by },
       'secret leak refused',
     );
     return protocolRefusal(reason);

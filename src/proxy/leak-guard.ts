@@ -1,12 +1,14 @@
 /**
- * The leak guard's search: which stored secret, by value or placeholder, a request head carries,
- * read as an origin might read it: in any ASCII case, percent-decoded once or more, and split
+ * The leak guard's search: which secret a request head carries, by a stored value or by a
+ * placeholder of any name, read as an origin might read it: in any ASCII case, percent-decoded once or more, and split
  * across header fields of the one request. Pure byte work, no I/O; the values are compared
- * without an exit that depends on them (every window of the head is hashed, a hash hit is
- * compared in constant time, and the search never stops at the first find).
+ * without an exit that depends on them (every window of the head is hashed by a value's
+ * prefix, a hash hit is compared whole in constant time, and the search never stops at the first
+ * find). Its cost is one pass over the searched text per prefix length (normally one), whatever
+ * the number of secrets.
  */
 import { randomBytes, timingSafeEqual } from 'node:crypto';
-import { secretPlaceholder } from '../policy/index.js';
+import { MAX_SECRET_NAME_LENGTH, SECRET_NAME, secretPlaceholder } from '../policy/index.js';
 import type { RequestHead } from './http1.js';
 
 /** Percent-decoding rounds tried beyond the text as sent (`%25%36%42` is two rounds from `k`). */
@@ -24,11 +26,22 @@ interface Needle {
   readonly bytes: Buffer;
 }
 
-/** The values of one length, by the hash of their lower-cased bytes. */
-interface SameLength {
+/**
+ * Values are found by their first PREFIX bytes (or all of a shorter one), whatever their
+ * length: one pass over the text for every value of PREFIX bytes or more, and a hit is compared
+ * whole.
+ */
+const PREFIX = 8;
+/** The filter is indexed by a hash's top FILTER_BITS, read before any Map lookup. */
+const FILTER_BITS = 16;
+
+/** The values whose prefixes are `length` bytes long, by the hash of their prefix. */
+interface SamePrefix {
   readonly length: number;
   /** BASE to the power length - 1, for rolling the first byte out. */
   readonly power: number;
+  /** 1 at the top bits of every prefix's hash: most windows of a text miss it. */
+  readonly filter: Uint8Array;
   readonly byHash: Map<number, Needle[]>;
 }
 
@@ -49,22 +62,24 @@ function hexDigit(byte: number): number {
 
 /** `bytes` with each `%XX` replaced by its byte; undefined when there was none. */
 function percentDecoded(bytes: Buffer): Buffer | undefined {
-  if (!bytes.includes(0x25)) return undefined;
+  let at = bytes.indexOf(0x25);
+  if (at < 0) return undefined;
   const out = Buffer.allocUnsafe(bytes.length);
   let length = 0;
-  let decoded = false;
-  for (let i = 0; i < bytes.length; i++) {
-    const high = bytes[i] === 0x25 && i + 2 < bytes.length ? hexDigit(bytes[i + 1]!) : -1;
-    const low = high < 0 ? -1 : hexDigit(bytes[i + 2]!);
-    if (low < 0) {
-      out[length++] = bytes[i]!;
-      continue;
-    }
+  let copied = 0;
+  // From one `%` to the next: the bytes between are copied as they are.
+  for (; at >= 0 && at + 2 < bytes.length; at = bytes.indexOf(0x25, at + 1)) {
+    const high = hexDigit(bytes[at + 1]!);
+    const low = high < 0 ? -1 : hexDigit(bytes[at + 2]!);
+    if (low < 0) continue;
+    length += bytes.copy(out, length, copied, at);
     out[length++] = high * 16 + low;
-    decoded = true;
-    i += 2;
+    copied = at + 3;
+    at += 2;
   }
-  return decoded ? out.subarray(0, length) : undefined;
+  if (copied === 0) return undefined;
+  length += bytes.copy(out, length, copied);
+  return out.subarray(0, length);
 }
 
 function hashOf(bytes: Buffer, from: number, length: number): number {
@@ -74,14 +89,14 @@ function hashOf(bytes: Buffer, from: number, length: number): number {
 }
 
 /**
- * What is searched: the head as sent (method, target, every field's name and value), all field
- * values run together, and the values of each repeated field name run together; each of them
- * also percent-decoded to a fixed point (bounded); all lower-cased, joined by LF. At most
- * (1 + MAX_DECODE_ROUNDS) x 3 times the head, which Moat bounds.
+ * What is searched: the method, target and field names, all field values run together (a
+ * value in one field, or split across fields), and the values of each repeated field name run
+ * together; each of them also percent-decoded to a fixed point (bounded); all lower-cased,
+ * joined by LF. At most (1 + MAX_DECODE_ROUNDS) x 2 times the head, which Moat bounds.
  */
 function searchedText(head: RequestHead): Buffer {
   const parts = [
-    `${head.method} ${head.target}\n${head.fields.map((f) => `${f.name}: ${f.value}`).join('\n')}`,
+    `${head.method} ${head.target}\n${head.fields.map((field) => field.name).join('\n')}`,
     head.fields.map((field) => field.value).join(''),
   ];
   const byName = new Map<string, string[]>();
@@ -104,73 +119,97 @@ function searchedText(head: RequestHead): Buffer {
 
 /** The stored values of one snapshot of the secrets, ready to be searched for. */
 class SecretNeedles {
-  private readonly lengths: SameLength[] = [];
-  /** Lower-case names, to the stored name (placeholders are found by name). */
-  private readonly names = new Map<string, string>();
+  /** One per prefix length: normally one, a group per length under PREFIX besides. */
+  private readonly prefixes: SamePrefix[] = [];
 
   constructor(secrets: ReadonlyMap<string, string>) {
-    const byLength = new Map<number, SameLength>();
+    const byLength = new Map<number, SamePrefix>();
     for (const [name, value] of secrets) {
-      this.names.set(name.toLowerCase(), name);
       const bytes = lowerAscii(Buffer.from(value, 'utf8'));
       if (bytes.length === 0) continue;
-      let same = byLength.get(bytes.length);
+      const length = Math.min(PREFIX, bytes.length);
+      let same = byLength.get(length);
       if (same === undefined) {
         let power = 1;
-        for (let i = 1; i < bytes.length; i++) power = Math.imul(power, BASE) >>> 0;
-        same = { length: bytes.length, power, byHash: new Map() };
-        byLength.set(bytes.length, same);
-        this.lengths.push(same);
+        for (let i = 1; i < length; i++) power = Math.imul(power, BASE) >>> 0;
+        same = { length, power, filter: new Uint8Array(1 << FILTER_BITS), byHash: new Map() };
+        byLength.set(length, same);
+        this.prefixes.push(same);
       }
-      const hash = hashOf(bytes, 0, bytes.length);
+      const hash = hashOf(bytes, 0, length);
+      same.filter[hash >>> (32 - FILTER_BITS)] = 1;
       const needles = same.byHash.get(hash);
       if (needles === undefined) same.byHash.set(hash, [{ name, bytes }]);
       else needles.push({ name, bytes });
     }
   }
 
-  /** The names of every secret whose value or placeholder is in `text` (lower-cased). */
+  /** The names of every secret whose value is in `text` (lower-cased). */
   foundIn(text: Buffer): Set<string> {
     const found = new Set<string>();
-    for (const { length, power, byHash } of this.lengths) {
+    for (const { length, power, filter, byHash } of this.prefixes) {
       if (text.length < length) continue;
       let hash = hashOf(text, 0, length);
       for (let at = 0; ; at++) {
-        for (const needle of byHash.get(hash) ?? [])
-          if (timingSafeEqual(text.subarray(at, at + length), needle.bytes)) found.add(needle.name);
+        if (filter[hash >>> (32 - FILTER_BITS)] === 1)
+          for (const needle of byHash.get(hash) ?? []) {
+            const end = at + needle.bytes.length;
+            if (end <= text.length && timingSafeEqual(text.subarray(at, end), needle.bytes))
+              found.add(needle.name);
+          }
         if (at + length >= text.length) break;
         const out = Math.imul(text[at]!, power);
         hash = (Math.imul((hash - out) >>> 0, BASE) + text[at + length]!) >>> 0;
       }
     }
-    // Placeholders are no secret: found by their fixed start, whatever the number of names.
-    for (let at = text.indexOf(PLACEHOLDER_START); at >= 0;) {
-      const from = at + PLACEHOLDER_START.length;
-      const end = text.indexOf(PLACEHOLDER_END, from);
-      if (end < 0) break;
-      const name = this.names.get(text.toString('latin1', from, end));
-      if (name !== undefined) found.add(name);
-      at = text.indexOf(PLACEHOLDER_START, from);
-    }
     return found;
   }
+}
+
+/**
+ * The names (lower case, as stored) of every placeholder in `text` (lower-cased), stored or
+ * not: found by their fixed start, whatever the number of secrets.
+ */
+function placeholdersIn(text: Buffer): string[] {
+  const names: string[] = [];
+  for (let at = text.indexOf(PLACEHOLDER_START); at >= 0;) {
+    const from = at + PLACEHOLDER_START.length;
+    // Only as far as the longest name: many starts and one far `}` must not cost their product.
+    const length = text.subarray(from, from + MAX_SECRET_NAME_LENGTH + 1).indexOf(PLACEHOLDER_END);
+    const name = length > 0 ? text.toString('latin1', from, from + length) : '';
+    if (SECRET_NAME.test(name)) names.push(name);
+    at = text.indexOf(PLACEHOLDER_START, from);
+  }
+  return names;
 }
 
 /** Needles per snapshot: a vault hands out one map until its secrets change. */
 const needlesOf = new WeakMap<ReadonlyMap<string, string>, SecretNeedles>();
 
+/** A secret a request carries: by its value, or by a placeholder (of any name, stored or not). */
+export interface CarriedSecret {
+  readonly name: string;
+  readonly by: 'value' | 'placeholder';
+}
+
 /**
- * The first secret (in `secrets`' order) that `head` carries, by value or placeholder, and
- * that `bound` does not name; undefined when none. Never throws, never logs.
+ * The first secret that `head` carries and that `bound` (names, lower case) does not name:
+ * by value (in `secrets`' order), else by placeholder (in the head's order); undefined when
+ * none. A placeholder is never filled in outside a rule's headers, so one of a name no stored
+ * secret has is found the same as a stored one's (which names are stored is no answer a
+ * request gets). Never throws, never logs.
  */
 export function carriedSecret(
   secrets: ReadonlyMap<string, string>,
   bound: ReadonlySet<string>,
   head: RequestHead,
-): string | undefined {
+): CarriedSecret | undefined {
   let needles = needlesOf.get(secrets);
   if (needles === undefined) needlesOf.set(secrets, (needles = new SecretNeedles(secrets)));
-  const found = needles.foundIn(searchedText(head));
-  for (const name of secrets.keys()) if (found.has(name) && !bound.has(name)) return name;
-  return undefined;
+  const text = searchedText(head);
+  const found = needles.foundIn(text);
+  for (const name of secrets.keys())
+    if (found.has(name) && !bound.has(name)) return { name, by: 'value' };
+  const placeholder = placeholdersIn(text).find((name) => !bound.has(name));
+  return placeholder === undefined ? undefined : { name: placeholder, by: 'placeholder' };
 }

@@ -337,6 +337,7 @@ export class TransparentProxy {
           : new RequestStreamGuard(
               (authority) => authorityMismatch(target, authority),
               this.interceptor?.leakInspector(sandbox, target),
+              fairShare && (() => fairShare.admitNow(sandbox.sandboxID, 'a request to', target)),
             );
     tunnel.release(seen, guard, refused);
   }

@@ -166,7 +166,7 @@ describe.skipIf(skip !== undefined)('secretless egress in namespace mode', () =>
         `-H 'X-T: ${PLACEHOLDER}' http://plain.secret.test/headers`,
         flags,
       );
-      expect(leak.stdout, leak.stderr).toContain('carries secret \\"gh\\"');
+      expect(leak.stdout, leak.stderr).toContain('carries a secret placeholder');
       expect(world.seen('http').slice(before)).toEqual([]);
     });
   }

@@ -263,6 +263,21 @@ describe('RequestStreamGuard, with an inspector (the leak guard)', () => {
   });
 });
 
+describe('RequestStreamGuard, with an admission (the fair share)', () => {
+  it('asks it for every request after the first, before reading the head, and ends at a refusal', () => {
+    let asked = 0;
+    const guard = new RequestStreamGuard(mismatch, undefined, () =>
+      ++asked === 2 ? 'over its rate' : undefined,
+    );
+    const request = (n: number) => `GET /${n} HTTP/1.1\r\nHost: site.test\r\n\r\n`;
+    // The third head is no request: refused for the rate, not parsed.
+    const { problem, passed } = run(guard, [request(1) + request(2), 'junk\r\n\r\n', request(4)]);
+    expect(problem).toBe('over its rate');
+    expect(passed).toBe(request(1) + request(2));
+    expect(asked).toBe(2);
+  });
+});
+
 describe('RequestStreamGuard, a switch to WebSocket', () => {
   // Bytes that are not HTTP: a masked WebSocket frame, as a client sends them.
   const FRAME = '\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58';

@@ -54,13 +54,30 @@ describe('carriedSecret', () => {
     ['its placeholder, any case', head([['X-A', '${E2B.Secrets.KEY}']])],
     ['its placeholder, encoded', head([], `/q?k=${encoded('${e2b.secrets.key}', 2)}`)],
   ])('finds a value or placeholder carried %s', (_, request) => {
-    expect(carriedSecret(SECRETS, NONE, request)).toBe('key');
+    expect(carriedSecret(SECRETS, NONE, request)?.name).toBe('key');
   });
 
-  it('stops decoding after a bound number of rounds, and knows no other placeholder', () => {
+  it('stops decoding after a bound number of rounds', () => {
     expect(carriedSecret(SECRETS, NONE, head([['X-A', encoded(VALUE, 6)]]))).toBeUndefined();
-    expect(carriedSecret(SECRETS, NONE, head([['X-A', '${e2b.secrets.nope}']]))).toBeUndefined();
     expect(carriedSecret(SECRETS, NONE, head([['X-A', VALUE.slice(1)]]))).toBeUndefined();
+  });
+
+  it('finds the placeholder of a name no secret has as it finds a stored one (no oracle)', () => {
+    expect(carriedSecret(SECRETS, NONE, head([['X-A', '${e2b.secrets.key}']]))).toEqual({
+      name: 'key',
+      by: 'placeholder',
+    });
+    expect(carriedSecret(SECRETS, NONE, head([['X-A', '${E2B.secrets.Nope}']]))).toEqual({
+      name: 'nope',
+      by: 'placeholder',
+    });
+    expect(carriedSecret(new Map(), NONE, head([['X-A', '${e2b.secrets.nope}']]))?.name).toBe(
+      'nope',
+    );
+    const bound = new Set(['nope']);
+    expect(carriedSecret(SECRETS, bound, head([['X-A', '${e2b.secrets.nope}']]))).toBeUndefined();
+    // Not placeholder-shaped: no rule could name it.
+    expect(carriedSecret(SECRETS, NONE, head([['X-A', '${e2b.secrets.a b}']]))).toBeUndefined();
   });
 
   it('lets a bound secret through, but not another one beside it', () => {
@@ -69,7 +86,7 @@ describe('carriedSecret', () => {
       ['X-B', 'unrelated-value-xyz'],
     ]);
     expect(carriedSecret(SECRETS, new Set(['key']), head([['X-A', VALUE]]))).toBeUndefined();
-    expect(carriedSecret(SECRETS, new Set(['key']), both)).toBe('other');
+    expect(carriedSecret(SECRETS, new Set(['key']), both)).toEqual({ name: 'other', by: 'value' });
   });
 
   it('answers as a substring search does, for values that overlap and repeat', () => {
@@ -80,7 +97,7 @@ describe('carriedSecret', () => {
         (values, text) => {
           const secrets = new Map(values.map((value, i) => [`s${i}`, value]));
           const expected = values.findIndex((value) => text.includes(value));
-          const found = carriedSecret(secrets, NONE, head([['X', text]]));
+          const found = carriedSecret(secrets, NONE, head([['X', text]]))?.name;
           expect(found).toBe(expected < 0 ? undefined : `s${expected}`);
         },
       ),

@@ -192,6 +192,16 @@ export interface CarriedSecret {
   readonly by: 'value' | 'placeholder';
 }
 
+/** Whether any part of `head` the search reads holds a `$` or a `%`. */
+function mayHoldPlaceholder(head: RequestHead): boolean {
+  const maybe = (text: string) => text.includes('$') || text.includes('%');
+  return (
+    maybe(head.method) ||
+    maybe(head.target) ||
+    head.fields.some((field) => maybe(field.name) || maybe(field.value))
+  );
+}
+
 /**
  * The first secret that `head` carries and that `bound` (names, lower case) does not name:
  * by value (in `secrets`' order), else by placeholder (in the head's order); undefined when
@@ -204,6 +214,9 @@ export function carriedSecret(
   bound: ReadonlySet<string>,
   head: RequestHead,
 ): CarriedSecret | undefined {
+  // Without stored values only a placeholder can be carried, and its `$` appears as sent or
+  // percent-encoded: a head with neither `$` nor `%` (most of them) needs no search.
+  if (secrets.size === 0 && !mayHoldPlaceholder(head)) return undefined;
   let needles = needlesOf.get(secrets);
   if (needles === undefined) needlesOf.set(secrets, (needles = new SecretNeedles(secrets)));
   const text = searchedText(head);

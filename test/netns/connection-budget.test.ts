@@ -62,6 +62,22 @@ const holdOpen = (host: string, port: number, count: number) =>
     ].join('\n'),
   );
 
+/** Python: connects to the opened host port and closes, 150 times a second for `seconds`. */
+const pacedConnects = (seconds: number) =>
+  python(
+    [
+      'import socket, time',
+      'opened = 0; start = time.time()',
+      `while time.time() - start < ${seconds}:`,
+      '  s = socket.socket(); s.settimeout(1)',
+      '  try:',
+      `    s.connect(("${HOST}", ${OPENED_PORT})); opened += 1`,
+      '  except OSError: pass',
+      '  s.close(); time.sleep(1 / 150)',
+      'print(opened)',
+    ].join('\n'),
+  );
+
 describe.skipIf(skip !== undefined)('connection budgets in the kernel (namespace mode)', () => {
   let harness: HostMoat;
   let flooder: Sandbox;
@@ -141,20 +157,7 @@ describe.skipIf(skip !== undefined)('connection budgets in the kernel (namespace
     await new Promise((resolve) => setTimeout(resolve, 2500)); // the bucket refills
     const before = hostEntries();
     // Under the rate: 150 connect-and-close a second for 3 s, none refused.
-    const paced = python(
-      [
-        'import socket, time',
-        'opened = 0; start = time.time()',
-        'while time.time() - start < 3:',
-        '  s = socket.socket(); s.settimeout(1)',
-        '  try:',
-        `    s.connect(("${HOST}", ${OPENED_PORT})); opened += 1`,
-        '  except OSError: pass',
-        '  s.close(); time.sleep(1 / 150)',
-        'print(opened)',
-      ].join('\n'),
-    );
-    const { out, err } = await runIn(flooder, paced);
+    const { out, err } = await runIn(flooder, pacedConnects(3));
     expect(Number(out.trim()), err).toBeGreaterThan(TRACKED * 4);
     expect(hostEntries() - before).toBeLessThanOrEqual(TRACKED + 20);
   }, 30_000);
@@ -180,20 +183,7 @@ describe.skipIf(skip !== undefined)('connection budgets in the kernel (namespace
     await new Promise((resolve) => setTimeout(resolve, 2500)); // the bucket refills
     const before = ownEntries();
     // Under the rate and the count (the host's service closes each at once): 150 a second, 2 s.
-    const paced = python(
-      [
-        'import socket, time',
-        'opened = 0; start = time.time()',
-        'while time.time() - start < 2:',
-        '  s = socket.socket(); s.settimeout(1)',
-        '  try:',
-        `    s.connect(("${HOST}", ${OPENED_PORT})); opened += 1`,
-        '  except OSError: pass',
-        '  s.close(); time.sleep(1 / 150)',
-        'print(opened)',
-      ].join('\n'),
-    );
-    const { out, err } = await runIn(flooder, paced);
+    const { out, err } = await runIn(flooder, pacedConnects(2));
     expect(Number(out.trim()), err).toBeGreaterThan(TRACKED * 2);
     expect(ownEntries() - before).toBeLessThanOrEqual(20);
   }, 30_000);

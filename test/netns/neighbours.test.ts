@@ -20,7 +20,7 @@ const skip = namespaceSkipReason('test/netns/neighbours');
 
 const PREFIX = '198.18.34';
 const POOL = '10.224.34.0/24';
-const FLOOD_SECONDS = 10;
+const FLOOD_SECONDS = 5;
 const AGENT_DEADLINE_MS = 2000;
 /**
  * Moat runs in this process: its open files are held to what a host's service limit might be,
@@ -28,7 +28,7 @@ const AGENT_DEADLINE_MS = 2000;
  */
 const OPEN_FILES = 4096;
 
-/** Sets this process's open-file limit (soft and hard; root may raise it back). */
+/** Sets this process's soft open-file limit: the one that refuses, and raising it back is always allowed. */
 const limitOpenFiles = (limit: string) =>
   execFileSync('/usr/bin/prlimit', ['--pid', String(process.pid), `--nofile=${limit}`]);
 
@@ -53,13 +53,11 @@ describe.skipIf(skip !== undefined)('a flooding sandbox and its neighbour', () =
       String(process.pid),
       '--nofile',
       '--noheadings',
-      '--output=SOFT,HARD',
+      '--output=SOFT',
     ])
       .toString()
-      .trim()
-      .split(/\s+/)
-      .join(':');
-    limitOpenFiles(`${OPEN_FILES}:${OPEN_FILES}`);
+      .trim();
+    limitOpenFiles(`${OPEN_FILES}:`);
     world = await World.create('nbr', PREFIX);
     const zone = new Map<string, ZoneEntry>([
       ['origin.test', { A: [world.origins[0]!], ttl: 300 }],
@@ -99,7 +97,7 @@ describe.skipIf(skip !== undefined)('a flooding sandbox and its neighbour', () =
     // The flood's sockets may still be closing: retry while this process has no file to spare.
     for (let attempt = 0; openFilesBefore !== undefined && attempt < 50; attempt++) {
       try {
-        limitOpenFiles(openFilesBefore);
+        limitOpenFiles(`${openFilesBefore}:`);
         break;
       } catch {
         await new Promise((resolve) => setTimeout(resolve, 100));

@@ -105,18 +105,11 @@ describe.each<TcpIoSetting>(['auto', 'node'])('connection budget (proxy io %s)',
       socket.once('close', () => resolve(socket));
     });
 
-  /** Milliseconds until a GET through the proxy from sandbox B answers, and its status. */
-  const timedGetFromB = () =>
+  /** Milliseconds until a GET answers, and its status. */
+  const timedGet = (options: http.RequestOptions) =>
     new Promise<{ ms: number; status: number }>((resolve, reject) => {
       const started = performance.now();
-      const request = http.get({
-        host: moat.listening.proxy.host,
-        port: moat.listening.proxy.port,
-        path: `http://allowed.test:${origin.port}/`,
-        localAddress: B,
-        agent: false,
-        timeout: 5000,
-      });
+      const request = http.get({ ...options, agent: false, timeout: 5000 });
       request.on('response', (response) => {
         response.resume();
         resolve({ ms: performance.now() - started, status: response.statusCode ?? 0 });
@@ -125,24 +118,18 @@ describe.each<TcpIoSetting>(['auto', 'node'])('connection budget (proxy io %s)',
       request.on('error', reject);
     });
 
-  /** Milliseconds until Moat's /health answers, and its status. */
-  const timedHealth = () =>
-    new Promise<{ ms: number; status: number }>((resolve, reject) => {
-      const started = performance.now();
-      const request = http.get({
-        host: moat.listening.api.host,
-        port: moat.listening.api.port,
-        path: '/health',
-        agent: false,
-        timeout: 5000,
-      });
-      request.on('response', (response) => {
-        response.resume();
-        resolve({ ms: performance.now() - started, status: response.statusCode ?? 0 });
-      });
-      request.on('timeout', () => request.destroy(new Error('no answer within 5 s')));
-      request.on('error', reject);
+  /** A GET through the proxy from sandbox B. */
+  const timedGetFromB = () =>
+    timedGet({
+      host: moat.listening.proxy.host,
+      port: moat.listening.proxy.port,
+      path: `http://allowed.test:${origin.port}/`,
+      localAddress: B,
     });
+
+  /** Moat's /health. */
+  const timedHealth = () =>
+    timedGet({ host: moat.listening.api.host, port: moat.listening.api.port, path: '/health' });
 
   it(`holds a flood of ${FLOOD} silent connections to the budget; B and /health answer within 1 s`, async () => {
     const before = await refusals('proxy_connections');

@@ -51,10 +51,17 @@ interface Tally {
 }
 
 /**
- * One keep-alive client connection sending absolute-form GETs one after another until `until`;
- * after a 429 it waits 20 ms, as a polite client would.
+ * One keep-alive client connection sending absolute-form GETs until `until`: one after another
+ * (after a 429 it waits 20 ms, as a polite client would), or one every `everyMs`, a sandbox
+ * that is merely active (then any answer but 200 counts as limited).
  */
-async function hammer(proxy: { port: number }, who: Who, until: number, tally: Tally) {
+async function hammer(
+  proxy: { port: number },
+  who: Who,
+  until: number,
+  tally: Tally,
+  everyMs?: number,
+) {
   const auth = Buffer.from(`${who.id}:${who.secret}`).toString('base64');
   const request = `GET http://fair.test:${originPort}/ HTTP/1.1\r\nHost: fair.test\r\nProxy-Authorization: Basic ${auth}\r\n\r\n`;
   const socket = await openSocket(proxy.port, who.source);
@@ -63,29 +70,13 @@ async function hammer(proxy: { port: number }, who: Who, until: number, tally: T
       const answer = await exchange(socket, request);
       if (answer === undefined) break;
       if (answer.status === 200) tally.ok++;
+      else if (everyMs !== undefined) tally.limited++;
       else if (answer.status === 429) {
         tally.limited++;
         tally.limitedBody ??= answer.body;
         await sleep(20);
       } else throw new Error(`unexpected answer ${answer.status}: ${answer.body}`);
-    }
-  } finally {
-    socket.destroy();
-  }
-}
-
-/** One request every 100 ms on a keep-alive connection: a sandbox that is merely active. */
-async function hammerSlowly(proxy: { port: number }, who: Who, until: number, tally: Tally) {
-  const auth = Buffer.from(`${who.id}:${who.secret}`).toString('base64');
-  const request = `GET http://fair.test:${originPort}/ HTTP/1.1\r\nHost: fair.test\r\nProxy-Authorization: Basic ${auth}\r\n\r\n`;
-  const socket = await openSocket(proxy.port, who.source);
-  try {
-    while (Date.now() < until && !socket.destroyed) {
-      const answer = await exchange(socket, request);
-      if (answer === undefined) break;
-      if (answer.status === 200) tally.ok++;
-      else tally.limited++;
-      await sleep(100);
+      if (everyMs !== undefined) await sleep(everyMs);
     }
   } finally {
     socket.destroy();
@@ -245,7 +236,7 @@ describe('fair shares of the event loop between sandboxes', () => {
       // the rate.
       const steadyUntil = Date.now() + 2500;
       const steady: Tally = { ok: 0, limited: 0 };
-      const active = hammerSlowly(moat.proxy, STEADY, steadyUntil, steady);
+      const active = hammer(moat.proxy, STEADY, steadyUntil, steady, 100);
       await sleep(100);
       let socket: net.Socket;
       if (path === 'connect') {

@@ -10,7 +10,7 @@ import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
-import { get, GuestBehind, tcpEcho, text } from '../support/guest-behind.js';
+import { get, GuestBehind, tcpEcho as guestEcho, text } from '../support/guest-behind.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { endedWithin100ms, onlyReading, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
@@ -144,7 +144,7 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
         expect(seenSince(mark)).toEqual([`http ${SOCKS_IP}`]);
         // Moat's listener for other TCP is on the namespace's loopback, out of a forwarded
         // packet's reach: refused at once, never sent around the proxy.
-        const echo = await guest.run(tcpEcho(text(ORIGIN_IP), WORLD_PORTS.echo));
+        const echo = await guest.run(guestEcho(text(ORIGIN_IP), WORLD_PORTS.echo));
         expect(echo.out, echo.err).toBe('ConnectionRefusedError\n');
         expect(open.requests.slice(requests)).toEqual([
           { kind: 'domain', host: 'origin.test', port: 80 },

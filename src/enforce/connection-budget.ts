@@ -61,7 +61,12 @@ export interface ConnectionHold {
   release(): void;
 }
 
+/** Who holds connections: a sandbox, or a source address that is no sandbox's (yet). */
 interface Holder {
+  readonly sandboxID: string | undefined;
+  /** Its key in the map it is kept in (`within`), taken out when it holds nothing. */
+  readonly key: string;
+  readonly within: Map<string, Holder>;
   open: number;
   readonly byListener: Map<BudgetedListener, number>;
   lastLogged: number;
@@ -82,18 +87,56 @@ const LISTENER_RESOURCE: Record<BudgetedListener, ConnectionRefusalResource> = {
   ingress: 'ingress_connections',
 };
 
+/**
+ * One admitted connection's charge: an object of fields, not closures, and no string made to
+ * move it (it is taken and given back on every connection Moat accepts).
+ */
+class Hold implements ConnectionHold {
+  private held = true;
+
+  constructor(
+    private readonly budget: ConnectionBudget,
+    private holder: Holder,
+    private readonly listener: BudgetedListener,
+    private readonly source: string | undefined,
+  ) {}
+
+  get sandboxID(): string | undefined {
+    return this.holder.sandboxID;
+  }
+
+  chargeTo(sandboxID: string): boolean {
+    if (!this.held) return false;
+    if (this.holder.sandboxID === sandboxID) return true;
+    const next = this.budget.moved(this.holder, sandboxID, this.listener, this.source);
+    if (next === undefined) return false;
+    this.holder = next;
+    return true;
+  }
+
+  release(): void {
+    if (!this.held) return;
+    this.held = false;
+    this.budget.uncharge(this.holder, this.listener);
+  }
+}
+
 export class ConnectionBudget {
-  /** Holders by key: `sandbox <id>` or `source <address>`. */
-  private readonly holders = new Map<string, Holder>();
+  /** Holders by sandbox ID, and by source address for sources that are no sandbox's. */
+  private readonly sandboxes = new Map<string, Holder>();
+  private readonly sources = new Map<string, Holder>();
   private openTotal = 0;
   /** Refusals for descriptors are logged as one holder: they are everybody's. */
-  private readonly descriptors: Holder = this.newHolder();
+  private readonly descriptors: Holder = this.newHolder(undefined, '', new Map());
+  /** The last address admitted and its canonical text: connections come in runs from one. */
+  private lastAddress: string | undefined;
+  private lastSource: string | undefined;
 
   constructor(private readonly options: ConnectionBudgetOptions) {}
 
   /** Connections held by one sandbox now. */
   held(sandboxID: string): number {
-    return this.holders.get(`sandbox ${sandboxID}`)?.open ?? 0;
+    return this.sandboxes.get(sandboxID)?.open ?? 0;
   }
 
   /** Connections all sandboxes and unknown sources hold now. */
@@ -112,13 +155,13 @@ export class ConnectionBudget {
     remoteAddress: string | undefined,
     sandboxesOnly = false,
   ): ConnectionHold | undefined {
-    const parsed = remoteAddress === undefined ? undefined : parseIP(remoteAddress);
-    const source = parsed?.ok ? parsed.value.text : remoteAddress;
+    const source = this.canonical(remoteAddress);
     const sandboxID =
       source === undefined ? undefined : this.options.table.fromSource(source)?.sandboxID;
     if (sandboxID === undefined && sandboxesOnly) return UNCOUNTED;
-    const key = sandboxID !== undefined ? `sandbox ${sandboxID}` : `source ${source ?? ''}`;
-    const refusal = this.check(key, listener);
+    const within = sandboxID !== undefined ? this.sandboxes : this.sources;
+    const key = sandboxID ?? source ?? '';
+    const refusal = this.check(within, key, sandboxID, listener);
     if (refusal !== undefined) {
       this.refuse(refusal.holder, {
         resource: refusal.resource,
@@ -130,44 +173,61 @@ export class ConnectionBudget {
       });
       return undefined;
     }
-    let current = this.charge(key, listener);
-    let charged: string | undefined = sandboxID;
-    let held = true;
-    return {
-      get sandboxID() {
-        return charged;
-      },
-      chargeTo: (to) => {
-        if (!held) return false;
-        const next = `sandbox ${to}`;
-        if (next === current) return true;
-        const over = this.overBudget(this.holders.get(next), listener);
-        if (over !== undefined) {
-          this.refuse(this.holderFor(next), {
-            resource: LISTENER_RESOURCE[listener],
-            listener,
-            sandboxID: to,
-            source,
-            held: over.held,
-            max: over.max,
-          });
-          return false;
-        }
-        this.uncharge(current, listener);
-        current = this.charge(next, listener);
-        charged = to;
-        return true;
-      },
-      release: () => {
-        if (!held) return;
-        held = false;
-        this.uncharge(current, listener);
-      },
-    };
+    return new Hold(this, this.charge(within, key, sandboxID, listener), listener, source);
+  }
+
+  /**
+   * Moves a connection's charge on `listener` from `from` to sandbox `to` (for its Hold);
+   * undefined, and nothing changes, when that sandbox is at its budget.
+   */
+  moved(
+    from: Holder,
+    to: string,
+    listener: BudgetedListener,
+    source: string | undefined,
+  ): Holder | undefined {
+    const over = this.overBudget(this.sandboxes.get(to), listener);
+    if (over !== undefined) {
+      this.refuse(this.holderFor(this.sandboxes, to, to), {
+        resource: LISTENER_RESOURCE[listener],
+        listener,
+        sandboxID: to,
+        source,
+        held: over.held,
+        max: over.max,
+      });
+      return undefined;
+    }
+    this.uncharge(from, listener);
+    return this.charge(this.sandboxes, to, to, listener);
+  }
+
+  /** Gives back a connection's charge on `listener` (for its Hold). */
+  uncharge(holder: Holder, listener: BudgetedListener): void {
+    holder.open--;
+    this.openTotal--;
+    const left = (holder.byListener.get(listener) ?? 1) - 1;
+    if (left > 0) holder.byListener.set(listener, left);
+    else holder.byListener.delete(listener);
+    // A holder with nothing open is forgotten (with its log limit: it floods no more).
+    if (holder.open === 0) holder.within.delete(holder.key);
+  }
+
+  /** The address as the enforcement table keys sources (an IPv4-mapped IPv6 one as IPv4). */
+  private canonical(remoteAddress: string | undefined): string | undefined {
+    if (remoteAddress === undefined) return undefined;
+    if (remoteAddress !== this.lastAddress) {
+      const parsed = parseIP(remoteAddress);
+      this.lastSource = parsed.ok ? parsed.value.text : remoteAddress;
+      this.lastAddress = remoteAddress;
+    }
+    return this.lastSource;
   }
 
   private check(
+    within: Map<string, Holder>,
     key: string,
+    sandboxID: string | undefined,
     listener: BudgetedListener,
   ):
     { holder: Holder; resource: ConnectionRefusalResource; held: number; max: number } | undefined {
@@ -178,10 +238,13 @@ export class ConnectionBudget {
         held: this.openTotal,
         max: this.options.total,
       };
-    const holder = this.holders.get(key);
-    const over = this.overBudget(holder, listener);
+    const over = this.overBudget(within.get(key), listener);
     if (over === undefined) return undefined;
-    return { holder: this.holderFor(key), resource: LISTENER_RESOURCE[listener], ...over };
+    return {
+      holder: this.holderFor(within, key, sandboxID),
+      resource: LISTENER_RESOURCE[listener],
+      ...over,
+    };
   }
 
   /** What is over, if the holder cannot take one more connection on `listener`. */
@@ -209,36 +272,45 @@ export class ConnectionBudget {
     this.options.refused({ ...refusal, log });
   }
 
-  private newHolder(): Holder {
-    return { open: 0, byListener: new Map(), lastLogged: -Infinity, unlogged: 0 };
+  private newHolder(
+    sandboxID: string | undefined,
+    key: string,
+    within: Map<string, Holder>,
+  ): Holder {
+    return {
+      sandboxID,
+      key,
+      within,
+      open: 0,
+      byListener: new Map(),
+      lastLogged: -Infinity,
+      unlogged: 0,
+    };
   }
 
-  private holderFor(key: string): Holder {
-    let holder = this.holders.get(key);
+  private holderFor(
+    within: Map<string, Holder>,
+    key: string,
+    sandboxID: string | undefined,
+  ): Holder {
+    let holder = within.get(key);
     if (holder === undefined) {
-      holder = this.newHolder();
-      this.holders.set(key, holder);
+      holder = this.newHolder(sandboxID, key, within);
+      within.set(key, holder);
     }
     return holder;
   }
 
-  private charge(key: string, listener: BudgetedListener): string {
-    const holder = this.holderFor(key);
+  private charge(
+    within: Map<string, Holder>,
+    key: string,
+    sandboxID: string | undefined,
+    listener: BudgetedListener,
+  ): Holder {
+    const holder = this.holderFor(within, key, sandboxID);
     holder.open++;
     holder.byListener.set(listener, (holder.byListener.get(listener) ?? 0) + 1);
     this.openTotal++;
-    return key;
-  }
-
-  private uncharge(key: string, listener: BudgetedListener): void {
-    const holder = this.holders.get(key);
-    if (holder === undefined) return;
-    holder.open--;
-    this.openTotal--;
-    const left = (holder.byListener.get(listener) ?? 1) - 1;
-    if (left > 0) holder.byListener.set(listener, left);
-    else holder.byListener.delete(listener);
-    // A holder with nothing open is forgotten (with its log limit: it floods no more).
-    if (holder.open === 0) this.holders.delete(key);
+    return holder;
   }
 }

@@ -91,6 +91,7 @@ export class FlowFileSink {
     await this.handle!.close();
     this.handle = undefined;
     await rename(this.path, `${this.path}.1`);
-    if (!this.closed) await this.reopen();
+    // Begun even while closing: FILE always exists after a rotation, holding the newest lines.
+    await this.reopen();
   }
 }

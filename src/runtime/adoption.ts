@@ -29,18 +29,19 @@ export const DEFAULT_IFNAME = 'moat0';
 
 /**
  * Refuses an interface name the kernel would refuse (dev_valid_name: 1 to 15 bytes, not `.` or
- * `..`, no `/`, `:` or whitespace), and `lo`, which every namespace has.
+ * `..`, no `/`, `:` or whitespace), one the kernel enforcer cannot write into nft's text (it takes
+ * letters, digits, `.`, `-` and `_`), and `lo`, which every namespace has.
  */
 export function checkIfname(ifname: string): void {
   const problem =
     ifname === ''
       ? 'is empty'
-      : Buffer.byteLength(ifname) > 15
-        ? 'is longer than 15 bytes'
-        : ifname === '.' || ifname === '..'
-          ? 'is not a device name'
-          : /[/:\s]/.test(ifname)
-            ? 'holds "/", ":" or whitespace'
+      : ifname.length > 15
+        ? 'is longer than 15 characters'
+        : !/^[A-Za-z0-9_.-]+$/.test(ifname)
+          ? "holds a character other than letters, digits, '.', '-' and '_'"
+          : ifname === '.' || ifname === '..'
+            ? 'is not a device name'
             : ifname === 'lo'
               ? 'is the loopback every namespace has'
               : undefined;

@@ -5,6 +5,7 @@ import { Cluster, type NodeInfo } from '../cluster/index.js';
 import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import {
+  NETWORK_ONLY,
   notFound,
   SANDBOX_ID,
   SandboxError,
@@ -65,6 +66,8 @@ export function routingFor(
       return (await hostOf(self, cluster(), sandboxes, sandboxID))?.api;
     },
     async placement(templateID) {
+      // A network-only sandbox's namespace is a path on the host that was asked: it stays here.
+      if (templateID === NETWORK_ONLY) return undefined;
       // A snapshot's files are on the node that took it; anything else goes to the emptiest.
       const holder = await sandboxes.templateNode(templateID);
       if (holder !== undefined) {

@@ -80,17 +80,19 @@ export class KernelEnforcer {
 
   /**
    * Writes the sandbox's whole firewall for `policy` (and its upstream proxy, which only Moat's
-   * listeners reach); rejects when it could not be applied.
+   * listeners reach); rejects when it could not be applied. `device`: the sandbox's end of its
+   * link (an adopted namespace's `ifname`).
    */
   async install(
     sandboxID: string,
     address: IPAddress,
     policy: Policy,
     upstream?: UpstreamProxy,
+    device = 'eth0',
   ): Promise<void> {
-    const host = AddressPool.offset(address, -1);
+    const link = { host: AddressPool.offset(address, -1), device };
     const tunnel = await this.tunnelRules(sandboxID, upstream);
-    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;
+    const commands = `${sandboxRuleset(this.layout, link)}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {

@@ -10,7 +10,7 @@ import {
   type PluginConf,
   requestedVersion,
 } from './conf.js';
-import { linkProblem } from './link-check.js';
+import { linkProblem, macOf } from './link-check.js';
 import { MoatApi } from './moat-api.js';
 import { addResult, attachedFrom } from './result.js';
 import { CNI_CODES, type CniError, fail, type Outcome, SUPPORTED_VERSIONS } from './spec.js';
@@ -75,7 +75,8 @@ async function add(
       await api.call('DELETE', `/sandboxes/${encodeURIComponent(id)}`, undefined, [404]);
     return fail(CNI_CODES.moatRefused, `Moat's answer to the attach is not usable: ${attached}`);
   }
-  return { ok: true, value: JSON.stringify(addResult(conf, invocation, attached)) };
+  const mac = await macOf(invocation.netns, attached.link.ifname);
+  return { ok: true, value: JSON.stringify(addResult(conf, invocation, attached, mac)) };
 }
 
 async function del(

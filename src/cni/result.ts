@@ -47,15 +47,21 @@ function nameserver(attached: AttachedSandbox): string {
   return candidates[0] ?? attached.link.router;
 }
 
+/** `mac`: the interface's hardware address, when it could be read. */
 export function addResult(
   conf: PluginConf,
   invocation: Invocation,
   attached: AttachedSandbox,
+  mac: string | undefined,
 ): CniResult {
   const prev = conf.prevResult ?? { cniVersion: conf.cniVersion };
   const interfaces = [
     ...(prev.interfaces ?? []),
-    { name: attached.link.ifname, sandbox: invocation.netns },
+    {
+      name: attached.link.ifname,
+      ...(mac === undefined ? {} : { mac }),
+      sandbox: invocation.netns,
+    },
   ];
   const ours = {
     address: attached.link.address,

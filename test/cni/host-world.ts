@@ -12,6 +12,9 @@ import { testCertificate } from '../../bench/lib/certificate.js';
 import type { WorldEvent } from '../../bench/lib/world.js';
 
 const IP = '/usr/sbin/ip';
+const NFT = '/usr/sbin/nft';
+/** The ports whose connections the world counts at each origin. */
+export const SEEN_PORTS = [80, 443, 7000] as const;
 const NSENTER = '/usr/bin/nsenter';
 const SERVERS = fileURLToPath(new URL('../../dist/bench/lib/world-servers.js', import.meta.url));
 const DNS_PACKET = createRequire(import.meta.url).resolve('dns-packet');
@@ -85,6 +88,21 @@ export class HostWorld {
       for (const origin of origins) inside('addr', 'add', `${origin}/24`, 'dev', 'eth0');
       inside('link', 'set', 'eth0', 'up');
       inside('route', 'add', 'default', 'via', `${prefix}.1`);
+      // A counter per origin and port of the connections that reach it (their SYNs).
+      const counters = origins.flatMap((origin) =>
+        SEEN_PORTS.map(
+          (port) =>
+            `add rule inet seen input ip daddr ${origin} tcp dport ${port} tcp flags & (syn | ack) == syn counter comment "${origin}:${port}"`,
+        ),
+      );
+      execFileSync(NSENTER, [`--net=/run/netns/${namespace}`, '--', NFT, '-f', '-'], {
+        input: [
+          'add table inet seen',
+          'add chain inet seen input { type filter hook input priority 0; }',
+          ...counters,
+          '',
+        ].join('\n'),
+      });
       const { key, cert } = testCertificate();
       await world.start(namespace, [SERVERS], {
         MOAT_WORLD_KEY: Buffer.from(key).toString('base64'),
@@ -104,6 +122,37 @@ export class HostWorld {
     return this.events.filter(
       (e) => e.event === kind && (from === undefined || e.from?.endsWith(from)),
     );
+  }
+
+  /** How many connections reached `origin` on `port` (counted in the world's own firewall). */
+  connectionsTo(origin: string, port: (typeof SEEN_PORTS)[number]): number {
+    const listed = execFileSync(
+      NSENTER,
+      [
+        `--net=/run/netns/${this.namespace}`,
+        '--',
+        NFT,
+        '-j',
+        'list',
+        'chain',
+        'inet',
+        'seen',
+        'input',
+      ],
+      {
+        encoding: 'utf8',
+      },
+    );
+    const rules = (
+      JSON.parse(listed) as {
+        nftables: Array<{
+          rule?: { comment?: string; expr: Array<{ counter?: { packets: number } }> };
+        }>;
+      }
+    ).nftables;
+    const rule = rules.find((r) => r.rule?.comment === `${origin}:${port}`)?.rule;
+    if (rule === undefined) throw new Error(`the world counts no ${origin}:${port}`);
+    return rule.expr.find((e) => e.counter)!.counter!.packets;
   }
 
   close(): void {

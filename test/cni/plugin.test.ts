@@ -147,13 +147,15 @@ describe('CNI plugin against a real Moat', () => {
   });
 
   it("passes on Moat's own refusal of an attach, naming it", async () => {
-    // A namespace that is not there: Moat refuses it (or, in proxy mode, any network-only sandbox).
+    // This Moat enforces with its proxy only: it cannot adopt a namespace, and says why.
     const before = await sandboxes();
     const run = await plugin.run(ADD, plugin.conf());
     expectCniError(
       run,
       100,
-      new RegExp(`Moat at ${apiUrl} refused POST /sandboxes \\((400|501): .+\\)`),
+      new RegExp(
+        `Moat at ${apiUrl} refused POST /sandboxes \\(501: the template network-only needs namespace enforcement`,
+      ),
     );
     expect(await sandboxes()).toEqual(before);
   });

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const NETWORK_NAME = 'moat';
-export const CONFLIST_VERSION = '1.0.0';
+const CONFLIST_VERSION = '1.0.0';
 
 export interface InstallOptions {
   readonly binDir: string;

@@ -13,6 +13,7 @@ const ALONE = [
   'test/confinement/**/*.test.ts',
   'test/walkthrough.test.ts',
   'test/deploy.test.ts',
+  'test/cni/podman.test.ts',
 ];
 
 const shared = { testTimeout: 30_000, hookTimeout: 30_000 };

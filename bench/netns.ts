@@ -15,15 +15,23 @@
  *   set, which is why Moat keeps one `nft -i` session per namespace), timed the same way and
  *   interleaved with Moat's changes.
  *
+ * - Attach: 50 namespaces made here (`ip netns add`) adopted as network-only sandboxes through
+ *   the platform API (`POST /sandboxes` with `netns`), and 50 more through the CNI plugin (its
+ *   installed executable run with CNI_COMMAND=ADD, as a runtime runs it: a node start, the
+ *   configuration, the API call, the result). The peer is Moat's own namespaced create above.
+ *
  * Targets (issue): namespaced create p50 under 150 ms; PUT network to live ruleset p99 under
  * 20 ms. Everything stays on this host: the world namespace holds the only origin, no DNS query
  * is made (the upstream is a loopback port where nothing listens). Counts are fixed and every
  * wait is bounded. Options: `--help`.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, execFile, execFileSync, spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
+import path from 'node:path';
 import { pino } from 'pino';
 import { type RunningMoat, startMoat } from '../src/app/index.js';
+import { installPlugin } from '../src/cni/index.js';
 import { loadConfig } from '../src/config.js';
 import { confinementWorks, namespacesWork } from '../src/runtime/index.js';
 import { flag, readOptions } from './lib/options.js';
@@ -84,6 +92,69 @@ async function call(
   });
   const text = await response.text();
   return { status: response.status, text, json: text ? (JSON.parse(text) as unknown) : undefined };
+}
+
+/** Runs the installed CNI plugin once with `env` and `conf` on standard input; its stdout. */
+function runPlugin(file: string, env: Record<string, string>, conf: object): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = execFile(file, [], { env, timeout: 30_000 }, (error, stdout) =>
+      error
+        ? reject(new Error(`CNI ${env.CNI_COMMAND}: ${stdout || error.message}`))
+        : resolve(stdout),
+    );
+    child.stdin!.end(JSON.stringify(conf));
+  });
+}
+
+/**
+ * Attaches `count` namespaces made here: through the API, or through the CNI plugin installed
+ * into `dir`. Each attach's milliseconds; every namespace and sandbox is gone afterwards.
+ */
+async function attach(
+  moat: RunningMoat,
+  dir: string,
+  via: 'api' | 'cni',
+  count: number,
+): Promise<number[]> {
+  const { host, port } = moat.listening.api;
+  const keyFile = path.join(dir, 'cni-api-key');
+  writeFileSync(keyFile, `${API_KEY}\n`, { mode: 0o600 });
+  const installed = installPlugin({
+    binDir: path.join(dir, 'cni-bin'),
+    confDir: path.join(dir, 'cni-net.d'),
+    api: `http://${host}:${port}`,
+    keyFile,
+  });
+  // What a runtime passes: the conflist's plugin entry with the list's name and version.
+  const list = JSON.parse(readFileSync(installed.conflist, 'utf8')) as {
+    cniVersion: string;
+    name: string;
+    plugins: object[];
+  };
+  const conf = { cniVersion: list.cniVersion, name: list.name, ...list.plugins[0] };
+  const ms: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const name = `moat-bench-attach-${process.pid}-${i}`;
+    execFileSync('/usr/sbin/ip', ['netns', 'add', name]);
+    try {
+      const netns = `/run/netns/${name}`;
+      const started = performance.now();
+      if (via === 'api') {
+        const reply = await call(moat, 'POST', '/sandboxes', { templateID: 'network-only', netns });
+        ms.push(performance.now() - started);
+        if (reply.status !== 201) throw new Error(`attach: ${reply.status} ${reply.text}`);
+        await call(moat, 'DELETE', `/sandboxes/${(reply.json as { sandboxID: string }).sandboxID}`);
+      } else {
+        const env = { CNI_CONTAINERID: name, CNI_NETNS: netns, CNI_IFNAME: 'eth0' };
+        await runPlugin(installed.executable, { ...env, CNI_COMMAND: 'ADD' }, conf);
+        ms.push(performance.now() - started);
+        await runPlugin(installed.executable, { ...env, CNI_COMMAND: 'DEL' }, conf);
+      }
+    } finally {
+      execFileSync('/usr/sbin/ip', ['netns', 'delete', name]);
+    }
+  }
+  return ms;
 }
 
 async function create(moat: RunningMoat): Promise<{ id: string; ms: number }> {
@@ -194,6 +265,13 @@ async function run(dir: string, strict: boolean): Promise<void> {
       }
     }
     process.stdout.write(`${CREATES} creates on each Moat done\n`);
+    const attachMs = {
+      api: (await attach(namespaced, dir, 'api', WARMUP + CREATES)).slice(WARMUP),
+      cni: (await attach(namespaced, dir, 'cni', WARMUP + CREATES)).slice(WARMUP),
+    };
+    process.stdout.write(
+      `${CREATES} attaches through the API and ${CREATES} through CNI ADD done\n`,
+    );
 
     // PUT network to live ruleset.
     const [, sandboxID] = ids.find(([moat]) => moat === namespaced)!;
@@ -254,6 +332,16 @@ async function run(dir: string, strict: boolean): Promise<void> {
             createMs.shared,
             0.99,
           ),
+          ...(['api', 'cni'] as const).flatMap((via) =>
+            [0.5, 0.99].map((p) =>
+              percentileRow(
+                `attach a namespace p${p * 100} (${CREATES}, ${via === 'api' ? 'API' : 'CNI ADD'}; peer: create)`,
+                attachMs[via],
+                createMs.namespace,
+                p,
+              ),
+            ),
+          ),
           percentileRow(
             `PUT network to live p50 (${CHANGES}; peer: nft -f per change)`,
             live.moat,
@@ -292,9 +380,11 @@ async function run(dir: string, strict: boolean): Promise<void> {
 }
 
 const SUMMARY = `What kernel enforcement costs, as root on Linux: 50 creates of sandboxes with a network
-namespace of their own against sandboxes on the host network, and 200 PUT network changes timed
-until a probe inside the sandbox sees the new verdict, against the same set change made with one
-\`nft -f\` process per change. Needs network namespaces and confined sandboxes.`;
+namespace of their own against sandboxes on the host network, 50 attaches of namespaces made
+elsewhere (through the API and through the CNI plugin) against those creates, and 200 PUT
+network changes timed until a probe inside the sandbox sees the new verdict, against the same
+set change made with one \`nft -f\` process per change.
+Needs network namespaces and confined sandboxes.`;
 
 const OPTIONS = {
   keep: flag('keep the scratch folder'),

@@ -5,11 +5,12 @@
  * layers, seccomp filter), e2fsprogs and mount make and mount its disk, iproute2 and nftables
  * give each sandbox its own network namespace and firewall; bubblewrap, the peer
  * `npm run bench:sandbox` measures, only with `--bench`; chromium, the browser the console's
- * test drives, only with `--browser`. Without the first, Moat refuses sandboxes (unless started
+ * test drives, only with `--browser`; podman, runc, containernetworking-plugins and
+ * busybox-static, the runtime the CNI plugin's test drives, only with `--cni`. Without the first, Moat refuses sandboxes (unless started
  * with --unconfined-sandboxes); without iproute2 and nftables it enforces through the proxy only;
  * it says so at start-up. This script says why it did not install.
  * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer
- * and the console's browser test.
+ * the console's browser test and the CNI plugin's Podman test.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -53,6 +54,27 @@ const PACKAGES = [
     present: () => existsSync('/usr/bin/chromium'),
     for: "the console's browser test",
     only: '--browser',
+  },
+  // The Podman test (test/cni): Podman with the CNI backend, runc (crun refuses this machine
+  // kind's mixed cgroup set-up), the CNI reference plugins and a static busybox for its image.
+  {
+    name: 'podman',
+    present: () => existsSync('/usr/bin/podman'),
+    for: "the CNI plugin's Podman test",
+    only: '--cni',
+  },
+  { name: 'runc', present: () => existsSync('/usr/sbin/runc'), for: 'Podman', only: '--cni' },
+  {
+    name: 'containernetworking-plugins',
+    present: () => existsSync('/usr/lib/cni/loopback'),
+    for: "Podman's CNI backend",
+    only: '--cni',
+  },
+  {
+    name: 'busybox-static',
+    present: () => existsSync('/bin/busybox'),
+    for: "the Podman test's image",
+    only: '--cni',
   },
 ];
 

@@ -2,7 +2,8 @@ import { readFileSync } from 'node:fs';
 import { type NetworkRules, type ParseOptions, parseNetworkConfig } from '../policy/index.js';
 
 export type PolicyFileResult =
-  | { ok: true; rules: NetworkRules }
+  /** `json`: the file as written, for a command that passes it on (moat cni install). */
+  | { ok: true; rules: NetworkRules; json: unknown }
   /** `notJson`: the file does not parse as JSON at all (lint skips such files unless *.json). */
   | { ok: false; problems: string[]; notJson?: true };
 
@@ -25,6 +26,6 @@ export function readPolicyFile(path: string, options: ParseOptions): PolicyFileR
   }
   const parsed = parseNetworkConfig(json, options);
   return parsed.ok
-    ? { ok: true, rules: parsed.value }
+    ? { ok: true, rules: parsed.value, json }
     : { ok: false, problems: parsed.errors.map((problem) => problem.message) };
 }

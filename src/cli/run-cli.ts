@@ -1,8 +1,9 @@
 /**
- * The moat command line: `moat serve`, `moat check`, `moat lint`, `moat observe`. Only `serve`
+ * The moat command line: `moat serve`, `moat check`, `moat lint`, `moat observe`, `moat cni`. Only `serve`
  * loads the server (lazily): the other commands start without it.
  */
 import { CHECK_HELP, check } from './check.js';
+import { CNI_HELP, cni } from './cni.js';
 import { type CliIO, EXIT, switchesFilled, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
 import { OBSERVE_HELP, observe } from './observe.js';
@@ -32,6 +33,11 @@ const COMMANDS: Record<
     run: observe,
     help: OBSERVE_HELP,
     summary: "print a node's flow records (GET /flows), and follow new ones",
+  },
+  cni: {
+    run: cni,
+    help: CNI_HELP,
+    summary: "install Moat's CNI plugin: containers and VMs of a CNI runtime held by Moat",
   },
 };
 

@@ -54,6 +54,18 @@ const PACKAGES = [
     for: "the console's browser test",
     only: '--browser',
   },
+  {
+    name: 'qemu-system-x86',
+    present: () => existsSync('/usr/bin/qemu-system-x86_64'),
+    for: "the VM test's guest",
+    only: '--vm',
+  },
+  {
+    name: 'busybox-static',
+    present: () => existsSync('/bin/busybox'),
+    for: "the VM test's initramfs",
+    only: '--vm',
+  },
 ];
 
 // Packages marked `only` are extras for one purpose, installed when their option is given.
@@ -70,11 +82,16 @@ if (process.getuid?.() !== 0 || !existsSync('/usr/bin/apt-get')) {
 console.log(`moat: installing ${why} with apt-get`);
 const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
 const install = () =>
-  spawnSync('apt-get', ['install', '-y', '--no-install-recommends', ...names], {
-    env,
-    stdio: 'inherit',
-    timeout: 300_000,
-  }).status === 0;
+  // Another installer (a second suite's set-up) may hold dpkg's lock: wait for it, bounded.
+  spawnSync(
+    'apt-get',
+    ['-o', 'DPkg::Lock::Timeout=240', 'install', '-y', '--no-install-recommends', ...names],
+    {
+      env,
+      stdio: 'inherit',
+      timeout: 300_000,
+    },
+  ).status === 0;
 // A fresh machine may have no package lists yet: fetch them once and retry.
 if (!install()) {
   execFileSync('apt-get', ['update'], { env, stdio: 'inherit', timeout: 300_000 });

@@ -107,8 +107,9 @@ const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
 /**
  * The two chains that send a sandbox with an upstream proxy through Moat: `tunnel_redirect`
  * takes its web ports to the transparent listener (which decides them by name) and its other TCP
- * to Moat's listener inside the sandbox's namespace (`redirectPort` on its loopback, which
- * decides them by the address they were sent to); both dial through the proxy. `tunnel_direct`
+ * of the namespace's own processes to Moat's listener inside it (`redirectPort` on its loopback,
+ * which decides them by the address they were sent to); both dial through the proxy. Other TCP
+ * that the namespace forwards (a guest's) is refused: see tunnelRules. `tunnel_direct`
  * refuses any TCP that would still leave directly (all but web ports, when Moat has no listener
  * inside), and any that arrives on a direct connection opened before the proxy was named: it
  * must never go around the proxy. Empty for a sandbox without one.
@@ -130,7 +131,10 @@ export const tunnelRules = (
           ...(redirectPort === undefined
             ? []
             : [
-                `add rule ${TABLE} tunnel_redirect ip daddr != ${layout.pool.text} meta l4proto tcp redirect to :${redirectPort}`,
+                // The namespace's own processes only: what it forwards (a guest behind it) is not
+                // redirected inside, so its other TCP meets tunnel_direct's reset in the forward
+                // hook (Moat's listener is on the loopback, which a forwarded packet cannot reach).
+                `add rule ${TABLE} tunnel_redirect fib saddr type local ip daddr != ${layout.pool.text} meta l4proto tcp redirect to :${redirectPort}`,
               ]),
           `add rule ${TABLE} tunnel_direct meta l4proto tcp reject with tcp reset`,
         ]
@@ -166,17 +170,16 @@ const CLOSED_LEAVE_POLICY = `ct timeout ${CLOSED_LEAVE} { protocol tcp; l3proto 
  * packet reaches the host's namespace, whose connection tracking table every sandbox shares):
  * a new connection over the rate, or over the count of connections the sandbox already holds
  * open, is refused at once (a reset, or ICMP for UDP), never left to time out. Only the first
- * packet of a connection is looked at; the rest of its packets pass at the first rule. Loopback
- * inside the sandbox is its own and not budgeted.
+ * packet of a connection is looked at; the rest of its packets pass at the first rule. One chain
+ * for the namespace's own connections and those it forwards: one rate and one count for both.
  */
 function budgetChains(budget: ConnectionBudget): string[] {
   const refusal = (resource: KernelBudget) =>
     `chain refuse_${resource} { counter name "${BUDGET_COUNTERS[resource]}"; meta l4proto tcp reject with tcp reset; reject with icmpx admin-prohibited; }`;
   const rules = [
-    'type filter hook output priority mangle; policy accept',
-    'oifname "lo" accept',
     'ct state != new accept',
-    // Output's conntrack (-200) has made the new entry; not yet confirmed, it takes a policy.
+    // Conntrack (-200, output or prerouting) has made the new entry; not yet confirmed (that is
+    // at the last hook), it takes a policy.
     `meta l4proto tcp ct timeout set "${CLOSED_LEAVE}"`,
     `limit rate over ${budget.newPerSecond}/second burst ${budget.newBurst} packets goto refuse_new_connections`,
     // ct count counts the connections this rule saw that are still open (TIME_WAIT and CLOSE
@@ -212,22 +215,36 @@ export function budgetRefusals(listing: string): Record<KernelBudget, number> {
   };
 }
 
+/** The sandbox's end of Moat's link: where its traffic leaves for Moat, and its address there. */
+export interface SandboxLink {
+  /** The host's end of the link (the default route's next hop). */
+  readonly host: IPAddress;
+  /** The sandbox's source address on the link. */
+  readonly address: IPAddress;
+  /** The link's device inside the namespace ('eth0' in Moat's own sandboxes). */
+  readonly device: string;
+}
+
 /**
  * The sandbox's whole table, replacing any earlier one, with every destination denied until the
  * first policy is written into its sets (`policySets`).
+ *
+ * What the namespace's own processes send and what it forwards (from a VM's tap or a
+ * container's bridge behind it) are decided by the same regular chains, each jumped to from two
+ * base chains: one on the output (or input) hook, one on the forward (or prerouting) hook. Only
+ * Moat's link leads anywhere: nothing leaves by, nor is forwarded in from, another device.
  */
-export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAddress }): string {
+export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string {
   const gw = layout.gateway.text;
   const { dns, proxy, transparent } = layout.ports;
   const redirected = `{ ${REDIRECTED_PORTS.join(', ')} }`;
   const internal = ipv4(layout.internal.ranges.map((r) => r.cidr));
+  const device = JSON.stringify(link.device);
   const sets = Object.entries(SET_TYPES).map(
     ([name, type]) =>
       `set ${name} { ${type};${name === 'internal4' ? elements(internal) : name === 'deny4' ? elements(['0.0.0.0/0']) : ''} }`,
   );
   const redirect = [
-    'type nat hook output priority -100; policy accept',
-    'oifname "lo" accept',
     // Every DNS query, to whichever resolver it was sent, goes to the interceptor.
     `meta l4proto { tcp, udp } th dport ${DNS_PORT} dnat ip to ${gw}:${dns}`,
     'ip daddr @internal4 accept',
@@ -239,8 +256,6 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     `tcp dport ${redirected} ip daddr @deny4 dnat ip to ${gw}:${transparent}`,
   ];
   const egress = [
-    'type filter hook output priority filter; policy drop',
-    'oifname "lo" accept',
     // TCP redirected to Moat's listener inside (tunnel_redirect): this hook still sees the
     // device the packet was first routed to, not lo. Only Moat's own rules translate here.
     'ip daddr 127.0.0.1 ct status dnat accept',
@@ -281,24 +296,16 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     refuse_icmp: [...logged('deny'), 'reject with icmpx admin-prohibited'],
   };
   const egressLog = [
-    'type filter hook output priority 10; policy accept',
-    'oifname "lo" return',
     // Through Moat (DNS, the transparent listener, a tunnel): Moat records those itself.
     'ct status dnat return',
     `ip daddr ${gw} return`,
     `ip daddr ${link.host.text} return`,
     ...logged('allow'),
   ];
-  const ingress = [
-    'type filter hook input priority filter; policy drop',
-    'iifname "lo" accept',
-    'ct state established,related jump arriving',
-    `ip saddr ${link.host.text} meta l4proto tcp ct state new accept`,
-  ];
-  // What arrives on a connection the sandbox opened is decided as the sandbox's next packet to
-  // that destination would be (the connection's original destination, as the outbound chain
-  // saw it): so a publish stops a peer the new policy denies from sending more (a UDP peer
-  // keeps sending whatever the sandbox does), in the same transaction as the new sets.
+  // What arrives on a connection the sandbox opened (or forwarded) is decided as its next
+  // packet to that destination would be (the connection's original destination, as the
+  // outbound chain saw it): so a publish stops a peer the new policy denies from sending more
+  // (a UDP peer keeps sending whatever the sandbox does), in the same transaction as the new sets.
   const arriving = [
     // Connections Moat's ingress opened from the host's end of the link.
     'ct direction original accept',
@@ -318,13 +325,79 @@ export function sandboxRuleset(layout: KernelLayout, link: { readonly host: IPAd
     'ct original ip daddr @deny4 drop',
     'accept',
   ];
+  const hooked = (
+    type: 'nat' | 'filter',
+    hook: string,
+    priority: string,
+    policy: 'accept' | 'drop',
+    rules: string[],
+  ) => [`type ${type} hook ${hook} priority ${priority}; policy ${policy}`, ...rules];
+  const own = {
+    to_moat_local: hooked('nat', 'output', '-100', 'accept', [
+      'oifname "lo" accept',
+      'jump to_moat',
+    ]),
+    budget_local: hooked('filter', 'output', 'mangle', 'accept', [
+      'oifname "lo" accept',
+      'jump budget',
+    ]),
+    outbound_local: hooked('filter', 'output', 'filter', 'drop', [
+      'oifname "lo" accept',
+      // Another device (a guest's tap or bridge) takes only what the kernel sends on behalf of
+      // a connection it forwards (a refusal's reset or ICMP, a "fragmentation needed").
+      `oifname != ${device} ct state related accept`,
+      `oifname != ${device} drop`,
+      'jump outbound',
+    ]),
+    outbound_log_local: hooked('filter', 'output', '10', 'accept', [
+      'oifname "lo" accept',
+      'jump outbound_log',
+    ]),
+    inbound: hooked('filter', 'input', 'filter', 'drop', [
+      'iifname "lo" accept',
+      'ct state established,related jump arriving',
+      `ip saddr ${link.host.text} meta l4proto tcp ct state new accept`,
+    ]),
+  };
+  // What the namespace forwards: out through Moat's link only, decided as its own traffic; in
+  // through Moat's link only what answers it, decided by `arriving`.
+  const forwarded = {
+    to_moat_forwarded: hooked('nat', 'prerouting', '-100', 'accept', [
+      `iifname { "lo", ${device} } accept`,
+      'jump to_moat',
+    ]),
+    budget_forwarded: hooked('filter', 'forward', 'mangle', 'accept', [
+      `oifname ${device} jump budget`,
+    ]),
+    forwarded: hooked('filter', 'forward', 'filter', 'drop', [
+      `iifname ${device} ct direction reply jump arriving`,
+      `iifname != ${device} oifname ${device} jump outbound`,
+    ]),
+    outbound_log_forwarded: hooked('filter', 'forward', '10', 'accept', [
+      `oifname ${device} jump outbound_log`,
+    ]),
+    // A guest's own source address leaves as the sandbox's: the host's table and Moat's
+    // listeners know the sandbox by it, and the host has no route to a guest's subnet.
+    leaving: hooked('nat', 'postrouting', 'srcnat', 'accept', [
+      `oifname ${device} ip saddr != ${link.address.text} snat ip to ${link.address.text}`,
+    ]),
+  };
   const chain = (name: string, rules: string[]) => `chain ${name} { ${rules.join('; ')}; }`;
+  const chains = {
+    to_moat: redirect,
+    ...refusals,
+    outbound: egress,
+    outbound_log: egressLog,
+    arriving,
+    ...own,
+    ...forwarded,
+  };
   return [
     `table ${TABLE}`,
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...budgetChains(layout.connections), ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), chain('to_moat', redirect), ...Object.entries(refusals).map(([name, rules]) => chain(name, rules)), chain('outbound', egress), chain('outbound_log', egressLog), chain('arriving', arriving), chain('inbound', ingress)].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...budgetChains(layout.connections), ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), ...Object.entries(chains).map(([name, rules]) => chain(name, rules))].join('; ')}; }`,
   ].join('; ');
 }
 

@@ -80,17 +80,19 @@ export class KernelEnforcer {
 
   /**
    * Writes the sandbox's whole firewall for `policy` (and its upstream proxy, which only Moat's
-   * listeners reach); rejects when it could not be applied.
+   * listeners reach); rejects when it could not be applied. `device` is the sandbox's end of
+   * Moat's link inside its namespace: the only way out for what the namespace sends or forwards.
    */
   async install(
     sandboxID: string,
     address: IPAddress,
     policy: Policy,
     upstream?: UpstreamProxy,
+    device = 'eth0',
   ): Promise<void> {
     const host = AddressPool.offset(address, -1);
     const tunnel = await this.tunnelRules(sandboxID, upstream);
-    const commands = `${sandboxRuleset(this.layout, { host })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;
+    const commands = `${sandboxRuleset(this.layout, { host, address, device })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {

@@ -59,6 +59,8 @@ const LAYOUT: KernelLayout = {
   connections: { newPerSecond: 200, newBurst: 400, tracked: 4096 },
 };
 const LINK_HOST = ip('10.216.0.5');
+/** The sandbox's end of Moat's link, as Moat's own sandboxes have it. */
+const LINK = { host: LINK_HOST, address: ip('10.216.0.6'), device: 'eth0' };
 
 /** A Policy as the sandbox service compiles one (SandboxPolicies.compile in src/sandbox/policies.ts). */
 function policyOf(rules: Record<string, unknown>): Policy {
@@ -136,7 +138,7 @@ const learned = (address: string, inMs: number): LearnedElement => ({
 });
 
 describe('kernel rules: the sandbox table', () => {
-  const line = sandboxRuleset(LAYOUT, { host: LINK_HOST });
+  const line = sandboxRuleset(LAYOUT, LINK);
   const table = tableOf(line);
 
   it('is one line that replaces any earlier table', () => {
@@ -159,9 +161,6 @@ describe('kernel rules: the sandbox table', () => {
 
   it('sends DNS to the gateway first, and web ports of learned and denied addresses to the transparent listener', () => {
     expect(table.chains.to_moat).toEqual([
-      'type nat hook output priority -100',
-      'policy accept',
-      'oifname "lo" accept',
       'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:53',
       'ip daddr @internal4 accept',
       'jump tunnel_redirect',
@@ -172,9 +171,6 @@ describe('kernel rules: the sandbox table', () => {
 
   it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, direct web connections to denied addresses, open connections of this policy, learned, deny', () => {
     expect(table.chains.outbound).toEqual([
-      'type filter hook output priority filter',
-      'policy drop',
-      'oifname "lo" accept',
       'ip daddr 127.0.0.1 ct status dnat accept',
       'meta nfproto ipv6 reject with icmpx admin-prohibited',
       'ip daddr 10.216.0.1 udp dport 53 accept',
@@ -195,6 +191,75 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
+  it("jumps to the same chains from the namespace's own hooks and from its forward hooks", () => {
+    expect(table.chains.to_moat_local).toEqual([
+      'type nat hook output priority -100',
+      'policy accept',
+      'oifname "lo" accept',
+      'jump to_moat',
+    ]);
+    expect(table.chains.to_moat_forwarded).toEqual([
+      'type nat hook prerouting priority -100',
+      'policy accept',
+      // What arrives on Moat's link is never redirected (nor what loops back).
+      'iifname { "lo", "eth0" } accept',
+      'jump to_moat',
+    ]);
+    expect(table.chains.budget_local).toEqual([
+      'type filter hook output priority mangle',
+      'policy accept',
+      'oifname "lo" accept',
+      'jump budget',
+    ]);
+    expect(table.chains.budget_forwarded).toEqual([
+      'type filter hook forward priority mangle',
+      'policy accept',
+      'oifname "eth0" jump budget',
+    ]);
+    expect(table.chains.outbound_local).toEqual([
+      'type filter hook output priority filter',
+      'policy drop',
+      'oifname "lo" accept',
+      'oifname != "eth0" ct state related accept',
+      'oifname != "eth0" drop',
+      'jump outbound',
+    ]);
+    expect(table.chains.forwarded).toEqual([
+      'type filter hook forward priority filter',
+      'policy drop',
+      'iifname "eth0" ct direction reply jump arriving',
+      'iifname != "eth0" oifname "eth0" jump outbound',
+    ]);
+    expect(table.chains.outbound_log_local).toEqual([
+      'type filter hook output priority 10',
+      'policy accept',
+      'oifname "lo" accept',
+      'jump outbound_log',
+    ]);
+    expect(table.chains.outbound_log_forwarded).toEqual([
+      'type filter hook forward priority 10',
+      'policy accept',
+      'oifname "eth0" jump outbound_log',
+    ]);
+  });
+
+  it("leaves through Moat's link only under the sandbox's address", () => {
+    expect(table.chains.leaving).toEqual([
+      'type nat hook postrouting priority srcnat',
+      'policy accept',
+      'oifname "eth0" ip saddr != 10.216.0.6 snat ip to 10.216.0.6',
+    ]);
+  });
+
+  it("names the link's device it is given (a network-only sandbox's)", () => {
+    const { chains } = tableOf(sandboxRuleset(LAYOUT, { ...LINK, device: 'moat0' }));
+    expect(chains.forwarded).toContain('iifname != "moat0" oifname "moat0" jump outbound');
+    expect(chains.outbound_local).toContain('oifname != "moat0" drop');
+    expect(chains.leaving).toContain(
+      'oifname "moat0" ip saddr != 10.216.0.6 snat ip to 10.216.0.6',
+    );
+  });
+
   it('logs the first packet of each direct flow, refused or let out, rate-limited, for the flow log', () => {
     // Once per flow: a SYN sent again finds its flow in logged4.
     const flow = 'ip daddr . meta l4proto . th sport . th dport';
@@ -205,9 +270,6 @@ describe('kernel rules: the sandbox table', () => {
     expect(table.chains.refuse_icmp).toEqual([log('deny'), 'reject with icmpx admin-prohibited']);
     // After the filter (what it accepted), and never what goes through Moat.
     expect(table.chains.outbound_log).toEqual([
-      'type filter hook output priority 10',
-      'policy accept',
-      'oifname "lo" return',
       'ct status dnat return',
       'ip daddr 10.216.0.1 return',
       'ip daddr 10.216.0.5 return',
@@ -217,9 +279,6 @@ describe('kernel rules: the sandbox table', () => {
 
   it('refuses new connections over the rate or over the open count first, with a reset or ICMP, counted; lets closed ones leave its table at once', () => {
     expect(table.chains.budget).toEqual([
-      'type filter hook output priority mangle',
-      'policy accept',
-      'oifname "lo" accept',
       'ct state != new accept',
       'meta l4proto tcp ct timeout set "closed_leave_at_once"',
       'limit rate over 200/second burst 400 packets goto refuse_new_connections',
@@ -295,7 +354,7 @@ describe('kernel rules: the sandbox table', () => {
 
   it('names each gateway port once when listeners share a port', () => {
     const shared = { ...LAYOUT, ports: { dns: 3053, proxy: 3128, transparent: 3128 } };
-    const { chains } = tableOf(sandboxRuleset(shared, { host: LINK_HOST }));
+    const { chains } = tableOf(sandboxRuleset(shared, LINK));
     expect(chains.outbound).toContain('ip daddr 10.216.0.1 tcp dport { 3053, 3128 } accept');
     expect(chains.to_moat).toContain(
       'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:3053',
@@ -691,7 +750,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('takes the sandbox table, also over an earlier one, with every destination denied', () => {
-    const line = sandboxRuleset(LAYOUT, { host: LINK_HOST });
+    const line = sandboxRuleset(LAYOUT, LINK);
     nft(line);
     nft(line);
     expectIntervals('internal4', ['169.254.0.0/16', '100.64.0.0/10']);
@@ -701,7 +760,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('takes the budget chains, and reads their counters back', async () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     const enforcer = new KernelEnforcer(LAYOUT, {
       table: new EnforcementTable({ now: () => NOW }),
       apply: async (_, commands) => nft(commands),
@@ -717,7 +776,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('takes policy sets and holds what they name', () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     nft(
       policySets(
         policyOf({
@@ -758,7 +817,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('moves a learned address out to its new timeout, and drops one that has expired', () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     nft(learnedElements([learned('203.0.113.1', 5_000), learned('203.0.113.2', 5_000)], NOW));
     expect(timeoutsOf()).toEqual({ '203.0.113.1': 5, '203.0.113.2': 5 });
     nft(learnedElements([learned('203.0.113.1', 120_000), learned('203.0.113.2', 0)], NOW));
@@ -766,14 +825,15 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('fills the tunnel chains for a sandbox with an upstream proxy, and empties them again', () => {
-    const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta', 'ip']);
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta', 'ip', 'fib']);
+    nft(sandboxRuleset(LAYOUT, LINK));
     nft(tunnelRules(LAYOUT, true, 41_234));
     // Twice: a publish that keeps the proxy writes the same rules, not a second copy.
     nft(tunnelRules(LAYOUT, true, 41_234));
     expect(rulesOf('tunnel_redirect')).toEqual([
       'tcp dport { 80, 443 } dnat ip to 10.216.0.1:3129',
-      'ip daddr != 10.216.0.0/24 meta l4proto tcp redirect to :41234',
+      // Only the namespace's own TCP: a forwarded packet cannot reach Moat's loopback listener.
+      'fib saddr type local ip daddr != 10.216.0.0/24 meta l4proto tcp redirect to :41234',
     ]);
     expect(rulesOf('tunnel_direct')).toEqual(['meta l4proto tcp reject with tcp reset']);
     nft(tunnelRules(LAYOUT, false));
@@ -783,7 +843,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
 
   it('redirects only web ports when Moat has no listener inside; other TCP is refused', () => {
     const rulesOf = (chain: string) => chainRules(chain, ['tcp', 'meta', 'ip']);
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     nft(tunnelRules(LAYOUT, true));
     expect(rulesOf('tunnel_redirect')).toEqual([
       'tcp dport { 80, 443 } dnat ip to 10.216.0.1:3129',
@@ -792,7 +852,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('takes the lockdown after any policy', () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     nft(
       policySets(
         policyOf({ allowOut: ['8.8.8.8'] }),
@@ -808,7 +868,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('puts learned addresses back after a refused policy change locked the sandbox down', async () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     const table = new EnforcementTable({ now: () => NOW });
     const rules = policyOf({ allowOut: ['example.com', '1.2.3.4'], denyOut: ['0.0.0.0/0'] });
     table.register('ikernelsandbox000001', { egressSecret: 's' }, rules);
@@ -841,7 +901,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('writes a new generation with every policy, so open connections are decided again', async () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     const table = new EnforcementTable({ now: () => NOW });
     const rules = policyOf({ allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] });
     table.register('ikernelsandbox000002', { egressSecret: 's' }, rules);
@@ -867,7 +927,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
 
   it('takes a layout whose listeners share a port', () => {
     const shared = { ...LAYOUT, ports: { dns: 3053, proxy: 3128, transparent: 3128 } };
-    nft(sandboxRuleset(shared, { host: LINK_HOST }));
+    nft(sandboxRuleset(shared, LINK));
     nft(hostRuleset(shared));
     nft(removeHostRuleset(shared.hostTable));
   });
@@ -886,7 +946,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
   });
 
   it('holds exactly the IPv4 address rules of generated policies', () => {
-    nft(sandboxRuleset(LAYOUT, { host: LINK_HOST }));
+    nft(sandboxRuleset(LAYOUT, LINK));
     fc.assert(
       fc.property(policyInput, (input) => {
         nft(policySets(policyOf(input.rules), [], NOW, GENERATION));

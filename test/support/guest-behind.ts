@@ -1,0 +1,180 @@
+/**
+ * A "guest" behind a sandbox's network namespace, as a VM's tap or a container's bridge puts one
+ * there: a namespace this test makes, linked by a veth pair to the sandbox's namespace (given by
+ * any path: /run/netns/<name>, /proc/<pid>/ns/net), on its own subnet, with its default route
+ * via the sandbox's end. Forwarding is switched on inside the sandbox's namespace only. The
+ * guest's programs run as an unprivileged user (nobody), so only the sandbox's namespace can
+ * hold them.
+ *
+ * `uplink` adds what a VM runtime's own uplink would be: a third namespace ("outside") linked
+ * to the sandbox's namespace on another subnet, which must not become a way around Moat.
+ */
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+
+const IP = '/usr/sbin/ip';
+const NSENTER = '/usr/bin/nsenter';
+const SETPRIV = '/usr/bin/setpriv';
+/** nobody: holds no capability in any namespace. */
+const GUEST_USER = ['--reuid=65534', '--regid=65534', '--clear-groups', '--inh-caps=-all'];
+
+export interface Ran {
+  readonly code: number;
+  readonly out: string;
+  readonly err: string;
+  readonly ms: number;
+}
+
+/** A Python program as one argument list for the guest's interpreter (no shell quoting). */
+const pythonArgs = (code: string) => ['/usr/bin/python3', '-u', '-c', code];
+
+/** Runs a command as root inside the namespace at `netns`: its output, or an error naming it. */
+const inside = (netns: string, args: string[], input?: string) =>
+  execFileSync(NSENTER, [`--net=${netns}`, '--', ...args], {
+    encoding: 'utf8',
+    stdio: 'pipe',
+    input,
+    timeout: 10_000,
+  });
+
+export class GuestBehind {
+  /** The guest's address, and the sandbox namespace's end of the guest's link (its router). */
+  readonly address: string;
+  readonly router: string;
+  /** With `uplink`: the outside's address, reached from the sandbox's namespace only by that link. */
+  readonly outside?: string;
+
+  private constructor(
+    /** The guest's namespace, under /run/netns. */
+    readonly namespace: string,
+    private readonly sandboxNetns: string,
+    private readonly links: readonly string[],
+    subnet: string,
+    uplinkSubnet: string | undefined,
+  ) {
+    this.address = `${subnet}.2`;
+    this.router = `${subnet}.1`;
+    this.outside = uplinkSubnet && `${uplinkSubnet}.2`;
+  }
+
+  /** The path of a namespace this support made. */
+  get netns(): string {
+    return `/run/netns/${this.namespace}`;
+  }
+
+  /**
+   * `tag`: a few characters naming this guest apart from others (device names hold 15);
+   * `sandboxNetns`: the sandbox's namespace; `subnet`: the guest's /24 without its last part.
+   */
+  static create(
+    tag: string,
+    sandboxNetns: string,
+    options: { subnet?: string; uplink?: string } = {},
+  ): GuestBehind {
+    const subnet = options.subnet ?? '192.168.77';
+    const namespace = `moat-guest-${tag}`;
+    const link = `mg${tag}`.slice(0, 15);
+    const up = `mu${tag}`.slice(0, 15);
+    const guest = new GuestBehind(
+      namespace,
+      sandboxNetns,
+      options.uplink === undefined ? [link] : [link, up],
+      subnet,
+      options.uplink,
+    );
+    GuestBehind.remove(namespace, sandboxNetns, [link, up]);
+    try {
+      execFileSync(IP, ['netns', 'add', namespace], { stdio: 'pipe' });
+      if (options.uplink !== undefined)
+        execFileSync(IP, ['netns', 'add', `${namespace}-out`], { stdio: 'pipe' });
+      // Made from inside the sandbox's namespace: `netns NAME` puts the far end in the guest's.
+      const batch = [
+        `link add ${link} type veth peer name eth0 netns ${namespace}`,
+        `addr add ${guest.router}/24 dev ${link}`,
+        `link set ${link} up`,
+        ...(options.uplink === undefined
+          ? []
+          : [
+              `link add ${up} type veth peer name eth0 netns ${namespace}-out`,
+              `addr add ${options.uplink}.1/24 dev ${up}`,
+              `link set ${up} up`,
+            ]),
+      ];
+      inside(sandboxNetns, [IP, '-batch', '-'], batch.join('\n'));
+      inside(sandboxNetns, ['/bin/sh', '-c', 'echo 1 > /proc/sys/net/ipv4/ip_forward']);
+      const guestIp = (...args: string[]) => inside(guest.netns, [IP, ...args]);
+      guestIp('link', 'set', 'lo', 'up');
+      guestIp('addr', 'add', `${guest.address}/24`, 'dev', 'eth0');
+      guestIp('link', 'set', 'eth0', 'up');
+      guestIp('route', 'add', 'default', 'via', guest.router);
+      if (options.uplink !== undefined) {
+        const outside = `/run/netns/${namespace}-out`;
+        inside(outside, [IP, 'link', 'set', 'lo', 'up']);
+        inside(outside, [IP, 'addr', 'add', `${options.uplink}.2/24`, 'dev', 'eth0']);
+        inside(outside, [IP, 'link', 'set', 'eth0', 'up']);
+        inside(outside, [IP, 'route', 'add', 'default', 'via', `${options.uplink}.1`]);
+      }
+    } catch (error) {
+      guest.close();
+      throw error;
+    }
+    return guest;
+  }
+
+  /** Runs a Python program in the guest as nobody; a failing exit is a result, not an error. */
+  run(code: string, timeoutMs = 15_000): Promise<Ran> {
+    const started = performance.now();
+    const child = this.spawn(code);
+    let out = '';
+    let err = '';
+    child.stdout!.setEncoding('utf8').on('data', (chunk: string) => (out += chunk));
+    child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (err += chunk));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    return new Promise((resolve, reject) => {
+      child.on('error', reject);
+      child.on('close', (code) => {
+        clearTimeout(timer);
+        resolve({ code: code ?? -1, out, err, ms: performance.now() - started });
+      });
+    });
+  }
+
+  /** Starts a Python program in the guest as nobody (stdout and stderr piped). */
+  spawn(code: string): ChildProcess {
+    return spawn(
+      NSENTER,
+      [`--net=${this.netns}`, '--', SETPRIV, ...GUEST_USER, ...pythonArgs(code)],
+      {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
+  }
+
+  /** Starts a Python program as root in the outside namespace (`uplink`). */
+  spawnOutside(code: string): ChildProcess {
+    return spawn(NSENTER, [`--net=${this.netns}-out`, '--', ...pythonArgs(code)], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+  }
+
+  /** Removes the guest's (and the outside's) namespace and links; idempotent. */
+  close(): void {
+    GuestBehind.remove(this.namespace, this.sandboxNetns, this.links);
+  }
+
+  private static remove(namespace: string, sandboxNetns: string, links: readonly string[]): void {
+    for (const link of links) {
+      try {
+        inside(sandboxNetns, [IP, 'link', 'delete', link]);
+      } catch {
+        // Not there (or the sandbox's namespace is gone, and its links with it).
+      }
+    }
+    for (const name of [namespace, `${namespace}-out`]) {
+      try {
+        execFileSync(IP, ['netns', 'delete', name], { stdio: 'pipe' });
+      } catch {
+        // Not there.
+      }
+    }
+  }
+}

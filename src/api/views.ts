@@ -9,6 +9,7 @@ import {
   type BandwidthSettings,
   bandwidthOf,
   type ForkResult,
+  linkView,
   type SandboxRecord,
   type SnapshotRecord,
   type UsageSample,
@@ -29,6 +30,8 @@ const CLIENT_ID = 'moat';
 export interface EgressInfo {
   readonly proxy: HostPort;
   readonly dns: HostPort;
+  /** Where namespaced sandboxes reach Moat (its DNS and proxy): undefined in proxy mode. */
+  readonly gateway?: string;
   readonly enforcement: EnforcementMode;
   /** Whether this node's sandboxes are confined (or run unconfined by the operator's override). */
   readonly confinement: 'confined' | 'unconfined';
@@ -68,6 +71,30 @@ export const listedView = (r: SandboxRecord) => ({
   envdVersion: ENVD_VERSION,
 });
 
+/** The egress block: how the sandbox's egress is identified and enforced. */
+const egressView = (r: SandboxRecord, egress: EgressInfo) => ({
+  address: r.sourceAddress,
+  ...(egress.gateway === undefined ? {} : { gateway: egress.gateway }),
+  proxyUrl: `http://${formatHostPort(egress.proxy)}`,
+  dns: formatHostPort(egress.dns),
+  enforcement: egress.enforcement,
+  // Only a sandbox in a network namespace has a link of its own to hold to a rate.
+  bandwidthEnforced: egress.enforcement === 'namespace',
+  node: r.node ?? null,
+});
+
+/** A network-only sandbox's link (absent for a sandbox Moat runs). */
+const linkPart = (r: SandboxRecord) => {
+  const link = linkView(r);
+  return link === undefined ? {} : { link };
+};
+
+/** The reply to create: a network-only sandbox's also says where it is linked and reaches Moat. */
+export const createReplyView = (r: SandboxRecord, egress: EgressInfo) =>
+  r.link === undefined
+    ? createdView(r)
+    : { ...createdView(r), egress: egressView(r, egress), ...linkPart(r) };
+
 export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTotals) => ({
   ...listedView(r),
   envdAccessToken: r.envdAccessToken,
@@ -93,15 +120,8 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTota
     bandwidth: bandwidthOf(r.network, egress.bandwidthDefaults),
   },
   lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
-  egress: {
-    address: r.sourceAddress,
-    proxyUrl: `http://${formatHostPort(egress.proxy)}`,
-    dns: formatHostPort(egress.dns),
-    enforcement: egress.enforcement,
-    // Only a sandbox in a network namespace has a link of its own to hold to a rate.
-    bandwidthEnforced: egress.enforcement === 'namespace',
-    node: r.node ?? null,
-  },
+  egress: egressView(r, egress),
+  ...linkPart(r),
   flows,
   confinement: egress.confinement,
 });
@@ -201,56 +221,8 @@ const listedProperties = {
 
 export const listedSchema = { type: 'array', items: object(listedProperties) };
 
-export const detailSchema = object({
-  ...listedProperties,
-  envdAccessToken: nullableString,
-  allowInternetAccess: { type: ['boolean', 'null'] },
-  domain: { type: 'null' },
-  network: withOptional(
-    object({
-      allowPublicTraffic: { type: 'boolean' },
-      allowOut: stringList,
-      denyOut: stringList,
-      maskRequestHost: nullableString,
-      egressProxy: {
-        type: ['object', 'null'],
-        properties: { address: string, username: string },
-        required: ['address'],
-        additionalProperties: false,
-        description: 'The SOCKS5 proxy allowed TCP is tunnelled through (never its password)',
-      },
-      httpsPorts: { type: 'array', items: { type: 'integer' } },
-      bandwidth: object(
-        { egressMbps: { type: 'integer' }, ingressMbps: { type: 'integer' } },
-        'Moat extension: Mbit/s each way (0: unlimited), the operator’s default where network.bandwidth left it out; see egress.bandwidthEnforced',
-      ),
-    }),
-    {
-      rules: {
-        type: 'object',
-        additionalProperties: {
-          type: 'array',
-          items: {
-            type: 'object',
-            properties: {
-              transform: {
-                type: 'object',
-                properties: {
-                  headers: { type: 'object', additionalProperties: { type: 'string' } },
-                },
-              },
-            },
-          },
-        },
-        description: 'network.rules as stored (keys canonical); absent when there are none',
-      },
-    },
-  ),
-  lifecycle: object({
-    autoResume: { type: 'boolean' },
-    onTimeout: { type: 'string', enum: ['kill', 'pause'] },
-  }),
-  egress: object(
+const egressSchema = withOptional(
+  object(
     {
       address: { ...string, description: 'Source address of the sandbox’s traffic' },
       proxyUrl: { ...string, description: 'Egress proxy (credential not included)' },
@@ -268,13 +240,91 @@ export const detailSchema = object({
     },
     'Moat extension: how this sandbox’s egress is identified and enforced',
   ),
-  flows: flowTotalsSchema,
-  confinement: {
-    type: 'string',
-    enum: ['confined', 'unconfined'],
-    description:
-      'Moat extension: confined (own namespaces and host ids, seccomp, limits) or unconfined (--unconfined-sandboxes: processes run as Moat’s own user)',
+  {
+    gateway: {
+      ...string,
+      description: 'Where Moat’s DNS and proxy wait for namespaced sandboxes',
+    },
   },
+);
+
+/** Moat's link into a network-only sandbox's namespace. */
+const linkSchema = object(
+  {
+    netns: { ...string, description: 'The namespace path as the create request gave it' },
+    ifname: { ...string, description: 'Moat’s end of the link in that namespace' },
+    address: { ...string, description: 'The sandbox’s source address with the link’s prefix' },
+    router: { ...string, description: 'The host’s end of the link: the default route’s next hop' },
+  },
+  'Moat extension, network-only sandboxes: Moat’s link into the namespace it adopted',
+);
+
+export const detailSchema = withOptional(
+  object({
+    ...listedProperties,
+    envdAccessToken: nullableString,
+    allowInternetAccess: { type: ['boolean', 'null'] },
+    domain: { type: 'null' },
+    network: withOptional(
+      object({
+        allowPublicTraffic: { type: 'boolean' },
+        allowOut: stringList,
+        denyOut: stringList,
+        maskRequestHost: nullableString,
+        egressProxy: {
+          type: ['object', 'null'],
+          properties: { address: string, username: string },
+          required: ['address'],
+          additionalProperties: false,
+          description: 'The SOCKS5 proxy allowed TCP is tunnelled through (never its password)',
+        },
+        httpsPorts: { type: 'array', items: { type: 'integer' } },
+        bandwidth: object(
+          { egressMbps: { type: 'integer' }, ingressMbps: { type: 'integer' } },
+          'Moat extension: Mbit/s each way (0: unlimited), the operator’s default where network.bandwidth left it out; see egress.bandwidthEnforced',
+        ),
+      }),
+      {
+        rules: {
+          type: 'object',
+          additionalProperties: {
+            type: 'array',
+            items: {
+              type: 'object',
+              properties: {
+                transform: {
+                  type: 'object',
+                  properties: {
+                    headers: { type: 'object', additionalProperties: { type: 'string' } },
+                  },
+                },
+              },
+            },
+          },
+          description: 'network.rules as stored (keys canonical); absent when there are none',
+        },
+      },
+    ),
+    lifecycle: object({
+      autoResume: { type: 'boolean' },
+      onTimeout: { type: 'string', enum: ['kill', 'pause'] },
+    }),
+    egress: egressSchema,
+    flows: flowTotalsSchema,
+    confinement: {
+      type: 'string',
+      enum: ['confined', 'unconfined'],
+      description:
+        'Moat extension: confined (own namespaces and host ids, seccomp, limits) or unconfined (--unconfined-sandboxes: processes run as Moat’s own user)',
+    },
+  }),
+  { link: linkSchema },
+);
+
+/** The reply to create: a network-only sandbox's adds `egress` and `link`. */
+export const createReplySchema = withOptional(createdSchema, {
+  egress: egressSchema,
+  link: linkSchema,
 });
 
 export const snapshotSchema = object({ snapshotID: string, names: stringList });

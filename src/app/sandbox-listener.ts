@@ -9,11 +9,18 @@ import { type EnvdSandbox, SandboxApi, signatureMatches } from '../envd/index.js
 import { type RoutedSandbox, IngressProxy, SandboxRouter } from '../proxy/index.js';
 import type { SandboxRuntime } from '../runtime/index.js';
 import type { FlowRecorder } from '../flows/index.js';
-import { SANDBOX_ID, type SandboxService } from '../sandbox/index.js';
+import {
+  networkOnlyRefusal,
+  SANDBOX_ID,
+  type SandboxError,
+  type SandboxService,
+} from '../sandbox/index.js';
+import { sendSandboxError } from '../http-answers.js';
 import type { HostPort } from '../host-port.js';
 
 interface HostedSandbox extends RoutedSandbox {
-  readonly envd: EnvdSandbox;
+  /** Its sandbox API; a network-only sandbox has none, only why (answered with 501). */
+  readonly envd: EnvdSandbox | { readonly refusal: SandboxError };
 }
 
 export interface SandboxListenerParts {
@@ -52,6 +59,16 @@ export function createSandboxListener(parts: SandboxListenerParts): {
     // (Only here: a sandbox hosted by another node is woken by that node, see `elsewhere`.)
     if (record?.state === 'paused' && record.autoResume && runtime.sandbox(sandboxID))
       record = await sandboxes.wake(sandboxID);
+    if (record?.state === 'running' && record.link !== undefined)
+      return {
+        sandboxID,
+        address: record.sourceAddress,
+        trafficToken: record.trafficAccessToken,
+        maskRequestHost: record.network.maskRequestHost,
+        httpsPorts: record.network.httpsPorts ?? [],
+        ingressListeners: undefined,
+        envd: { refusal: networkOnlyRefusal(sandboxID, '') },
+      };
     const live = runtime.sandbox(sandboxID);
     if (record === undefined || record.state !== 'running' || live === undefined) return undefined;
     return {
@@ -99,7 +116,11 @@ export function createSandboxListener(parts: SandboxListenerParts): {
       }
       return undefined;
     },
-    serveApi: (request, response, sandbox) => api.handle(request, response, sandbox.envd),
+    serveApi: async (request, response, { sandboxID, envd }) => {
+      if ('refusal' in envd)
+        sendSandboxError(response, envd.refusal.status, envd.refusal.message, sandboxID);
+      else await api.handle(request, response, envd);
+    },
     ingress,
   });
   return { router, ingress };

@@ -61,6 +61,7 @@ import { createSandboxListener } from './sandbox-listener.js';
 import { nodeIdentity, openStore } from './store.js';
 import { openFileLimit, openFileWarning, sandboxConnectionShare } from './open-files.js';
 import { notReady } from './readiness.js';
+import { watchAdoptedNamespaces } from './adopted-namespaces.js';
 import { VERSION } from '../version.js';
 import { warnEvery } from '../warn-every.js';
 
@@ -432,6 +433,10 @@ export async function startMoat(
     // restored the stored sandboxes, the table is empty and every packet is refused.
     await sandboxes.start();
     lifecycle.started(() => sandboxes.stop());
+    if (network) {
+      const losses = watchAdoptedNamespaces(sandboxes, logger);
+      lifecycle.started(() => losses.stop());
+    }
     const api = createPlatformApi({
       service: sandboxes,
       flows: flows.store,
@@ -444,6 +449,9 @@ export async function startMoat(
         },
         get dns() {
           return listening.gateway?.dns ?? listening.dns;
+        },
+        get gateway() {
+          return listening.gateway?.dns.host;
         },
         enforcement: runtime.enforcement,
         confinement: runtime.confined ? 'confined' : 'unconfined',

@@ -1,4 +1,11 @@
 /** What a sandbox is on this host: its supervisor, its files and the processes started in it. */
+export {
+  AdoptRefused,
+  type AdoptRequest,
+  checkIfname,
+  DEFAULT_IFNAME,
+  type NamespaceIdentity,
+} from './adoption.js';
 export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';
 export { type DirectFlow, FLOW_LOG_GROUP } from './direct-flow-log.js';

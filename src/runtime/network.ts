@@ -13,6 +13,16 @@ import { execFile, execFileSync, spawn } from 'node:child_process';
 import { accessSync, constants, existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import type net from 'node:net';
+import {
+  AdoptRefused,
+  type AdoptRequest,
+  checkIfname,
+  identityOf,
+  type NamespaceIdentity,
+  namespaceFile,
+  refuseHostNamespaces,
+  sameNamespace,
+} from './adoption.js';
 import { type DirectFlow, DirectFlowLog } from './direct-flow-log.js';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
 import { RangeLock } from './range-lock.js';
@@ -40,7 +50,15 @@ const OPEN_STATES = ['established', 'fin-wait-1', 'fin-wait-2'].flatMap((state) 
   state,
 ]);
 const NETNS_DIR = '/run/netns';
+const MOUNT = '/usr/bin/mount';
 const COMMAND_TIMEOUT_MS = 10_000;
+/** The sandbox's end of a link Moat made with its namespace. */
+const OWN_DEVICE = 'eth0';
+/**
+ * What removes the firewall the kernel enforcer writes into a sandbox's namespace (its table,
+ * `inet moat`), from a namespace Moat adopted and leaves behind when it detaches.
+ */
+const REMOVE_FIREWALL = 'table inet moat; delete table inet moat';
 
 export interface NamespaceNetworkOptions {
   /** Hex that names this Moat's namespaces and links apart from other Moats' (6 characters). */
@@ -154,6 +172,10 @@ const toText = (word: number) =>
 interface Link {
   readonly namespace: string;
   readonly hostLink: string;
+  /** The sandbox's end of the link, in its namespace. */
+  readonly device: string;
+  /** Set for a namespace Moat adopted: the path it was given, and what that named then. */
+  readonly adopted?: { readonly netns: string; readonly identity: NamespaceIdentity };
   /** The sandbox end (its source address) and the host end. */
   readonly address: string;
   readonly host: string;
@@ -254,6 +276,94 @@ export class NamespaceNetwork {
   /** Makes the sandbox's namespace and link; no destination is reachable until its firewall is written. */
   async create(sandboxID: string, address: string): Promise<void> {
     await this.destroy(sandboxID);
+    const link = this.linkFor(sandboxID, address, OWN_DEVICE);
+    this.links.set(sandboxID, link);
+    try {
+      await run(IP, ['netns', 'add', link.namespace]);
+      await this.connect(sandboxID, link, true);
+    } catch (error) {
+      await this.destroy(sandboxID);
+      throw error;
+    }
+  }
+
+  /**
+   * Adopts the network namespace `request.netns` names for a network-only sandbox: Moat's own
+   * handle on it (a bind mount under its scope's name, so every later command reaches that
+   * namespace even if the path is re-used), and a link like a sandbox's own, whose end in the
+   * namespace is `request.ifname`. With `expected` (a restart), only the namespace of that
+   * identity is adopted. Refuses (AdoptRefused, nothing changed) a path that names no network
+   * namespace, Moat's, the host's, one of its sandboxes', or one holding `ifname` already.
+   * Adoptions run one at a time, so two cannot take one namespace.
+   */
+  adopt(
+    sandboxID: string,
+    request: AdoptRequest,
+    address: string,
+    expected?: NamespaceIdentity,
+  ): Promise<NamespaceIdentity> {
+    const adopting = this.adopting.then(() => this.adoptNow(sandboxID, request, address, expected));
+    this.adopting = adopting.catch(() => undefined);
+    return adopting;
+  }
+
+  private adopting: Promise<unknown> = Promise.resolve();
+
+  private async adoptNow(
+    sandboxID: string,
+    { netns, ifname }: AdoptRequest,
+    address: string,
+    expected: NamespaceIdentity | undefined,
+  ): Promise<NamespaceIdentity> {
+    checkIfname(ifname);
+    const identity = await namespaceFile(netns);
+    if (expected !== undefined && !sameNamespace(identity, expected))
+      throw new AdoptRefused(`netns ${netns} names another namespace than the one adopted`);
+    await refuseHostNamespaces(netns, identity);
+    for (const [other, link] of this.links) {
+      const held = await identityOf(`${NETNS_DIR}/${link.namespace}`);
+      if (held === undefined || !sameNamespace(held, identity)) continue;
+      throw new AdoptRefused(
+        link.adopted
+          ? `netns ${netns} is already adopted by sandbox ${other}`
+          : `netns ${netns} is the network namespace of Moat's sandbox ${other}`,
+      );
+    }
+    // Entering it tells a network namespace from another kind, and lists its interfaces.
+    const names = await run(NSENTER, [`--net=${netns}`, '--', IP, '-o', 'link', 'show']).catch(
+      () => {
+        throw new AdoptRefused(`netns ${netns} is not a network namespace`);
+      },
+    );
+    // `-o` lines: "<index>: <name>[@<peer>]: <flags> ..."
+    if (names.split('\n').some((line) => line.split(': ')[1]?.split('@')[0] === ifname))
+      throw new AdoptRefused(`netns ${netns} already has an interface named ${ifname}`);
+    await this.destroy(sandboxID);
+    const link = this.linkFor(sandboxID, address, ifname, { netns, identity });
+    const handle = `${NETNS_DIR}/${link.namespace}`;
+    this.links.set(sandboxID, link);
+    try {
+      // An empty file to mount on, as `ip netns add` makes (and `ip netns delete` removes).
+      await run('/bin/sh', ['-ec', `mkdir -p ${NETNS_DIR}; : > ${handle}`]);
+      await run(MOUNT, ['--bind', netns, handle]);
+      const held = await identityOf(handle);
+      if (held === undefined || !sameNamespace(held, identity))
+        throw new AdoptRefused(`netns ${netns} changed while it was being adopted`);
+      await this.connect(sandboxID, link, false);
+      return identity;
+    } catch (error) {
+      await this.destroy(sandboxID);
+      throw error;
+    }
+  }
+
+  /** The names of a sandbox's link and namespace handle: the slot of its address. */
+  private linkFor(
+    sandboxID: string,
+    address: string,
+    device: string,
+    adopted?: Link['adopted'],
+  ): Link {
     const offset = toWord(address) - this.base;
     const slot = (offset - 2) / 4;
     if (!Number.isInteger(slot) || slot < 1 || slot >= 0x1000000) {
@@ -262,50 +372,68 @@ export class NamespaceNetwork {
       );
     }
     const namespace = `${this.namespacePrefix}${slot}`;
-    const hostLink = `${this.linkPrefix}${slot.toString(16)}`;
-    const host = toText(toWord(address) - 1);
-    const link: Link = {
+    return {
       namespace,
-      hostLink,
+      hostLink: `${this.linkPrefix}${slot.toString(16)}`,
+      device,
+      ...(adopted === undefined ? {} : { adopted }),
       address,
-      host,
+      host: toText(toWord(address) - 1),
       firewall: new NftSession(
         `${NETNS_DIR}/${namespace}`,
         `the namespace of sandbox ${sandboxID}`,
       ),
     };
-    this.links.set(sandboxID, link);
-    try {
-      await run(
-        IP,
-        ['-batch', '-'],
-        [
-          `netns add ${namespace}`,
-          `link add ${hostLink} type veth peer name eth0 netns ${namespace}`,
-          `addr add ${host}/30 dev ${hostLink}`,
-          `link set ${hostLink} up`,
-        ].join('\n'),
-      );
-      // IPv6 off on the sandbox's link before it comes up (loopback keeps ::1).
-      await run(NSENTER, [
-        `--net=${NETNS_DIR}/${namespace}`,
-        '--',
-        '/bin/sh',
-        '-ec',
-        [
-          // (Hosts booted without IPv6 have no such file, and nothing to switch off.)
-          'f=/proc/sys/net/ipv6/conf/eth0/disable_ipv6; if [ -e $f ]; then echo 1 > $f; fi',
-          `${IP} link set lo up`,
-          `${IP} addr add ${address}/30 dev eth0`,
-          `${IP} link set eth0 up`,
-          `${IP} route add default via ${host}`,
-        ].join('\n'),
-      ]);
-      this.flowLog?.add(sandboxID, `${NETNS_DIR}/${namespace}`);
-    } catch (error) {
-      await this.destroy(sandboxID);
-      throw error;
+  }
+
+  /**
+   * Links the host to the namespace (its handle made): a veth pair, the /30, IPv6 off on the
+   * sandbox's end before it comes up, the default route to the host. `ownLoopback`: the
+   * namespace is Moat's, and its loopback is brought up (an adopted one's is its owner's).
+   */
+  private async connect(sandboxID: string, link: Link, ownLoopback: boolean): Promise<void> {
+    const { namespace, hostLink, host, address, device } = link;
+    await run(
+      IP,
+      ['-batch', '-'],
+      [
+        `link add ${hostLink} type veth peer name ${device} netns ${namespace}`,
+        `addr add ${host}/30 dev ${hostLink}`,
+        `link set ${hostLink} up`,
+      ].join('\n'),
+    );
+    await run(NSENTER, [
+      `--net=${NETNS_DIR}/${namespace}`,
+      '--',
+      '/bin/sh',
+      '-ec',
+      [
+        // (Hosts booted without IPv6 have no such file, and nothing to switch off.)
+        `f=/proc/sys/net/ipv6/conf/${device}/disable_ipv6; if [ -e $f ]; then echo 1 > $f; fi`,
+        ...(ownLoopback ? [`${IP} link set lo up`] : []),
+        `${IP} addr add ${address}/30 dev ${device}`,
+        `${IP} link set ${device} up`,
+        // An adopted namespace's own default route, if it had one, is replaced: Moat is its way out.
+        `${IP} route replace default via ${host} dev ${device}`,
+      ].join('\n'),
+    ]);
+    this.flowLog?.add(sandboxID, `${NETNS_DIR}/${namespace}`);
+  }
+
+  /**
+   * The adopted namespaces whose path no longer names what was adopted (the runtime that made
+   * it deleted it, its process ended), each with why.
+   */
+  async lost(): Promise<Map<string, string>> {
+    const lost = new Map<string, string>();
+    for (const [sandboxID, { adopted }] of this.links) {
+      if (adopted === undefined) continue;
+      const now = await identityOf(adopted.netns);
+      if (now === undefined) lost.set(sandboxID, `netns ${adopted.netns} no longer exists`);
+      else if (!sameNamespace(now, adopted.identity))
+        lost.set(sandboxID, `netns ${adopted.netns} now names another namespace`);
     }
+    return lost;
   }
 
   /** Applies nft commands in the sandbox's namespace. */
@@ -325,7 +453,7 @@ export class NamespaceNetwork {
   async limitBandwidth(sandboxID: string, egressMbps: number, ingressMbps: number): Promise<void> {
     const link = this.links.get(sandboxID);
     if (link === undefined) throw new Error(`sandbox ${sandboxID} has no network namespace`);
-    await limitDevice(['-n', link.namespace], 'eth0', egressMbps);
+    await limitDevice(['-n', link.namespace], link.device, egressMbps);
     await limitDevice([], link.hostLink, ingressMbps);
   }
 
@@ -446,6 +574,9 @@ export class NamespaceNetwork {
       (server) => server.close(),
       () => undefined,
     );
+    // An adopted namespace stays; Moat's firewall in it goes (its link goes with the host's end,
+    // and `ip netns delete` of the handle only unmounts it).
+    if (link.adopted) await this.removeFirewall(link.namespace);
     await this.removeNamespace(link.namespace, link.hostLink);
   }
 
@@ -464,6 +595,8 @@ export class NamespaceNetwork {
     );
     for (const name of names) {
       const slot = Number(name.slice(this.namespacePrefix.length));
+      // Whether the namespace was Moat's or adopted, its firewall goes: an adopted one stays.
+      await this.removeFirewall(name);
       await this.removeNamespace(name, `${this.linkPrefix}${slot.toString(16)}`);
     }
     return names;
@@ -479,6 +612,12 @@ export class NamespaceNetwork {
     this.hostFirewall.close();
     await run(IP, ['addr', 'del', `${this.gateway}/32`, 'dev', 'lo']).catch(() => undefined);
     await this.lock.release();
+  }
+
+  private async removeFirewall(namespace: string): Promise<void> {
+    await run(NSENTER, [`--net=${NETNS_DIR}/${namespace}`, NFT, REMOVE_FIREWALL]).catch(
+      () => undefined,
+    );
   }
 
   private async removeNamespace(namespace: string, hostLink: string): Promise<void> {

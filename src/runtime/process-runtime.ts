@@ -11,6 +11,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { cp, lstat, mkdir, readdir, readFile, rename, rm } from 'node:fs/promises';
 import path from 'node:path';
+import type { AdoptRequest, NamespaceIdentity } from './adoption.js';
 import type { AgentSocket } from './agent-socket.js';
 import type { SandboxCgroup, SandboxLimits } from './cgroups.js';
 import { DEFAULT_USER, placeCommand, type SandboxUser, USERS } from './confinement.js';
@@ -389,6 +390,22 @@ export class ProcessRuntime implements SandboxRuntime {
 
   sandbox(sandboxID: string): RuntimeSandbox | undefined {
     return this.live.get(sandboxID);
+  }
+
+  adopt(
+    sandboxID: string,
+    request: AdoptRequest,
+    address: string,
+    expected?: NamespaceIdentity,
+  ): Promise<NamespaceIdentity> {
+    const network = this.options.network;
+    if (network === undefined)
+      return Promise.reject(new Error('network-only sandboxes need namespace enforcement'));
+    return network.adopt(sandboxID, request, address, expected);
+  }
+
+  async lostNamespaces(): Promise<Map<string, string>> {
+    return (await this.options.network?.lost()) ?? new Map<string, string>();
   }
 
   async pause(sandboxID: string): Promise<void> {

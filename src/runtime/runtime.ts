@@ -2,6 +2,7 @@
  * What a sandbox is on this host. The lifecycle (src/sandbox) drives a runtime through this
  * interface and never touches files or processes itself.
  */
+import type { AdoptRequest, NamespaceIdentity } from './adoption.js';
 import type { SandboxListeners } from './listening-ports.js';
 import type { SandboxLimits } from './cgroups.js';
 import type { ProcessTable } from './processes.js';
@@ -47,6 +48,22 @@ export interface SandboxRuntime {
     address: string,
     limits: SandboxLimits,
   ): Promise<void>;
+  /**
+   * Makes a network-only sandbox: adopts the existing network namespace `request.netns` names
+   * (namespace mode only), with a link whose end in it is `request.ifname` and `address` its
+   * source address. With `expected` (a restart), only that namespace is adopted. Refuses
+   * (AdoptRefused) what cannot be adopted, changing nothing. `release` and `destroy` detach it:
+   * the namespace stays, Moat's link and firewall in it go. It has no processes and no files
+   * (`sandbox()` knows it not).
+   */
+  adopt(
+    sandboxID: string,
+    request: AdoptRequest,
+    address: string,
+    expected?: NamespaceIdentity,
+  ): Promise<NamespaceIdentity>;
+  /** The adopted namespaces whose path no longer names them, each with why. */
+  lostNamespaces(): Promise<Map<string, string>>;
   pause(sandboxID: string): Promise<void>;
   resume(sandboxID: string): Promise<void>;
   /**

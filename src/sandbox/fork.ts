@@ -17,7 +17,12 @@ export interface ForkContext extends Pick<
   /** The sandbox as the lifecycle answers it (404 when it does not exist). */
   get(sandboxID: string): Promise<SandboxRecord>;
   /** Makes, records and enforces the sandbox of `record` from the files of `template`. */
-  launch(record: SandboxRecord, template: string, source: IPAddress, policy: Policy): Promise<void>;
+  launch(
+    record: SandboxRecord,
+    template: string,
+    source: IPAddress,
+    policy: Policy,
+  ): Promise<SandboxRecord>;
   /** Expires what is due now (a fork with timeout 0 expires at once). */
   expireDue(): Promise<void>;
 }

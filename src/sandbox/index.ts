@@ -6,6 +6,7 @@
 export { SANDBOX_ID } from './ids.js';
 export { InvalidTokenError, type Order, type Page, paginate } from './pages.js';
 export { bandwidthOf } from './network-settings.js';
+export { linkView, NETWORK_ONLY, networkOnlyRefusal } from './network-only.js';
 export type {
   BandwidthSettings,
   NetworkSettings,

@@ -70,6 +70,18 @@ export interface SandboxRecord {
   readonly limits?: SandboxLimits;
   /** The node that hosts it, when many nodes share a store (absent: this node). */
   readonly node?: string;
+  /** Network-only (template `network-only`): the namespace it adopted. Absent: Moat runs it. */
+  readonly link?: AdoptedLinkSettings;
+}
+
+/**
+ * The namespace a network-only sandbox adopted: the path and interface name as the create
+ * request gave them, and the namespace's identity then (a restart re-adopts only that one).
+ */
+export interface AdoptedLinkSettings {
+  readonly netns: string;
+  readonly ifname: string;
+  readonly identity: { readonly device: number; readonly inode: number };
 }
 
 /** A snapshot: a copy of a sandbox's writable root, usable as a template. */
@@ -157,6 +169,13 @@ const SANDBOX: Shape = {
   network: (v) => fits(v, NETWORK),
   limits: isLimits,
   node: (v) => v === undefined || isString(v),
+  link: (v) =>
+    v === undefined ||
+    fits(v, {
+      netns: isString,
+      ifname: isString,
+      identity: (i) => fits(i, { device: isTime, inode: isTime }),
+    }),
 };
 
 const SNAPSHOT: Shape = {

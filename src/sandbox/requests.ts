@@ -61,6 +61,10 @@ export interface CreateRequest {
   };
   readonly metadata?: Readonly<Record<string, string>>;
   readonly envVars?: Readonly<Record<string, string>>;
+  /** Template `network-only`: the network namespace to adopt (a path). */
+  readonly netns?: string;
+  /** Template `network-only`: Moat's interface in that namespace (default `moat0`). */
+  readonly ifname?: string;
 }
 
 export interface SandboxQuery {

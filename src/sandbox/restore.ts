@@ -1,7 +1,8 @@
 /**
  * Restart recovery: the sandboxes the store holds for this node are set up again (runtime and
  * firewall) when Moat starts, and a sandbox whose processes are gone is cold-booted from its
- * files. One that cannot come back is left paused with its files, never dropped.
+ * files. One that cannot come back is left paused with its files, never dropped; a
+ * network-only one whose namespace is gone is detached.
  */
 import { type IPAddress, parseIP, type Policy } from '../policy/index.js';
 import { isLocal } from './membership.js';
@@ -77,7 +78,9 @@ export class SandboxRecovery {
       const policy = this.context.policies.stored(record);
       const problem = await this.bringBack(record, address, policy);
       // One sandbox that cannot come back must not keep the others (and Moat) down.
-      if (problem !== undefined) await this.leavePaused(record, problem);
+      if (problem !== undefined && record.link !== undefined)
+        await this.detach(record, address, problem);
+      else if (problem !== undefined) await this.leavePaused(record, problem);
       else this.context.adopt(record, record.state === 'running' ? { address, policy } : undefined);
     }
   }
@@ -120,13 +123,23 @@ export class SandboxRecovery {
   ): Promise<string | undefined> {
     const { runtime, kernel, records } = this.context;
     try {
-      await runtime.restore(
+      // Network-only: the namespace is adopted again only while its path names the same one.
+      if (record.link !== undefined)
+        await runtime.adopt(record.sandboxID, record.link, address.text, record.link.identity);
+      else
+        await runtime.restore(
+          record.sandboxID,
+          this.context.environment(record),
+          address.text,
+          records.limitsOf(record),
+        );
+      await kernel?.install(
         record.sandboxID,
-        this.context.environment(record),
-        address.text,
-        records.limitsOf(record),
+        address,
+        policy,
+        storedUpstream(record),
+        record.link?.ifname,
       );
-      await kernel?.install(record.sandboxID, address, policy, storedUpstream(record));
       await kernel?.limitBandwidth(
         record.sandboxID,
         bandwidthOf(record.network, this.context.bandwidthDefaults),
@@ -137,6 +150,20 @@ export class SandboxRecovery {
       await runtime.release(record.sandboxID).catch(() => {});
       return (error as Error).message;
     }
+  }
+
+  /**
+   * A network-only sandbox whose namespace could not be adopted again (gone, or its path names
+   * another) is detached: nothing of it is left to pause, and its namespace is not Moat's.
+   */
+  private async detach(record: SandboxRecord, address: IPAddress, problem: string): Promise<void> {
+    this.context.logger.warn(
+      { sandboxID: record.sandboxID, reason: problem },
+      'network-only sandbox not adopted again at start-up; detached',
+    );
+    await this.context.records.delete([record.sandboxID]);
+    this.context.sources.release(address);
+    this.context.transition(record, 'lost', { reason: problem });
   }
 
   /**

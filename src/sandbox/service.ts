@@ -9,6 +9,8 @@ import {
 import type { MoatMetrics } from '../metrics/index.js';
 import { type InternalDenyList, type IPAddress, parseIP, type Policy } from '../policy/index.js';
 import {
+  AdoptRefused,
+  type AdoptRequest,
   type SandboxEnvironment,
   type SandboxLimits,
   SandboxRefused,
@@ -29,6 +31,7 @@ import {
   upstreamProxy,
 } from './network-settings.js';
 import { updateNetwork } from './network-update.js';
+import { adoptionOf, NO_EXPIRY, refuseNetworkOnly } from './network-only.js';
 import type { LifecycleParts } from './parts.js';
 import { SandboxPolicies } from './policies.js';
 import {
@@ -170,8 +173,13 @@ export class SandboxService {
   }
 
   async create(request: CreateRequest): Promise<SandboxRecord> {
-    const { sources } = this.options;
-    const timeout = request.timeout ?? DEFAULT_TIMEOUT;
+    const { sources, runtime } = this.options;
+    const adopt = adoptionOf(request, {
+      mode: runtime.enforcement,
+      reason: runtime.enforcementReason,
+    });
+    // A network-only sandbox without a timeout never expires: its namespace's owner ends it.
+    const timeout = request.timeout ?? (adopt ? undefined : DEFAULT_TIMEOUT);
     const network: NetworkSettings = {
       allowOut: request.network?.allowOut ?? [],
       denyOut: request.network?.denyOut ?? [],
@@ -209,7 +217,7 @@ export class SandboxService {
       alias: template.alias,
       state: 'running',
       startedAt: now,
-      endAt: now + timeout * 1000,
+      endAt: timeout === undefined ? NO_EXPIRY : now + timeout * 1000,
       ...lifecycle,
       secure,
       envdAccessToken: secure ? newSecret() : null,
@@ -223,38 +231,51 @@ export class SandboxService {
       ...madeHere(this.options.cluster),
     };
     // Under the template's key so that deleting the template cannot race the copy.
-    await this.queue.run(templateKey(template.id), () =>
-      this.launch(record, template.id, source, policy),
+    const made = await this.queue.run(templateKey(template.id), () =>
+      adopt
+        ? this.launch(record, adopt, source, policy)
+        : this.launch(record, template.id, source, policy),
     );
-    this.transition(record, 'create', { templateID: record.templateID, timeout });
+    this.transition(made, 'create', {
+      templateID: made.templateID,
+      timeout: timeout ?? null,
+      ...(adopt === undefined ? {} : adopt),
+    });
     // timeout 0 means "expire now": the sandbox is made, then expires on the spot.
     if (timeout === 0) await this.expireDue();
-    return record;
+    return made;
   }
 
   /**
-   * Makes the sandbox of `record` from the files of `templateKey`, with its firewall, and
-   * records and enforces it. Nothing of it is left when that fails.
+   * Makes the sandbox of `found` from the files of `template`, or adopts the namespace it names
+   * (network-only), with its firewall, and records and enforces it. Nothing of it is left when
+   * that fails. Returns the record as stored.
    */
   private async launch(
-    record: SandboxRecord,
-    templateKey: string,
+    found: SandboxRecord,
+    template: string | AdoptRequest,
     source: IPAddress,
     policy: Policy,
-  ): Promise<void> {
+  ): Promise<SandboxRecord> {
     const { runtime, sources } = this.options;
-    const id = record.sandboxID;
-    const upstream = storedUpstream(record);
+    const id = found.sandboxID;
+    const upstream = storedUpstream(found);
+    let record = found;
     try {
-      await runtime.create(
-        id,
-        templateKey,
-        this.options.environment(record),
-        source.text,
-        this.records.limitsOf(record),
-      );
+      if (typeof template === 'string') {
+        await runtime.create(
+          id,
+          template,
+          this.options.environment(record),
+          source.text,
+          this.records.limitsOf(record),
+        );
+      } else {
+        const identity = await runtime.adopt(id, template, source.text);
+        record = { ...record, link: { ...template, identity } };
+      }
       // Fail closed: a sandbox whose firewall cannot be written is not started.
-      await this.options.kernel?.install(id, source, policy, upstream);
+      await this.options.kernel?.install(id, source, policy, upstream, record.link?.ifname);
       await this.options.kernel?.limitBandwidth(
         id,
         bandwidthOf(record.network, this.options.bandwidthDefaults),
@@ -263,18 +284,21 @@ export class SandboxService {
     } catch (error) {
       sources.release(source);
       await runtime.destroy(id).catch(() => undefined);
+      if (error instanceof AdoptRefused) throw new SandboxError(400, error.message);
       if (error instanceof KernelEnforcementError || error instanceof SandboxRefused)
         throw new SandboxError(503, `the sandbox was not created: ${error.message}`);
       throw error;
     }
     this.adopt(record, { address: source, policy });
+    return record;
   }
 
   /**
    * Makes `count` sandboxes from one copy of the sandbox's files (fork.ts); each succeeds or
    * fails on its own.
    */
-  fork(sandboxID: string, count: number, seconds: number): Promise<ForkResult[]> {
+  async fork(sandboxID: string, count: number, seconds: number): Promise<ForkResult[]> {
+    refuseNetworkOnly(await this.get(sandboxID), 'fork');
     return fork(
       {
         ...this.parts,
@@ -365,6 +389,7 @@ export class SandboxService {
   pause(sandboxID: string, memory = true): Promise<SandboxRecord> {
     return this.queue.run(sandboxID, async () => {
       const record = await this.get(sandboxID);
+      refuseNetworkOnly(record, 'pause');
       if (record.state === 'paused') {
         throw new SandboxError(409, `Sandbox "${sandboxID}" is already paused`);
       }
@@ -376,6 +401,7 @@ export class SandboxService {
   resume(sandboxID: string, seconds: number): Promise<SandboxRecord> {
     return this.queue.run(sandboxID, async () => {
       const record = await this.get(sandboxID);
+      refuseNetworkOnly(record, 'resume');
       if (record.state === 'running') {
         throw new SandboxError(409, `Sandbox "${sandboxID}" is already running`);
       }
@@ -448,7 +474,8 @@ export class SandboxService {
   }
 
   /** Copies the sandbox's root into a new template; the sandbox keeps running. */
-  createSnapshot(sandboxID: string, name: string | undefined): Promise<SnapshotRecord> {
+  async createSnapshot(sandboxID: string, name: string | undefined): Promise<SnapshotRecord> {
+    refuseNetworkOnly(await this.get(sandboxID), 'snapshot');
     return this.snapshotCatalog.create(sandboxID, name);
   }
 
@@ -595,12 +622,35 @@ export class SandboxService {
     return next;
   }
 
-  private async remove(record: SandboxRecord, why: string): Promise<void> {
+  /** Removes the sandbox; `why` is the transition logged (`lost`: with the reason). */
+  private async remove(
+    record: SandboxRecord,
+    why: 'kill' | 'expire' | 'lost',
+    details: object = {},
+  ): Promise<void> {
     await this.records.delete([record.sandboxID]);
     await this.unhost(record.sandboxID);
     const address = parseIP(record.sourceAddress);
     if (address.ok) this.options.sources.release(address.value);
-    this.transition(record, why === 'expire' ? 'expire' : 'kill', {});
+    this.transition(record, why, details);
+  }
+
+  /**
+   * Detaches every network-only sandbox whose namespace is lost (its path no longer names what
+   * was adopted: the runtime that made it deleted it), logging why. Run periodically.
+   */
+  async detachLost(): Promise<void> {
+    const lost = await this.options.runtime.lostNamespaces();
+    await Promise.all(
+      [...lost].map(([id, reason]) =>
+        this.queue.run(id, async () => {
+          const record = await this.records.get(id);
+          if (record?.link === undefined) return;
+          this.log.warn({ sandboxID: id, reason }, 'network-only sandbox lost its namespace');
+          await this.remove(record, 'lost', { reason });
+        }),
+      ),
+    );
   }
 
   /** The sandboxes running on this node. */

@@ -2,6 +2,7 @@
 import { BASE_TEMPLATE, type SandboxLimits } from '../runtime/index.js';
 import type { Store } from '../store/index.js';
 import { NAME_PART, randomName } from './ids.js';
+import { NETWORK_ONLY } from './network-only.js';
 import { readSnapshot, type SnapshotRecord, TEMPLATES } from './records.js';
 import { SandboxError } from './requests.js';
 
@@ -57,13 +58,17 @@ export function templateCandidates(teamNamespace: string, id: string): string[] 
   return tagged.includes('/') ? [tagged] : [tagged, `${teamNamespace}/${tagged}`];
 }
 
-/** What a template ID names: the base template, or a stored snapshot (404 when neither). */
+/**
+ * What a template ID names: the base template, the built-in `network-only` (network-only.ts), or
+ * a stored snapshot (404 when none).
+ */
 export async function resolveTemplate(
   store: Pick<Store, 'get'>,
   teamNamespace: string,
   id: string,
 ): Promise<{ id: string; alias: string | null; node?: string; limits?: SandboxLimits }> {
   if (isBaseTemplate(id)) return { id: BASE_TEMPLATE, alias: BASE_TEMPLATE };
+  if (id === NETWORK_ONLY) return { id: NETWORK_ONLY, alias: NETWORK_ONLY };
   for (const key of templateCandidates(teamNamespace, id)) {
     const stored = await store.get(TEMPLATES, key);
     if (stored === undefined) continue;

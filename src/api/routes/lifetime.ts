@@ -56,7 +56,7 @@ export const LIFETIME_ROUTES: readonly PlatformRoute[] = [
         },
         [],
       ),
-      response: { ...noContent, ...errors(400, 401, 404, 409, 503) },
+      response: { ...noContent, ...errors(400, 401, 404, 409, 501, 503) },
     },
     handler: async (request, reply, { service }) => {
       await service.pause(request.params.sandboxID, request.body.memory ?? true);
@@ -73,7 +73,7 @@ export const LIFETIME_ROUTES: readonly PlatformRoute[] = [
     schema: {
       params: sandboxParams,
       body: bodyObject({ timeout: timeoutSeconds, autoPause: { type: 'boolean' } }, []),
-      response: { 201: createdSchema, ...errors(400, 401, 404, 409, 503) },
+      response: { 201: createdSchema, ...errors(400, 401, 404, 409, 501, 503) },
     },
     handler: async (request, reply, { service }) => {
       const seconds = request.body.timeout ?? DEFAULT_TIMEOUT;

@@ -13,8 +13,8 @@ import {
 } from './schemas.js';
 import { pageLimit, pageReply } from './pages.js';
 import {
-  createdSchema,
-  createdView,
+  createReplySchema,
+  createReplyView,
   detailSchema,
   detailView,
   listedSchema,
@@ -24,7 +24,10 @@ import {
 const createBody = bodyObject(
   {
     templateID: { type: 'string', minLength: 1, maxLength: 512 },
-    timeout: { ...timeoutSeconds, description: `Seconds to live; default ${DEFAULT_TIMEOUT}` },
+    timeout: {
+      ...timeoutSeconds,
+      description: `Seconds to live; default ${DEFAULT_TIMEOUT} (template network-only: no expiry)`,
+    },
     autoPause: { type: 'boolean' },
     autoPauseMemory: {
       type: 'boolean',
@@ -54,6 +57,16 @@ const createBody = bodyObject(
     ),
     metadata: { type: 'object', additionalProperties: { type: 'string' } },
     envVars: { type: 'object', additionalProperties: { type: 'string' } },
+    netns: {
+      type: 'string',
+      maxLength: 4096,
+      description:
+        'Moat extension, template network-only: the network namespace to adopt (/run/netns/<name> or /proc/<pid>/ns/net)',
+    },
+    ifname: {
+      type: 'string',
+      description: 'Moat extension, template network-only: Moat’s interface in it (default moat0)',
+    },
     mcp: { description: 'MCP gateways are not supported: any value but null is refused' },
     volumeMounts: { type: 'array', description: 'Volumes are not supported: must be empty' },
   },
@@ -133,9 +146,9 @@ export const SANDBOX_ROUTES: readonly PlatformRoute[] = [
       auth: true,
       schema: {
         body: createBody,
-        response: { 201: createdSchema, ...errors(400, 401, 404, 500, 503) },
+        response: { 201: createReplySchema, ...errors(400, 401, 404, 500, 501, 503) },
       },
-      handler: async (request, reply, { service }) => {
+      handler: async (request, reply, { service, egress }) => {
         const { mcp, volumeMounts, ...body } = request.body;
         refuseUnsupported({ mcp, volumeMounts });
         if (body.network?.httpsPorts?.includes(SANDBOX_API_PORT))
@@ -145,7 +158,7 @@ export const SANDBOX_ROUTES: readonly PlatformRoute[] = [
           );
         const record = await service.create({ ...body, secure: body.secure ?? secureByDefault });
         reply.code(201);
-        return createdView(record);
+        return createReplyView(record, egress);
       },
     }),
   ),

@@ -27,7 +27,7 @@ export const SNAPSHOT_ROUTES: readonly PlatformRoute[] = [
     schema: {
       params: sandboxParams,
       body: bodyObject({ name: { type: 'string', minLength: 1, maxLength: 200 } }, []),
-      response: { 201: snapshotSchema, ...errors(400, 401, 404, 503) },
+      response: { 201: snapshotSchema, ...errors(400, 401, 404, 501, 503) },
     },
     handler: async (request, reply, { service }) => {
       const snapshot = await service.createSnapshot(request.params.sandboxID, request.body.name);
@@ -54,7 +54,7 @@ export const SNAPSHOT_ROUTES: readonly PlatformRoute[] = [
         },
         [],
       ),
-      response: { 201: forkResultsSchema, ...errors(400, 401, 404, 503) },
+      response: { 201: forkResultsSchema, ...errors(400, 401, 404, 501, 503) },
     },
     handler: async (request, reply, { service }) => {
       const { count, timeout } = request.body;

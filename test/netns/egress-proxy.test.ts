@@ -10,6 +10,7 @@ import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
+import { get, GuestBehind, tcpEcho as guestEcho, text } from '../support/guest-behind.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { endedWithin100ms, onlyReading, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
@@ -131,6 +132,27 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
       expect(open.requests.slice(requests)).toEqual([
         { kind: 'ipv4', host: ORIGIN_IP, port: WORLD_PORTS.echo },
       ]);
+    });
+
+    it('tunnels the web traffic of a guest behind the namespace, and refuses its other TCP', async () => {
+      const guest = GuestBehind.create('px', harness.moat.network!.namespaceOf(sandbox.sandboxId)!);
+      try {
+        const mark = world.events.length;
+        const requests = open.requests.length;
+        const web = await guest.run(get(text(ORIGIN_IP), 'origin.test'));
+        expect(web.out, web.err).toBe('world http host=origin.test\n');
+        expect(seenSince(mark)).toEqual([`http ${SOCKS_IP}`]);
+        // Moat's listener for other TCP is on the namespace's loopback, out of a forwarded
+        // packet's reach: refused at once, never sent around the proxy.
+        const echo = await guest.run(guestEcho(text(ORIGIN_IP), WORLD_PORTS.echo));
+        expect(echo.out, echo.err).toBe('ConnectionRefusedError\n');
+        expect(open.requests.slice(requests)).toEqual([
+          { kind: 'domain', host: 'origin.test', port: 80 },
+        ]);
+        expect(seenSince(mark)).toEqual([`http ${SOCKS_IP}`]);
+      } finally {
+        guest.close();
+      }
     });
 
     it('closes a connection a sandbox process makes to Moat’s listener inside itself', async () => {

@@ -10,7 +10,7 @@ import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
-import { GuestBehind } from '../support/guest-behind.js';
+import { DNS, get, GuestBehind, tcpEcho, text, udpEcho } from '../support/guest-behind.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { until } from '../support/native-relay.js';
 import { python } from '../support/sandbox-watch.js';
@@ -22,62 +22,6 @@ const PREFIX = '10.251.7';
 const [ALLOWED_IP, DENIED_IP, CIDR_IP] = [2, 3, 4].map((n) => `${PREFIX}.${n}`);
 const POOL = '10.216.7.0/24';
 const LISTENER_PORT = 8000;
-
-/** Python: `ask(server, name)` -> "rcode answers", one DNS question (type A) over UDP. */
-const DNS = [
-  'import socket, struct',
-  'def ask(server, name):',
-  "  q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b''.join(bytes([len(p)]) + p.encode() for p in name.split('.')) + b'\\x00' + struct.pack('>HH', 1, 1)",
-  '  s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)',
-  '  s.sendto(q, (server, 53)); r = s.recv(512)',
-  '  return r, f\'{r[3] & 15} {struct.unpack(">H", r[6:8])[0]}\'',
-  'def resolve(server, name):',
-  '  r, _ = ask(server, name)',
-  '  return socket.inet_ntoa(r[-4:])',
-].join('\n');
-
-/** A Python string literal. */
-const text = (value: string) => JSON.stringify(value);
-
-/**
- * An HTTP GET with this Host to `address` (a Python expression) and port; prints the body, or
- * the error's class.
- */
-const get = (address: string, host: string, port = WORLD_PORTS.http) =>
-  [
-    'import socket',
-    'try:',
-    `  s = socket.create_connection((${address}, ${port}), timeout=5)`,
-    `  s.sendall(b'GET / HTTP/1.1\\r\\nHost: ${host}\\r\\nConnection: close\\r\\n\\r\\n')`,
-    "  data = b''",
-    '  while True:',
-    '    chunk = s.recv(4096)',
-    '    if not chunk: break',
-    '    data += chunk',
-    "  print(data.split(b'\\r\\n\\r\\n', 1)[1].decode(), end='')",
-    'except OSError as e: print(type(e).__name__)',
-  ].join('\n');
-
-/** TCP to `address` (a Python expression) and port: prints what came back, or the error's class. */
-const tcpEcho = (address: string, port: number = WORLD_PORTS.echo) =>
-  [
-    'import socket',
-    'try:',
-    `  s = socket.create_connection((${address}, ${port}), timeout=3)`,
-    "  s.sendall(b'ping'); print(s.recv(4).decode() or 'closed')",
-    'except OSError as e: print(type(e).__name__)',
-  ].join('\n');
-
-/** One UDP question to the world's echo: prints the answer or the errno. */
-const udpEcho = (address: string) =>
-  [
-    'import socket',
-    's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)',
-    `s.connect(('${address}', ${WORLD_PORTS.udpEcho}))`,
-    'try:',
-    "  s.send(b'pong'); print(s.recv(16).decode())",
-    'except OSError as e: print(e.errno)',
-  ].join('\n');
 
 describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest behind it)', () => {
   let world: World;
@@ -154,17 +98,17 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
       const learned = `${DNS}\nip = resolve('${guest.router}', 'allowed.test')\n`;
       const web = await guest.run(learned + get('ip', 'allowed.test'));
       expect(web.out, web.err).toBe('world http host=allowed.test\n');
-      const echo = await guest.run(learned + tcpEcho('ip'));
+      const echo = await guest.run(learned + tcpEcho('ip', WORLD_PORTS.echo));
       expect(echo.out, echo.err).toBe('ping\n');
-      expect((await guest.run(tcpEcho(text(CIDR_IP!)))).out).toBe('ping\n');
-      expect((await guest.run(udpEcho(CIDR_IP!))).out).toBe('pong\n');
+      expect((await guest.run(tcpEcho(text(CIDR_IP!), WORLD_PORTS.echo))).out).toBe('ping\n');
+      expect((await guest.run(udpEcho(CIDR_IP!, WORLD_PORTS.udpEcho))).out).toBe('pong\n');
     });
 
     it('refuses a denied address at once: direct TCP (reset), UDP (ICMP), and web by its name', async () => {
-      const tcp = await guest.run(tcpEcho(text(DENIED_IP!)));
+      const tcp = await guest.run(tcpEcho(text(DENIED_IP!), WORLD_PORTS.echo));
       expect(tcp.out, tcp.err).toBe('ConnectionRefusedError\n');
       expect(tcp.ms).toBeLessThan(1500);
-      const udp = await guest.run(udpEcho(DENIED_IP!));
+      const udp = await guest.run(udpEcho(DENIED_IP!, WORLD_PORTS.udpEcho));
       expect(udp.out, udp.err).toBe('113\n'); // EHOSTUNREACH: the firewall's ICMP
       expect(udp.ms).toBeLessThan(1500);
       // Web to the denied address: the transparent listener finds no allowed name, and resets.

@@ -178,3 +178,61 @@ export class GuestBehind {
     }
   }
 }
+
+/* Probes: Python programs for GuestBehind.run, each printing what it got. */
+
+/** Python: `ask(server, name)` -> "rcode answers", one DNS question (type A) over UDP. */
+export const DNS = [
+  'import socket, struct',
+  'def ask(server, name):',
+  "  q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b''.join(bytes([len(p)]) + p.encode() for p in name.split('.')) + b'\\x00' + struct.pack('>HH', 1, 1)",
+  '  s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)',
+  '  s.sendto(q, (server, 53)); r = s.recv(512)',
+  '  return r, f\'{r[3] & 15} {struct.unpack(">H", r[6:8])[0]}\'',
+  'def resolve(server, name):',
+  '  r, _ = ask(server, name)',
+  '  return socket.inet_ntoa(r[-4:])',
+].join('\n');
+
+/** A Python string literal. */
+export const text = (value: string) => JSON.stringify(value);
+
+/**
+ * An HTTP GET with this Host to `address` (a Python expression) and port; prints the body, or
+ * the error's class.
+ */
+export const get = (address: string, host: string, port = 80) =>
+  [
+    'import socket',
+    'try:',
+    `  s = socket.create_connection((${address}, ${port}), timeout=5)`,
+    `  s.sendall(b'GET / HTTP/1.1\\r\\nHost: ${host}\\r\\nConnection: close\\r\\n\\r\\n')`,
+    "  data = b''",
+    '  while True:',
+    '    chunk = s.recv(4096)',
+    '    if not chunk: break',
+    '    data += chunk',
+    "  print(data.split(b'\\r\\n\\r\\n', 1)[1].decode(), end='')",
+    'except OSError as e: print(type(e).__name__)',
+  ].join('\n');
+
+/** TCP to `address` (a Python expression) and port: prints what came back, or the error's class. */
+export const tcpEcho = (address: string, port: number) =>
+  [
+    'import socket',
+    'try:',
+    `  s = socket.create_connection((${address}, ${port}), timeout=3)`,
+    "  s.sendall(b'ping'); print(s.recv(4).decode() or 'closed')",
+    'except OSError as e: print(type(e).__name__)',
+  ].join('\n');
+
+/** One UDP datagram to an echo, waiting for its answer: prints the answer or the errno. */
+export const udpEcho = (address: string, port: number) =>
+  [
+    'import socket',
+    's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)',
+    `s.connect(('${address}', ${port}))`,
+    'try:',
+    "  s.send(b'pong'); print(s.recv(16).decode())",
+    'except OSError as e: print(e.errno)',
+  ].join('\n');

@@ -33,7 +33,7 @@ const [ALLOWED_IP, DENIED_IP, BARE_IP, SIDE_IP] = [2, 3, 4, 5].map((n) => `${PRE
 const SIDE = { vm: '198.18.35.2', world: '198.18.35.1', prefix: 30 };
 const POOL = '10.232.0.0/24';
 
-const fetch = (url: string, seconds: number) => `timeout ${seconds} wget -q -O - ${url}`;
+const wget = (url: string, seconds: number) => `timeout ${seconds} wget -q -O - ${url}`;
 
 interface Adopted {
   readonly sandboxID: string;
@@ -106,7 +106,7 @@ describe.skipIf(skip !== undefined)('a QEMU guest on a tap device, held by Moat'
     vm.ip('route', 'add', 'default', 'via', SIDE.world);
     try {
       const booted = await boot(SIDE.world, [
-        { name: 'allowed', command: fetch(`http://${ALLOWED_IP}/`, 10) },
+        { name: 'allowed', command: wget(`http://${ALLOWED_IP}/`, 10) },
         { name: 'echo', command: `echo ping | timeout 5 nc ${DENIED_IP} ${WORLD_PORTS.echo}` },
       ]);
       expect(booted.results.get('allowed')!.out).toContain(`world http host=${ALLOWED_IP}`);
@@ -148,19 +148,19 @@ describe.skipIf(skip !== undefined)('a QEMU guest on a tap device, held by Moat'
         { name: 'dns-denied', command: 'timeout 5 nslookup denied.test' },
         // A resolver of the guest's own choosing (the world's port 53 only records who came).
         { name: 'dns-elsewhere', command: `timeout 5 nslookup allowed.test ${BARE_IP}` },
-        { name: 'fetch-allowed', command: fetch('http://allowed.test/', 10) },
-        { name: 'fetch-denied', command: fetch('http://denied.test/', 3) },
-        { name: 'direct-denied', command: fetch(`http://${DENIED_IP}/`, 3) },
+        { name: 'fetch-allowed', command: wget('http://allowed.test/', 10) },
+        { name: 'fetch-denied', command: wget('http://denied.test/', 3) },
+        { name: 'direct-denied', command: wget(`http://${DENIED_IP}/`, 3) },
         {
           name: 'echo-denied',
           command: `echo ping | timeout 3 nc ${BARE_IP} ${WORLD_PORTS.echo}`,
         },
-        { name: 'side-door', command: fetch(`http://${SIDE_IP}/`, 3) },
-        { name: 'host-service', command: fetch(`http://${HOST}:${HOST_PORT}/`, 3) },
-        { name: 'host-api', command: fetch(`http://${adopted.link.router}:${API_PORT}/health`, 3) },
+        { name: 'side-door', command: wget(`http://${SIDE_IP}/`, 3) },
+        { name: 'host-service', command: wget(`http://${HOST}:${HOST_PORT}/`, 3) },
+        { name: 'host-api', command: wget(`http://${adopted.link.router}:${API_PORT}/health`, 3) },
         {
           name: 'gateway-api',
-          command: fetch(`http://${hostOf(adopted.egress.dns)}:${API_PORT}/health`, 3),
+          command: wget(`http://${hostOf(adopted.egress.dns)}:${API_PORT}/health`, 3),
         },
       ]);
     }, 120_000);
@@ -229,9 +229,10 @@ describe.skipIf(skip !== undefined)('a QEMU guest on a tap device, held by Moat'
       expect(seen).toContain(`direct deny ${BARE_IP}`);
     });
 
-    it("detaches on DELETE: Moat's link goes, the namespace and its tap stay", async (context) => {
+    it("detaches on DELETE: Moat's link and table go, the namespace and its tap stay", async (context) => {
       if (missing) return context.skip(missing);
-      const gone = await moat.api.call('DELETE', `/sandboxes/${adopted!.sandboxID}`);
+      const id = adopted!.sandboxID;
+      const gone = await moat.api.call('DELETE', `/sandboxes/${id}`);
       expect(gone.status, gone.text).toBe(204);
       adopted = undefined;
       const links = execFileSync('/usr/sbin/ip', ['-n', vm.name, '-br', 'link'], {
@@ -239,6 +240,16 @@ describe.skipIf(skip !== undefined)('a QEMU guest on a tap device, held by Moat'
       });
       expect(links).toContain(TAP.name);
       expect(links).not.toMatch(/^moat0/m);
+      const tables = execFileSync(
+        '/usr/sbin/ip',
+        ['netns', 'exec', vm.name, 'nft', 'list', 'tables'],
+        {
+          encoding: 'utf8',
+        },
+      );
+      expect(tables).not.toContain('moat');
+      const after = await moat.api.call('GET', `/sandboxes/${id}`);
+      expect(after.status, after.text).toBe(404);
     });
   });
 });

@@ -7,8 +7,15 @@
  * console and powers off. QEMU and busybox come from scripts/system-packages.mjs --vm.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { accessSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
-import { writeFileSync } from 'node:fs';
+import {
+  accessSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 

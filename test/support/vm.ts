@@ -125,17 +125,17 @@ export class VmNamespace {
     });
     this.qemu = undefined;
     const totalMs = performance.now() - started;
-    const console = output.replace(/\r/g, '');
-    if (!console.includes(MARK.done))
+    const serial = output.replace(/\r/g, '');
+    if (!serial.includes(MARK.done))
       throw new Error(
-        `the guest did not finish its probes (QEMU exit ${exit}, ${Math.round(totalMs)} ms):\n${console}`,
+        `the guest did not finish its probes (QEMU exit ${exit}, ${Math.round(totalMs)} ms):\n${serial}`,
       );
     return {
-      results: parseProbes(console),
+      results: parseProbes(serial),
       upMs,
-      guestUpS: Number(new RegExp(`${MARK.up} ([0-9.]+)`).exec(console)?.[1]),
+      guestUpS: Number(new RegExp(`${MARK.up} ([0-9.]+)`).exec(serial)?.[1]),
       totalMs,
-      console,
+      console: serial,
     };
   }
 
@@ -151,10 +151,10 @@ export class VmNamespace {
 }
 
 /** Each probe's output lines (between its markers) and exit code. */
-function parseProbes(console: string): Map<string, ProbeResult> {
+function parseProbes(serial: string): Map<string, ProbeResult> {
   const results = new Map<string, ProbeResult>();
   let current: { name: string; lines: string[] } | undefined;
-  for (const line of console.split('\n')) {
+  for (const line of serial.split('\n')) {
     if (line.startsWith(`${MARK.begin} `)) {
       current = { name: line.slice(MARK.begin.length + 1).trim(), lines: [] };
       continue;

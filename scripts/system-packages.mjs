@@ -5,11 +5,12 @@
  * layers, seccomp filter), e2fsprogs and mount make and mount its disk, iproute2 and nftables
  * give each sandbox its own network namespace and firewall; bubblewrap, the peer
  * `npm run bench:sandbox` measures, only with `--bench`; chromium, the browser the console's
- * test drives, only with `--browser`. Without the first, Moat refuses sandboxes (unless started
+ * test drives, only with `--browser`; qemu-system-x86 and busybox-static, the VM test's guest
+ * (test/netns/vm.test.ts), only with `--vm`. Without the first, Moat refuses sandboxes (unless started
  * with --unconfined-sandboxes); without iproute2 and nftables it enforces through the proxy only;
  * it says so at start-up. This script says why it did not install.
- * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer
- * and the console's browser test.
+ * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer,
+ * the console's browser test and the VM test.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';

@@ -18,6 +18,9 @@ import type { EnforcementTable, UpstreamProxy } from './table.js';
 
 export type KernelChange = 'install' | 'policy' | 'learned';
 
+/** A link device name the firewall's rules can name (Linux allows more; Moat's links need no more). */
+const DEVICE_NAME = /^[A-Za-z0-9_.-]{1,15}$/;
+
 /** A sandbox's bandwidth each way, in Mbit/s; 0: unlimited. */
 export interface Bandwidth {
   readonly egressMbps: number;
@@ -90,6 +93,11 @@ export class KernelEnforcer {
     upstream?: UpstreamProxy,
     device = 'eth0',
   ): Promise<void> {
+    // The name is written into nft's text: one a client chose must not be able to end a rule.
+    if (!DEVICE_NAME.test(device))
+      throw new KernelEnforcementError(
+        `the firewall of sandbox ${sandboxID} was not written: its link device ${JSON.stringify(device)} is not a device name of 1 to 15 letters, digits, '.', '-' or '_'`,
+      );
     const host = AddressPool.offset(address, -1);
     const tunnel = await this.tunnelRules(sandboxID, upstream);
     const commands = `${sandboxRuleset(this.layout, { host, address, device })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;

@@ -251,6 +251,34 @@ describe('kernel rules: the sandbox table', () => {
     ]);
   });
 
+  it('writes the device install is given, and nothing for a name that could end a rule', async () => {
+    const applied: string[] = [];
+    const table = new EnforcementTable({ now: () => NOW });
+    const policy = policyOf({});
+    table.register('idevicesandbox000001', { egressSecret: 's' }, policy);
+    const enforcer = new KernelEnforcer(LAYOUT, {
+      table,
+      apply: async (_, commands) => void applied.push(commands),
+      list: async () => '',
+      limitBandwidth: async () => {},
+      applyHost: async () => {},
+      now: () => NOW,
+    });
+    const address = ip('10.216.0.6');
+    await enforcer.install('idevicesandbox000001', address, policy, undefined, 'moat0');
+    expect(applied).toHaveLength(1);
+    expect(applied[0]).toContain('iifname != "moat0" oifname "moat0" jump outbound');
+    // Without one: Moat's own sandboxes' eth0.
+    await enforcer.install('idevicesandbox000001', address, policy);
+    expect(applied[1]).toContain('iifname != "eth0" oifname "eth0" jump outbound');
+    for (const hostile of ['x";flush ruleset', 'a b', '', 'sixteen-chars-xx', 'tap\n0'])
+      await expect(
+        enforcer.install('idevicesandbox000001', address, policy, undefined, hostile),
+        hostile,
+      ).rejects.toThrow(`link device ${JSON.stringify(hostile)} is not a device name`);
+    expect(applied).toHaveLength(2);
+  });
+
   it("names the link's device it is given (a network-only sandbox's)", () => {
     const { chains } = tableOf(sandboxRuleset(LAYOUT, { ...LINK, device: 'moat0' }));
     expect(chains.forwarded).toContain('iifname != "moat0" oifname "moat0" jump outbound');

@@ -254,6 +254,31 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
       }
     });
 
+    it("holds the guest to the sandbox's connection budget (its firewall's refusal counter)", async () => {
+      const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+      const refused = () =>
+        Number(
+          /counter new_connections_refused \{\s*packets (\d+)/.exec(
+            execFileSync('/usr/bin/nsenter', [
+              `--net=${netns}`,
+              '/usr/sbin/nft',
+              'list',
+              'counters',
+              'table',
+              'inet',
+              'moat',
+            ]).toString(),
+          )![1],
+        );
+      const before = refused();
+      // 3,000 new UDP flows at once: the burst (400) and the rate (200/s) let far fewer out.
+      const flood = await guest.run(
+        `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nfor port in range(20000, 23000):\n  try: s.sendto(b'x', ('${ALLOWED_IP}', port))\n  except OSError: pass\nprint('sent')`,
+      );
+      expect(flood.out, flood.err).toBe('sent\n');
+      expect(refused() - before).toBeGreaterThan(1000);
+    });
+
     it('ends an open connection a publish denies within 100 ms, and stops a UDP peer at once', async () => {
       // One keeps asking the echo (its next packet meets the new policy); one listens to the
       // world's UDP talker (a datagram every 10 ms, which only the firewall can stop).

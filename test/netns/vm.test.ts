@@ -80,7 +80,7 @@ describe.skipIf(skip !== undefined)('a QEMU guest on a tap device, held by Moat'
       execFileSync('/usr/sbin/ip', ['-n', world.namespace, ...args]);
     inWorld('addr', 'add', `${SIDE.world}/${SIDE.prefix}`, 'dev', 'side1');
     inWorld('link', 'set', 'side1', 'up');
-    inWorld('route', 'add', `${TAP.router.replace(/\.1$/, '.0')}/${TAP.prefix}`, 'via', SIDE.vm);
+    inWorld('route', 'add', `${TAP.subnet}/${TAP.prefix}`, 'via', SIDE.vm);
   }, 120_000);
 
   afterAll(async () => {

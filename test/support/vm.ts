@@ -19,7 +19,13 @@ import {
 } from './vm-guest.js';
 
 const IP = '/usr/sbin/ip';
-export const TAP = { name: 'tap0', router: '172.30.0.1', guest: '172.30.0.2', prefix: 24 };
+export const TAP = {
+  name: 'tap0',
+  subnet: '172.30.0.0',
+  router: '172.30.0.1',
+  guest: '172.30.0.2',
+  prefix: 24,
+};
 
 export interface ProbeResult {
   readonly code: number;

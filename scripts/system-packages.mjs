@@ -5,12 +5,14 @@
  * layers, seccomp filter), e2fsprogs and mount make and mount its disk, iproute2 and nftables
  * give each sandbox its own network namespace and firewall; bubblewrap, the peer
  * `npm run bench:sandbox` measures, only with `--bench`; chromium, the browser the console's
- * test drives, only with `--browser`; podman, runc, containernetworking-plugins and
- * busybox-static, the runtime the CNI plugin's test drives, only with `--cni`. Without the first, Moat refuses sandboxes (unless started
- * with --unconfined-sandboxes); without iproute2 and nftables it enforces through the proxy only;
- * it says so at start-up. This script says why it did not install.
- * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer
- * the console's browser test and the CNI plugin's Podman test.
+ * test drives, only with `--browser`; podman, runc and containernetworking-plugins, the runtime
+ * the CNI plugin's test drives (test/cni/podman.test.ts), only with `--cni`; qemu-system-x86, the
+ * VM test's guest (test/netns/vm.test.ts), only with `--vm`; busybox-static, the image of the one
+ * and the initramfs of the other, with either. Without the first, Moat refuses sandboxes (unless
+ * started with --unconfined-sandboxes); without iproute2 and nftables it enforces through the
+ * proxy only; it says so at start-up. This script says why it did not install.
+ * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer,
+ * the console's browser test, the Podman test and the VM test.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -71,16 +73,24 @@ const PACKAGES = [
     only: '--cni',
   },
   {
+    name: 'qemu-system-x86',
+    present: () => existsSync('/usr/bin/qemu-system-x86_64'),
+    for: "the VM test's guest",
+    only: '--vm',
+  },
+  {
     name: 'busybox-static',
     present: () => existsSync('/bin/busybox'),
-    for: "the Podman test's image",
-    only: '--cni',
+    for: "the Podman test's image and the VM test's initramfs",
+    only: ['--cni', '--vm'],
   },
 ];
 
-// Packages marked `only` are extras for one purpose, installed when their option is given.
+// Packages marked `only` are extras for one purpose, installed when (one of) their options is given.
 const missing = PACKAGES.filter(
-  (p) => (p.only === undefined || process.argv.includes(p.only)) && !p.present(),
+  (p) =>
+    (p.only === undefined || [p.only].flat().some((option) => process.argv.includes(option))) &&
+    !p.present(),
 );
 if (missing.length === 0) process.exit(0);
 const names = missing.map((p) => p.name);
@@ -92,11 +102,16 @@ if (process.getuid?.() !== 0 || !existsSync('/usr/bin/apt-get')) {
 console.log(`moat: installing ${why} with apt-get`);
 const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
 const install = () =>
-  spawnSync('apt-get', ['install', '-y', '--no-install-recommends', ...names], {
-    env,
-    stdio: 'inherit',
-    timeout: 300_000,
-  }).status === 0;
+  // Another installer (a second suite's set-up) may hold dpkg's lock: wait for it, bounded.
+  spawnSync(
+    'apt-get',
+    ['-o', 'DPkg::Lock::Timeout=240', 'install', '-y', '--no-install-recommends', ...names],
+    {
+      env,
+      stdio: 'inherit',
+      timeout: 300_000,
+    },
+  ).status === 0;
 // A fresh machine may have no package lists yet: fetch them once and retry.
 if (!install()) {
   execFileSync('apt-get', ['update'], { env, stdio: 'inherit', timeout: 300_000 });

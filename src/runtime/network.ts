@@ -69,6 +69,12 @@ const OWN_DEVICE = 'eth0';
  * `inet moat`), from a namespace Moat adopted and leaves behind when it detaches.
  */
 const REMOVE_FIREWALL = 'table inet moat; delete table inet moat';
+/**
+ * What holds an adopted namespace from the moment Moat's link comes up until the kernel enforcer
+ * writes its firewall (which replaces this table in one transaction): nothing forwarded or sent
+ * leaves. Its guests may be running already (a restart re-adopts a live VM's namespace).
+ */
+const HOLD_FIREWALL = `${REMOVE_FIREWALL}; table inet moat { chain hold_forward { type filter hook forward priority filter; policy drop; }; chain hold_output { type filter hook output priority filter; policy drop; oifname "lo" accept; }; }`;
 
 export interface NamespaceNetworkOptions {
   /** Hex that names this Moat's namespaces and links apart from other Moats' (6 characters). */
@@ -429,6 +435,7 @@ export class NamespaceNetwork {
    */
   private async connect(sandboxID: string, link: Link, ownLoopback: boolean): Promise<void> {
     const { namespace, hostLink, host, address, device, guest } = link;
+    if (link.adopted) await link.firewall.run(HOLD_FIREWALL);
     const ipv6Off = (name: string) =>
       // (Hosts booted without IPv6 have no such file, and nothing to switch off.)
       `f=/proc/sys/net/ipv6/conf/${name}/disable_ipv6; if [ -e $f ]; then echo 1 > $f; fi`;

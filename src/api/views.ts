@@ -253,8 +253,17 @@ const linkSchema = object(
   {
     netns: { ...string, description: 'The namespace path as the create request gave it' },
     ifname: { ...string, description: 'Moat’s end of the link in that namespace' },
-    address: { ...string, description: 'The sandbox’s source address with the link’s prefix' },
-    router: { ...string, description: 'The host’s end of the link: the default route’s next hop' },
+    address: {
+      ...string,
+      description:
+        'The address ifname’s holder uses, with its prefix: the sandbox’s, or with guestLink "redirect" the guest’s',
+    },
+    router: {
+      ...string,
+      description:
+        'The default route’s next hop: the host’s end of the link, or with guestLink "redirect" Moat’s inner end',
+    },
+    guestLink: { type: 'string', enum: ['routed', 'redirect'] },
   },
   'Moat extension, network-only sandboxes: Moat’s link into the namespace it adopted',
 );

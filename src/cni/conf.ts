@@ -17,6 +17,11 @@ export interface PluginConf {
   readonly keyFile: string;
   /** The PUT network body for the sandbox; undefined: deny everything. */
   readonly policy: Record<string, unknown> | undefined;
+  /**
+   * "redirect" for a chain whose next plugin joins CNI_IFNAME to a guest's tap below the IP
+   * stack (firecracker-containerd's tc-redirect-tap); undefined: Moat's default, "routed".
+   */
+  readonly guestLink: 'routed' | 'redirect' | undefined;
   readonly prevResult: CniResult | undefined;
 }
 
@@ -93,7 +98,15 @@ export function parseConf(text: string): Outcome<PluginConf> {
       'the network configuration on standard input is not a JSON object',
     );
   const bad = (msg: string) => fail(CNI_CODES.badConfig, `network configuration: ${msg}`);
-  const { cniVersion, name, type, api = DEFAULT_API, keyFile = DEFAULT_KEY_FILE, policy } = json;
+  const {
+    cniVersion,
+    name,
+    type,
+    api = DEFAULT_API,
+    keyFile = DEFAULT_KEY_FILE,
+    policy,
+    guestLink,
+  } = json;
   if (typeof cniVersion !== 'string') return bad('cniVersion must be a string');
   if (!(SUPPORTED_VERSIONS as readonly string[]).includes(cniVersion))
     return fail(
@@ -108,6 +121,8 @@ export function parseConf(text: string): Outcome<PluginConf> {
     return bad(`keyFile ${JSON.stringify(keyFile)} is not an absolute path`);
   if (policy !== undefined && !isObject(policy))
     return bad('policy must be an object shaped like the PUT /sandboxes/{id}/network body');
+  if (guestLink !== undefined && guestLink !== 'routed' && guestLink !== 'redirect')
+    return bad(`guestLink ${JSON.stringify(guestLink)} is not "routed" or "redirect"`);
   const prev = json.prevResult;
   if (prev !== undefined && !isObject(prev)) return bad('prevResult must be an object');
   return {
@@ -118,6 +133,7 @@ export function parseConf(text: string): Outcome<PluginConf> {
       api: api.replace(/\/+$/, ''),
       keyFile,
       policy,
+      guestLink,
       prevResult: prev as CniResult | undefined,
     },
   };

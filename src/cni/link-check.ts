@@ -32,7 +32,10 @@ export async function macOf(netns: string, ifname: string): Promise<string | und
   return shown.ok ? /link\/ether ([0-9a-f:]{17})/.exec(shown.text)?.[1] : undefined;
 }
 
-/** Undefined when `ifname` in `netns` holds the link's address; else what is wrong. */
+/**
+ * Undefined when `ifname` in `netns` holds the link's address (with guestLink "redirect": is
+ * there, its address being the guest's); else what is wrong.
+ */
 export async function linkProblem(
   netns: string,
   attached: AttachedSandbox,
@@ -40,6 +43,7 @@ export async function linkProblem(
   const { ifname, address } = attached.link;
   const shown = await ipIn(netns, ['-4', 'addr', 'show', 'dev', ifname]);
   if (!shown.ok) return `no interface ${ifname} in ${netns}: ${shown.text}`;
+  if (attached.link.guestLink === 'redirect') return undefined;
   if (!shown.text.split(/\s+/).includes(address))
     return `interface ${ifname} in ${netns} does not hold the sandbox's address ${address}`;
   return undefined;

@@ -63,6 +63,7 @@ async function add(
     templateID: 'network-only',
     netns: invocation.netns,
     ifname: invocation.ifname,
+    ...(conf.guestLink === undefined ? {} : { guestLink: conf.guestLink }),
     metadata: { cniContainerID: invocation.containerID },
     network: conf.policy ?? DENY_ALL,
   });

@@ -9,7 +9,14 @@ import type { CniResult } from './spec.js';
 /** What a network-only create answer (and GET) says about the sandbox's link and egress. */
 export interface AttachedSandbox {
   readonly sandboxID: string;
-  readonly link: { netns: string; ifname: string; address: string; router: string };
+  readonly link: {
+    netns: string;
+    ifname: string;
+    address: string;
+    router: string;
+    /** "redirect": ifname holds no address; the guest joined to it below the IP stack does. */
+    guestLink?: string;
+  };
   readonly egress?: { dns?: string; gateway?: string };
 }
 

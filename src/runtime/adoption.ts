@@ -10,9 +10,41 @@ import { stat } from 'node:fs/promises';
 export interface AdoptRequest {
   /** `/run/netns/<name>`, `/proc/<pid>/ns/net`, or any other file naming a network namespace. */
   readonly netns: string;
-  /** The name of Moat's end of the link inside the namespace. */
+  /**
+   * The name of Moat's end of the link inside the namespace; with `guestLink` "redirect", the
+   * guest's end of Moat's inner pair (see GuestLink).
+   */
   readonly ifname: string;
+  /** Absent: "routed". */
+  readonly guestLink?: GuestLink;
 }
+
+/**
+ * How a guest behind the namespace reaches Moat's link. "routed": through the namespace's IP
+ * stack (a tap or bridge with a route), so `ifname` is Moat's link itself. "redirect": a runtime
+ * joins `ifname` to a tap below the IP stack (firecracker-containerd's tc-redirect-tap mirrors
+ * the two with tc), so what the guest sends would leave by `ifname` unseen by any hook there:
+ * `ifname` is then one end of a veth pair inside the namespace whose other end (INNER_DEVICE)
+ * is Moat's, the guest is routed through the namespace from that end, and Moat's link to the
+ * host is UPLINK_DEVICE.
+ */
+export type GuestLink = 'routed' | 'redirect';
+export const GUEST_LINKS: readonly GuestLink[] = ['routed', 'redirect'];
+
+/** "redirect": Moat's link to the host inside the namespace. */
+export const UPLINK_DEVICE = 'moat-up';
+/** "redirect": Moat's end of the inner pair, whose peer is `ifname`. */
+export const INNER_DEVICE = 'moat-in';
+/**
+ * "redirect": the inner pair's /30, the same in every namespace (it never leaves one: the
+ * namespace's firewall translates the guest's address to the sandbox's). From RFC 7335's
+ * 192.0.0.0/29, which IANA lists as not global: no destination a guest wants is there.
+ */
+export const INNER_LINK = { router: '192.0.0.1', guest: '192.0.0.2', prefixLength: 30 } as const;
+
+/** The device inside the namespace that leads to the host: what its firewall lets out. */
+export const uplinkOf = (request: Pick<AdoptRequest, 'ifname' | 'guestLink'>): string =>
+  request.guestLink === 'redirect' ? UPLINK_DEVICE : request.ifname;
 
 /** A namespace's identity: its nsfs device and inode. */
 export interface NamespaceIdentity {
@@ -46,6 +78,21 @@ export function checkIfname(ifname: string): void {
               ? 'is the loopback every namespace has'
               : undefined;
   if (problem !== undefined) throw new AdoptRefused(`ifname ${JSON.stringify(ifname)} ${problem}`);
+}
+
+/** The devices Moat makes in the namespace for `request` (checkIfname'd), refused if clashing. */
+export function devicesOf(request: AdoptRequest): string[] {
+  checkIfname(request.ifname);
+  if (request.guestLink === undefined || request.guestLink === 'routed') return [request.ifname];
+  if (request.guestLink !== 'redirect')
+    throw new AdoptRefused(
+      `guestLink ${JSON.stringify(request.guestLink)} is not one of ${GUEST_LINKS.join(', ')}`,
+    );
+  if ([UPLINK_DEVICE, INNER_DEVICE].includes(request.ifname))
+    throw new AdoptRefused(
+      `ifname ${JSON.stringify(request.ifname)} is a name Moat gives its own devices with guestLink "redirect"`,
+    );
+  return [request.ifname, UPLINK_DEVICE, INNER_DEVICE];
 }
 
 export const sameNamespace = (a: NamespaceIdentity, b: NamespaceIdentity) =>

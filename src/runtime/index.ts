@@ -4,7 +4,12 @@ export {
   type AdoptRequest,
   checkIfname,
   DEFAULT_IFNAME,
+  devicesOf,
+  GUEST_LINKS,
+  type GuestLink,
+  INNER_LINK,
   type NamespaceIdentity,
+  uplinkOf,
 } from './adoption.js';
 export type { SandboxLimits } from './cgroups.js';
 export { confinementWorks, DEFAULT_USER, type SandboxUser, USERS } from './confinement.js';

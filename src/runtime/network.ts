@@ -16,12 +16,15 @@ import type net from 'node:net';
 import {
   AdoptRefused,
   type AdoptRequest,
-  checkIfname,
+  devicesOf,
   identityOf,
+  INNER_DEVICE,
+  INNER_LINK,
   type NamespaceIdentity,
   namespaceFile,
   refuseHostNamespaces,
   sameNamespace,
+  uplinkOf,
 } from './adoption.js';
 import { type DirectFlow, DirectFlowLog } from './direct-flow-log.js';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
@@ -66,6 +69,12 @@ const OWN_DEVICE = 'eth0';
  * `inet moat`), from a namespace Moat adopted and leaves behind when it detaches.
  */
 const REMOVE_FIREWALL = 'table inet moat; delete table inet moat';
+/**
+ * What holds an adopted namespace from the moment Moat's link comes up until the kernel enforcer
+ * writes its firewall (which replaces this table in one transaction): nothing forwarded or sent
+ * leaves. Its guests may be running already (a restart re-adopts a live VM's namespace).
+ */
+const HOLD_FIREWALL = `${REMOVE_FIREWALL}; table inet moat { chain hold_forward { type filter hook forward priority filter; policy drop; }; chain hold_output { type filter hook output priority filter; policy drop; oifname "lo" accept; }; }`;
 
 export interface NamespaceNetworkOptions {
   /** Hex that names this Moat's namespaces and links apart from other Moats' (6 characters). */
@@ -185,6 +194,8 @@ interface Link {
   readonly hostLink: string;
   /** The sandbox's end of the link, in its namespace. */
   readonly device: string;
+  /** Set for guestLink "redirect": the guest's end of Moat's inner pair (the request's ifname). */
+  readonly guest?: string;
   /** Set for a namespace Moat adopted: the path it was given, and what that named then. */
   readonly adopted?: { readonly netns: string; readonly identity: NamespaceIdentity };
   /** The sandbox end (its source address) and the host end. */
@@ -322,11 +333,12 @@ export class NamespaceNetwork {
 
   private async adoptNow(
     sandboxID: string,
-    { netns, ifname }: AdoptRequest,
+    request: AdoptRequest,
     address: string,
     expected: NamespaceIdentity | undefined,
   ): Promise<NamespaceIdentity> {
-    checkIfname(ifname);
+    const { netns, ifname } = request;
+    const devices = devicesOf(request);
     const identity = await namespaceFile(netns);
     if (expected !== undefined && !sameNamespace(identity, expected))
       throw new AdoptRefused(`netns ${netns} names another namespace than the one adopted`);
@@ -347,10 +359,29 @@ export class NamespaceNetwork {
       },
     );
     // `-o` lines: "<index>: <name>[@<peer>]: <flags> ..."
-    if (names.split('\n').some((line) => line.split(': ')[1]?.split('@')[0] === ifname))
-      throw new AdoptRefused(`netns ${netns} already has an interface named ${ifname}`);
+    const peers = new Map(
+      names
+        .split('\n')
+        .map((line) => line.split(': ')[1]?.split('@') ?? [])
+        .filter((parts) => parts[0] !== undefined)
+        .map(([name, peer]) => [name!, peer] as const),
+    );
+    // An inner pair an earlier adoption left (Moat stopped; see sweep) is taken over as it is:
+    // the runtime's tc filters on `ifname` live as long as that device does.
+    const innerKept =
+      request.guestLink === 'redirect' &&
+      peers.get(ifname) === INNER_DEVICE &&
+      peers.get(INNER_DEVICE) === ifname;
+    for (const device of devices) {
+      if (innerKept && (device === ifname || device === INNER_DEVICE)) continue;
+      if (peers.has(device))
+        throw new AdoptRefused(`netns ${netns} already has an interface named ${device}`);
+    }
     await this.destroy(sandboxID);
-    const link = this.linkFor(sandboxID, address, ifname, { netns, identity });
+    const link = {
+      ...this.linkFor(sandboxID, address, uplinkOf(request), { netns, identity }),
+      ...(request.guestLink === 'redirect' ? { guest: ifname } : {}),
+    };
     const handle = `${NETNS_DIR}/${link.namespace}`;
     this.links.set(sandboxID, link);
     try {
@@ -403,7 +434,25 @@ export class NamespaceNetwork {
    * namespace is Moat's, and its loopback is brought up (an adopted one's is its owner's).
    */
   private async connect(sandboxID: string, link: Link, ownLoopback: boolean): Promise<void> {
-    const { namespace, hostLink, host, address, device } = link;
+    const { namespace, hostLink, host, address, device, guest } = link;
+    if (link.adopted) await link.firewall.run(HOLD_FIREWALL);
+    const ipv6Off = (name: string) =>
+      // (Hosts booted without IPv6 have no such file, and nothing to switch off.)
+      `f=/proc/sys/net/ipv6/conf/${name}/disable_ipv6; if [ -e $f ]; then echo 1 > $f; fi`;
+    // guestLink "redirect": the guest's end and Moat's inner end, the guest routed from the
+    // latter through this namespace (forwarding on here only) to Moat's link.
+    const inner =
+      guest === undefined
+        ? []
+        : [
+            `${IP} link show dev ${INNER_DEVICE} >/dev/null 2>&1 || ${IP} link add ${INNER_DEVICE} type veth peer name ${guest}`,
+            ipv6Off(INNER_DEVICE),
+            ipv6Off(guest),
+            `${IP} addr replace ${INNER_LINK.router}/${INNER_LINK.prefixLength} dev ${INNER_DEVICE}`,
+            `${IP} link set ${guest} up`,
+            `${IP} link set ${INNER_DEVICE} up`,
+            'echo 1 > /proc/sys/net/ipv4/ip_forward',
+          ];
     await run(
       IP,
       ['-batch', '-'],
@@ -419,13 +468,13 @@ export class NamespaceNetwork {
       '/bin/sh',
       '-ec',
       [
-        // (Hosts booted without IPv6 have no such file, and nothing to switch off.)
-        `f=/proc/sys/net/ipv6/conf/${device}/disable_ipv6; if [ -e $f ]; then echo 1 > $f; fi`,
+        ipv6Off(device),
         ...(ownLoopback ? [`${IP} link set lo up`] : []),
         `${IP} addr add ${address}/30 dev ${device}`,
         `${IP} link set ${device} up`,
         // An adopted namespace's own default route, if it had one, is replaced: Moat is its way out.
         `${IP} route replace default via ${host} dev ${device}`,
+        ...inner,
       ].join('\n'),
     ]);
     this.flowLog?.add(sandboxID, `${NETNS_DIR}/${namespace}`);
@@ -588,6 +637,16 @@ export class NamespaceNetwork {
     // An adopted namespace stays; Moat's firewall in it goes (its link goes with the host's end,
     // and `ip netns delete` of the handle only unmounts it).
     if (link.adopted) await this.removeFirewall(link.namespace);
+    // A detached guest's inner pair goes too (`sweep`, when Moat stops, leaves it for the next).
+    if (link.guest !== undefined)
+      await run(NSENTER, [
+        `--net=${NETNS_DIR}/${link.namespace}`,
+        '--',
+        IP,
+        'link',
+        'delete',
+        INNER_DEVICE,
+      ]).catch(() => undefined);
     await this.removeNamespace(link.namespace, link.hostLink);
   }
 

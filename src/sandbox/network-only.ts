@@ -8,9 +8,11 @@ import { AddressPool } from '../enforce/index.js';
 import { parseIP } from '../policy/index.js';
 import {
   type AdoptRequest,
-  checkIfname,
   DEFAULT_IFNAME,
+  devicesOf,
   type EnforcementMode,
+  type GuestLink,
+  INNER_LINK,
 } from '../runtime/index.js';
 import type { SandboxRecord } from './records.js';
 import { type CreateRequest, SandboxError } from './requests.js';
@@ -25,17 +27,21 @@ export const NO_EXPIRY = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
 
 /**
  * The namespace a create request asks Moat to adopt, or undefined for a sandbox Moat runs;
- * refuses `netns`/`ifname` with another template, `network-only` without `netns`, a bad
- * `ifname`, what a network-only sandbox cannot do (pause), and, without namespace enforcement,
+ * refuses `netns`/`ifname`/`guestLink` with another template, `network-only` without `netns`,
+ * a bad `ifname` or `guestLink`, what a network-only sandbox cannot do (pause), and, without namespace enforcement,
  * the template itself (501).
  */
 export function adoptionOf(
   request: CreateRequest,
   enforcement: { readonly mode: EnforcementMode; readonly reason: string },
 ): AdoptRequest | undefined {
-  const { netns, ifname } = request;
+  const { netns, ifname, guestLink } = request;
   if (request.templateID !== NETWORK_ONLY) {
-    const field = netns !== undefined ? 'netns' : ifname !== undefined ? 'ifname' : undefined;
+    const field = [
+      ['netns', netns],
+      ['ifname', ifname],
+      ['guestLink', guestLink],
+    ].find(([, value]) => value !== undefined)?.[0];
     if (field === undefined) return undefined;
     throw new SandboxError(
       400,
@@ -52,9 +58,16 @@ export function adoptionOf(
       501,
       `the template ${NETWORK_ONLY} needs namespace enforcement; this Moat enforces with its proxy only (${enforcement.reason})`,
     );
-  const adopt = { netns, ifname: ifname ?? DEFAULT_IFNAME };
+  const adopt = {
+    netns,
+    ifname: ifname ?? DEFAULT_IFNAME,
+    // "routed" is the default, and not stored.
+    ...(guestLink === undefined || guestLink === 'routed'
+      ? {}
+      : { guestLink: guestLink as GuestLink }),
+  };
   try {
-    checkIfname(adopt.ifname);
+    devicesOf(adopt);
   } catch (error) {
     throw new SandboxError(400, `body.${(error as Error).message}`);
   }
@@ -78,8 +91,11 @@ export const networkOnlyRefusal = (sandboxID: string, what: string) =>
   );
 
 /**
- * A network-only sandbox's link as the API shows it: the namespace and interface as given, its
- * address with the link's prefix, and the router (the host's end, its default route's next hop).
+ * A network-only sandbox's link as the API shows it: the namespace and interface as given, the
+ * address the interface's holder uses with its prefix, and the router (its default route's next
+ * hop): routed, the sandbox's address and the host's end of Moat's link; with guestLink
+ * "redirect", the guest's address and Moat's inner end (the namespace translates the one to the
+ * sandbox's address).
  */
 export function linkView(record: SandboxRecord):
   | {
@@ -87,13 +103,20 @@ export function linkView(record: SandboxRecord):
       readonly ifname: string;
       readonly address: string;
       readonly router: string;
+      readonly guestLink: GuestLink;
     }
   | undefined {
   if (record.link === undefined) return undefined;
+  const { netns, ifname, guestLink = 'routed' } = record.link;
+  if (guestLink === 'redirect') {
+    const { guest, router, prefixLength } = INNER_LINK;
+    return { netns, ifname, address: `${guest}/${prefixLength}`, router, guestLink };
+  }
   const address = parseIP(record.sourceAddress);
   return {
-    netns: record.link.netns,
-    ifname: record.link.ifname,
+    netns,
+    ifname,
+    guestLink,
     address: `${record.sourceAddress}/30`,
     router: address.ok ? AddressPool.offset(address.value, -1).text : '',
   };

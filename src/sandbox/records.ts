@@ -2,7 +2,7 @@
  * What the store holds for sandboxes and snapshots, and the checks that a loaded record is one
  * of ours: a record that does not fit stops start-up with its key named, never dropped.
  */
-import type { SandboxLimits } from '../runtime/index.js';
+import { GUEST_LINKS, type GuestLink, type SandboxLimits } from '../runtime/index.js';
 import type { JsonValue } from '../store/index.js';
 
 export const SANDBOXES = 'sandboxes';
@@ -81,6 +81,8 @@ export interface SandboxRecord {
 export interface AdoptedLinkSettings {
   readonly netns: string;
   readonly ifname: string;
+  /** Absent: "routed". */
+  readonly guestLink?: GuestLink;
   readonly identity: { readonly device: number; readonly inode: number };
 }
 
@@ -174,6 +176,7 @@ const SANDBOX: Shape = {
     fits(v, {
       netns: isString,
       ifname: isString,
+      guestLink: (g) => g === undefined || GUEST_LINKS.includes(g as GuestLink),
       identity: (i) => fits(i, { device: isTime, inode: isTime }),
     }),
 };

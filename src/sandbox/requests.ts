@@ -65,6 +65,8 @@ export interface CreateRequest {
   readonly netns?: string;
   /** Template `network-only`: Moat's interface in that namespace (default `moat0`). */
   readonly ifname?: string;
+  /** Template `network-only`: how a guest behind the namespace reaches Moat (GuestLink). */
+  readonly guestLink?: string;
 }
 
 export interface SandboxQuery {

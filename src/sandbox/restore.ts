@@ -5,6 +5,7 @@
  * network-only one whose namespace is gone is detached.
  */
 import { type IPAddress, parseIP, type Policy } from '../policy/index.js';
+import { uplinkOf } from '../runtime/index.js';
 import { isLocal } from './membership.js';
 import { bandwidthOf, storedUpstream } from './network-settings.js';
 import type { LifecycleParts } from './parts.js';
@@ -138,7 +139,7 @@ export class SandboxRecovery {
         address,
         policy,
         storedUpstream(record),
-        record.link?.ifname,
+        record.link && uplinkOf(record.link),
       );
       await kernel?.limitBandwidth(
         record.sandboxID,

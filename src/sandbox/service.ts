@@ -15,6 +15,7 @@ import {
   type SandboxLimits,
   SandboxRefused,
   type SandboxRuntime,
+  uplinkOf,
 } from '../runtime/index.js';
 import type { Store } from '../store/index.js';
 import { ClusterReload } from './cluster-reload.js';
@@ -275,7 +276,13 @@ export class SandboxService {
         record = { ...record, link: { ...template, identity } };
       }
       // Fail closed: a sandbox whose firewall cannot be written is not started.
-      await this.options.kernel?.install(id, source, policy, upstream, record.link?.ifname);
+      await this.options.kernel?.install(
+        id,
+        source,
+        policy,
+        upstream,
+        record.link && uplinkOf(record.link),
+      );
       await this.options.kernel?.limitBandwidth(
         id,
         bandwidthOf(record.network, this.options.bandwidthDefaults),

@@ -93,6 +93,11 @@ describe('CNI plugin against a real Moat', () => {
       7,
       /policy must be an object/,
     );
+    expectCniError(
+      await plugin.run(ADD, plugin.conf({ guestLink: 'tap' })),
+      7,
+      /guestLink "tap" is not "routed" or "redirect"/,
+    );
     expect(await sandboxes()).toEqual(before);
   });
 

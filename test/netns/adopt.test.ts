@@ -21,6 +21,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World } from '../../bench/lib/world.js';
 import { API_KEY, ApiClient } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
+import { GuestBehind } from '../support/guest-behind.js';
 import { hostNetworkLines, namespaceSkipReason } from '../support/netns.js';
 import { ServeChild } from '../support/serve-child.js';
 
@@ -124,8 +125,15 @@ interface Adopted {
 
 describe.skipIf(skip !== undefined)('network-only sandboxes (adopted namespaces)', () => {
   const tag = `ad${process.pid}`;
-  const names = ['vm', 'gone', 'stay', 'lost', 'bad'].map((n) => `moat-t-${tag}-${n}`);
-  const [VM, GONE, STAY, LOST, BAD] = names as [string, string, string, string, string];
+  const names = ['vm', 'gone', 'stay', 'lost', 'bad', 'rd'].map((n) => `moat-t-${tag}-${n}`);
+  const [VM, GONE, STAY, LOST, BAD, REDIRECT] = names as [
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
+  ];
   const scratch = mkdtempSync(path.join(os.tmpdir(), 'moat-adopt-'));
   let world: World;
   let upstream: FakeDns;
@@ -337,9 +345,38 @@ describe.skipIf(skip !== undefined)('network-only sandboxes (adopted namespaces)
     expect(timed.status, timed.text).toBe(201);
     const timedID = (timed.body as Adopted).sandboxID;
     await within(5000, async () => (await api.call('GET', `/sandboxes/${timedID}`)).status === 404);
-    expect(stateOf(LOST).links).not.toContain('moat0');
+    // Its record goes first, then its link (as above).
+    await within(2000, async () => !stateOf(LOST).links.includes('moat0'));
     expect(stateOf(LOST).tables).toBe('');
   }, 60_000);
+
+  it('keeps a guest tc redirects to its interface held across a restart, and removes its pair on DELETE', async () => {
+    const netns = makeNamespace(REDIRECT);
+    const created = await adopt({ netns, network: policy, ifname: 'veth0', guestLink: 'redirect' });
+    expect(created.status, created.text).toBe(201);
+    const { sandboxID, link } = created.body as Adopted;
+    expect(link).toMatchObject({ ifname: 'veth0', address: '192.0.0.2/30', router: '192.0.0.1' });
+    const guest = GuestBehind.redirected('ad', netns, 'veth0', link.address, link.router);
+    try {
+      const connect = (address: string) =>
+        guest.run(
+          `import socket\ntry:\n  socket.create_connection(('${address}', 7000), timeout=3).close(); print('open')\nexcept OSError as e: print(type(e).__name__)`,
+        );
+      const held = async () => {
+        expect((await connect(world.origins[1]!)).out).toBe('open\n');
+        expect((await connect(world.origins[2]!)).out).toBe('ConnectionRefusedError\n');
+      };
+      await held();
+      await moat.kill(); // SIGKILL: the restarted Moat sweeps the host's end, and takes the pair over
+      await start();
+      expect((await api.call('GET', `/sandboxes/${sandboxID}`)).status).toBe(200);
+      await held();
+      expect((await api.call('DELETE', `/sandboxes/${sandboxID}`)).status).toBe(204);
+      expect(inNs(REDIRECT, IP, '-br', 'link')).not.toMatch(/^(veth0|moat-in|moat-up)@/m);
+    } finally {
+      guest.close();
+    }
+  }, 120_000);
 
   it('re-adopts at restart what is still there, with its policy, and detaches what is gone', async () => {
     const stay = await adopt({ netns: `/run/netns/${STAY}`, network: policy, ifname: 'eth7' });

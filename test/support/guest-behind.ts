@@ -8,6 +8,11 @@
  *
  * `uplink` adds what a VM runtime's own uplink would be: a third namespace ("outside") linked
  * to the sandbox's namespace on another subnet, which must not become a way around Moat.
+ *
+ * `redirected` makes instead a guest joined below the IP stack, as firecracker-containerd's
+ * tc-redirect-tap joins a VM's tap: a veth pair standing in for the tap (one end in the sandbox's
+ * namespace, the other the guest's eth0), and tc mirroring that end and the CNI interface both
+ * ways; the guest holds the address and router a CNI result gave.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 
@@ -48,12 +53,11 @@ export class GuestBehind {
     readonly namespace: string,
     private readonly sandboxNetns: string,
     private readonly links: readonly string[],
-    subnet: string,
-    uplinkSubnet: string | undefined,
+    ends: { address: string; router: string; outside?: string },
   ) {
-    this.address = `${subnet}.2`;
-    this.router = `${subnet}.1`;
-    this.outside = uplinkSubnet && `${uplinkSubnet}.2`;
+    this.address = ends.address;
+    this.router = ends.router;
+    this.outside = ends.outside;
   }
 
   /** The path of a namespace this support made. */
@@ -78,8 +82,11 @@ export class GuestBehind {
       namespace,
       sandboxNetns,
       options.uplink === undefined ? [link] : [link, up],
-      subnet,
-      options.uplink,
+      {
+        address: `${subnet}.2`,
+        router: `${subnet}.1`,
+        ...(options.uplink === undefined ? {} : { outside: `${options.uplink}.2` }),
+      },
     );
     GuestBehind.remove(namespace, sandboxNetns, [link, up]);
     try {
@@ -113,6 +120,57 @@ export class GuestBehind {
         inside(outside, [IP, 'link', 'set', 'eth0', 'up']);
         inside(outside, [IP, 'route', 'add', 'default', 'via', `${options.uplink}.1`]);
       }
+    } catch (error) {
+      guest.close();
+      throw error;
+    }
+    return guest;
+  }
+
+  /**
+   * A guest joined to `ifname` of the sandbox's namespace by tc redirects (see the top), with
+   * `address` (CIDR) and its default route via `router`, as the CNI result says.
+   */
+  static redirected(
+    tag: string,
+    sandboxNetns: string,
+    ifname: string,
+    address: string,
+    router: string,
+  ): GuestBehind {
+    const namespace = `moat-guest-${tag}`;
+    const tap = `mt${tag}`.slice(0, 15);
+    const guest = new GuestBehind(namespace, sandboxNetns, [tap], {
+      address: address.split('/')[0]!,
+      router,
+    });
+    GuestBehind.remove(namespace, sandboxNetns, [tap]);
+    try {
+      execFileSync(IP, ['netns', 'add', namespace], { stdio: 'pipe' });
+      inside(
+        sandboxNetns,
+        [IP, '-batch', '-'],
+        [`link add ${tap} type veth peer name eth0 netns ${namespace}`, `link set ${tap} up`].join(
+          '\n',
+        ),
+      );
+      // What tc-redirect-tap adds: each device's ingress leaves by the other's egress.
+      for (const [from, to] of [
+        [ifname, tap],
+        [tap, ifname],
+      ]) {
+        inside(sandboxNetns, ['/usr/sbin/tc', 'qdisc', 'add', 'dev', from!, 'ingress']);
+        inside(sandboxNetns, [
+          ...['/usr/sbin/tc', 'filter', 'add', 'dev', from!, 'parent', 'ffff:', 'protocol', 'all'],
+          ...['u32', 'match', 'u8', '0', '0', 'action', 'mirred', 'egress', 'redirect'],
+          ...['dev', to!],
+        ]);
+      }
+      const guestIp = (...args: string[]) => inside(guest.netns, [IP, ...args]);
+      guestIp('link', 'set', 'lo', 'up');
+      guestIp('addr', 'add', address, 'dev', 'eth0');
+      guestIp('link', 'set', 'eth0', 'up');
+      guestIp('route', 'add', 'default', 'via', router);
     } catch (error) {
       guest.close();
       throw error;

@@ -67,6 +67,12 @@ const createBody = bodyObject(
       type: 'string',
       description: 'Moat extension, template network-only: Moat’s interface in it (default moat0)',
     },
+    guestLink: {
+      type: 'string',
+      enum: ['routed', 'redirect'],
+      description:
+        'Moat extension, template network-only: "redirect" when a runtime joins ifname to a guest’s tap below the IP stack (tc-redirect-tap): ifname is then the end of a veth pair whose other end Moat routes (default "routed")',
+    },
     mcp: { description: 'MCP gateways are not supported: any value but null is refused' },
     volumeMounts: { type: 'array', description: 'Volumes are not supported: must be empty' },
   },

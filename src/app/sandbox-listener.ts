@@ -66,7 +66,9 @@ export function createSandboxListener(parts: SandboxListenerParts): {
         trafficToken: record.trafficAccessToken,
         maskRequestHost: record.network.maskRequestHost,
         httpsPorts: record.network.httpsPorts ?? [],
-        ingressListeners: undefined,
+        // No ingress: what listens at its address is the runtime's (a VMM, a container's
+        // processes), never published by Moat; a guest behind it has an address of its own.
+        ingressListeners: () => Promise.resolve(new Map()),
         envd: { refusal: networkOnlyRefusal(sandboxID, '') },
       };
     const live = runtime.sandbox(sandboxID);

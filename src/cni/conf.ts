@@ -125,6 +125,11 @@ export function parseConf(text: string): Outcome<PluginConf> {
     return bad(`guestLink ${JSON.stringify(guestLink)} is not "routed" or "redirect"`);
   const prev = json.prevResult;
   if (prev !== undefined && !isObject(prev)) return bad('prevResult must be an object');
+  for (const field of ['interfaces', 'ips', 'routes'] as const) {
+    const list = (prev as Record<string, unknown> | undefined)?.[field];
+    if (list !== undefined && !Array.isArray(list))
+      return bad(`prevResult.${field} must be a list`);
+  }
   return {
     ok: true,
     value: {

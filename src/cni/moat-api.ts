@@ -34,6 +34,13 @@ export class MoatApi {
         );
       const key = (await readFile(keyFile, 'utf8')).trim();
       if (key === '') return fail(CNI_CODES.badConfig, `keyFile ${keyFile} is empty`);
+      // What an HTTP header may carry: anything else would be refused by fetch in an error
+      // that quotes the value, and the runtime logs what the plugin prints.
+      if (!/^[\x21-\x7e]+$/.test(key))
+        return fail(
+          CNI_CODES.badConfig,
+          `keyFile ${keyFile} holds more than one key: spaces, line breaks or other characters an API key has not`,
+        );
       return { ok: true, value: new MoatApi(conf.api, key, keyFile) };
     } catch (error) {
       return fail(
@@ -59,6 +66,8 @@ export class MoatApi {
           ...(body === undefined ? {} : { 'Content-Type': 'application/json' }),
         },
         body: body === undefined ? undefined : JSON.stringify(body),
+        // The key goes to the configured API only, never where an answer points.
+        redirect: 'error',
         signal: AbortSignal.timeout(CALL_TIMEOUT_MS),
       });
     } catch (error) {

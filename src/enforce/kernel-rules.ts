@@ -356,7 +356,8 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     inbound: hooked('filter', 'input', 'filter', 'drop', [
       'iifname "lo" accept',
       'ct state established,related jump arriving',
-      `ip saddr ${link.host.text} meta l4proto tcp ct state new accept`,
+      // Moat's ingress, from the link's host end: on the link only (a guest could forge it).
+      `iifname ${device} ip saddr ${link.host.text} meta l4proto tcp ct state new accept`,
     ]),
   };
   // What the namespace forwards: out through Moat's link only, decided as its own traffic; in

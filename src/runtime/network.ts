@@ -634,20 +634,21 @@ export class NamespaceNetwork {
       (server) => server.close(),
       () => undefined,
     );
-    // An adopted namespace stays; Moat's firewall in it goes (its link goes with the host's end,
-    // and `ip netns delete` of the handle only unmounts it).
-    if (link.adopted) await this.removeFirewall(link.namespace);
-    // A detached guest's inner pair goes too (`sweep`, when Moat stops, leaves it for the next).
-    if (link.guest !== undefined)
-      await run(NSENTER, [
-        `--net=${NETNS_DIR}/${link.namespace}`,
-        '--',
-        IP,
-        'link',
-        'delete',
-        INNER_DEVICE,
-      ]).catch(() => undefined);
-    await this.removeNamespace(link.namespace, link.hostLink);
+    await this.removeNamespace(link.namespace, link.hostLink, async () => {
+      // An adopted namespace stays; Moat's firewall in it goes (`ip netns delete` of the handle
+      // only unmounts it), and a detached guest's inner pair (`sweep`, when Moat stops, leaves
+      // it for the next).
+      if (link.adopted) await this.removeFirewall(link.namespace);
+      if (link.guest !== undefined)
+        await run(NSENTER, [
+          `--net=${NETNS_DIR}/${link.namespace}`,
+          '--',
+          IP,
+          'link',
+          'delete',
+          INNER_DEVICE,
+        ]).catch(() => undefined);
+    });
   }
 
   /** Removes every namespace and link of this scope, known or not; returns the namespaces. */
@@ -666,8 +667,9 @@ export class NamespaceNetwork {
     for (const name of names) {
       const slot = Number(name.slice(this.namespacePrefix.length));
       // Whether the namespace was Moat's or adopted, its firewall goes: an adopted one stays.
-      await this.removeFirewall(name);
-      await this.removeNamespace(name, `${this.linkPrefix}${slot.toString(16)}`);
+      await this.removeNamespace(name, `${this.linkPrefix}${slot.toString(16)}`, () =>
+        this.removeFirewall(name),
+      );
     }
     return names;
   }
@@ -690,10 +692,19 @@ export class NamespaceNetwork {
     );
   }
 
-  private async removeNamespace(namespace: string, hostLink: string): Promise<void> {
-    // The link first: deleting a namespace frees its devices later, in the background, and the
-    // slot may be handed out again before that.
+  /**
+   * Removes the host's end of the link, then runs `tidy` (what Moat leaves in the namespace),
+   * then the namespace's handle. The link first: it is the namespace's only way out, so nothing
+   * leaves it while its firewall is taken out; and deleting a namespace frees its devices later,
+   * in the background, while the slot may be handed out again before that.
+   */
+  private async removeNamespace(
+    namespace: string,
+    hostLink: string,
+    tidy?: () => Promise<void>,
+  ): Promise<void> {
     await run(IP, ['link', 'delete', hostLink]).catch(() => undefined);
+    await tidy?.();
     await run(IP, ['netns', 'delete', namespace]).catch(() => undefined);
   }
 }

@@ -289,8 +289,10 @@ export class SandboxService {
       );
       await this.records.save(record);
     } catch (error) {
-      sources.release(source);
+      // The address last: its slot names the link and the namespace's handle, which another
+      // create must not get while this one's are still being taken down.
       await runtime.destroy(id).catch(() => undefined);
+      sources.release(source);
       if (error instanceof AdoptRefused) throw new SandboxError(400, error.message);
       if (error instanceof KernelEnforcementError || error instanceof SandboxRefused)
         throw new SandboxError(503, `the sandbox was not created: ${error.message}`);

@@ -5,6 +5,7 @@
  * is wrong, the key is never printed, and a refused call changes nothing at Moat. DEL of a
  * container Moat does not hold succeeds, as CNI requires.
  */
+import http from 'node:http';
 import net from 'node:net';
 import { chmodSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -137,6 +138,50 @@ describe('CNI plugin against a real Moat', () => {
       5,
       /cannot read keyFile .*ENOENT/,
     );
+  });
+
+  it('refuses a key file holding more than a key, without printing what it holds', async () => {
+    const several = `${plugin.dir}/several-keys`;
+    writeFileSync(several, `${API_KEY}\nsecond-line-${API_KEY}\n`, { mode: 0o600 });
+    const before = await sandboxes();
+    const run = await plugin.run(ADD, plugin.conf({ keyFile: several }));
+    expectCniError(run, 7, /holds more than one key/);
+    expect(run.stdout + run.stderr).not.toContain('second-line');
+    expect(await sandboxes()).toEqual(before);
+  });
+
+  it('never follows a redirect: the key goes to the configured API only', async () => {
+    let reached = '';
+    const elsewhere = http.createServer((request, response) => {
+      reached = String(request.headers['x-api-key'] ?? 'no key');
+      response.end('{}');
+    });
+    await new Promise<void>((resolve) => elsewhere.listen(0, '127.0.0.1', resolve));
+    const to = `http://127.0.0.1:${(elsewhere.address() as net.AddressInfo).port}`;
+    const redirecting = http.createServer((request, response) => {
+      response.writeHead(307, { location: `${to}${request.url}` }).end();
+    });
+    await new Promise<void>((resolve) => redirecting.listen(0, '127.0.0.1', resolve));
+    const api = `http://127.0.0.1:${(redirecting.address() as net.AddressInfo).port}`;
+    try {
+      for (const env of [ADD, DEL]) {
+        const run = await plugin.run(env, plugin.conf({ api }));
+        expect(run.code, run.stdout).not.toBe(0);
+      }
+      expect(reached).toBe('');
+    } finally {
+      redirecting.close();
+      elsewhere.close();
+    }
+  });
+
+  it('refuses a previous result whose lists are not lists, before calling Moat', async () => {
+    const before = await sandboxes();
+    for (const field of ['interfaces', 'ips', 'routes']) {
+      const run = await plugin.run(ADD, plugin.conf({ prevResult: { [field]: 5 } }));
+      expectCniError(run, 7, new RegExp(`prevResult\\.${field} must be a list`));
+    }
+    expect(await sandboxes()).toEqual(before);
   });
 
   it('says Moat is unreachable (try again later) when nothing listens at its address', async () => {

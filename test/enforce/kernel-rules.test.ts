@@ -353,13 +353,13 @@ describe('kernel rules: the sandbox table', () => {
     expect(table.chains.tunnel_direct).toEqual([]);
   });
 
-  it('lets in only answers and new TCP connections from the host end of the link', () => {
+  it('lets in only answers and new TCP connections from the host end of the link, on the link', () => {
     expect(table.chains.inbound).toEqual([
       'type filter hook input priority filter',
       'policy drop',
       'iifname "lo" accept',
       'ct state established,related jump arriving',
-      'ip saddr 10.216.0.5 meta l4proto tcp ct state new accept',
+      'iifname "eth0" ip saddr 10.216.0.5 meta l4proto tcp ct state new accept',
     ]);
   });
 

@@ -12,7 +12,7 @@
  * may not have (none, a file, a directory, another kind, Moat's own, the host's, another
  * sandbox's, one adopted already) and every bad ifname, and nothing changes.
  */
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -242,6 +242,22 @@ describe.skipIf(skip !== undefined)('network-only sandboxes (adopted namespaces)
     expect(await sandboxApi.text()).toContain(
       `sandbox ${id} runs the template network-only: it has no processes or files`,
     );
+    // Nor ingress: what listens in the namespace is the runtime's, never published by Moat.
+    const listening = spawn(
+      '/usr/sbin/ip',
+      ['netns', 'exec', VM, 'python3', '-m', 'http.server', '8089', '--bind', '0.0.0.0'],
+      { stdio: 'ignore' },
+    );
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      const ingress = await fetch(`http://${sandboxListener}/`, {
+        headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '8089' },
+      });
+      expect(ingress.status).not.toBe(200);
+      expect(await ingress.text()).toContain('listens on port 8089');
+    } finally {
+      listening.kill('SIGKILL');
+    }
     for (const [url, body] of [
       [`/sandboxes/${id}/pause`, {}],
       [`/sandboxes/${id}/snapshots`, {}],

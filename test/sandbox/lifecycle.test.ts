@@ -356,7 +356,8 @@ describe('restart', () => {
     } finally {
       await shutdown(second);
     }
-  });
+    // 23 confined sandboxes made and two Moats started: about 10 s quiet, 30 s under load.
+  }, 60_000);
 });
 
 describe('files-only pause', () => {

@@ -1,16 +1,26 @@
 /**
  * Everything behind a sandbox's namespace is held: a guest (test/support/guest-behind.ts) routed
- * through the namespace of one of Moat's own sandboxes, as a VM's tap or a container's bridge
- * is, running as nobody, is decided exactly as the sandbox's own processes are. The world
- * (origin servers) and the fake upstream DNS are kernel.test.ts's (bench/lib/world.ts).
+ * through the namespace, as a VM's tap or a container's bridge is, running as nobody, is decided
+ * exactly as the sandbox's own processes are. One suite, over both kinds of sandbox: one of
+ * Moat's own, and a network-only sandbox (a namespace this test makes, as a runtime would, and
+ * Moat adopts). The world (origin servers) and the fake upstream DNS are kernel.test.ts's
+ * (bench/lib/world.ts).
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import net from 'node:net';
 import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
-import { DNS, get, GuestBehind, tcpEcho, text, udpEcho } from '../support/guest-behind.js';
+import {
+  AS_NOBODY,
+  DNS,
+  get,
+  GuestBehind,
+  tcpEcho,
+  text,
+  udpEcho,
+} from '../support/guest-behind.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { until } from '../support/native-relay.js';
 import { python } from '../support/sandbox-watch.js';
@@ -59,288 +69,346 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
   }
 
   /** A guest behind the sandbox's namespace (Moat names it /run/netns/moat-<scope>-<slot>). */
-  function guestOf(sandbox: Sandbox, tag: string, uplink?: string): GuestBehind {
+  function guestOf(sandbox: Held, tag: string, uplink?: string): GuestBehind {
     const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+    // Moat's handle, whoever made the namespace.
     expect(netns).toMatch(/^\/run\/netns\/moat-[0-9a-f]{6}-\d+$/);
     const guest = GuestBehind.create(tag, netns, { uplink });
     guests.push(guest);
     return guest;
   }
 
-  const addressOf = (sandbox: Sandbox) =>
+  const addressOf = (sandbox: { sandboxId: string }) =>
     harness.moat.table.get(sandbox.sandboxId)!.sourceAddress!.text;
 
-  describe('a deny-by-default sandbox with a name and a CIDR allowed', () => {
-    let sandbox: Sandbox;
-    let guest: GuestBehind;
-    beforeAll(async () => {
-      sandbox = await sandboxWith({
-        allowOut: ['allowed.test', `${CIDR_IP}/32`],
-        denyOut: ['0.0.0.0/0'],
-      });
-      guest = guestOf(sandbox, 'a');
-    }, 30_000);
-    afterAll(() => sandbox?.kill());
-
-    it("sends the guest's DNS, to whichever resolver, to Moat's interceptor", async () => {
-      const asked = await guest.run(
-        `${DNS}\nfor name in ('allowed.test', 'denied.test'): print(ask('${DENIED_IP}', name)[1])`,
-      );
-      // Answered for the allowed name by the upstream (the tests' fake DNS), NXDOMAIN for the
-      // denied one, by Moat: the resolver it was sent to never saw either.
-      expect(asked.out, asked.err).toBe('0 1\n3 0\n');
-      expect(world.seen('dns-udp')).toEqual([]);
-      expect(harness.upstream.log.map((q) => q.name)).toContain('allowed.test');
-      expect(harness.upstream.log.map((q) => q.name)).not.toContain('denied.test');
-    });
-
-    it('fetches an allowed name (web by its Host, other TCP by the learned address) and an allowed CIDR', async () => {
-      const learned = `${DNS}\nip = resolve('${guest.router}', 'allowed.test')\n`;
-      const web = await guest.run(learned + get('ip', 'allowed.test'));
-      expect(web.out, web.err).toBe('world http host=allowed.test\n');
-      const echo = await guest.run(learned + tcpEcho('ip', WORLD_PORTS.echo));
-      expect(echo.out, echo.err).toBe('ping\n');
-      expect((await guest.run(tcpEcho(text(CIDR_IP!), WORLD_PORTS.echo))).out).toBe('ping\n');
-      expect((await guest.run(udpEcho(CIDR_IP!, WORLD_PORTS.udpEcho))).out).toBe('pong\n');
-    });
-
-    it('refuses a denied address at once: direct TCP (reset), UDP (ICMP), and web by its name', async () => {
-      const tcp = await guest.run(tcpEcho(text(DENIED_IP!), WORLD_PORTS.echo));
-      expect(tcp.out, tcp.err).toBe('ConnectionRefusedError\n');
-      expect(tcp.ms).toBeLessThan(1500);
-      const udp = await guest.run(udpEcho(DENIED_IP!, WORLD_PORTS.udpEcho));
-      expect(udp.out, udp.err).toBe('113\n'); // EHOSTUNREACH: the firewall's ICMP
-      expect(udp.ms).toBeLessThan(1500);
-      // Web to the denied address: the transparent listener finds no allowed name, and resets.
-      for (const port of [WORLD_PORTS.http, WORLD_PORTS.https]) {
-        const web = await guest.run(get(text(DENIED_IP!), DENIED_IP!, port));
-        expect(web.out, `${port}: ${web.err}`).toBe('ConnectionResetError\n');
-      }
-      expect(world.seen('http').filter((e) => e.host === DENIED_IP)).toEqual([]);
-    });
-
-    it("records the guest's direct flows under the sandbox's ID", async () => {
-      const port = WORLD_PORTS.udpTalk;
-      const since = new Date().toISOString();
-      await guest.run(tcpEcho(text(CIDR_IP!), port));
-      await guest.run(tcpEcho(text(DENIED_IP!), port));
-      const direct = async () =>
-        (
-          (
-            await harness.api.call(
-              'GET',
-              `/flows?sandboxID=${sandbox.sandboxId}&kind=direct&since=${since}&limit=100`,
-            )
-          ).body as Array<{ verdict: string; destination: { address: string; port: number } }>
-        )
-          .filter((r) => r.destination.port === port)
-          .map((r) => [r.verdict, r.destination.address]);
-      const deadline = Date.now() + 3000;
-      while ((await direct()).length < 2 && Date.now() < deadline)
-        await new Promise((resolve) => setTimeout(resolve, 50));
-      expect((await direct()).sort()).toEqual(
-        [
-          ['allow', CIDR_IP],
-          ['deny', DENIED_IP],
-        ].sort(),
-      );
-    });
-  });
-
-  describe('a default-allow sandbox', () => {
-    let sandbox: Sandbox;
-    let guest: GuestBehind;
-    let hostServer: net.Server;
-    let hostPort: number;
-    beforeAll(async () => {
-      sandbox = await sandboxWith({ denyOut: [`${DENIED_IP}/32`] });
-      guest = guestOf(sandbox, 'b', '192.168.78');
-      hostServer = net.createServer((socket) => socket.end('host\n'));
-      await new Promise<void>((resolve) => hostServer.listen(0, '0.0.0.0', resolve));
-      hostPort = (hostServer.address() as net.AddressInfo).port;
-    }, 30_000);
-    afterAll(async () => {
-      await sandbox?.kill();
-      hostServer?.close();
-    });
-
-    it("reaches the world under the sandbox's address, never the guest's", async () => {
-      const reached = await guest.run(get(text(ALLOWED_IP!), 'masquerade.test'));
-      expect(reached.out, reached.err).toBe('world http host=masquerade.test\n');
-      // The host masquerades the sandbox's address in turn: the world sees the host's.
-      const seen = world.seen('http').filter((e) => e.host === 'masquerade.test');
-      expect(seen.map((e) => e.from?.replace(/^::ffff:/, ''))).toEqual([world.hostAddress]);
-    });
-
-    it("cannot reach the host, Moat's other listeners on the gateway, or the sandbox itself", async () => {
-      const gateway = harness.moat.network!.gateway;
-      // Control: the host's server answers whoever may reach it.
-      expect(
-        await new Promise((resolve) => {
-          const socket = net.connect(hostPort, '127.0.0.1', () => socket.end());
-          socket.on('data', (data) => resolve(String(data)));
-          socket.on('error', () => resolve('refused'));
-        }),
-      ).toBe('host\n');
-      for (const address of [world.hostAddress, gateway, addressOf(sandbox), guest.router]) {
-        const reached = await guest.run(tcpEcho(text(address), hostPort), 10_000);
-        expect(reached.out, `${address}:${hostPort}`).not.toMatch(/host|ping/);
-      }
-    });
-
-    it('cannot reach another sandbox, which Moat itself can reach', async () => {
-      const other = await sandboxWith({});
-      try {
-        let printed = '';
-        await other.commands.run(
-          python(
-            `import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(("0.0.0.0", ${LISTENER_PORT})); s.listen(8); print("listening", flush=True)\nwhile True:\n c, a = s.accept(); print("accepted", flush=True); c.close()`,
-          ),
-          { background: true, onStdout: (data: string) => void (printed += data) },
-        );
-        await until(() => printed.includes('listening'), 5000);
-        const accepted = () => printed.split('\n').filter((l) => l === 'accepted').length;
-        // Moat's side of the link (ingress) reaches it...
-        await new Promise<void>((resolve, reject) => {
-          const socket = net.connect(LISTENER_PORT, addressOf(other), () => {
-            socket.end();
-            resolve();
-          });
-          socket.on('error', reject);
+  /** A sandbox of either kind, and how a program of its namespace's own runs (as nobody). */
+  interface Held {
+    readonly sandboxId: string;
+    /** Whether `script` (bash) run in the namespace itself exits 0. */
+    local(script: string): Promise<boolean>;
+    kill(): Promise<void>;
+  }
+  let adopted = 0;
+  const KINDS: Array<[string, (network: Record<string, unknown>) => Promise<Held>]> = [
+    [
+      "one of Moat's own sandboxes",
+      async (network) => {
+        const sandbox = await sandboxWith(network);
+        return {
+          sandboxId: sandbox.sandboxId,
+          local: (script) =>
+            sandbox.commands.run(script).then(
+              () => true,
+              () => false,
+            ),
+          kill: () => sandbox.kill().then(() => undefined),
+        };
+      },
+    ],
+    [
+      'a network-only sandbox (a namespace Moat adopted)',
+      async (network) => {
+        const name = `gb-held-${process.pid}-${++adopted}`;
+        execFileSync('/usr/sbin/ip', ['netns', 'add', name]);
+        const created = await harness.api.call('POST', '/sandboxes', {
+          body: { templateID: 'network-only', netns: `/run/netns/${name}`, network },
         });
-        await until(() => accepted() === 1, 5000);
-        // ...the guest behind this sandbox does not.
-        const tcp = await guest.run(tcpEcho(text(addressOf(other)), LISTENER_PORT), 10_000);
-        expect(tcp.out).not.toBe('closed\n');
-        await new Promise((resolve) => setTimeout(resolve, 200));
-        expect(accepted()).toBe(1);
-      } finally {
-        await other.kill();
-      }
-    });
+        expect(created.status, created.text).toBe(201);
+        const sandboxId = (created.body as { sandboxID: string }).sandboxID;
+        return {
+          sandboxId,
+          local: async (script) =>
+            spawnSync(
+              '/usr/sbin/ip',
+              ['netns', 'exec', name, ...AS_NOBODY, '/bin/bash', '-c', script],
+              { timeout: 10_000 },
+            ).status === 0,
+          kill: async () => {
+            await harness.api.call('DELETE', `/sandboxes/${sandboxId}`);
+            execFileSync('/usr/sbin/ip', ['netns', 'delete', name]);
+          },
+        };
+      },
+    ],
+  ];
 
-    it("forwards nothing out of the namespace's other devices (a runtime's own uplink)", async () => {
-      const outside = guest.spawnOutside(
-        `import socket\nl = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\nl.bind(('0.0.0.0', ${LISTENER_PORT})); l.listen(8); print('listening', flush=True)\nwhile True:\n c, a = l.accept(); print('accepted', a[0], flush=True); c.sendall(b'ping'); c.close()`,
-      );
-      let printed = '';
-      outside.stdout!.setEncoding('utf8').on('data', (data: string) => (printed += data));
-      try {
-        await until(() => printed.includes('listening'), 5000);
-        // Control: the outside's listener answers on its own address, and the sandbox's
-        // namespace routes to it by the uplink, not by Moat's link.
-        const route = execFileSync(
-          '/usr/bin/nsenter',
-          [
-            `--net=${harness.moat.network!.namespaceOf(sandbox.sandboxId)!}`,
-            '/usr/sbin/ip',
-            'route',
-            'get',
-            guest.outside!,
-          ],
-          { encoding: 'utf8' },
-        );
-        expect(route).toMatch(/dev mub/);
-        // Neither the guest nor the sandbox's own processes get out that way.
-        const fromGuest = await guest.run(tcpEcho(text(guest.outside!), LISTENER_PORT), 10_000);
-        expect(fromGuest.out).not.toBe('ping\n');
-        const fromSandbox = await sandbox.commands
-          .run(`timeout 3 bash -c 'exec 3<>/dev/tcp/${guest.outside}/${LISTENER_PORT}'`)
-          .catch((error: Error) => error);
-        expect(fromSandbox).toBeInstanceOf(Error);
-        expect(printed).not.toContain('accepted');
-      } finally {
-        outside.kill('SIGKILL');
-      }
-    });
+  describe.each(KINDS.map(([what, make], kind) => ({ what, make, kind })))(
+    'behind $what',
+    ({ make, kind }) => {
+      describe('a deny-by-default sandbox with a name and a CIDR allowed', () => {
+        let sandbox: Held;
+        let guest: GuestBehind;
+        beforeAll(async () => {
+          sandbox = await make({
+            allowOut: ['allowed.test', `${CIDR_IP}/32`],
+            denyOut: ['0.0.0.0/0'],
+          });
+          guest = guestOf(sandbox, `a${kind}`);
+        }, 30_000);
+        afterAll(() => sandbox?.kill());
 
-    it("holds the guest to the sandbox's connection budget (its firewall's refusal counter)", async () => {
-      const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
-      const refused = () =>
-        Number(
-          /counter new_connections_refused \{\s*packets (\d+)/.exec(
-            execFileSync('/usr/bin/nsenter', [
-              `--net=${netns}`,
-              '/usr/sbin/nft',
-              'list',
-              'counters',
-              'table',
-              'inet',
-              'moat',
-            ]).toString(),
-          )![1],
-        );
-      const before = refused();
-      // 3,000 new UDP flows at once: the burst (400) and the rate (200/s) let far fewer out.
-      const flood = await guest.run(
-        `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nfor port in range(20000, 23000):\n  try: s.sendto(b'x', ('${ALLOWED_IP}', port))\n  except OSError: pass\nprint('sent')`,
-      );
-      expect(flood.out, flood.err).toBe('sent\n');
-      expect(refused() - before).toBeGreaterThan(1000);
-    });
+        it("sends the guest's DNS, to whichever resolver, to Moat's interceptor", async () => {
+          const asked = await guest.run(
+            `${DNS}\nfor name in ('allowed.test', 'denied.test'): print(ask('${DENIED_IP}', name)[1])`,
+          );
+          // Answered for the allowed name by the upstream (the tests' fake DNS), NXDOMAIN for the
+          // denied one, by Moat: the resolver it was sent to never saw either.
+          expect(asked.out, asked.err).toBe('0 1\n3 0\n');
+          expect(world.seen('dns-udp')).toEqual([]);
+          expect(harness.upstream.log.map((q) => q.name)).toContain('allowed.test');
+          expect(harness.upstream.log.map((q) => q.name)).not.toContain('denied.test');
+        });
 
-    it('ends an open connection a publish denies within 100 ms, and stops a UDP peer at once', async () => {
-      // One keeps asking the echo (its next packet meets the new policy); one listens to the
-      // world's UDP talker (a datagram every 10 ms, which only the firewall can stop).
-      const asking = guest.spawn(
-        [
-          'import socket, time',
-          `s = socket.create_connection(('${ALLOWED_IP}', ${WORLD_PORTS.echo}), timeout=5)`,
-          "s.sendall(b'ping'); s.recv(4); print('open', flush=True)",
-          'end = time.time() + 5',
-          'try:',
-          '  while time.time() < end:',
-          "    s.sendall(b'ping')",
-          '    if not s.recv(4): break',
-          '    time.sleep(0.005)',
-          '  else:',
-          "    print('still open after 5 s', flush=True); exit()",
-          'except OSError: pass',
-          "print('closed', int(time.time() * 1000), flush=True)",
-        ].join('\n'),
-      );
-      const talking = guest.spawn(
-        [
-          'import socket, time',
-          's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)',
-          `s.connect(('${ALLOWED_IP}', ${WORLD_PORTS.udpTalk})); s.send(b'go')`,
-          "s.recv(64); print('open', flush=True)",
-          'end = time.time() + 2',
-          'while time.time() < end:',
-          '  try:',
-          '    s.recv(64); print(int(time.time() * 1000), flush=True)',
-          '  except OSError: pass',
-          "print('done', flush=True)",
-        ].join('\n'),
-      );
-      const out = { asking: '', talking: '' };
-      asking.stdout!.setEncoding('utf8').on('data', (data: string) => (out.asking += data));
-      talking.stdout!.setEncoding('utf8').on('data', (data: string) => (out.talking += data));
-      const ended = (child: typeof asking) =>
-        new Promise((resolve) => child.once('close', resolve));
-      const done = Promise.all([ended(asking), ended(talking)]);
-      await until(() => out.asking.includes('open') && out.talking.includes('open'), 10_000);
-      expect(out).toMatchObject({ asking: 'open\n' });
-      await new Promise((resolve) => setTimeout(resolve, 200));
-      const requestedAt = Date.now();
-      const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
-        body: { denyOut: [`${ALLOWED_IP}/32`] },
+        it('fetches an allowed name (web by its Host, other TCP by the learned address) and an allowed CIDR', async () => {
+          const learned = `${DNS}\nip = resolve('${guest.router}', 'allowed.test')\n`;
+          const web = await guest.run(learned + get('ip', 'allowed.test'));
+          expect(web.out, web.err).toBe('world http host=allowed.test\n');
+          const echo = await guest.run(learned + tcpEcho('ip', WORLD_PORTS.echo));
+          expect(echo.out, echo.err).toBe('ping\n');
+          expect((await guest.run(tcpEcho(text(CIDR_IP!), WORLD_PORTS.echo))).out).toBe('ping\n');
+          expect((await guest.run(udpEcho(CIDR_IP!, WORLD_PORTS.udpEcho))).out).toBe('pong\n');
+        });
+
+        it('refuses a denied address at once: direct TCP (reset), UDP (ICMP), and web by its name', async () => {
+          const tcp = await guest.run(tcpEcho(text(DENIED_IP!), WORLD_PORTS.echo));
+          expect(tcp.out, tcp.err).toBe('ConnectionRefusedError\n');
+          expect(tcp.ms).toBeLessThan(1500);
+          const udp = await guest.run(udpEcho(DENIED_IP!, WORLD_PORTS.udpEcho));
+          expect(udp.out, udp.err).toBe('113\n'); // EHOSTUNREACH: the firewall's ICMP
+          expect(udp.ms).toBeLessThan(1500);
+          // Web to the denied address: the transparent listener finds no allowed name, and resets.
+          for (const port of [WORLD_PORTS.http, WORLD_PORTS.https]) {
+            const web = await guest.run(get(text(DENIED_IP!), DENIED_IP!, port));
+            expect(web.out, `${port}: ${web.err}`).toBe('ConnectionResetError\n');
+          }
+          expect(world.seen('http').filter((e) => e.host === DENIED_IP)).toEqual([]);
+        });
+
+        it("records the guest's direct flows under the sandbox's ID", async () => {
+          const port = WORLD_PORTS.udpTalk;
+          const since = new Date().toISOString();
+          await guest.run(tcpEcho(text(CIDR_IP!), port));
+          await guest.run(tcpEcho(text(DENIED_IP!), port));
+          const direct = async () =>
+            (
+              (
+                await harness.api.call(
+                  'GET',
+                  `/flows?sandboxID=${sandbox.sandboxId}&kind=direct&since=${since}&limit=100`,
+                )
+              ).body as Array<{ verdict: string; destination: { address: string; port: number } }>
+            )
+              .filter((r) => r.destination.port === port)
+              .map((r) => [r.verdict, r.destination.address]);
+          const deadline = Date.now() + 3000;
+          while ((await direct()).length < 2 && Date.now() < deadline)
+            await new Promise((resolve) => setTimeout(resolve, 50));
+          expect((await direct()).sort()).toEqual(
+            [
+              ['allow', CIDR_IP],
+              ['deny', DENIED_IP],
+            ].sort(),
+          );
+        });
       });
-      const appliedAt = Date.now();
-      expect(put.status, put.text).toBe(204);
-      await done;
-      const closed = out.asking.split('\n').find((line) => line.startsWith('closed '));
-      expect(closed, out.asking).toBeDefined();
-      const closedAt = Number(closed!.split(' ')[1]);
-      expect(closedAt).toBeGreaterThanOrEqual(requestedAt);
-      expect(closedAt - appliedAt).toBeLessThan(100);
-      const arrivals = out.talking
-        .split('\n')
-        .filter((line) => /^\d+$/.test(line))
-        .map(Number);
-      expect(arrivals.filter((at) => at < requestedAt).length).toBeGreaterThan(5);
-      expect(arrivals.filter((at) => at > appliedAt)).toEqual([]);
-      expect(out.talking).toContain('done');
-    });
-  });
+
+      describe('a default-allow sandbox', () => {
+        let sandbox: Held;
+        let guest: GuestBehind;
+        let hostServer: net.Server;
+        let hostPort: number;
+        beforeAll(async () => {
+          sandbox = await make({ denyOut: [`${DENIED_IP}/32`] });
+          guest = guestOf(sandbox, `b${kind}`, '192.168.78');
+          hostServer = net.createServer((socket) => socket.end('host\n'));
+          await new Promise<void>((resolve) => hostServer.listen(0, '0.0.0.0', resolve));
+          hostPort = (hostServer.address() as net.AddressInfo).port;
+        }, 30_000);
+        afterAll(async () => {
+          await sandbox?.kill();
+          hostServer?.close();
+        });
+
+        it("reaches the world under the sandbox's address, never the guest's", async () => {
+          const host = `masquerade-${kind}.test`;
+          const reached = await guest.run(get(text(ALLOWED_IP!), host));
+          expect(reached.out, reached.err).toBe(`world http host=${host}\n`);
+          // The host masquerades the sandbox's address in turn: the world sees the host's.
+          const seen = world.seen('http').filter((e) => e.host === host);
+          expect(seen.map((e) => e.from?.replace(/^::ffff:/, ''))).toEqual([world.hostAddress]);
+        });
+
+        it("cannot reach the host, Moat's other listeners on the gateway, or the sandbox itself", async () => {
+          const gateway = harness.moat.network!.gateway;
+          // Control: the host's server answers whoever may reach it.
+          expect(
+            await new Promise((resolve) => {
+              const socket = net.connect(hostPort, '127.0.0.1', () => socket.end());
+              socket.on('data', (data) => resolve(String(data)));
+              socket.on('error', () => resolve('refused'));
+            }),
+          ).toBe('host\n');
+          for (const address of [world.hostAddress, gateway, addressOf(sandbox), guest.router]) {
+            const reached = await guest.run(tcpEcho(text(address), hostPort), 10_000);
+            expect(reached.out, `${address}:${hostPort}`).not.toMatch(/host|ping/);
+          }
+        });
+
+        it('cannot reach another sandbox, which Moat itself can reach', async () => {
+          const other = await sandboxWith({});
+          try {
+            let printed = '';
+            await other.commands.run(
+              python(
+                `import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(("0.0.0.0", ${LISTENER_PORT})); s.listen(8); print("listening", flush=True)\nwhile True:\n c, a = s.accept(); print("accepted", flush=True); c.close()`,
+              ),
+              { background: true, onStdout: (data: string) => void (printed += data) },
+            );
+            await until(() => printed.includes('listening'), 5000);
+            const accepted = () => printed.split('\n').filter((l) => l === 'accepted').length;
+            // Moat's side of the link (ingress) reaches it...
+            await new Promise<void>((resolve, reject) => {
+              const socket = net.connect(LISTENER_PORT, addressOf(other), () => {
+                socket.end();
+                resolve();
+              });
+              socket.on('error', reject);
+            });
+            await until(() => accepted() === 1, 5000);
+            // ...the guest behind this sandbox does not.
+            const tcp = await guest.run(tcpEcho(text(addressOf(other)), LISTENER_PORT), 10_000);
+            expect(tcp.out).not.toBe('closed\n');
+            await new Promise((resolve) => setTimeout(resolve, 200));
+            expect(accepted()).toBe(1);
+          } finally {
+            await other.kill();
+          }
+        });
+
+        it("forwards nothing out of the namespace's other devices (a runtime's own uplink)", async () => {
+          const outside = guest.spawnOutside(
+            `import socket\nl = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\nl.bind(('0.0.0.0', ${LISTENER_PORT})); l.listen(8); print('listening', flush=True)\nwhile True:\n c, a = l.accept(); print('accepted', a[0], flush=True); c.sendall(b'ping'); c.close()`,
+          );
+          let printed = '';
+          outside.stdout!.setEncoding('utf8').on('data', (data: string) => (printed += data));
+          try {
+            await until(() => printed.includes('listening'), 5000);
+            // Control: the outside's listener answers on its own address, and the sandbox's
+            // namespace routes to it by the uplink, not by Moat's link.
+            const route = execFileSync(
+              '/usr/bin/nsenter',
+              [
+                `--net=${harness.moat.network!.namespaceOf(sandbox.sandboxId)!}`,
+                '/usr/sbin/ip',
+                'route',
+                'get',
+                guest.outside!,
+              ],
+              { encoding: 'utf8' },
+            );
+            expect(route).toMatch(/dev mub/);
+            // Neither the guest nor the sandbox's own processes get out that way.
+            const fromGuest = await guest.run(tcpEcho(text(guest.outside!), LISTENER_PORT), 10_000);
+            expect(fromGuest.out).not.toBe('ping\n');
+            const fromSandbox = await sandbox.local(
+              `timeout 3 bash -c 'exec 3<>/dev/tcp/${guest.outside}/${LISTENER_PORT}'`,
+            );
+            expect(fromSandbox).toBe(false);
+            expect(printed).not.toContain('accepted');
+          } finally {
+            outside.kill('SIGKILL');
+          }
+        });
+
+        it("holds the guest to the sandbox's connection budget (its firewall's refusal counter)", async () => {
+          const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+          const refused = () =>
+            Number(
+              /counter new_connections_refused \{\s*packets (\d+)/.exec(
+                execFileSync('/usr/bin/nsenter', [
+                  `--net=${netns}`,
+                  '/usr/sbin/nft',
+                  'list',
+                  'counters',
+                  'table',
+                  'inet',
+                  'moat',
+                ]).toString(),
+              )![1],
+            );
+          const before = refused();
+          // 3,000 new UDP flows at once: the burst (400) and the rate (200/s) let far fewer out.
+          const flood = await guest.run(
+            `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nfor port in range(20000, 23000):\n  try: s.sendto(b'x', ('${ALLOWED_IP}', port))\n  except OSError: pass\nprint('sent')`,
+          );
+          expect(flood.out, flood.err).toBe('sent\n');
+          expect(refused() - before).toBeGreaterThan(1000);
+        });
+
+        it('ends an open connection a publish denies within 100 ms, and stops a UDP peer at once', async () => {
+          // One keeps asking the echo (its next packet meets the new policy); one listens to the
+          // world's UDP talker (a datagram every 10 ms, which only the firewall can stop).
+          const asking = guest.spawn(
+            [
+              'import socket, time',
+              `s = socket.create_connection(('${ALLOWED_IP}', ${WORLD_PORTS.echo}), timeout=5)`,
+              "s.sendall(b'ping'); s.recv(4); print('open', flush=True)",
+              'end = time.time() + 5',
+              'try:',
+              '  while time.time() < end:',
+              "    s.sendall(b'ping')",
+              '    if not s.recv(4): break',
+              '    time.sleep(0.005)',
+              '  else:',
+              "    print('still open after 5 s', flush=True); exit()",
+              'except OSError: pass',
+              "print('closed', int(time.time() * 1000), flush=True)",
+            ].join('\n'),
+          );
+          const talking = guest.spawn(
+            [
+              'import socket, time',
+              's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)',
+              `s.connect(('${ALLOWED_IP}', ${WORLD_PORTS.udpTalk})); s.send(b'go')`,
+              "s.recv(64); print('open', flush=True)",
+              'end = time.time() + 2',
+              'while time.time() < end:',
+              '  try:',
+              '    s.recv(64); print(int(time.time() * 1000), flush=True)',
+              '  except OSError: pass',
+              "print('done', flush=True)",
+            ].join('\n'),
+          );
+          const out = { asking: '', talking: '' };
+          asking.stdout!.setEncoding('utf8').on('data', (data: string) => (out.asking += data));
+          talking.stdout!.setEncoding('utf8').on('data', (data: string) => (out.talking += data));
+          const ended = (child: typeof asking) =>
+            new Promise((resolve) => child.once('close', resolve));
+          const done = Promise.all([ended(asking), ended(talking)]);
+          await until(() => out.asking.includes('open') && out.talking.includes('open'), 10_000);
+          expect(out).toMatchObject({ asking: 'open\n' });
+          await new Promise((resolve) => setTimeout(resolve, 200));
+          const requestedAt = Date.now();
+          const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
+            body: { denyOut: [`${ALLOWED_IP}/32`] },
+          });
+          const appliedAt = Date.now();
+          expect(put.status, put.text).toBe(204);
+          await done;
+          const closed = out.asking.split('\n').find((line) => line.startsWith('closed '));
+          expect(closed, out.asking).toBeDefined();
+          const closedAt = Number(closed!.split(' ')[1]);
+          expect(closedAt).toBeGreaterThanOrEqual(requestedAt);
+          expect(closedAt - appliedAt).toBeLessThan(100);
+          const arrivals = out.talking
+            .split('\n')
+            .filter((line) => /^\d+$/.test(line))
+            .map(Number);
+          expect(arrivals.filter((at) => at < requestedAt).length).toBeGreaterThan(5);
+          expect(arrivals.filter((at) => at > appliedAt)).toEqual([]);
+          expect(out.talking).toContain('done');
+        });
+      });
+    },
+  );
 });

@@ -21,6 +21,8 @@ const NSENTER = '/usr/bin/nsenter';
 const SETPRIV = '/usr/bin/setpriv';
 /** nobody: holds no capability in any namespace. */
 const GUEST_USER = ['--reuid=65534', '--regid=65534', '--clear-groups', '--inh-caps=-all'];
+/** A command prefix that runs what follows as nobody. */
+export const AS_NOBODY: readonly string[] = [SETPRIV, ...GUEST_USER];
 
 export interface Ran {
   readonly code: number;

@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url';
 import { type BrowserContext, chromium, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CONSOLE_CSP, CONSOLE_FILES } from '../../src/api/console.js';
+import { parseNetworkConfig } from '../../src/policy/index.js';
 import { SANDBOXES } from '../../src/sandbox/records.js';
 import { API_KEY, type ApiMoat, type Created, startApiMoat } from '../support/api-client.js';
 import { udpQuery } from '../support/dns-client.js';
@@ -33,6 +34,49 @@ const ZONE = new Map([
   ['denied.test', { A: ['198.18.0.12'] }],
   ['live-denied.test', { A: ['198.18.0.13'] }],
 ]);
+/**
+ * A sandbox for each way a policy reads as a whole, and what the console must say of it. Open or
+ * closed is the policy part's own answer (`denyAll`), so the console cannot drift from it.
+ */
+const STANCES = [
+  {
+    create: {},
+    says: 'no rules: everything allowed but the host and the internal deny list',
+  },
+  {
+    create: { network: { denyOut: ['93.184.215.0/24'] } },
+    says: 'everything allowed but denyOut, the host and the internal deny list',
+  },
+  {
+    create: { network: { denyOut: ['ALL_TRAFFIC'] } },
+    says: 'everything denied (denyOut ALL_TRAFFIC)',
+  },
+  {
+    create: { allow_internet_access: false },
+    says: 'everything denied (allow_internet_access false)',
+  },
+  {
+    create: { network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } },
+    says: 'everything denied but allowOut (denyOut 0.0.0.0/0)',
+  },
+  {
+    create: { network: { allowOut: ['93.184.215.0/24'] } },
+    says: 'nothing denied: everything allowed but the host and the internal deny list',
+  },
+] as const;
+
+/** The network configuration a create body gives a sandbox, as the policy part reads it. */
+function stanceOf(create: { network?: object; allow_internet_access?: boolean }) {
+  const parsed = parseNetworkConfig({
+    ...create.network,
+    ...(create.allow_internet_access === undefined
+      ? {}
+      : { allow_internet_access: create.allow_internet_access }),
+  });
+  if (!parsed.ok) throw new Error(`policy fixture refused: ${parsed.errors[0]!.message}`);
+  return parsed.value.denyAll ? 'closed' : 'open';
+}
+
 const HOSTILE = '<img src=x onerror="window.__pwned=1;alert(1)">';
 const HOSTILE_RULE = '<script>window.__pwned=2</script>';
 
@@ -156,6 +200,8 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
   let guarded: Created;
   let open: Created;
   let guardedAddress: string;
+  /** One sandbox per entry of STANCES, in its order. */
+  let stances: Created[];
   const dialogs: string[] = [];
   const pageErrors: string[] = [];
 
@@ -172,6 +218,7 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
       network: { allowOut: ['allowed.test', '*.allowed.test'], denyOut: ['0.0.0.0/0'] },
     });
     open = await env.api.sandbox({ secure: true });
+    stances = await Promise.all(STANCES.map(({ create }) => env.api.sandbox(create)));
     expect(guarded.envdAccessToken).toMatch(/^[A-Za-z0-9_-]{20,}$/);
     guardedAddress = (await env.api.detail(guarded.sandboxID)).egress.address;
     const openAddress = (await env.api.detail(open.sandboxID)).egress.address;
@@ -226,6 +273,27 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     // Its totals: two lookups allowed; a lookup and a CONNECT denied.
     await expect.poll(() => card.locator('.count.deny').textContent()).toBe('✗ 2');
     expect(await card.locator('.count.allow').textContent()).toBe('✓ 2');
+  });
+
+  it('says what each policy means: open with no rules, closed under deny-all', async () => {
+    for (const [i, { create, says }] of STANCES.entries()) {
+      const id = stances[i]!.sandboxID;
+      const stance = stanceOf(create);
+      const card = page.locator(`.sandbox[data-sandbox="${id}"]`);
+      await card.waitFor();
+      expect(await card.locator('.stance').textContent(), says).toBe(stance);
+      expect(await card.locator('.stance-meaning').textContent(), says).toBe(says);
+      // An empty list is left out, not shown as "none", which reads as locked down.
+      expect(await card.textContent(), says).not.toContain('none');
+
+      await card.click();
+      const detail = page.locator('#sandbox-detail');
+      await expect.poll(() => detail.locator('h2').textContent()).toBe(id);
+      expect(await detail.locator('.stance').textContent(), says).toBe(stance);
+      expect(await detail.locator('.stance-meaning').textContent(), says).toBe(says);
+    }
+    await page.locator('#all-sandboxes').click();
+    await expect.poll(() => page.locator('#filter-sandbox').inputValue()).toBe('');
   });
 
   it('shows a denial made after the page loaded, live, with the rule that decided', async () => {
@@ -333,6 +401,9 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
   });
 
   it('keeps the key for the tab only, and looks right at 1280x800', async () => {
+    // The picture shows the two sandboxes the docs describe, one open and one closed.
+    for (const { sandboxID } of stances)
+      expect((await env.api.delete(`/sandboxes/${sandboxID}`)).status).toBe(204);
     // A reload finds the key in this tab's session storage, not in the address.
     await page.reload();
     await page.locator('#status.live').waitFor();

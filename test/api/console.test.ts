@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url';
 import { type BrowserContext, chromium, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CONSOLE_CSP, CONSOLE_FILES } from '../../src/api/console.js';
+import { FLOW_KINDS, type FlowDecision } from '../../src/flows/index.js';
 import { parseNetworkConfig } from '../../src/policy/index.js';
 import { SANDBOXES } from '../../src/sandbox/records.js';
 import { API_KEY, type ApiMoat, type Created, startApiMoat } from '../support/api-client.js';
@@ -365,6 +366,43 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     expect(await page.locator('[onerror]').count()).toBe(0);
     expect(await page.evaluate<string>('typeof window.__pwned')).toBe('undefined');
     expect(dialogs).toEqual([]);
+  });
+
+  it('fits every kind of flow Moat records in the kind column, a lone close too', async () => {
+    const sandboxID = stances[1]!.sandboxID;
+    const destination = { name: 'kinds.test', address: null, port: 443, protocol: 'tcp' } as const;
+    const allow: FlowDecision = { verdict: 'allow', list: 'default', rule: null, reason: 'open' };
+    const deny: FlowDecision = { verdict: 'deny', list: 'denyOut', rule: null, reason: 'denied' };
+    for (const kind of FLOW_KINDS) {
+      env.moat.flows.decided({ sandboxID, kind, destination }, deny);
+      // Allowed, then ended by a policy change: its close is a denial, so the denials filter
+      // shows it without its decision, as a row of its own ("<kind> close").
+      const flow = env.moat.flows.opened({ sandboxID, kind, destination }, allow);
+      flow.refused(deny);
+      flow.closed(1, 2);
+    }
+    await page.locator(`.sandbox[data-sandbox="${sandboxID}"]`).click();
+    await page.locator('#filter-verdict').selectOption('deny');
+    await expect.poll(async () => (await rows()).length).toBe(2 * FLOW_KINDS.length);
+
+    const kinds = await page.locator('#flow-body td.kind').evaluateAll((cells) =>
+      cells.map((cell) => ({
+        text: cell.textContent,
+        fits: cell.scrollWidth <= cell.clientWidth,
+      })),
+    );
+    expect(kinds.map(({ text }) => text).sort()).toEqual(
+      FLOW_KINDS.flatMap((kind) => [kind, `${kind} close`]).sort(),
+    );
+    expect(kinds.filter(({ fits }) => !fits)).toEqual([]);
+    // The filter offers exactly the kinds Moat records.
+    const offered = await page
+      .locator('#filter-kind option')
+      .evaluateAll((options) => options.map((option) => option.getAttribute('value')));
+    expect(offered).toEqual(['', ...FLOW_KINDS]);
+
+    await page.locator('#filter-verdict').selectOption('');
+    await page.locator('#all-sandboxes').click();
   });
 
   it('shows no token the API answered with, and no page error', async () => {

@@ -438,6 +438,36 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     }
   });
 
+  it('takes a key added to the address of an open tab, and drops it from there too', async () => {
+    const tab = await context.newPage();
+    const setHash = (hash: string) => tab.evaluate(`location.hash = ${JSON.stringify(hash)}`);
+    try {
+      await tab.goto(`${base}/ui/#key=${API_KEY}`);
+      await tab.locator(`.sandbox[data-sandbox="${guarded.sandboxID}"]`).waitFor();
+      const before = await tab.evaluate<number>('history.length');
+
+      // A key given to the open console replaces the one it had.
+      await setHash('key=not-the-key');
+      await expect.poll(() => tab.locator('#key-error').textContent()).toContain('refused');
+      expect(tab.url()).toBe(`${base}/ui/`);
+
+      // And the login page takes one the same way; other fragment parameters stay.
+      await setHash(`key=${API_KEY}&note=kept`);
+      await tab.locator(`.sandbox[data-sandbox="${guarded.sandboxID}"]`).waitFor();
+      expect(await tab.locator('#login').isHidden()).toBe(true);
+      expect(tab.url()).toBe(`${base}/ui/#note=kept`);
+      expect(await tab.evaluate<number>('history.length')).toBeLessThanOrEqual(before + 2);
+      expect(await tab.evaluate<string>('document.body.innerText')).not.toContain(API_KEY);
+
+      // A fragment without a key changes nothing.
+      await setHash('elsewhere');
+      await tab.locator('#status.live').waitFor();
+      expect(await tab.locator('#app').isVisible()).toBe(true);
+    } finally {
+      await tab.close();
+    }
+  });
+
   it('keeps the key for the tab only, and looks right at 1280x800', async () => {
     // The picture shows the two sandboxes the docs describe, one open and one closed.
     for (const { sandboxID } of stances)

@@ -1,8 +1,9 @@
 /**
  * The console at /ui/: its static files over HTTP (no key needed, strict headers, only the files
  * it names), and the page itself in a real browser, Debian's Chromium driven by playwright-core
- * against an in-process Moat: the key leaves the address bar, the sandboxes show with their
- * policy, a denial made after the page loaded appears live, filters narrow the table, a hostile
+ * against an in-process Moat: the key leaves the address bar (also one added to an open tab),
+ * the sandboxes show with their policy and whether it is open or closed, a denial made after the
+ * page loaded appears live, filters narrow the table, every flow kind fits its column, a hostile
  * destination name stays text, and no token from the API reaches the page. Skipped, with the
  * reason printed, where Chromium cannot be installed or started.
  */

@@ -9,27 +9,23 @@ const KEY_ITEM = 'moat-console-api-key';
 export class KeyRefused extends Error {}
 
 /**
- * The key given in the address's fragment (`#key=...`, for scripted use), which is then
- * removed from the address bar and history; else the one this tab kept; else undefined.
+ * The key given in the address's fragment (`#key=...`, for scripted use), kept for this tab and
+ * removed from the address bar and history; undefined when the fragment gives none.
  */
-export function takeKey() {
+export function keyFromFragment() {
   const fragment = new URLSearchParams(location.hash.slice(1));
   const given = fragment.get('key');
-  if (given !== null) {
-    fragment.delete('key');
-    const rest = fragment.toString();
-    history.replaceState(
-      null,
-      '',
-      `${location.pathname}${location.search}${rest ? `#${rest}` : ''}`,
-    );
-    if (given !== '') {
-      keepKey(given);
-      return given;
-    }
-  }
-  return sessionStorage.getItem(KEY_ITEM) ?? undefined;
+  if (given === null) return undefined;
+  fragment.delete('key');
+  const rest = fragment.toString();
+  history.replaceState(null, '', `${location.pathname}${location.search}${rest ? `#${rest}` : ''}`);
+  if (given === '') return undefined;
+  keepKey(given);
+  return given;
 }
+
+/** The key the address gives, else the one this tab kept, else undefined. */
+export const takeKey = () => keyFromFragment() ?? sessionStorage.getItem(KEY_ITEM) ?? undefined;
 
 export const keepKey = (key) => sessionStorage.setItem(KEY_ITEM, key);
 export const forgetKey = () => sessionStorage.removeItem(KEY_ITEM);

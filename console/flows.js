@@ -51,7 +51,7 @@ function cells(record, onSandbox) {
       { class: 'kind' },
       text(record.kind),
       record.event === 'close' && record.closeOnly
-        ? el('span', { class: 'muted' }, ' close')
+        ? el('span', { class: 'kind-close muted' }, ' close')
         : null,
     ),
     destinationCell(record.destination),

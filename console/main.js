@@ -3,7 +3,7 @@
  * seconds) and the flow table, which loads the newest matching records and then follows new
  * ones live. Changing a filter reloads both with the filter as `GET /flows` query parameters.
  */
-import { Api, forgetKey, keepKey, KeyRefused, takeKey } from './api.js';
+import { Api, forgetKey, keepKey, KeyRefused, keyFromFragment, takeKey } from './api.js';
 import { byId, el, fill } from './dom.js';
 import { FlowTable, MAX_ROWS } from './flows.js';
 import { loadSandboxes, renderSandboxDetail, renderSandboxList } from './sandboxes.js';
@@ -65,7 +65,9 @@ function stopAll() {
   clearTimeout(sandboxTimer);
 }
 
+/** Shows the console read with `key`, in place of whatever it showed. */
 function start(key) {
+  stopAll();
   api = new Api(key);
   page.login.hidden = true;
   page.app.hidden = false;
@@ -246,6 +248,13 @@ page.keyForm.addEventListener('submit', (event) => {
 page.forget.addEventListener('click', () => {
   forgetKey();
   showLogin();
+});
+
+// A key added to the address of an open tab replaces the one in use (a fragment change does
+// not reload the page).
+window.addEventListener('hashchange', () => {
+  const given = keyFromFragment();
+  if (given !== undefined) start(given);
 });
 
 const key = takeKey();

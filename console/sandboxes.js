@@ -14,11 +14,13 @@ const PARALLEL = 6;
 const strings = (list) => (Array.isArray(list) ? list.filter((x) => typeof x === 'string') : []);
 const count = (n) => (typeof n === 'number' ? n : undefined);
 
-/** What the console shows of a sandbox: its ID, state, policy lists and flow totals. */
+/** What the console shows of a sandbox: its ID, state, policy and flow totals. */
 export function sandboxSummary(listed, detail) {
   const network = detail?.network ?? {};
   const flows = detail?.flows ?? {};
   return {
+    // The policy is read from the detail: a sandbox gone since it was listed has none to show.
+    policyRead: detail !== undefined,
     sandboxID: String(listed.sandboxID),
     name: typeof listed.alias === 'string' ? listed.alias : String(listed.templateID ?? ''),
     state: String(detail?.state ?? listed.state ?? ''),
@@ -26,6 +28,7 @@ export function sandboxSummary(listed, detail) {
     endAt: String(listed.endAt ?? ''),
     allowOut: strings(network.allowOut),
     denyOut: strings(network.denyOut),
+    allowInternetAccess: detail?.allowInternetAccess === false ? false : null,
     // The destinations that have header rules: names only, never the headers' values.
     ruleKeys: network.rules && typeof network.rules === 'object' ? Object.keys(network.rules) : [],
     enforcement: typeof detail?.egress?.enforcement === 'string' ? detail.egress.enforcement : '',
@@ -61,6 +64,45 @@ export async function loadSandboxes(api, signal) {
   await Promise.all(Array.from({ length: PARALLEL }, worker));
   return summaries;
 }
+
+/** denyOut 0.0.0.0/0 and the SDK's name for it (the API shows entries as they were written). */
+const ALL_TRAFFIC = ['0.0.0.0/0', 'ALL_TRAFFIC'];
+const ALWAYS_DENIED = 'the host and the internal deny list';
+
+/**
+ * What a policy means as a whole, as src/policy decides (its `denyAll`): denyOut 0.0.0.0/0 or
+ * allow_internet_access false denies everything allowOut does not allow ("closed"); otherwise
+ * everything is allowed but denyOut ("open"). Either way the host itself and the internal deny
+ * list are denied, and no sandbox rule opens them.
+ */
+function policyStance(sandbox) {
+  if (!sandbox.policyRead) return { stance: 'unknown', meaning: 'policy not read' };
+  const { allowOut, denyOut } = sandbox;
+  const allTraffic = denyOut.find((entry) => ALL_TRAFFIC.includes(entry));
+  const denyAll =
+    allTraffic !== undefined
+      ? `denyOut ${allTraffic}`
+      : sandbox.allowInternetAccess === false
+        ? 'allow_internet_access false'
+        : undefined;
+  if (denyAll !== undefined) {
+    const but = allowOut.length === 0 ? '' : ' but allowOut';
+    return { stance: 'closed', meaning: `everything denied${but} (${denyAll})` };
+  }
+  if (denyOut.length > 0)
+    return { stance: 'open', meaning: `everything allowed but denyOut, ${ALWAYS_DENIED}` };
+  const rules = allowOut.length === 0 ? 'no rules' : 'nothing denied';
+  return { stance: 'open', meaning: `${rules}: everything allowed but ${ALWAYS_DENIED}` };
+}
+
+/** The policy's stance as a badge, and what it means in words. */
+const stanceParts = (sandbox) => {
+  const { stance, meaning } = policyStance(sandbox);
+  return [
+    el('span', { class: `stance ${stance}` }, stance),
+    el('span', { class: 'stance-meaning' }, meaning),
+  ];
+};
 
 const chips = (list, kind) =>
   list.length === 0
@@ -104,8 +146,19 @@ export function renderSandboxList(list, sandboxes, picked, onPick) {
         el(
           'span',
           { class: 'policy' },
-          el('span', { class: 'policy-line' }, el('b', {}, 'allow '), chips(s.allowOut, 'allow')),
-          el('span', { class: 'policy-line' }, el('b', {}, 'deny '), chips(s.denyOut, 'deny')),
+          el('span', { class: 'policy-stance' }, stanceParts(s)),
+          // An empty list is left out: "none" would read as locked down.
+          s.allowOut.length === 0
+            ? null
+            : el(
+                'span',
+                { class: 'policy-line' },
+                el('b', {}, 'allow '),
+                chips(s.allowOut, 'allow'),
+              ),
+          s.denyOut.length === 0
+            ? null
+            : el('span', { class: 'policy-line' }, el('b', {}, 'deny '), chips(s.denyOut, 'deny')),
         ),
         el('span', { class: 'totals' }, totals(s.flows)),
       );
@@ -139,6 +192,8 @@ export function renderSandboxDetail(panel, sandbox) {
     el(
       'dl',
       { class: 'detail-policy' },
+      el('dt', {}, 'policy'),
+      el('dd', { class: 'policy-stance' }, stanceParts(sandbox)),
       el('dt', {}, 'allowOut'),
       el('dd', {}, chips(sandbox.allowOut, 'allow')),
       el('dt', {}, 'denyOut'),

@@ -1,8 +1,9 @@
 /**
  * The console at /ui/: its static files over HTTP (no key needed, strict headers, only the files
  * it names), and the page itself in a real browser, Debian's Chromium driven by playwright-core
- * against an in-process Moat: the key leaves the address bar, the sandboxes show with their
- * policy, a denial made after the page loaded appears live, filters narrow the table, a hostile
+ * against an in-process Moat: the key leaves the address bar (also one added to an open tab),
+ * the sandboxes show with their policy and whether it is open or closed, a denial made after the
+ * page loaded appears live, filters narrow the table, every flow kind fits its column, a hostile
  * destination name stays text, and no token from the API reaches the page. Skipped, with the
  * reason printed, where Chromium cannot be installed or started.
  */
@@ -14,6 +15,8 @@ import { fileURLToPath } from 'node:url';
 import { type BrowserContext, chromium, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CONSOLE_CSP, CONSOLE_FILES } from '../../src/api/console.js';
+import { FLOW_KINDS, type FlowDecision } from '../../src/flows/index.js';
+import { parseNetworkConfig } from '../../src/policy/index.js';
 import { SANDBOXES } from '../../src/sandbox/records.js';
 import { API_KEY, type ApiMoat, type Created, startApiMoat } from '../support/api-client.js';
 import { udpQuery } from '../support/dns-client.js';
@@ -33,6 +36,49 @@ const ZONE = new Map([
   ['denied.test', { A: ['198.18.0.12'] }],
   ['live-denied.test', { A: ['198.18.0.13'] }],
 ]);
+/**
+ * A sandbox for each way a policy reads as a whole, and what the console must say of it. Open or
+ * closed is the policy part's own answer (`denyAll`), so the console cannot drift from it.
+ */
+const STANCES = [
+  {
+    create: {},
+    says: 'no rules: everything allowed but the host and the internal deny list',
+  },
+  {
+    create: { network: { denyOut: ['93.184.215.0/24'] } },
+    says: 'everything allowed but denyOut, the host and the internal deny list',
+  },
+  {
+    create: { network: { denyOut: ['ALL_TRAFFIC'] } },
+    says: 'everything denied (denyOut ALL_TRAFFIC)',
+  },
+  {
+    create: { allow_internet_access: false },
+    says: 'everything denied (allow_internet_access false)',
+  },
+  {
+    create: { network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } },
+    says: 'everything denied but allowOut (denyOut 0.0.0.0/0)',
+  },
+  {
+    create: { network: { allowOut: ['93.184.215.0/24'] } },
+    says: 'nothing denied: everything allowed but the host and the internal deny list',
+  },
+] as const;
+
+/** The network configuration a create body gives a sandbox, as the policy part reads it. */
+function stanceOf(create: { network?: object; allow_internet_access?: boolean }) {
+  const parsed = parseNetworkConfig({
+    ...create.network,
+    ...(create.allow_internet_access === undefined
+      ? {}
+      : { allow_internet_access: create.allow_internet_access }),
+  });
+  if (!parsed.ok) throw new Error(`policy fixture refused: ${parsed.errors[0]!.message}`);
+  return parsed.value.denyAll ? 'closed' : 'open';
+}
+
 const HOSTILE = '<img src=x onerror="window.__pwned=1;alert(1)">';
 const HOSTILE_RULE = '<script>window.__pwned=2</script>';
 
@@ -156,6 +202,8 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
   let guarded: Created;
   let open: Created;
   let guardedAddress: string;
+  /** One sandbox per entry of STANCES, in its order. */
+  let stances: Created[];
   const dialogs: string[] = [];
   const pageErrors: string[] = [];
 
@@ -172,6 +220,7 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
       network: { allowOut: ['allowed.test', '*.allowed.test'], denyOut: ['0.0.0.0/0'] },
     });
     open = await env.api.sandbox({ secure: true });
+    stances = await Promise.all(STANCES.map(({ create }) => env.api.sandbox(create)));
     expect(guarded.envdAccessToken).toMatch(/^[A-Za-z0-9_-]{20,}$/);
     guardedAddress = (await env.api.detail(guarded.sandboxID)).egress.address;
     const openAddress = (await env.api.detail(open.sandboxID)).egress.address;
@@ -226,6 +275,27 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     // Its totals: two lookups allowed; a lookup and a CONNECT denied.
     await expect.poll(() => card.locator('.count.deny').textContent()).toBe('✗ 2');
     expect(await card.locator('.count.allow').textContent()).toBe('✓ 2');
+  });
+
+  it('says what each policy means: open with no rules, closed under deny-all', async () => {
+    for (const [i, { create, says }] of STANCES.entries()) {
+      const id = stances[i]!.sandboxID;
+      const stance = stanceOf(create);
+      const card = page.locator(`.sandbox[data-sandbox="${id}"]`);
+      await card.waitFor();
+      expect(await card.locator('.stance').textContent(), says).toBe(stance);
+      expect(await card.locator('.stance-meaning').textContent(), says).toBe(says);
+      // An empty list is left out, not shown as "none", which reads as locked down.
+      expect(await card.textContent(), says).not.toContain('none');
+
+      await card.click();
+      const detail = page.locator('#sandbox-detail');
+      await expect.poll(() => detail.locator('h2').textContent()).toBe(id);
+      expect(await detail.locator('.stance').textContent(), says).toBe(stance);
+      expect(await detail.locator('.stance-meaning').textContent(), says).toBe(says);
+    }
+    await page.locator('#all-sandboxes').click();
+    await expect.poll(() => page.locator('#filter-sandbox').inputValue()).toBe('');
   });
 
   it('shows a denial made after the page loaded, live, with the rule that decided', async () => {
@@ -299,6 +369,43 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     expect(dialogs).toEqual([]);
   });
 
+  it('fits every kind of flow Moat records in the kind column, a lone close too', async () => {
+    const sandboxID = stances[1]!.sandboxID;
+    const destination = { name: 'kinds.test', address: null, port: 443, protocol: 'tcp' } as const;
+    const allow: FlowDecision = { verdict: 'allow', list: 'default', rule: null, reason: 'open' };
+    const deny: FlowDecision = { verdict: 'deny', list: 'denyOut', rule: null, reason: 'denied' };
+    for (const kind of FLOW_KINDS) {
+      env.moat.flows.decided({ sandboxID, kind, destination }, deny);
+      // Allowed, then ended by a policy change: its close is a denial, so the denials filter
+      // shows it without its decision, as a row of its own ("<kind> close").
+      const flow = env.moat.flows.opened({ sandboxID, kind, destination }, allow);
+      flow.refused(deny);
+      flow.closed(1, 2);
+    }
+    await page.locator(`.sandbox[data-sandbox="${sandboxID}"]`).click();
+    await page.locator('#filter-verdict').selectOption('deny');
+    await expect.poll(async () => (await rows()).length).toBe(2 * FLOW_KINDS.length);
+
+    const kinds = await page.locator('#flow-body td.kind').evaluateAll((cells) =>
+      cells.map((cell) => ({
+        text: cell.textContent,
+        fits: cell.scrollWidth <= cell.clientWidth,
+      })),
+    );
+    expect(kinds.map(({ text }) => text).sort()).toEqual(
+      FLOW_KINDS.flatMap((kind) => [kind, `${kind} close`]).sort(),
+    );
+    expect(kinds.filter(({ fits }) => !fits)).toEqual([]);
+    // The filter offers exactly the kinds Moat records.
+    const offered = await page
+      .locator('#filter-kind option')
+      .evaluateAll((options) => options.map((option) => option.getAttribute('value')));
+    expect(offered).toEqual(['', ...FLOW_KINDS]);
+
+    await page.locator('#filter-verdict').selectOption('');
+    await page.locator('#all-sandboxes').click();
+  });
+
   it('shows no token the API answered with, and no page error', async () => {
     const everything = [
       await page.content(),
@@ -332,7 +439,40 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     }
   });
 
+  it('takes a key added to the address of an open tab, and drops it from there too', async () => {
+    const tab = await context.newPage();
+    const setHash = (hash: string) => tab.evaluate(`location.hash = ${JSON.stringify(hash)}`);
+    try {
+      await tab.goto(`${base}/ui/#key=${API_KEY}`);
+      await tab.locator(`.sandbox[data-sandbox="${guarded.sandboxID}"]`).waitFor();
+      const before = await tab.evaluate<number>('history.length');
+
+      // A key given to the open console replaces the one it had.
+      await setHash('key=not-the-key');
+      await expect.poll(() => tab.locator('#key-error').textContent()).toContain('refused');
+      expect(tab.url()).toBe(`${base}/ui/`);
+
+      // And the login page takes one the same way; other fragment parameters stay.
+      await setHash(`key=${API_KEY}&note=kept`);
+      await tab.locator(`.sandbox[data-sandbox="${guarded.sandboxID}"]`).waitFor();
+      expect(await tab.locator('#login').isHidden()).toBe(true);
+      expect(tab.url()).toBe(`${base}/ui/#note=kept`);
+      expect(await tab.evaluate<number>('history.length')).toBeLessThanOrEqual(before + 2);
+      expect(await tab.evaluate<string>('document.body.innerText')).not.toContain(API_KEY);
+
+      // A fragment without a key changes nothing.
+      await setHash('elsewhere');
+      await tab.locator('#status.live').waitFor();
+      expect(await tab.locator('#app').isVisible()).toBe(true);
+    } finally {
+      await tab.close();
+    }
+  });
+
   it('keeps the key for the tab only, and looks right at 1280x800', async () => {
+    // The picture shows the two sandboxes the docs describe, one open and one closed.
+    for (const { sandboxID } of stances)
+      expect((await env.api.delete(`/sandboxes/${sandboxID}`)).status).toBe(204);
     // A reload finds the key in this tab's session storage, not in the address.
     await page.reload();
     await page.locator('#status.live').waitFor();

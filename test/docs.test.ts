@@ -247,14 +247,18 @@ describe('the README as a front door', () => {
     ]);
   });
 
-  it('asks for the Node.js that package.json engines asks for', () => {
+  it('names the Node.js the project installs and tests, as package.json says', () => {
     const pkg = JSON.parse(readText(path.join(ROOT, 'package.json'))) as {
       engines: { node: string };
+      devDependencies: Record<string, string>;
     };
     const minimum = />=\s*(\d+)/.exec(pkg.engines.node)?.[1];
-    const asked = /\(Node\.js (\d+) or newer/.exec(readText(path.join(ROOT, 'README.md')))?.[1];
-    expect(asked, 'README.md names the Node.js version in Set-up').toBeDefined();
-    expect(asked).toBe(minimum);
+    const installed = /^\^(\d+)\./.exec(pkg.devDependencies.node ?? '')?.[1];
+    const readme = readText(path.join(ROOT, 'README.md'));
+    const said = /installs the project's\s+own Node (\d+) LTS/.exec(readme)?.[1];
+    expect(said, 'README.md names the Node.js `npm ci` installs in Set-up').toBeDefined();
+    expect([said, installed]).toEqual([minimum, minimum]);
+    expect(readme).toMatch(/fast suites run again on\s+Node 24 LTS/);
   });
 });
 

@@ -2,7 +2,8 @@ import type { SerializedError } from 'vitest';
 import type { Reporter, TestModule } from 'vitest/node';
 
 /**
- * Prints one plain closing line, `N passed, N failed, N skipped`, that any CI can read. A file
+ * Prints one plain closing line, `N passed, N failed, N skipped on Node vX.Y.Z`, that any CI can
+ * read (the Node that ran them: the suite runs on more than one). A file
  * that failed outside its tests (a failing beforeAll skips them all) and an unhandled error each
  * count as one failure, so the line never says 0 failed for a red run.
  */
@@ -24,7 +25,7 @@ export default class SummaryReporter implements Reporter {
       if (failedTests === 0 && module.state() === 'failed') counts.failed++;
     }
     process.stdout.write(
-      `\n${counts.passed} passed, ${counts.failed} failed, ${counts.skipped} skipped\n`,
+      `\n${counts.passed} passed, ${counts.failed} failed, ${counts.skipped} skipped on Node ${process.version}\n`,
     );
   }
 }

@@ -981,12 +981,15 @@ describe('signed /files URLs (secure sandbox)', () => {
     expect(asRoot.status).toBe(200);
   });
 
-  it('refuses wrong, mismatched and expired signatures with 401', async () => {
-    const cases: Array<[Record<string, string>, RegExp]> = [
-      [{ path: 's.txt', signature: 'v1_AAAA' }, /invalid signature/],
-      [{ path: 's.txt', signature: sign('s.txt', 'write', '') }, /invalid signature/],
-      [{ path: 's.txt', signature: sign('other.txt', 'read', '') }, /invalid signature/],
-      [{ path: 's.txt', username: 'root', signature: sign('s.txt', 'read', '') }, /invalid/],
+  it('refuses wrong, mismatched and expired signatures with 401 and envd’s {code, message}', async () => {
+    const cases: Array<[Record<string, string>, string]> = [
+      [{ path: 's.txt', signature: 'v1_AAAA' }, 'invalid signature'],
+      [{ path: 's.txt', signature: sign('s.txt', 'write', '') }, 'invalid signature'],
+      [{ path: 's.txt', signature: sign('other.txt', 'read', '') }, 'invalid signature'],
+      [
+        { path: 's.txt', username: 'root', signature: sign('s.txt', 'read', '') },
+        'invalid signature',
+      ],
     ];
     const past = Math.floor(Date.now() / 1000) - 60;
     cases.push([
@@ -995,17 +998,16 @@ describe('signed /files URLs (secure sandbox)', () => {
         signature: sign('s.txt', 'read', '', past),
         signature_expiration: String(past),
       },
-      /^signature is already expired$/,
+      'signature is already expired',
     ]);
     cases.push([
       { path: 's.txt', signature: sign('s.txt', 'read', ''), signature_expiration: String(past) },
-      /invalid signature/,
+      'invalid signature',
     ]);
     for (const [query, message] of cases) {
       const reply = await get(query);
       expect(reply.status, JSON.stringify(query)).toBe(401);
-      expect(JSON.parse(reply.text)).toMatchObject({ code: 401, sandboxID: SECURE });
-      expect(JSON.parse(reply.text).message).toMatch(message);
+      expect(JSON.parse(reply.text)).toEqual({ code: 401, message });
     }
   });
 

@@ -420,7 +420,7 @@ export class SandboxFiles {
     const upload = randomUUID();
     /** The agents this upload staged files with: its own, and root's if it created any. */
     const used = new Set([own]);
-    const root = () => this.agent('root');
+    const rootAgent = () => this.agent('root');
     return {
       async stage(path, metadata) {
         const request = { op: 'stage', path, metadata, upload };
@@ -429,7 +429,7 @@ export class SandboxFiles {
         } catch (error) {
           if (!(error instanceof FileAgentError && error.code === 'EACCES')) throw error;
           if (owner === undefined || owner.uid === 0) throw error;
-          const agent = await root();
+          const agent = await rootAgent();
           used.add(agent);
           // A user's group is its own, numbered as its uid (base-layer.ts).
           return await staged(agent, { ...request, for: { uid: owner.uid, gid: owner.uid } });

@@ -493,15 +493,15 @@ class Agent:
                 except FileNotFoundError:
                     pass
                 else:
-                    raise Failure('EACCES', 'it exists and is not the user’s to replace')
+                    raise Failure('EACCES', "it exists and is not the user's to replace")
             finally:
                 # Handed over once the walk is over, through the descriptors: while they were
                 # root's, no process of the sandbox could swap one of them for a folder of its
                 # choosing. What was made is the user's also when the write is then refused.
                 for folder in made:
                     os.chown(fd_path(folder), *owner)
-            folder = chain.pop()
-            return folder, parts[-1], posixpath.join(self.view_of(folder), parts[-1])
+            view = posixpath.join(self.view_of(chain[-1]), parts[-1])
+            return chain.pop(), parts[-1], view
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise Failure('EACCES', 'a symbolic link is on the way') from None

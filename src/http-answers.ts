@@ -2,7 +2,8 @@
  * The JSON answers Moat's own HTTP servers write outside Fastify (the sandbox API, ingress, the
  * sandbox listener's router): one way to write a JSON body, and the sandbox error body
  * `{message, code, sandboxID}` that the SDK reads, for a ServerResponse or a raw socket; and the
- * platform's error body, which the API's Fastify routes and the egress proxy send.
+ * platform's error body, which the API's Fastify routes and the egress proxy send (and envd sends
+ * for a refused signed URL).
  */
 import type { ServerResponse } from 'node:http';
 
@@ -31,6 +32,19 @@ export const sandboxErrorBody = (status: number, message: string, sandboxID: str
   code: status,
   sandboxID,
 });
+
+/**
+ * A signed `/files` URL refused: 401 with the body E2B's envd answers, `{code, message}` and no
+ * sandboxID, in its words (`invalid signature`, `signature is already expired`), which E2B's own
+ * tests compare whole.
+ */
+export function sendSignatureRefused(
+  response: ServerResponse,
+  message = 'invalid signature',
+  close = false,
+): void {
+  sendJson(response, 401, errorBody(401, message), close);
+}
 
 /** Answers with `value` as JSON; a response already begun is cut (its status is gone). */
 export function sendJson(

@@ -21,11 +21,11 @@ import { FileError, sendFileFailure } from './file-errors.js';
 import { compose } from './files/compose.js';
 import { download } from './files/download.js';
 import { upload } from './files/upload.js';
-import { sendJson, sendSandboxError } from '../http-answers.js';
+import { sendJson, sendSandboxError, sendSignatureRefused } from '../http-answers.js';
 import { sameSecret } from '../same-secret.js';
 import { FILESYSTEM_METHODS } from './filesystem-service.js';
 import { PROCESS_METHODS } from './process-service.js';
-import { checkSignature } from './signed-urls.js';
+import { signatureRefusal } from './signed-urls.js';
 
 const SERVICES: Readonly<Record<string, Readonly<Record<string, Method>>>> = {
   'process.Process': PROCESS_METHODS,
@@ -107,17 +107,26 @@ export class SandboxApi {
     return url.pathname === '/files' && url.searchParams.has('signature');
   }
 
-  /** The REST file routes: a failure is a status with the sandbox error body, not a Connect one. */
+  /**
+   * The REST file routes: a failure is a status with the sandbox error body, not a Connect one;
+   * a refused signature is answered as envd answers it.
+   */
   private async files(context: CallContext, url: URL): Promise<void> {
     const { method } = context.request;
+    if (url.pathname === '/files' && (method === 'GET' || method === 'POST')) {
+      const operation = method === 'GET' ? 'read' : 'write';
+      const refusal = signatureRefusal(context.sandbox.accessToken, url, operation);
+      if (refusal !== undefined) {
+        sendSignatureRefused(context.response, refusal, !context.request.complete);
+        return;
+      }
+    }
     try {
       if (url.pathname === '/files/compose') {
         await compose(context);
       } else if (method === 'GET') {
-        checkSignature(context, url, 'read');
         await download(context, url);
       } else if (method === 'POST') {
-        checkSignature(context, url, 'write');
         await upload(context, url);
       } else {
         throw new FileError(

@@ -3,8 +3,6 @@
  * SHA-256 over `<path>:<read|write>:<user>:<token>[:<expiration>]`.
  */
 import { createHash } from 'node:crypto';
-import type { CallContext } from './context.js';
-import { unauthenticated } from './file-errors.js';
 import { sameSecret } from '../same-secret.js';
 
 const digest = (text: string) => createHash('sha256').update(text).digest();
@@ -26,26 +24,31 @@ function signatureValid(url: URL, token: string, operation: 'read' | 'write'): b
 
 /**
  * Whether `token` signed this /files URL (for either operation, expired or not): how the
- * sandbox listener's router finds the sandbox of a signed URL that names none. checkSignature
- * checks the rest.
+ * sandbox listener's router finds the sandbox of a signed URL that names none.
+ * signatureRefusal checks the rest.
  */
 export function signatureMatches(url: URL, token: string): boolean {
   return signatureValid(url, token, 'read') || signatureValid(url, token, 'write');
 }
 
-/** A signed request must carry a valid, unexpired signature for its operation. */
-export function checkSignature(context: CallContext, url: URL, operation: 'read' | 'write'): void {
-  const token = context.sandbox.accessToken;
-  if (token === null || !url.searchParams.has('signature')) return;
+/**
+ * Why a signed request is refused (its signature is wrong for this operation, or expired), in
+ * the reference daemon's words, which clients match; undefined when it carries no signature
+ * (the access token is then required) or a valid one.
+ */
+export function signatureRefusal(
+  token: string | null,
+  url: URL,
+  operation: 'read' | 'write',
+): string | undefined {
+  if (token === null || !url.searchParams.has('signature')) return undefined;
   const expiration = url.searchParams.get('signature_expiration');
   if (expiration !== null && !/^[0-9]{1,12}$/.test(expiration)) {
-    throw unauthenticated('signature_expiration must be a time in unix seconds');
+    return 'signature_expiration must be a time in unix seconds';
   }
-  if (!signatureValid(url, token, operation)) {
-    throw unauthenticated(`invalid signature for ${operation} access`);
-  }
+  if (!signatureValid(url, token, operation)) return 'invalid signature';
   if (expiration !== null && Number(expiration) < Math.floor(Date.now() / 1000)) {
-    // The reference daemon's words, which clients match.
-    throw unauthenticated('signature is already expired');
+    return 'signature is already expired';
   }
+  return undefined;
 }

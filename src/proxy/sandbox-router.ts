@@ -11,7 +11,7 @@ import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { ConnectionBudget } from '../enforce/index.js';
 import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
-import { sendSandboxError } from '../http-answers.js';
+import { sendSandboxError, sendSignatureRefused } from '../http-answers.js';
 import type { IngressProxy, IngressTarget } from './ingress.js';
 import type { HostPort } from '../host-port.js';
 
@@ -139,9 +139,10 @@ export class SandboxRouter<S extends RoutedSandbox> {
           route.kind === 'sandbox' ? await this.options.elsewhere?.(route.sandboxID) : undefined;
         if (node !== undefined && route.kind === 'sandbox') {
           await this.options.ingress.request(request, response, relayTo(node, route.sandboxID));
-        } else if (route.kind === 'signed')
-          sendSandboxError(response, 401, 'the signature matches no sandbox', '');
-        else sendSandboxError(response, 502, NOT_RUNNING, route.sandboxID);
+        } else if (route.kind === 'signed') {
+          // No sandbox's token signed it: to the client, as to E2B's, an invalid signature.
+          sendSignatureRefused(response);
+        } else sendSandboxError(response, 502, NOT_RUNNING, route.sandboxID);
         return;
       }
       if (route.kind === 'signed' || route.port === SANDBOX_API_PORT) {

@@ -1,7 +1,8 @@
 /**
  * A sandbox's files as the sandbox API reaches them: every operation is carried out inside the
  * sandbox by the file agent of the user asking (supervisor/files.py), so the kernel resolves
- * each path in the sandbox's own view with that user's permissions. Moat never opens a path a
+ * each path in the sandbox's own view with that user's permissions (a write the user may not
+ * create is created for the user by root's agent: see upload). Moat never opens a path a
  * sandbox controls.
  *
  * Replies are checked before use: an agent that answers out of shape is closed.
@@ -9,6 +10,7 @@
 import { randomUUID } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { field, FrameError, type Frame, type FrameHeader } from './frames.js';
+import { USERS } from './confinement.js';
 import type { RoleConnection } from './role-connection.js';
 
 /** EntryInfo as envd answers it (proto3 JSON: int64 as a string, zero values left out). */
@@ -225,6 +227,28 @@ function failureOf(header: FrameHeader): FileAgentError | undefined {
   );
 }
 
+/** Stages one file of an upload with `agent`: its bytes follow as data frames. */
+async function staged(agent: FileAgent, request: object): Promise<StagedFile> {
+  const sid = randomUUID();
+  const reply = await agent.call({ ...request, sid });
+  return {
+    path: field.string(reply, 'path'),
+    async write(bytes) {
+      for (let offset = 0; offset < bytes.length; offset += 1 << 20) {
+        if (
+          !agent.connection.send({ op: 'data', sid }, bytes.subarray(offset, offset + (1 << 20)))
+        ) {
+          await agent.connection.drained();
+        }
+        if (!agent.connection.alive) throw agent.connection.failure!;
+      }
+    },
+    async end() {
+      await agent.call({ op: 'staged', sid });
+    },
+  };
+}
+
 /** What one listing may bring into Moat's memory, as the agent sent it. */
 export const MAX_LIST_BYTES = 16 << 20;
 
@@ -378,48 +402,55 @@ export class SandboxFiles {
     });
   }
 
-  /** A multi-file upload: stage each file, then commit all (or abort, leaving nothing). */
+  /**
+   * A multi-file upload: stage each file, then commit all (or abort, leaving nothing).
+   *
+   * A file is written by the user's own agent. Where that is refused (EACCES: a missing folder
+   * or the file in a folder only root may write, such as `/0/f.txt`), the root agent creates it
+   * for the user, as E2B's envd (which writes as root) does: only what is missing, through no
+   * symbolic link, handed to the user (files.py new_target).
+   */
   async upload(user: string): Promise<{
     stage(path: string, metadata: Readonly<Record<string, string>>): Promise<StagedFile>;
     commit(): Promise<string[]>;
     abort(): Promise<void>;
   }> {
-    const agent = await this.agent(user);
+    const own = await this.agent(user);
+    const owner = USERS.get(user);
     const upload = randomUUID();
+    /** The agents this upload staged files with: its own, and root's if it created any. */
+    const used = new Set([own]);
+    const rootAgent = () => this.agent('root');
     return {
       async stage(path, metadata) {
-        const sid = randomUUID();
-        const reply = await agent.call({ op: 'stage', path, metadata, upload, sid });
-        return {
-          path: field.string(reply, 'path'),
-          async write(bytes) {
-            for (let offset = 0; offset < bytes.length; offset += 1 << 20) {
-              if (
-                !agent.connection.send(
-                  { op: 'data', sid },
-                  bytes.subarray(offset, offset + (1 << 20)),
-                )
-              ) {
-                await agent.connection.drained();
-              }
-              if (!agent.connection.alive) throw agent.connection.failure!;
-            }
-          },
-          async end() {
-            await agent.call({ op: 'staged', sid });
-          },
-        };
+        const request = { op: 'stage', path, metadata, upload };
+        try {
+          return await staged(own, request);
+        } catch (error) {
+          if (!(error instanceof FileAgentError && error.code === 'EACCES')) throw error;
+          if (owner === undefined || owner.uid === 0) throw error;
+          const agent = await rootAgent();
+          used.add(agent);
+          // A user's group is its own, numbered as its uid (base-layer.ts).
+          return await staged(agent, { ...request, for: { uid: owner.uid, gid: owner.uid } });
+        }
       },
       async commit() {
-        const reply = await agent.call({ op: 'commit', upload });
-        if (!Array.isArray(reply.paths) || !reply.paths.every(isString)) {
-          throw new FrameError('commit reply without paths');
+        const paths: string[] = [];
+        for (const agent of used) {
+          const reply = await agent.call({ op: 'commit', upload });
+          if (!Array.isArray(reply.paths) || !reply.paths.every(isString)) {
+            throw new FrameError('commit reply without paths');
+          }
+          paths.push(...reply.paths);
         }
-        return reply.paths;
+        return paths;
       },
       async abort() {
-        if (agent.connection.alive)
-          await agent.call({ op: 'abort', upload }).catch(() => undefined);
+        for (const agent of used) {
+          if (agent.connection.alive)
+            await agent.call({ op: 'abort', upload }).catch(() => undefined);
+        }
       },
     };
   }

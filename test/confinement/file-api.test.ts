@@ -32,6 +32,20 @@ afterAll(async () => {
   if (victim) rmSync(victim, { recursive: true, force: true });
 });
 
+/** A whole-file write through the file API as `user`, the way POST /files makes one. */
+async function write(target: RuntimeSandbox, user: string, path: string, text: string) {
+  const upload = await target.files.upload(user);
+  try {
+    const staged = await upload.stage(path, {});
+    await staged.write(Buffer.from(text));
+    await staged.end();
+    await upload.commit();
+  } catch (error) {
+    await upload.abort();
+    throw error;
+  }
+}
+
 const victimUntouched = () => {
   expect(readdirSync(victim)).toEqual(['victim.txt']);
   expect(readFileSync(path.join(victim, 'victim.txt'), 'utf8')).toBe(VICTIM_TEXT);
@@ -112,17 +126,7 @@ describe.skipIf(skip)('racing the file API with symlink swaps never reaches the 
           ['/home/user/race/own.txt'],
           '/home/user/race/d/composed.txt',
         ),
-        (async () => {
-          const upload = await sandbox.files.upload('root');
-          try {
-            const staged = await upload.stage('/home/user/race/d/new.txt', {});
-            await staged.write(Buffer.from('pwned'));
-            await staged.end();
-            await upload.commit();
-          } catch {
-            await upload.abort();
-          }
-        })(),
+        write(sandbox, 'root', '/home/user/race/d/new.txt', 'pwned'),
       ];
       await Promise.allSettled(ops);
       await shell(sandbox, 'echo inside > /home/user/race/own.txt').catch(() => undefined);
@@ -134,6 +138,101 @@ describe.skipIf(skip)('racing the file API with symlink swaps never reaches the 
     victimUntouched();
   }, 30_000);
 });
+
+describe.skipIf(skip)(
+  'a write for the user where only root may create (E2B’s envd writes as root)',
+  () => {
+    /** `stat` of paths inside the sandbox: owner:group and mode, or `absent`. */
+    const owners = (target: RuntimeSandbox, ...paths: string[]) =>
+      shell(target, 'for p in "$@"; do stat -c "%u:%g %a" "$p" 2>/dev/null || echo absent; done', {
+        user: 'root',
+        args: paths,
+      }).then((out) => out.trim().split('\n'));
+
+    it('makes only what is missing and hands it to the user; what exists stays as it is', async () => {
+      const target = await harness.sandbox();
+      await write(target, 'user', '/0/a/b.txt', 'made for the user');
+      expect(await owners(target, '/0', '/0/a', '/0/a/b.txt')).toEqual([
+        '1000:1000 755',
+        '1000:1000 755',
+        '1000:1000 644',
+      ]);
+      // Root's file in root's folder, and another user's in theirs: the user may not replace them.
+      await shell(
+        target,
+        'mkdir /rooted && echo root > /rooted/root.txt && mkdir -m 755 /rooted/other && echo theirs > /rooted/other/theirs.txt && chown -R 1001:1001 /rooted/other',
+        { user: 'root' },
+      );
+      for (const path of ['/rooted/root.txt', '/rooted/other/theirs.txt']) {
+        await expect(write(target, 'user', path, 'replaced')).rejects.toMatchObject({
+          code: 'EACCES',
+        });
+      }
+      expect(await shell(target, 'cat /rooted/root.txt /rooted/other/theirs.txt')).toBe(
+        'root\ntheirs\n',
+      );
+      expect(await owners(target, '/rooted/root.txt', '/rooted/other/theirs.txt')).toEqual([
+        '0:0 644',
+        '1001:1001 644',
+      ]);
+      // A new file in the other user's folder is the user's, as envd makes it.
+      await write(target, 'user', '/rooted/other/mine.txt', 'mine');
+      expect(await owners(target, '/rooted/other', '/rooted/other/mine.txt')).toEqual([
+        '1001:1001 755',
+        '1000:1000 644',
+      ]);
+    });
+
+    it('follows no symbolic link: one the user planted, or root’s, refuses the write', async () => {
+      const target = await harness.sandbox();
+      await shell(target, 'ln -s /etc /home/user/etc-link && ln -s /etc/made /home/user/dangling');
+      await shell(target, 'mkdir -p /rooted/links && ln -s /etc /rooted/links/etc', {
+        user: 'root',
+      });
+      const before = await shell(target, 'ls -A /etc');
+      // The user's own write reaches /etc and is refused; root's for the user meets the link.
+      for (const path of [
+        '/home/user/etc-link/planted.txt',
+        '/home/user/etc-link/made/planted.txt',
+        '/rooted/links/etc/planted.txt',
+      ]) {
+        await expect(write(target, 'user', path, 'planted'), path).rejects.toMatchObject({
+          code: 'EACCES',
+        });
+      }
+      await expect(write(target, 'user', '/home/user/dangling/p.txt', 'planted')).rejects.toThrow();
+      expect(await shell(target, 'ls -A /etc')).toBe(before);
+      expect(await shell(target, 'readlink /home/user/etc-link')).toBe('/etc\n');
+    });
+
+    it('a folder of the user swapped for a link to /etc in a loop never lets root create there', async () => {
+      const target = await harness.sandbox();
+      await write(target, 'user', '/0/seed.txt', 'seed');
+      const before = await shell(target, 'ls -A /etc');
+      const swapper = runShell(
+        target,
+        [
+          'end=$(($(date +%s) + 20)); cd /0',
+          'while [ ! -e stop ] && [ $(date +%s) -lt $end ]; do',
+          '  ln -sfn /etc d; sleep 0.02; rm -f d',
+          '  mkdir d; sleep 0.005; rm -rf d',
+          'done',
+        ].join('\n'),
+      );
+      const deadline = Date.now() + 8000;
+      let attempts = 0;
+      for (; attempts < 300 && Date.now() < deadline; attempts++) {
+        await write(target, 'user', `/0/d/e/pwn${attempts}.txt`, 'pwned').catch(() => undefined);
+      }
+      await shell(target, 'touch /0/stop');
+      await swapper;
+      expect(attempts).toBeGreaterThan(20);
+      expect(await shell(target, 'ls -A /etc')).toBe(before);
+      // Everything the writes made lies below /0 and is the user's.
+      expect(await shell(target, 'find /0 ! -uid 1000', { user: 'root' })).toBe('');
+    }, 30_000);
+  },
+);
 
 describe.skipIf(skip)('a listing the sandbox made huge never floods Moat', () => {
   it('is refused past its byte bound, naming the folder; the next call is answered', async () => {

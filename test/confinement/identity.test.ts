@@ -123,14 +123,15 @@ describe.skipIf(skip)('no sandbox process is the host root or owns anything outs
   });
 
   it('/proc/sys cannot be opened for writing, by the user or by root (nothing is written)', async () => {
+    // boot_id is the sandbox's own (a file over the kernel's): read-only to its root too.
     const code =
-      "import os\nfor p in ['/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches', '/proc/sysrq-trigger']:\n" +
+      "import os\nfor p in ['/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches', '/proc/sysrq-trigger', '/proc/sys/kernel/random/boot_id']:\n" +
       '    try:\n        fd = os.open(p, os.O_WRONLY)\n    except OSError as e:\n        print(p, e.errno)\n' +
       '    else:\n        os.close(fd)\n        print(p, "OPENED")\n';
     for (const user of ['user', 'root']) {
       const result = await python(code, user);
       expect(result.stdout, user).not.toContain('OPENED');
-      expect(result.stdout.trim().split('\n')).toHaveLength(3);
+      expect(result.stdout.trim().split('\n')).toHaveLength(4);
     }
   });
 });
@@ -142,6 +143,7 @@ describe.skipIf(skip)('the sandbox’s root owns its sandbox, and nothing else',
       'mount -o remount,rw /etc',
       'mount -t tmpfs none /mnt',
       'umount -l /proc/sys',
+      'umount /proc/sys/kernel/random/boot_id',
       'unshare -U true',
       'unshare -m true',
       'unshare -n true',
@@ -149,10 +151,12 @@ describe.skipIf(skip)('the sandbox’s root owns its sandbox, and nothing else',
       const result = await runShell(sandbox, command, { user: 'root' });
       expect(result.code, command).not.toBe(0);
     }
-    // /proc/sys stays read-only under root.
-    expect(await asRoot('grep " /proc/sys " /proc/self/mounts | cut -d" " -f4 | cut -d, -f1')).toBe(
-      'ro\n',
-    );
+    // /proc/sys and the sandbox's own boot_id over the kernel's stay read-only under root.
+    for (const point of ['/proc/sys', '/proc/sys/kernel/random/boot_id']) {
+      expect(
+        await asRoot(`grep " ${point} " /proc/self/mounts | cut -d" " -f4 | cut -d, -f1`),
+      ).toBe('ro\n');
+    }
   });
 
   it('has only a container root’s capabilities: no SYS_ADMIN, SYS_PTRACE, NET_ADMIN, NET_RAW, SYS_MODULE', async () => {

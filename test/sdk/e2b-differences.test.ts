@@ -105,7 +105,7 @@ describe('signed file URLs, as E2B signs them', () => {
     expect(await response.text()).toBe('hello root');
   });
 
-  it('an expired signature is 401 "signature is already expired", for reads and writes', async () => {
+  it('an expired signature is 401 {code, message: "signature is already expired"}, exactly envd’s body', async () => {
     const sbx = await sandbox();
     await sbx.files.write('hello.txt', 'hello world');
     const download = await sbx.downloadUrl('hello.txt', { useSignatureExpiration: -10_000 });
@@ -115,12 +115,26 @@ describe('signed file URLs, as E2B signs them', () => {
       await fetch(upload, { method: 'POST', body: fieldForm('late') }),
     ]) {
       expect(response.status).toBe(401);
-      expect(await response.json()).toMatchObject({
-        code: 401,
-        message: 'signature is already expired',
-      });
+      expect(await response.json()).toEqual({ code: 401, message: 'signature is already expired' });
     }
     expect(await sbx.files.read('hello.txt')).toBe('hello world');
+  });
+
+  it('a signature made for another path, user or operation is 401 {code, message: "invalid signature"}', async () => {
+    const sbx = await sandbox();
+    await sbx.files.write('hello.txt', 'hello world');
+    const otherPath = new URL(
+      await sbx.downloadUrl('hello.txt', { useSignatureExpiration: 10_000 }),
+    );
+    otherPath.searchParams.set('path', 'other.txt');
+    const otherUser = new URL(await sbx.downloadUrl('hello.txt', { user: 'root' }));
+    otherUser.searchParams.set('username', 'user');
+    const readAsWrite = await sbx.uploadUrl('hello.txt');
+    for (const url of [otherPath, otherUser, readAsWrite]) {
+      const response = await fetch(url);
+      expect(response.status, String(url)).toBe(401);
+      expect(await response.json()).toEqual({ code: 401, message: 'invalid signature' });
+    }
   });
 
   it('an upload field over 64 KiB is refused, not truncated', async () => {

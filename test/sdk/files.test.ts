@@ -208,6 +208,37 @@ describe('files.write', () => {
     expect(await sbx.files.read('/home/user/octet/x.txt')).toBe(expected);
   });
 
+  it('as the default user, writes where only root may create: the new folders and file are the user’s', async () => {
+    const sbx = await sandbox();
+    // E2B's own test writes these as `user`: envd makes them as root and hands them over.
+    const files = [
+      { path: '/0/multi_test_file0.txt', data: 'zero' },
+      { path: '/home/user/multi_test_file1.txt', data: 'one' },
+      { path: '/2/deep/multi_test_file2.txt', data: 'two' },
+    ];
+    const infos = await sbx.files.write(files);
+    expect(infos.map((i) => i.path)).toEqual(files.map((f) => f.path));
+    for (const { path, data } of files) expect(await sbx.files.read(path)).toBe(data);
+    const owners = await stdout(
+      sbx,
+      "stat -c '%n %U:%G %a' / /0 /0/multi_test_file0.txt /2 /2/deep /2/deep/multi_test_file2.txt",
+    );
+    expect(owners.trim().split('\n')).toEqual([
+      '/ root:root 755',
+      '/0 user:user 755',
+      '/0/multi_test_file0.txt user:user 644',
+      '/2 user:user 755',
+      '/2/deep user:user 755',
+      '/2/deep/multi_test_file2.txt user:user 644',
+    ]);
+    // What exists stays as it is: root's file in root's folder is not the user's to replace.
+    await sbx.files.write('/rooted/kept.txt', 'root’s', { user: 'root' });
+    await expect(sbx.files.write('/rooted/kept.txt', 'the user’s')).rejects.toThrow(
+      /cannot write '\/rooted\/kept.txt': permission denied/,
+    );
+    expect(await sbx.files.read('/rooted/kept.txt')).toBe('root’s');
+  });
+
   it('stores metadata on the file; getInfo and list return it', async () => {
     const sbx = await sandbox();
     const info = await sbx.files.write('meta.txt', 'm', {

@@ -4,11 +4,15 @@
  * some lifecycle combinations itself), which go as plain HTTP to show Moat refuses them too.
  */
 import { Sandbox, SandboxError, SandboxNotFoundError } from 'e2b';
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 import { hostProcesses } from '../support/local-host.js';
 
 let harness: SdkMoat;
+
+const BOOT_ID = '/proc/sys/kernel/random/boot_id';
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
 const exists = async (sbx: Sandbox, path: string) => sbx.files.exists(path);
 
@@ -193,6 +197,30 @@ describe('files-only pause', () => {
     expect(await sbx.files.read('/home/user/kept.txt')).toBe('kept');
     expect(await sbx.commands.list()).toEqual([]);
     expect((await sbx.commands.run('echo booted')).stdout).toBe('booted\n');
+  });
+
+  it('a files-only resume is a new boot (boot_id changes, as E2B’s test reads it); a pause with memory is not', async () => {
+    const hostBootId = readFileSync(BOOT_ID, 'utf8');
+    const sbx = await harness.sandbox();
+    const other = await harness.sandbox();
+    const bootId = async (of: Sandbox) => (await of.commands.run(`cat ${BOOT_ID}`)).stdout.trim();
+    const first = await bootId(sbx);
+    expect(first).toMatch(UUID);
+    expect(first).not.toBe(hostBootId.trim());
+    expect(await bootId(other)).not.toBe(first);
+
+    await sbx.pause();
+    await sbx.connect();
+    expect(await bootId(sbx)).toBe(first);
+
+    await sbx.pause({ keepMemory: false });
+    await sbx.connect();
+    const second = await bootId(sbx);
+    expect(second).toMatch(UUID);
+    expect(second).not.toBe(first);
+    // The file API reads the same value; the host's own boot id is untouched.
+    expect((await sbx.files.read(BOOT_ID)).trim()).toBe(second);
+    expect(readFileSync(BOOT_ID, 'utf8')).toBe(hostBootId);
   });
 
   it('connect with onResume reboot cold-boots a sandbox paused with its memory', async () => {

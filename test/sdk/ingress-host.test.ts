@@ -46,6 +46,16 @@ describe('ingress in proxy mode', () => {
     expect(reply).toMatchObject({ status: 200, body: 'inside' });
   });
 
+  it('a server answers again after pause and resume (E2B’s http server test, by Host)', async () => {
+    const sandbox = await harness.sandbox();
+    const port = await serveInside(sandbox, { body: 'kept' });
+    await sandbox.pause();
+    expect(await sandbox.isRunning()).toBe(false);
+    await sandbox.connect();
+    const reply = await viaHost(harness.sandboxUrl, sandbox.getHost(port));
+    expect(reply).toMatchObject({ status: 200, body: 'kept' });
+  });
+
   it('refuses a service of the host that no process of the sandbox runs', async () => {
     const sandbox = await harness.sandbox();
     const seen: string[] = [];

@@ -6,6 +6,10 @@ sandbox controls is ever resolved on the host. Paths are opened with openat2(RES
 under the agent's root (the sandbox's `/`, or the sandbox folder when Moat runs unconfined),
 and every change is made relative to an opened folder.
 
+Where a user's own agent may not create what a write asks for (a folder only root may write,
+such as `/` for `/0/file`), Moat asks the root agent to create it for that user (`for`: the
+user's uid and gid), as E2B's envd, which writes as root, does: see new_target.
+
 Requests carry a request number `rid`; each gets one reply {"rid", ...} or {"rid", "error":
 {"code", "message"}} where code is an errno name (ENOENT...) or one of `invalid`, `exists`,
 `exhausted`. Streams (read, write, list, watch) are described at their methods. An operation
@@ -451,18 +455,103 @@ class Agent:
         folder = self.make_folders('/'.join(parts[:-1]))
         return folder, parts[-1], posixpath.join(self.view_of(folder), parts[-1]), None
 
-    def temporary(self, folder, kind, mode):
+    def created_for(self, message):
+        """The (uid, gid) this agent creates for (`for`), or None when it acts as itself."""
+        owner = message.get('for')
+        if owner is None:
+            return None
+        if self.unconfined or os.geteuid() != 0:
+            raise Failure('EACCES', 'only the root of a confined sandbox creates for another user')
+        ids = (owner.get('uid'), owner.get('gid'))
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 < i < 1 << 32 for i in ids):
+            raise Failure('invalid', f'for needs a uid and a gid other than root: {owner!r}')
+        return ids
+
+    def new_target(self, given, owner):
+        """(folder fd, name, view) where root creates a new file of `given` for `owner`.
+
+        Root's power makes only what is missing, and nothing a sandbox process could redirect:
+        no symbolic link is followed anywhere in the path (one is refused, EACCES, as the user
+        was), each folder is opened as a real folder, the missing ones are made (0755) and handed
+        to `owner`, and the file must not exist yet (an existing one stays refused: it is not the
+        user's to replace). The commit will not replace a file that appears meanwhile either.
+        """
+        parts = [p for p in posixpath.normpath(self.absolute(given)).split('/') if p]
+        if not parts:
+            raise Failure('EISDIR', 'it is a directory')
+        chain = [self.open('/', OPEN_PATH | os.O_DIRECTORY)]
+        made = []
+        try:
+            try:
+                for part in parts[:-1]:
+                    folder, new = self.real_folder(chain[-1], part)
+                    chain.append(folder)
+                    if new:
+                        made.append(folder)
+                try:
+                    os.lstat(parts[-1], dir_fd=chain[-1])
+                except FileNotFoundError:
+                    pass
+                else:
+                    raise Failure('EACCES', "it exists and is not the user's to replace")
+            finally:
+                # Handed over once the walk is over, through the descriptors: while they were
+                # root's, no process of the sandbox could swap one of them for a folder of its
+                # choosing. What was made is the user's also when the write is then refused.
+                for folder in made:
+                    os.chown(fd_path(folder), *owner)
+            view = posixpath.join(self.view_of(chain[-1]), parts[-1])
+            return chain.pop(), parts[-1], view
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise Failure('EACCES', 'a symbolic link is on the way') from None
+            raise
+        finally:
+            for folder in chain:
+                os.close(folder)
+
+    def real_folder(self, parent, name):
+        """(fd, made) of the folder `name` in `parent`, never through a symbolic link; made
+        (root's, 0755) when it is missing."""
+
+        def opened():
+            how = sysapi.RESOLVE_NO_SYMLINKS | sysapi.RESOLVE_BENEATH
+            return sysapi.openat2(parent, name, OPEN_PATH | os.O_DIRECTORY, 0, how)
+
+        try:
+            return opened(), False
+        except FileNotFoundError:
+            pass
+        try:
+            os.mkdir(name, 0o755, dir_fd=parent)
+        except FileExistsError:
+            return opened(), False  # made meanwhile by another: it stays whose it is
+        return opened(), True
+
+    def temporary(self, folder, kind, mode, owner=None):
         name = f'{TEMPORARY_PREFIX}{kind}-{secrets.token_hex(8)}'
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder)
-        if mode is not None:
-            os.fchmod(fd, mode)
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            if owner is not None:
+                os.fchown(fd, *owner)
+        except BaseException:
+            os.close(fd)
+            os.unlink(name, dir_fd=folder)
+            raise
         return name, fd
 
     def op_stage(self, message):
         """Opens a temporary file beside the target; frames {"op":"data","sid"} + bytes follow."""
-        folder, name, view, mode = self.write_target(message.get('path'))
+        owner = self.created_for(message)
+        if owner is None:
+            folder, name, view, mode = self.write_target(message.get('path'))
+        else:
+            folder, name, view = self.new_target(message.get('path'), owner)
+            mode = None
         try:
-            temporary, fd = self.temporary(folder, 'upload', mode)
+            temporary, fd = self.temporary(folder, 'upload', mode, owner)
         except BaseException:
             os.close(folder)
             raise
@@ -474,6 +563,8 @@ class Agent:
             'fd': fd,
             'metadata': message.get('metadata') or {},
             'upload': message.get('upload'),
+            # A file created for another user never replaces one.
+            'replace': owner is None,
         }
         return {'path': view}
 
@@ -510,7 +601,10 @@ class Agent:
             staged = self.staged[sid]
             if staged['upload'] != message.get('upload'):
                 continue
-            os.rename(staged['temporary'], staged['name'], src_dir_fd=staged['folder'], dst_dir_fd=staged['folder'])
+            if staged['replace']:
+                os.rename(staged['temporary'], staged['name'], src_dir_fd=staged['folder'], dst_dir_fd=staged['folder'])
+            else:
+                sysapi.rename_noreplace(staged['folder'], staged['temporary'], staged['name'])
             done.append(staged['view'])
             self.drop_staged(sid, remove=False)
         return {'paths': done}

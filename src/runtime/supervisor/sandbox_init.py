@@ -14,6 +14,7 @@ import resource
 import selectors
 import signal
 import socket
+import uuid
 
 import files
 import launcher
@@ -26,6 +27,7 @@ import sysapi
 ROOT_CAPABILITIES = frozenset([0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 27, 29, 31])
 PROC_READ_ONLY = ['sys', 'sysrq-trigger', 'irq', 'bus', 'fs']
 PROC_MASKED = ['kcore', 'keys', 'timer_list', 'sched_debug', 'latency_stats']
+BOOT_ID = 'sys/kernel/random/boot_id'
 DEVICES = ['null', 'zero', 'full', 'random', 'urandom', 'tty']
 BASE_FLAGS = sysapi.MS_NOSUID | sysapi.MS_NODEV
 # The Debian system bundle; /usr/lib/ssl/cert.pem and the variables Moat sets name it.
@@ -73,7 +75,7 @@ def build_root(config, sandbox_ns, store_ns):
         )
         sysapi.mount('overlay', os.path.join(root, overlay['target'].lstrip('/')), 'overlay', BASE_FLAGS, options)
     build_dev(os.path.join(root, 'dev'), config)
-    build_proc(os.path.join(root, 'proc'))
+    build_proc(os.path.join(root, 'proc'), scratch)
 
 
 def build_dev(dev, config):
@@ -96,7 +98,7 @@ def build_dev(dev, config):
     os.chmod(dev, 0o755)
 
 
-def build_proc(proc):
+def build_proc(proc, scratch):
     sysapi.mount('proc', proc, 'proc', BASE_FLAGS | sysapi.MS_NOEXEC)
     for name in PROC_READ_ONLY:
         target = os.path.join(proc, name)
@@ -107,6 +109,18 @@ def build_proc(proc):
         target = os.path.join(proc, name)
         if os.path.exists(target):
             sysapi.mount('/dev/null', target, None, sysapi.MS_BIND)
+    mount_boot_id(proc, scratch)
+
+
+def mount_boot_id(proc, scratch):
+    """A boot id of this start of the sandbox over the kernel's, read-only and locked like every
+    mount made here: the sandbox booted again whenever its init starts again (at create, and at
+    a resume from files only), as E2B's cold boot shows. The host's own is never written."""
+    source = os.path.join(scratch, 'boot_id')
+    fd = os.open(source, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+    with os.fdopen(fd, 'w') as boot_id:
+        boot_id.write(f'{uuid.uuid4()}\n')
+    bind(source, os.path.join(proc, BOOT_ID), BASE_FLAGS | sysapi.MS_NOEXEC | sysapi.MS_RDONLY)
 
 
 def trust_bundle_mount(config, sandbox_ns):

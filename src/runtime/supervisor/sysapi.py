@@ -53,6 +53,7 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
+RENAME_NOREPLACE = 0x1
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -158,6 +159,11 @@ def openat2(dir_fd, path, flags, mode=0, resolve=0):
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)
     return result
+
+
+def rename_noreplace(dir_fd, old, new):
+    """renameat2(2) of `old` to `new` in one opened folder, failing (EEXIST) where `new` exists."""
+    _check(_libc.renameat2(dir_fd, _path(old), dir_fd, _path(new), RENAME_NOREPLACE), f'rename to {new}')
 
 
 class _CapHeader(ctypes.Structure):

@@ -178,6 +178,28 @@ describe('moat serve output', () => {
     await child.stop('SIGTERM');
   });
 
+  it('a key sent as Authorization: Bearer gets a 401 saying the key goes in X-API-Key, never echoing it', async () => {
+    const { child, at } = await startServe();
+    const answer = await fetch(`http://${at.api}/sandboxes`, {
+      headers: { Authorization: `Bearer ${at.generatedKey}` },
+      signal: AbortSignal.timeout(10_000),
+    });
+    const text = await answer.text();
+    expect([answer.status, JSON.parse(text)]).toEqual([
+      401,
+      {
+        code: 401,
+        message:
+          'missing X-API-Key header: the API key goes in the X-API-Key header, not in Authorization',
+      },
+    ]);
+    expect(text).not.toContain(at.generatedKey);
+    // Without any key, the message stays the plain one.
+    const bare = await fetch(`http://${at.api}/sandboxes`, { signal: AbortSignal.timeout(10_000) });
+    expect(await bare.json()).toEqual({ code: 401, message: 'missing X-API-Key header' });
+    await child.stop('SIGTERM');
+  });
+
   it.skipIf(redis !== undefined)(
     '/ready answers 503 naming the store while Redis is away, 200 once it is back',
     async () => {

@@ -155,6 +155,9 @@ describe('moat serve output', () => {
     expect(child.stderr).toContain(`moat: API key          generated into ${keyFile} `);
     expect(`${child.stdout}${child.stderr}`).not.toContain(at.generatedKey);
     // The misspelt variable is named, with the setting it was probably meant to be.
+    expect(child.stderr).toContain(
+      'moat: warning: MOAT_DNS_LISTN is not a Moat setting and is ignored; did you mean MOAT_DNS_LISTEN?\n',
+    );
     expect(child.logLines().find((l) => l.variable === 'MOAT_DNS_LISTN')).toMatchObject({
       level: 40,
       didYouMean: 'MOAT_DNS_LISTEN',
@@ -415,6 +418,42 @@ describe('flags, help and environment', () => {
     expect(r.stderr).toContain(
       'moat: warning: MOAT_SOMETHING_ELSE_ENTIRELY is not a Moat setting and is ignored\n',
     );
+  });
+
+  it('serve --print-config warns about an unknown MOAT_* variable on stderr, in the line docs/troubleshooting.md shows', async () => {
+    const shown = /^### `(moat: warning: MOAT_DNS_LISTN [^`]*)`$/m.exec(
+      readFileSync(path.join(ROOT, 'docs/troubleshooting.md'), 'utf8'),
+    )?.[1];
+    expect(shown, 'docs/troubleshooting.md has the warning as a heading').toBeDefined();
+    const r = await runMoat(['serve', '--print-config'], {
+      env: { MOAT_DNS_LISTN: '127.0.0.1:1' },
+    });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toBe(`${shown}\n`);
+    expect(JSON.parse(r.stdout)).toMatchObject({ dnsListen: '127.0.0.1:3053' });
+  });
+
+  it.each([
+    [['serve', '--print-config', '--dns-listn', '127.0.0.1:1'], '--dns-listn', '--dns-listen'],
+    [['serve', '--print-config', '--internal-dney=none'], '--internal-dney', '--internal-deny'],
+    [['check', '--polcy', 'p.json', 'x.test'], '--polcy', '--policy'],
+    [['observe', '--verdikt', 'deny'], '--verdikt', '--verdict'],
+  ])('a flag typo (%j) is told the flag it probably meant', async (args, typo, meant) => {
+    const r = await runMoat(args);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`Unknown option '${typo}'; did you mean ${meant}?\n`);
+  });
+
+  it('a flag typo is shown in docs/troubleshooting.md as printed; a flag far from all gets no guess', async () => {
+    const r = await runMoat(['serve', '--dns-listn', '127.0.0.1:1']);
+    const printed = r.stderr.split('\n')[0]!;
+    expect(printed).toBe("moat serve: Unknown option '--dns-listn'; did you mean --dns-listen?");
+    expect(readFileSync(path.join(ROOT, 'docs/troubleshooting.md'), 'utf8')).toContain(
+      `\n### \`${printed}\`\n`,
+    );
+    const far = await runMoat(['serve', '--print-config', '--frobnicate']);
+    expect(far.stderr).toContain("Unknown option '--frobnicate'");
+    expect(far.stderr).not.toContain('did you mean');
   });
 });
 

@@ -1,5 +1,4 @@
 import { createInterface } from 'node:readline';
-import { parseArgs } from 'node:util';
 import type { MoatConfig } from '../config.js';
 import { AnswerCache, HostResolver, UpstreamClient } from '../dns/index.js';
 import {
@@ -14,7 +13,7 @@ import {
   type Policy,
   parseDestination,
 } from '../policy/index.js';
-import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
 
 /** The settings check uses: the internal deny list, the entry limit and the resolver's. */
@@ -205,7 +204,7 @@ function resolverFor(config: MoatConfig): HostResolver {
 }
 
 export async function check(args: string[], io: CliIO): Promise<number> {
-  const { values, positionals } = parseArgs({
+  const { values, positionals } = parseOptions({
     args,
     allowPositionals: true,
     options: {

@@ -1,7 +1,6 @@
-import { parseArgs } from 'node:util';
 import { parseFlowQuery } from '../flows/index.js';
 import { API_HELP, API_OPTIONS, apiFrom, apiGet } from './api-client.js';
-import { type CliIO, EXIT, UsageError } from './io.js';
+import { type CliIO, EXIT, parseOptions, UsageError } from './io.js';
 
 export const OBSERVE_HELP = `Usage: moat observe [options]
 
@@ -58,7 +57,7 @@ export function flowLine(view: View, colour: boolean): string {
 }
 
 export async function observe(args: string[], io: CliIO): Promise<number> {
-  const { values, positionals } = parseArgs({
+  const { values, positionals } = parseOptions({
     args,
     options: {
       sandbox: { type: 'string' },

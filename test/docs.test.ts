@@ -235,7 +235,20 @@ function unlinkedPages(readme: string, pages: string[]): string[] {
   return pages.filter((page) => !linked.has(page));
 }
 
+/** Lines of a markdown's ```sh blocks that run `moat` itself, not through npx. */
+function bareMoatCommands(markdown: string): string[] {
+  return [...markdown.matchAll(/^```sh\n([\s\S]*?)^```$/gm)]
+    .flatMap((block) => block[1]!.split('\n'))
+    .filter((line) => /(^|[|;&(]|&&|\|\|)\s*moat\s/.test(line));
+}
+
 describe('the README as a front door', () => {
+  it('runs moat through npx in every command it shows (npm ci puts no moat on PATH)', () => {
+    expect(bareMoatCommands(readText(path.join(ROOT, 'README.md')))).toEqual([]);
+    const planted = '```sh\nmoat observe\nnpx moat check\nx || moat lint a\n```\n`moat serve`\n';
+    expect(bareMoatCommands(planted)).toEqual(['moat observe', 'x || moat lint a']);
+  });
+
   it('links every docs/ page', () => {
     const pages = readdirSync(path.join(ROOT, 'docs'))
       .filter((name) => name.endsWith('.md'))

@@ -203,6 +203,33 @@ describe('moat serve output', () => {
     await child.stop('SIGTERM');
   });
 
+  it('observe and check --replay-api read the key from the file serve wrote, as serve finds it', async () => {
+    const home = folder();
+    const child = new ServeChild(loopbackServeArgs(path.join(home, 'data'), zone.port));
+    const at = await child.started();
+    const apiUrl = `http://${at.api}`;
+    const policy = open();
+    const clients = [
+      ['observe', '--api', apiUrl, '--json'],
+      ['check', '--policy', policy, '--replay-api', apiUrl],
+    ];
+    for (const args of clients) {
+      // Run where serve ran: its default data folder, ./data.
+      const here = await runMoat(args, { cwd: home });
+      expect(here.code, here.stderr).toBe(0);
+      // Anywhere else, with MOAT_DATA_DIR naming the data folder (as serve reads it).
+      const there = await runMoat(args, { cwd: scratch, env: { MOAT_DATA_DIR: at.dataDir } });
+      expect(there.code, there.stderr).toBe(0);
+      // Where no key file is: the file is named, and how to give a key said.
+      const nowhere = await runMoat(args, { cwd: scratch });
+      expect(nowhere.code).toBe(2);
+      expect(nowhere.stderr).toContain(
+        `no API key: ${path.join(scratch, 'data', 'api-key')}, where moat serve writes it (--data-dir, MOAT_DATA_DIR), does not exist; give --key KEY or --key-file FILE`,
+      );
+    }
+    await child.stop('SIGTERM');
+  });
+
   it.skipIf(redis !== undefined)(
     '/ready answers 503 naming the store while Redis is away, 200 once it is back',
     async () => {

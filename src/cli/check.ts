@@ -31,7 +31,7 @@ import { type ReplayChange, replay } from './replay.js';
 
 export const CHECK_HELP = `Usage: moat check --policy FILE [options] [DEST...]
        moat check --policy FILE --replay FLOWS.jsonl [--sandbox ID] [--json]
-       moat check --policy FILE --replay-api URL (--key KEY | --key-file FILE) [--sandbox ID]
+       moat check --policy FILE --replay-api URL [--key KEY | --key-file FILE] [--sandbox ID]
 
 Decides destinations against a policy file, as Moat would enforce it. Without --resolve it
 touches no network. With no DEST arguments, reads destinations from standard input, one per
@@ -57,7 +57,8 @@ Options:
   --replay FILE             what-if: decide every decision recorded in a flow log (the JSON
                             Lines of --flow-log) under the policy and print what would change
   --replay-api URL          the same for the records a Moat node keeps (GET /flows, the
-                            newest 10,000), with --key KEY or --key-file FILE
+                            newest 10,000), with --key KEY or --key-file FILE (default: the
+                            file moat serve writes, <data-dir>/api-key: data/api-key here)
   --sandbox ID              replay only this sandbox's records
 ${CHECK_CONFIG.help}
   -h, --help                this help
@@ -236,7 +237,7 @@ export async function check(args: string[], io: CliIO): Promise<number> {
   if (values.replay !== undefined || values['replay-api'] !== undefined) {
     if (positionals.length > 0 || values.resolve)
       throw new UsageError('a replay takes no DEST arguments and no --resolve');
-    return replayCommand(policy, values, io);
+    return replayCommand(policy, values, io, config);
   }
   if (values.sandbox !== undefined) throw new UsageError('--sandbox is for --replay');
   const resolver = values.resolve === true ? resolverFor(config) : undefined;
@@ -284,8 +285,9 @@ async function replayCommand(
     json?: boolean;
   },
   io: CliIO,
+  config: MoatConfig,
 ): Promise<number> {
-  const records = await replayRecords(values, io);
+  const records = await replayRecords(values, io, () => config.dataDir);
   if (records === undefined) return EXIT.failed;
   const result = replay(records, policy);
   for (const change of result.changes) {

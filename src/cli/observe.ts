@@ -1,6 +1,6 @@
 import { parseFlowQuery } from '../flows/index.js';
 import { API_HELP, API_OPTIONS, apiFrom, apiGet } from './api-client.js';
-import { type CliIO, EXIT, parseOptions, UsageError } from './io.js';
+import { type CliIO, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 
 export const OBSERVE_HELP = `Usage: moat observe [options]
 
@@ -89,7 +89,7 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
   // The API's own rules, checked here first: a usage error, not a refusal.
   const parsed = parseFlowQuery(params);
   if (!parsed.ok) throw new UsageError(parsed.error.replace(/^sandboxID/, '--sandbox'));
-  const { api, key } = await apiFrom(values);
+  const { api, key } = await apiFrom(values, () => configFrom({}, io).dataDir);
   const colour = !values.json && (io.stdout as { isTTY?: boolean }).isTTY === true;
   const print = (view: View) =>
     io.stdout.write(`${values.json ? JSON.stringify(view) : flowLine(view, colour)}\n`);

@@ -23,13 +23,14 @@ export interface ReplaySource {
 export async function replayRecords(
   source: ReplaySource,
   io: CliIO,
+  dataDir: () => string,
 ): Promise<RecordedDecision[] | undefined> {
   if (source.replay !== undefined && source['replay-api'] !== undefined)
     throw new UsageError('give --replay FILE or --replay-api URL, not both');
   const wanted = (record: RecordedDecision) =>
     source.sandbox === undefined || record.sandboxID === source.sandbox;
   if (source['replay-api'] !== undefined) {
-    const { api, key } = await apiFrom({ ...source, api: source['replay-api'] });
+    const { api, key } = await apiFrom({ ...source, api: source['replay-api'] }, dataDir);
     const query = new URLSearchParams({ limit: String(API_LIMIT) });
     if (source.sandbox !== undefined) query.set('sandboxID', source.sandbox);
     const answer = await apiGet(`${api}/flows?${query}`, key, io, 'moat check');

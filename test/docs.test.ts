@@ -242,7 +242,27 @@ function bareMoatCommands(markdown: string): string[] {
     .filter((line) => /(^|[|;&(]|&&|\|\|)\s*moat\s/.test(line));
 }
 
+/** The README's leak-guard sentences, which docs/secrets.md's threat model says word for word. */
+const LEAK_GUARD =
+  'The leak guard refuses a request carrying a stored secret to a destination whose rule does not bind it, on every request Moat reads (its head: method, target, header fields): plain HTTP through Moat, and TLS Moat intercepts. Over TLS Moat does not intercept, a secret a sandbox holds in plaintext cannot be seen, nor can one in a request body.';
+
+/** Markdown as one line of words (wrapping and indentation ignored). */
+const flat = (markdown: string) => markdown.replace(/\s+/g, ' ');
+
 describe('the README as a front door', () => {
+  it("says what the leak guard refuses and what it cannot see, as docs/secrets.md's threat model does", () => {
+    const secrets = readText(path.join(ROOT, 'docs/secrets.md'));
+    const threatModel = secrets.slice(
+      secrets.indexOf('### Threat model'),
+      secrets.indexOf('### Storage'),
+    );
+    for (const [document, text] of [
+      ['README.md', readText(path.join(ROOT, 'README.md'))],
+      ["docs/secrets.md's threat model", threatModel],
+    ])
+      expect(flat(text!).includes(LEAK_GUARD), `${document} says: ${LEAK_GUARD}`).toBe(true);
+  });
+
   it('runs moat through npx in every command it shows (npm ci puts no moat on PATH)', () => {
     expect(bareMoatCommands(readText(path.join(ROOT, 'README.md')))).toEqual([]);
     const planted = '```sh\nmoat observe\nnpx moat check\nx || moat lint a\n```\n`moat serve`\n';

@@ -5,6 +5,7 @@
  * it is written, and every error names the key and the source at fault.
  */
 import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import type { CIDR, InternalRange, Result } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
 import type { HostPort } from './host-port.js';
@@ -195,6 +196,12 @@ export function loadConfig(sources: ConfigSources = {}): Result<MoatConfig> {
   }
   return { ok: true, value: config as unknown as MoatConfig };
 }
+
+/**
+ * The file the first start writes the API key into when no key is configured, and the one the
+ * API's clients (`moat observe`, `moat check --replay-api`) read when given no key.
+ */
+export const apiKeyFile = (dataDir: string): string => path.resolve(dataDir, 'api-key');
 
 /** What a secret looks like wherever configuration is shown: one mask per value, never text. */
 export const SECRET_MASK = '***';

@@ -1,10 +1,12 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FakeDns } from './support/fake-dns.js';
 import { runMoat } from './support/moat.js';
 
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
 let dir: string;
 const file = (name: string, content: unknown) => {
   const path = join(dir, name);
@@ -35,6 +37,19 @@ describe('moat --help and usage', () => {
     expect(r.code).toBe(0);
     expect(r.stdout).toContain('--policy FILE');
     expect(r.stdout).toContain('--internal-deny');
+  });
+
+  it('check --help and docs/flows.md say where a --replay file comes from, and whose internal deny list decides', async () => {
+    const help = (await runMoat(['check', '--help'])).stdout.replace(/\s+/g, ' ');
+    const flows = readFileSync(join(ROOT, 'docs/flows.md'), 'utf8');
+    const replaySection = flows
+      .slice(flows.indexOf('### What-if replay'), flows.indexOf('## Configuration'))
+      .replace(/\s+/g, ' ');
+    for (const text of [help, replaySection]) {
+      expect(text).toContain('--flow-log FILE');
+      expect(text).toContain('moat observe --json > flows.jsonl');
+      expect(text).toMatch(/--replay-api.*the node's internal deny list/);
+    }
   });
 
   it.each([

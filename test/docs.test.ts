@@ -11,6 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { ESLint } from 'eslint';
 import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
+import { DEFAULT_TIMEOUT } from '../src/sandbox/index.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const SRC = path.join(ROOT, 'src');
@@ -235,7 +236,68 @@ function unlinkedPages(readme: string, pages: string[]): string[] {
   return pages.filter((page) => !linked.has(page));
 }
 
+/** Lines of a markdown's ```sh blocks that run `moat` itself, not through npx. */
+function bareMoatCommands(markdown: string): string[] {
+  return [...markdown.matchAll(/^```sh\n([\s\S]*?)^```$/gm)]
+    .flatMap((block) => block[1]!.split('\n'))
+    .filter((line) => /(^|[|;&(]|&&|\|\|)\s*moat\s/.test(line));
+}
+
+/** The README's leak-guard sentences, which docs/secrets.md's threat model says word for word. */
+const LEAK_GUARD =
+  'The leak guard refuses a request carrying a stored secret to a destination whose rule does not bind it, on every request Moat reads (its head: method, target, header fields): plain HTTP through Moat, and TLS Moat intercepts. Over TLS Moat does not intercept, a secret a sandbox holds in plaintext cannot be seen, nor can one in a request body.';
+
+/** Markdown as one line of words (wrapping and indentation ignored). */
+const flat = (markdown: string) => markdown.replace(/\s+/g, ' ');
+
+/** The ``` blocks of a markdown that make a sandbox but set no lifetime. */
+function createsWithoutTimeout(markdown: string): string[] {
+  return [...markdown.matchAll(/^```[a-z]*\n([\s\S]*?)^```$/gm)]
+    .map((block) => block[1]!)
+    .filter(
+      (code) =>
+        (/Sandbox\.create\(/.test(code) && !/timeoutMs:/.test(code)) ||
+        (/-X POST \S*\/sandboxes\b/.test(code) && !/"timeout":/.test(code)),
+    );
+}
+
 describe('the README as a front door', () => {
+  it("says what the leak guard refuses and what it cannot see, as docs/secrets.md's threat model does", () => {
+    const secrets = readText(path.join(ROOT, 'docs/secrets.md'));
+    const threatModel = secrets.slice(
+      secrets.indexOf('### Threat model'),
+      secrets.indexOf('### Storage'),
+    );
+    for (const [document, text] of [
+      ['README.md', readText(path.join(ROOT, 'README.md'))],
+      ["docs/secrets.md's threat model", threatModel],
+    ])
+      expect(flat(text!).includes(LEAK_GUARD), `${document} says: ${LEAK_GUARD}`).toBe(true);
+  });
+
+  it('sets a lifetime wherever it makes a sandbox, and says the default once, linking operations.md', () => {
+    const readme = readText(path.join(ROOT, 'README.md'));
+    expect(createsWithoutTimeout(readme)).toEqual([]);
+    const planted = [
+      '```ts\nawait Sandbox.create({ network: {} })\n```',
+      '```ts\nawait Sandbox.create({ timeoutMs: 60_000 })\n```',
+      '```sh\ncurl -X POST $API/v2/sandboxes -d \'{"templateID":"base"}\'\n```',
+    ].join('\n');
+    expect(createsWithoutTimeout(planted)).toEqual([
+      'await Sandbox.create({ network: {} })\n',
+      'curl -X POST $API/v2/sandboxes -d \'{"templateID":"base"}\'\n',
+    ]);
+    const said = [...flat(readme).matchAll(/without it a sandbox lives (\d+) s\b.*?\.(?= |$)/g)];
+    expect(said.map((m) => Number(m[1]))).toEqual([DEFAULT_TIMEOUT]);
+    expect(said[0]![0]).toContain('](docs/operations.md#');
+  });
+
+  it('runs moat through npx in every command it shows (npm ci puts no moat on PATH)', () => {
+    expect(bareMoatCommands(readText(path.join(ROOT, 'README.md')))).toEqual([]);
+    const planted = '```sh\nmoat observe\nnpx moat check\nx || moat lint a\n```\n`moat serve`\n';
+    expect(bareMoatCommands(planted)).toEqual(['moat observe', 'x || moat lint a']);
+  });
+
   it('links every docs/ page', () => {
     const pages = readdirSync(path.join(ROOT, 'docs'))
       .filter((name) => name.endsWith('.md'))

@@ -155,6 +155,9 @@ describe('moat serve output', () => {
     expect(child.stderr).toContain(`moat: API key          generated into ${keyFile} `);
     expect(`${child.stdout}${child.stderr}`).not.toContain(at.generatedKey);
     // The misspelt variable is named, with the setting it was probably meant to be.
+    expect(child.stderr).toContain(
+      'moat: warning: MOAT_DNS_LISTN is not a Moat setting and is ignored; did you mean MOAT_DNS_LISTEN?\n',
+    );
     expect(child.logLines().find((l) => l.variable === 'MOAT_DNS_LISTN')).toMatchObject({
       level: 40,
       didYouMean: 'MOAT_DNS_LISTEN',
@@ -175,6 +178,55 @@ describe('moat serve output', () => {
     expect(metrics).toContain(
       `moat_build_info{version="${version}",node_version="${process.version}"} 1`,
     );
+    await child.stop('SIGTERM');
+  });
+
+  it('a key sent as Authorization: Bearer gets a 401 saying the key goes in X-API-Key, never echoing it', async () => {
+    const { child, at } = await startServe();
+    const answer = await fetch(`http://${at.api}/sandboxes`, {
+      headers: { Authorization: `Bearer ${at.generatedKey}` },
+      signal: AbortSignal.timeout(10_000),
+    });
+    const text = await answer.text();
+    expect([answer.status, JSON.parse(text)]).toEqual([
+      401,
+      {
+        code: 401,
+        message:
+          'missing X-API-Key header: the API key goes in the X-API-Key header, not in Authorization',
+      },
+    ]);
+    expect(text).not.toContain(at.generatedKey);
+    // Without any key, the message stays the plain one.
+    const bare = await fetch(`http://${at.api}/sandboxes`, { signal: AbortSignal.timeout(10_000) });
+    expect(await bare.json()).toEqual({ code: 401, message: 'missing X-API-Key header' });
+    await child.stop('SIGTERM');
+  });
+
+  it('observe and check --replay-api read the key from the file serve wrote, as serve finds it', async () => {
+    const home = folder();
+    const child = new ServeChild(loopbackServeArgs(path.join(home, 'data'), zone.port));
+    const at = await child.started();
+    const apiUrl = `http://${at.api}`;
+    const policy = open();
+    const clients = [
+      ['observe', '--api', apiUrl, '--json'],
+      ['check', '--policy', policy, '--replay-api', apiUrl],
+    ];
+    for (const args of clients) {
+      // Run where serve ran: its default data folder, ./data.
+      const here = await runMoat(args, { cwd: home });
+      expect(here.code, here.stderr).toBe(0);
+      // Anywhere else, with MOAT_DATA_DIR naming the data folder (as serve reads it).
+      const there = await runMoat(args, { cwd: scratch, env: { MOAT_DATA_DIR: at.dataDir } });
+      expect(there.code, there.stderr).toBe(0);
+      // Where no key file is: the file is named, and how to give a key said.
+      const nowhere = await runMoat(args, { cwd: scratch });
+      expect(nowhere.code).toBe(2);
+      expect(nowhere.stderr).toContain(
+        `no API key: ${path.join(scratch, 'data', 'api-key')}, where moat serve writes it (--data-dir, MOAT_DATA_DIR), does not exist; give --key KEY or --key-file FILE`,
+      );
+    }
     await child.stop('SIGTERM');
   });
 
@@ -393,6 +445,42 @@ describe('flags, help and environment', () => {
     expect(r.stderr).toContain(
       'moat: warning: MOAT_SOMETHING_ELSE_ENTIRELY is not a Moat setting and is ignored\n',
     );
+  });
+
+  it('serve --print-config warns about an unknown MOAT_* variable on stderr, in the line docs/troubleshooting.md shows', async () => {
+    const shown = /^### `(moat: warning: MOAT_DNS_LISTN [^`]*)`$/m.exec(
+      readFileSync(path.join(ROOT, 'docs/troubleshooting.md'), 'utf8'),
+    )?.[1];
+    expect(shown, 'docs/troubleshooting.md has the warning as a heading').toBeDefined();
+    const r = await runMoat(['serve', '--print-config'], {
+      env: { MOAT_DNS_LISTN: '127.0.0.1:1' },
+    });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toBe(`${shown}\n`);
+    expect(JSON.parse(r.stdout)).toMatchObject({ dnsListen: '127.0.0.1:3053' });
+  });
+
+  it.each([
+    [['serve', '--print-config', '--dns-listn', '127.0.0.1:1'], '--dns-listn', '--dns-listen'],
+    [['serve', '--print-config', '--internal-dney=none'], '--internal-dney', '--internal-deny'],
+    [['check', '--polcy', 'p.json', 'x.test'], '--polcy', '--policy'],
+    [['observe', '--verdikt', 'deny'], '--verdikt', '--verdict'],
+  ])('a flag typo (%j) is told the flag it probably meant', async (args, typo, meant) => {
+    const r = await runMoat(args);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`Unknown option '${typo}'; did you mean ${meant}?\n`);
+  });
+
+  it('a flag typo is shown in docs/troubleshooting.md as printed; a flag far from all gets no guess', async () => {
+    const r = await runMoat(['serve', '--dns-listn', '127.0.0.1:1']);
+    const printed = r.stderr.split('\n')[0]!;
+    expect(printed).toBe("moat serve: Unknown option '--dns-listn'; did you mean --dns-listen?");
+    expect(readFileSync(path.join(ROOT, 'docs/troubleshooting.md'), 'utf8')).toContain(
+      `\n### \`${printed}\`\n`,
+    );
+    const far = await runMoat(['serve', '--print-config', '--frobnicate']);
+    expect(far.stderr).toContain("Unknown option '--frobnicate'");
+    expect(far.stderr).not.toContain('did you mean');
   });
 });
 

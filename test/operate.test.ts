@@ -393,7 +393,7 @@ const ALLOW_ONE = { allowOut: ['allowed.moat.test'], denyOut: ['0.0.0.0/0'] };
 
 describe('moat serve start-up and stop', () => {
   it.each(['SIGTERM', 'SIGINT'] as const)(
-    '%s with a sandbox process running: exit 0, "moat stopped" logged, nothing left behind',
+    '%s with a sandbox process running: exit 0, "moat stopped" logged, no warning, nothing left behind',
     async (signal) => {
       const { child, at } = await startServe();
       const started = child.logLines().find((l) => l.msg === 'moat started');
@@ -424,10 +424,17 @@ describe('moat serve start-up and stop', () => {
       const withMarker = () => hostProcesses().filter((line) => line.includes(marker));
       await expect.poll(() => withMarker().length, { timeout: 5000 }).toBeGreaterThan(0);
 
-      expect(await child.stop(signal)).toEqual({ code: 0, signal: null });
+      // SIGINT as Ctrl-C sends it: to the whole process group, Moat's children in it too.
+      const logged = child.logLines().length;
+      const stopped = signal === 'SIGINT' ? child.interrupt() : child.stop(signal);
+      expect(await stopped).toEqual({ code: 0, signal: null });
       sleeper.close();
       const lines = child.logLines();
       expect(lines.find((l) => l.msg === 'moat stopping')).toMatchObject({ signal });
+      // A clean stop: no helper of Moat's took the signal for itself and ended loudly.
+      const warned = lines.slice(logged).filter((l) => (l.level as number) >= 40);
+      expect(warned, child.output()).toEqual([]);
+      expect(child.output()).not.toMatch(/Traceback|KeyboardInterrupt/);
       expect(
         lines.find((l) => l.msg === 'moat stopped'),
         child.output(),

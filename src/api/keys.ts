@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
-import path from 'node:path';
+import { apiKeyFile } from '../config.js';
 import { sameSecret } from '../same-secret.js';
 
 /** Where the platform API's keys come from, for start-up output (never the keys themselves). */
@@ -22,7 +22,7 @@ export async function loadApiKeys(
   if (configured.length > 0) {
     return { keys: configured, source: 'configuration (MOAT_API_KEYS)', generated: false };
   }
-  const file = path.resolve(dataDir, 'api-key');
+  const file = apiKeyFile(dataDir);
   try {
     const key = (await readFile(file, 'utf8')).trim();
     if (key === '') throw new Error(`${file} is empty; delete it to generate a new key`);

@@ -4,6 +4,7 @@
  */
 import { caRoute } from './routes/ca.js';
 import { flowsRoute } from './routes/flows.js';
+import { internalDenyRoute } from './routes/internal-deny.js';
 import { LIFETIME_ROUTES } from './routes/lifetime.js';
 import { NETWORK_ROUTES } from './routes/network.js';
 import type { PlatformRoute } from './routes/route.js';
@@ -20,5 +21,6 @@ export const ROUTES: readonly PlatformRoute[] = [
   ...USAGE_ROUTES,
   flowsRoute,
   caRoute,
+  internalDenyRoute,
   ...SECRET_ROUTES,
 ];

@@ -75,7 +75,12 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
   const requireKey = async (request: { headers: Record<string, unknown> }) => {
     const given = request.headers['x-api-key'];
     if (typeof given !== 'string' || given === '') {
-      throw new AuthError('missing X-API-Key header');
+      // A key sent the common way (Authorization: Bearer) is told where it goes, not echoed.
+      throw new AuthError(
+        request.headers.authorization === undefined
+          ? 'missing X-API-Key header'
+          : 'missing X-API-Key header: the API key goes in the X-API-Key header, not in Authorization',
+      );
     }
     if (!matches(given)) throw new AuthError('invalid API key');
   };

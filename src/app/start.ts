@@ -462,6 +462,7 @@ export async function startMoat(
       },
       keys: apiKeys.keys,
       caCertificatePem: ca.certificatePem,
+      internalDeny: internal.ranges,
       metrics,
       logger,
       metricsRequireKey: config.metricsRequireKey,

@@ -1,5 +1,6 @@
 /** What `moat observe` and `moat check --replay-api` share: the API key and a checked GET. */
 import { readFile } from 'node:fs/promises';
+import { apiKeyFile } from '../config.js';
 import { type CliIO, UsageError } from './io.js';
 
 export const API_OPTIONS = {
@@ -10,23 +11,30 @@ export const API_OPTIONS = {
 
 export const API_HELP = `  --api URL            the platform API (default http://127.0.0.1:3000)
   --key KEY            its API key
-  --key-file FILE      read the API key from FILE`;
+  --key-file FILE      read the API key from FILE (default: the file moat serve writes,
+                       <data-dir>/api-key: data/api-key here, or under MOAT_DATA_DIR)`;
 
-/** The API's base URL and key from --api, --key and --key-file. */
-export async function apiFrom(values: {
-  api?: string;
-  key?: string;
-  'key-file'?: string;
-}): Promise<{ readonly api: string; readonly key: string }> {
+/**
+ * The API's base URL and key from --api, --key and --key-file; with neither key flag, the key
+ * file `moat serve` writes into `dataDir()` (read only then: the configuration may be unused).
+ */
+export async function apiFrom(
+  values: { api?: string; key?: string; 'key-file'?: string },
+  dataDir: () => string,
+): Promise<{ readonly api: string; readonly key: string }> {
   const api = (values.api ?? 'http://127.0.0.1:3000').replace(/\/+$/, '');
   if (!/^https?:\/\//.test(api)) throw new UsageError(`--api ${api} must be an http(s) URL`);
   if (values.key !== undefined && values['key-file'] !== undefined)
     throw new UsageError('give --key or --key-file, not both');
   if (values.key !== undefined) return { api, key: values.key };
-  const file = values['key-file'];
-  if (file === undefined) throw new UsageError('--key or --key-file is required');
-  const text = await readFile(file, 'utf8').catch((error: Error) => {
-    throw new UsageError(`--key-file ${file}: ${error.message}`);
+  const given = values['key-file'];
+  const file = given ?? apiKeyFile(dataDir());
+  const text = await readFile(file, 'utf8').catch((error: NodeJS.ErrnoException) => {
+    if (given !== undefined) throw new UsageError(`--key-file ${file}: ${error.message}`);
+    const why = error.code === 'ENOENT' ? 'does not exist' : `cannot be read (${error.message})`;
+    throw new UsageError(
+      `no API key: ${file}, where moat serve writes it (--data-dir, MOAT_DATA_DIR), ${why}; give --key KEY or --key-file FILE`,
+    );
   });
   return { api, key: text.trim() };
 }

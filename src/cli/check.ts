@@ -1,5 +1,4 @@
 import { createInterface } from 'node:readline';
-import { parseArgs } from 'node:util';
 import type { MoatConfig } from '../config.js';
 import { AnswerCache, HostResolver, UpstreamClient } from '../dns/index.js';
 import {
@@ -11,10 +10,11 @@ import {
   headerTransformFor,
   type CanonicalName,
   formatDestination,
+  type NetworkRules,
   type Policy,
   parseDestination,
 } from '../policy/index.js';
-import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
 
 /** The settings check uses: the internal deny list, the entry limit and the resolver's. */
@@ -27,12 +27,12 @@ const CHECK_CONFIG = configFlags([
   'dnsMaxTtl',
 ]);
 import { readPolicyFile } from './policy-file.js';
-import { replayRecords } from './replay-source.js';
+import { replayInput, type ReplaySource } from './replay-source.js';
 import { type ReplayChange, replay } from './replay.js';
 
 export const CHECK_HELP = `Usage: moat check --policy FILE [options] [DEST...]
        moat check --policy FILE --replay FLOWS.jsonl [--sandbox ID] [--json]
-       moat check --policy FILE --replay-api URL (--key KEY | --key-file FILE) [--sandbox ID]
+       moat check --policy FILE --replay-api URL [--key KEY | --key-file FILE] [--sandbox ID]
 
 Decides destinations against a policy file, as Moat would enforce it. Without --resolve it
 touches no network. With no DEST arguments, reads destinations from standard input, one per
@@ -55,10 +55,17 @@ Options:
                             with --resolve also "addresses": [{"address","verdict","rule",
                             "list","reason"}] for a name that was looked up, and "intercept":
                             the network.rules key whose headers an allowed name would get
-  --replay FILE             what-if: decide every decision recorded in a flow log (the JSON
-                            Lines of --flow-log) under the policy and print what would change
+  --replay FILE             what-if: decide every decision recorded in a flow log under the
+                            policy and print what would change. The file: the JSON Lines
+                            moat serve writes with --flow-log FILE, or what moat observe
+                            --json > flows.jsonl saves (--limit up to 10000). Decided under
+                            --internal-deny: Moat's default unless given (give the node's,
+                            as its moat serve --print-config shows it)
   --replay-api URL          the same for the records a Moat node keeps (GET /flows, the
-                            newest 10,000), with --key KEY or --key-file FILE
+                            newest 10,000), decided under the node's internal deny list (GET
+                            /internal-deny) unless --internal-deny is given; with --key KEY
+                            or --key-file FILE (default: the file moat serve writes,
+                            <data-dir>/api-key: data/api-key here)
   --sandbox ID              replay only this sandbox's records
 ${CHECK_CONFIG.help}
   -h, --help                this help
@@ -72,7 +79,8 @@ could not be read), 2 on usage errors (an unreadable --replay file among them).
 Examples:
   moat check --policy policies/github.json api.github.com https://example.com/ 10.0.0.1
   moat check --policy open.json --resolve --dns-upstream 127.0.0.1:53 example.com
-  moat check --policy tight.json --replay /var/log/moat/flows.jsonl --sandbox i7x2...`;
+  moat check --policy tight.json --replay /var/log/moat/flows.jsonl --sandbox i7x2...
+  moat check --policy tight.json --replay-api http://127.0.0.1:3000`;
 
 /** A decision as check reports it: the policy's, or a name that did not resolve. */
 type CheckDecision = Omit<Decision, 'list'> & { readonly list: DecisionList | 'unresolved' };
@@ -205,7 +213,7 @@ function resolverFor(config: MoatConfig): HostResolver {
 }
 
 export async function check(args: string[], io: CliIO): Promise<number> {
-  const { values, positionals } = parseArgs({
+  const { values, positionals } = parseOptions({
     args,
     allowPositionals: true,
     options: {
@@ -233,12 +241,12 @@ export async function check(args: string[], io: CliIO): Promise<number> {
     for (const problem of file.problems) io.stderr.write(`${values.policy}: error: ${problem}\n`);
     return EXIT.usage;
   }
-  const policy = compilePolicy(file.rules, compileInternalDenyList(config.internalDeny));
   if (values.replay !== undefined || values['replay-api'] !== undefined) {
     if (positionals.length > 0 || values.resolve)
       throw new UsageError('a replay takes no DEST arguments and no --resolve');
-    return replayCommand(policy, values, io);
+    return replayCommand(file.rules, values, io, config);
   }
+  const policy = compilePolicy(file.rules, compileInternalDenyList(config.internalDeny));
   if (values.sandbox !== undefined) throw new UsageError('--sandbox is for --replay');
   const resolver = values.resolve === true ? resolverFor(config) : undefined;
   let denied = false;
@@ -275,20 +283,15 @@ const shownDestination = ({ name, address, port }: ReplayChange['destination']):
 
 /** `moat check --replay`: what the recorded traffic would meet under the policy. */
 async function replayCommand(
-  policy: Policy,
-  values: {
-    replay?: string;
-    'replay-api'?: string;
-    sandbox?: string;
-    key?: string;
-    'key-file'?: string;
-    json?: boolean;
-  },
+  rules: NetworkRules,
+  values: ReplaySource & { json?: boolean },
   io: CliIO,
+  config: MoatConfig,
 ): Promise<number> {
-  const records = await replayRecords(values, io);
-  if (records === undefined) return EXIT.failed;
-  const result = replay(records, policy);
+  const input = await replayInput(values, io, config);
+  if (input === undefined) return EXIT.failed;
+  const { records, internalDeny } = input;
+  const result = replay(records, compilePolicy(rules, compileInternalDenyList(internalDeny)));
   for (const change of result.changes) {
     if (values.json === true) {
       io.stdout.write(`${JSON.stringify(change)}\n`);

@@ -1,7 +1,6 @@
 import { statSync } from 'node:fs';
-import { parseArgs } from 'node:util';
 import { DEFAULT_API, DEFAULT_KEY_FILE, installPlugin, NETWORK_NAME } from '../cni/index.js';
-import { type CliIO, EXIT, UsageError } from './io.js';
+import { type CliIO, EXIT, parseOptions, UsageError } from './io.js';
 import { readPolicyFile } from './policy-file.js';
 
 export const CNI_HELP = `Usage: moat cni install --bin-dir DIR --conf-dir DIR [options]
@@ -42,7 +41,7 @@ export async function cni(args: string[], io: CliIO): Promise<number> {
     throw new UsageError(
       `unknown subcommand ${JSON.stringify(sub)}: the one there is is "install"`,
     );
-  const { values } = parseArgs({
+  const { values } = parseOptions({
     args: rest,
     options: {
       'bin-dir': { type: 'string' },

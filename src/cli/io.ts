@@ -1,6 +1,8 @@
 import type { Readable, Writable } from 'node:stream';
+import { type ParseArgsConfig, parseArgs } from 'node:util';
 import { type ConfigSources, loadConfig, type MoatConfig } from '../config.js';
 import { SETTINGS } from '../config-settings.js';
+import { didYouMean } from './did-you-mean.js';
 
 export interface CliIO {
   readonly stdin: Readable & { isTTY?: boolean };
@@ -20,6 +22,24 @@ export class UsageError extends Error {}
 const SWITCHES = new Set(
   SETTINGS.filter((s) => s.metavar === 'true|false').map((s) => `--${s.flag}`),
 );
+
+/**
+ * parseArgs, with a misspelt option told the option it probably meant (as a misspelt MOAT_*
+ * variable is): `Unknown option '--dns-listn'; did you mean --dns-listen?`.
+ */
+export function parseOptions<T extends ParseArgsConfig>(
+  config: T,
+): ReturnType<typeof parseArgs<T>> {
+  try {
+    return parseArgs(config);
+  } catch (error) {
+    const given = /^Unknown option '(--[^']+)'/.exec((error as Error).message)?.[1];
+    const known = Object.keys(config.options ?? {}).map((name) => `--${name}`);
+    const meant = given === undefined ? undefined : didYouMean(given, known);
+    if (meant === undefined) throw error;
+    throw new UsageError(`Unknown option '${given}'; did you mean ${meant}?`);
+  }
+}
 
 /** `args` with every bare switch written `--name=true` (parseArgs wants a value for settings). */
 export function switchesFilled(args: readonly string[]): string[] {

@@ -1,6 +1,5 @@
-import { parseArgs } from 'node:util';
 import { compileInternalDenyList, lintPolicy } from '../policy/index.js';
-import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
+import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
 
 /** The settings lint uses: the internal deny list it warns against, and the entry limit. */
@@ -26,7 +25,7 @@ ${LINT_CONFIG.help}
 Exit status: 0 when every file is valid (warnings allowed unless --strict), 2 otherwise.`;
 
 export async function lint(args: string[], io: CliIO): Promise<number> {
-  const { values, positionals } = parseArgs({
+  const { values, positionals } = parseOptions({
     args,
     allowPositionals: true,
     options: {

@@ -1,7 +1,6 @@
-import { parseArgs } from 'node:util';
 import { parseFlowQuery } from '../flows/index.js';
 import { API_HELP, API_OPTIONS, apiFrom, apiGet } from './api-client.js';
-import { type CliIO, EXIT, UsageError } from './io.js';
+import { type CliIO, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 
 export const OBSERVE_HELP = `Usage: moat observe [options]
 
@@ -58,7 +57,7 @@ export function flowLine(view: View, colour: boolean): string {
 }
 
 export async function observe(args: string[], io: CliIO): Promise<number> {
-  const { values, positionals } = parseArgs({
+  const { values, positionals } = parseOptions({
     args,
     options: {
       sandbox: { type: 'string' },
@@ -90,7 +89,7 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
   // The API's own rules, checked here first: a usage error, not a refusal.
   const parsed = parseFlowQuery(params);
   if (!parsed.ok) throw new UsageError(parsed.error.replace(/^sandboxID/, '--sandbox'));
-  const { api, key } = await apiFrom(values);
+  const { api, key } = await apiFrom(values, () => configFrom({}, io).dataDir);
   const colour = !values.json && (io.stdout as { isTTY?: boolean }).isTTY === true;
   const print = (view: View) =>
     io.stdout.write(`${values.json ? JSON.stringify(view) : flowLine(view, colour)}\n`);

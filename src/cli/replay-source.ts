@@ -1,6 +1,11 @@
-/** Where `moat check --replay` reads recorded decisions: a flow log file, or a node's API. */
+/**
+ * Where `moat check --replay` reads recorded decisions, and the internal deny list they are
+ * decided under: a flow log file (and the check's own list), or a node's API (and the node's).
+ */
 import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
+import type { MoatConfig } from '../config.js';
+import { DEFAULT_INTERNAL_DENY, type InternalRange, internalRange } from '../policy/index.js';
 import { apiFrom, apiGet } from './api-client.js';
 import { type CliIO, UsageError } from './io.js';
 import { type RecordedDecision, readRecord } from './replay.js';
@@ -14,32 +19,93 @@ export interface ReplaySource {
   sandbox?: string;
   key?: string;
   'key-file'?: string;
+  /** Given as a flag: a what-if of the list itself, which a node's list does not replace. */
+  'internal-deny'?: string[];
 }
 
+export interface ReplayInput {
+  readonly records: RecordedDecision[];
+  readonly internalDeny: readonly InternalRange[];
+}
+
+const isDefaultList = (ranges: readonly InternalRange[]) =>
+  ranges.length === DEFAULT_INTERNAL_DENY.length &&
+  ranges.every((range, i) => range.entry === DEFAULT_INTERNAL_DENY[i]!.entry);
+
 /**
- * The recorded decisions (of --sandbox, when given), or undefined after saying why they could
- * not be read. Lines that are not flow records are counted and the first one named.
+ * The recorded decisions (of --sandbox, when given) and the internal deny list to decide them
+ * under, or undefined after saying why they could not be read. Lines of a file that are not
+ * flow records are counted and the first one named.
  */
-export async function replayRecords(
+export async function replayInput(
   source: ReplaySource,
   io: CliIO,
-): Promise<RecordedDecision[] | undefined> {
+  config: MoatConfig,
+): Promise<ReplayInput | undefined> {
   if (source.replay !== undefined && source['replay-api'] !== undefined)
     throw new UsageError('give --replay FILE or --replay-api URL, not both');
   const wanted = (record: RecordedDecision) =>
     source.sandbox === undefined || record.sandboxID === source.sandbox;
   if (source['replay-api'] !== undefined) {
-    const { api, key } = await apiFrom({ ...source, api: source['replay-api'] });
+    const { api, key } = await apiFrom(
+      { ...source, api: source['replay-api'] },
+      () => config.dataDir,
+    );
+    const internalDeny =
+      source['internal-deny'] === undefined
+        ? await nodeInternalDeny(api, key, io)
+        : config.internalDeny;
+    if (internalDeny === undefined) return undefined;
     const query = new URLSearchParams({ limit: String(API_LIMIT) });
     if (source.sandbox !== undefined) query.set('sandboxID', source.sandbox);
     const answer = await apiGet(`${api}/flows?${query}`, key, io, 'moat check');
     if (answer === undefined) return undefined;
     const views = (await answer.json()) as unknown[];
-    return views
+    const records = views
       .map((view) => readRecord(view))
       .filter((r): r is RecordedDecision => typeof r === 'object' && wanted(r));
+    return { records, internalDeny };
   }
-  const file = source.replay!;
+  const records = await fileRecords(source.replay!, wanted, io);
+  // A file does not say which list its node enforced: a default one is named as such.
+  if (isDefaultList(config.internalDeny))
+    io.stderr.write(
+      "moat check: the internal deny list is Moat's default; if the node that wrote the records runs another, give it here (--internal-deny, as the node's --print-config shows it), or replay with --replay-api URL, which reads the node's\n",
+    );
+  return { records, internalDeny: config.internalDeny };
+}
+
+/** The node's internal deny list (GET /internal-deny), or undefined after saying why not. */
+async function nodeInternalDeny(
+  api: string,
+  key: string,
+  io: CliIO,
+): Promise<InternalRange[] | undefined> {
+  const answer = await apiGet(`${api}/internal-deny`, key, io, 'moat check');
+  if (answer === undefined) return undefined;
+  const { internalDeny } = (await answer.json()) as {
+    internalDeny: Array<{ entry: string; description: string }>;
+  };
+  const ranges: InternalRange[] = [];
+  for (const { entry, description } of internalDeny) {
+    const range = internalRange(entry, description);
+    if (!range.ok) {
+      io.stderr.write(
+        `moat check: ${api}/internal-deny: ${JSON.stringify(entry)}: ${range.error}\n`,
+      );
+      return undefined;
+    }
+    ranges.push(range.value);
+  }
+  return ranges;
+}
+
+/** The decisions a flow log file records; its other lines are counted, the first one named. */
+async function fileRecords(
+  file: string,
+  wanted: (record: RecordedDecision) => boolean,
+  io: CliIO,
+): Promise<RecordedDecision[]> {
   const records: RecordedDecision[] = [];
   let skipped = 0;
   let first: string | undefined;

@@ -1,5 +1,4 @@
 import path from 'node:path';
-import { parseArgs } from 'node:util';
 import { pino } from 'pino';
 import {
   formatHostPort,
@@ -8,8 +7,12 @@ import {
   SECRET_MASK,
   showConfig,
 } from '../config.js';
-import { type CliIO, configFlags, configFrom, EXIT, UsageError } from './io.js';
-import { unknownEnvironment, unknownEnvironmentMessage } from './unknown-environment.js';
+import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
+import {
+  unknownEnvironment,
+  unknownEnvironmentMessage,
+  warnUnknownEnvironment,
+} from './unknown-environment.js';
 import type { RunningMoat } from '../app/index.js';
 import { VERSION } from '../version.js';
 
@@ -137,7 +140,7 @@ function firstSignal(): Promise<NodeJS.Signals> {
 }
 
 export async function serve(args: string[], io: CliIO): Promise<number> {
-  const { values } = parseArgs({
+  const { values } = parseOptions({
     args,
     options: {
       help: { type: 'boolean', short: 'h' },
@@ -149,6 +152,7 @@ export async function serve(args: string[], io: CliIO): Promise<number> {
     io.stdout.write(`${SERVE_HELP}\n`);
     return EXIT.ok;
   }
+  warnUnknownEnvironment(io);
   const config = configFrom(values, io);
   checkUpstreams(config);
   if (values['print-config']) {

@@ -57,6 +57,8 @@ export class HostWatch implements HostAddresses {
     if (!existsSync(IP)) return this.poll(`${IP} (iproute2) is not installed`);
     const monitor = spawn(IP, ['-o', 'monitor', 'address'], {
       stdio: ['ignore', 'pipe', 'ignore'],
+      // Its own process group: a terminal's Ctrl-C is Moat's to handle, not the monitor's.
+      detached: true,
     });
     this.monitor = monitor;
     // Moat's stop ends it; it alone must not keep a process alive.

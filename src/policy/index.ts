@@ -18,7 +18,12 @@ export {
   type HostAddressOptions,
   type InterfaceAddress,
 } from './host-addresses.js';
-export { DEFAULT_INTERNAL_DENY, type InternalRange, parseInternalDenyList } from './internal.js';
+export {
+  DEFAULT_INTERNAL_DENY,
+  internalRange,
+  type InternalRange,
+  parseInternalDenyList,
+} from './internal.js';
 export { lintPolicy } from './lint.js';
 export {
   compileInternalDenyList,

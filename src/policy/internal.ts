@@ -48,7 +48,8 @@ const DEFAULT_RANGES: ReadonlyArray<readonly [string, string]> = [
   ['ff00::/8', 'multicast (RFC 4291)'],
 ];
 
-const toRange = (entry: string, description: string): Result<InternalRange> => {
+/** One range of a list (a node's, as GET /internal-deny shows it): the entry is a CIDR. */
+export const internalRange = (entry: string, description: string): Result<InternalRange> => {
   const cidr = parseCIDR(entry);
   return cidr.ok ? ok({ cidr: cidr.value, entry, description }) : cidr;
 };
@@ -56,7 +57,7 @@ const toRange = (entry: string, description: string): Result<InternalRange> => {
 /** The default list, as ranges with the registry note each one carries. */
 export const DEFAULT_INTERNAL_DENY: readonly InternalRange[] = DEFAULT_RANGES.map(
   ([entry, description]) => {
-    const range = toRange(entry, description);
+    const range = internalRange(entry, description);
     if (!range.ok) throw new Error(`built-in internal range ${entry}: ${range.error}`);
     return range.value;
   },
@@ -76,7 +77,7 @@ function withoutHole(range: InternalRange, hole: CIDR): InternalRange[] {
     const bit = length - 1;
     sibling[bit >> 5] = (sibling[bit >> 5]! ^ (1 << (31 - (bit & 31)))) >>> 0;
     const text = `${hole.version === 4 ? formatIPv4(sibling[0]!) : formatIPv6(sibling)}/${length}`;
-    const piece = toRange(text, `${range.description}, less ${hole.text}`);
+    const piece = internalRange(text, `${range.description}, less ${hole.text}`);
     if (piece.ok) rest.push(piece.value);
   }
   return rest;
@@ -98,7 +99,7 @@ export function parseInternalDenyList(text: string): Result<InternalRange[]> {
       continue;
     }
     const excluded = entry.startsWith('-');
-    const range = toRange(excluded ? entry.slice(1) : entry, "operator's internal deny list");
+    const range = internalRange(excluded ? entry.slice(1) : entry, "operator's internal deny list");
     if (!range.ok) {
       return err(
         `internal deny list entry ${index} ${JSON.stringify(entry)}: ${range.error}; expected CIDRs, "none", "default" and -CIDR exclusions, separated by commas`,

@@ -32,6 +32,9 @@ export class DirectFlowLog {
   constructor(onFlow: (flow: DirectFlow) => void, onProblem: (message: string) => void) {
     this.child = spawn(PYTHON, ['-I', '-S', '-B', FLOW_LOG, String(FLOW_LOG_GROUP)], {
       stdio: ['pipe', 'pipe', 'pipe'],
+      // Its own process group: a terminal's Ctrl-C reaches Moat, which ends it, not the reader
+      // (Python's KeyboardInterrupt traceback in the middle of a clean stop).
+      detached: true,
     });
     this.child.on('error', (error) => onProblem(`the flow log reader: ${error.message}`));
     this.child.on('exit', (code, signal) => {

@@ -84,7 +84,8 @@ export class NftSession {
   private start(): ChildProcessWithoutNullStreams {
     const shell = ['/bin/sh', '-c', `exec ${NFT} -i 2>&1`];
     const argv = this.netns ? [NSENTER, `--net=${this.netns}`, '--', ...shell] : shell;
-    const child = spawn(argv[0]!, argv.slice(1), { stdio: 'pipe' });
+    // Its own process group: a terminal's Ctrl-C must not end a session Moat's stop still uses.
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: 'pipe', detached: true });
     child.stdout.setEncoding('utf8').on('data', (chunk: string) => this.onOutput(chunk));
     child.stderr.resume();
     child.stdin.on('error', () => undefined);

@@ -8,6 +8,7 @@ import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROUTES } from '../../src/api/routes.js';
 import { unsupportedRoutes } from '../../src/api/routes/unsupported.js';
+import { DEFAULT_INTERNAL_DENY } from '../../src/policy/index.js';
 import { ALL_TRAFFIC_MESSAGE } from '../../src/policy/rules.js';
 import {
   API_KEY,
@@ -54,6 +55,7 @@ const PLATFORM_ROUTES: ReadonlyArray<{ method: string; url: string; body?: objec
   { method: 'GET', url: '/sandboxes/:sandboxID' },
   { method: 'GET', url: '/flows' },
   { method: 'GET', url: '/ca.pem' },
+  { method: 'GET', url: '/internal-deny' },
   { method: 'DELETE', url: '/sandboxes/:sandboxID' },
   { method: 'POST', url: '/sandboxes/:sandboxID/timeout', body: { timeout: 30 } },
   { method: 'POST', url: '/sandboxes/:sandboxID/refreshes', body: { duration: 30 } },
@@ -124,6 +126,27 @@ describe('auth', () => {
     expect(reply.text).toBe(env.moat.ca.certificatePem);
     expect(new X509Certificate(reply.text).ca).toBe(true);
     expect(reply.text).not.toContain('PRIVATE KEY');
+  });
+
+  it("GET /internal-deny serves the node's internal deny list, each range as written with its note", async () => {
+    const reply = await api.get('/internal-deny');
+    expect(reply.status).toBe(200);
+    expect(reply.body).toEqual({
+      internalDeny: DEFAULT_INTERNAL_DENY.map(({ entry, description }) => ({ entry, description })),
+    });
+    const own = await startApiMoat(new Map(), { 'internal-deny': 'default,-198.18.5.0/24' });
+    try {
+      const { internalDeny } = (await own.api.get('/internal-deny')).body as {
+        internalDeny: Array<{ entry: string }>;
+      };
+      expect(internalDeny.map((r) => r.entry)).toEqual(
+        own.moat.internal.ranges.map((r) => r.entry),
+      );
+      expect(internalDeny.map((r) => r.entry)).toContain('198.18.4.0/24');
+      expect(internalDeny.map((r) => r.entry)).not.toContain('198.18.0.0/15');
+    } finally {
+      await own.stop();
+    }
   });
 
   it('requires the key on /metrics when metrics-require-key is set', async () => {

@@ -7,6 +7,9 @@ import { runCli } from '../../src/cli/index.js';
 import type { FlowRecord } from '../../src/flows/index.js';
 import { API_KEY, type ApiMoat, startApiMoat } from '../support/api-client.js';
 
+/** A data folder with no key file: no case reads the key of a Moat run in this checkout. */
+const NO_DATA = path.join(os.tmpdir(), 'moat-observe-no-data-folder');
+
 /** Runs `moat observe` in this process; resolves its exit code and output. */
 async function observe(args: string[]) {
   let stdout = '';
@@ -17,7 +20,7 @@ async function observe(args: string[]) {
     stdin: new PassThrough(),
     stdout: out,
     stderr: err,
-    env: {},
+    env: { MOAT_DATA_DIR: NO_DATA },
   });
   return { code, stdout, stderr };
 }
@@ -95,7 +98,7 @@ describe('moat observe', () => {
     [['--kind', 'udp', '--key', API_KEY], 'kind must be one of'],
     [['--since', 'yesterday', '--key', API_KEY], 'since must be'],
     [['--sandbox', 'a b', '--key', API_KEY], '--sandbox'],
-    [[], '--key or --key-file is required'],
+    [[], `no API key: ${path.join(NO_DATA, 'api-key')}`],
     [['--key', 'k', '--key-file', 'f'], 'not both'],
     [['--key-file', '/nonexistent/key'], '--key-file /nonexistent/key'],
     [['--colour', '--key', API_KEY], 'Unknown option'],

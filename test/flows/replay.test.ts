@@ -315,6 +315,38 @@ describe('moat check --replay', () => {
     expect(refused.code).toBe(1);
   });
 
+  it("--replay-api decides under the node's internal deny list, read from the node", async () => {
+    const keyFile = path.join(dir, 'key');
+    writeFileSync(keyFile, `${API_KEY}\n`);
+    const api = `http://127.0.0.1:${moat.listening.api.port}`;
+    // No --internal-deny: Moat's default list would call the loopback origin "now internal".
+    const result = await runMoat([
+      ...['check', '--policy', candidate, '--replay-api', api, '--key-file', keyFile],
+    ]);
+    expect(result.stdout.trim().split('\n').sort()).toEqual(expected().sort());
+    expect(result.stdout).not.toContain('[internal');
+    expect(result.code).toBe(1);
+    // --internal-deny given: a what-if of the list itself, which wins over the node's.
+    const tighter = await runMoat([
+      ...['check', '--policy', candidate, '--replay-api', api, '--key-file', keyFile],
+      ...['--internal-deny', '127.0.0.0/8'],
+    ]);
+    expect(tighter.stdout).toContain('now [internal 127.0.0.0/8]');
+  });
+
+  it("says when a --replay FILE is decided under the default internal deny list, and how to give the node's", async () => {
+    const result = await runMoat(['check', '--policy', candidate, '--replay', flowLog]);
+    expect(result.stderr).toContain(
+      "moat check: the internal deny list is Moat's default; if the node that wrote the records runs another, give it here (--internal-deny, as the node's --print-config shows it), or replay with --replay-api URL, which reads the node's\n",
+    );
+    // The default list holds loopback, where the test's origin is: decided as internal now.
+    expect(result.stdout).toContain('now [internal 127.0.0.0/8]');
+    const given = await runMoat([
+      ...['check', '--policy', candidate, '--replay', flowLog, '--internal-deny', INTERNAL],
+    ]);
+    expect(given.stderr).not.toContain('internal deny list');
+  });
+
   it('allows what a looser candidate would newly allow; exit 0', async () => {
     const open = path.join(dir, 'open.json');
     writeFileSync(open, '{}');

@@ -9,13 +9,14 @@ export interface RunResult {
   readonly stderr: string;
 }
 
-/** Runs the built `moat` CLI as a child process, optionally feeding standard input. */
+/** Runs the built `moat` CLI as a child process (in `cwd`), optionally feeding standard input. */
 export function runMoat(
   args: string[],
-  options: { input?: string; env?: Record<string, string> } = {},
+  options: { input?: string; env?: Record<string, string>; cwd?: string } = {},
 ): Promise<RunResult> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [MOAT_BIN, ...args], {
+      cwd: options.cwd,
       env: { PATH: process.env.PATH ?? '', ...options.env },
       stdio: ['pipe', 'pipe', 'pipe'],
     });

@@ -51,10 +51,12 @@ export class ServeChild {
       netns === undefined
         ? command
         : ['/usr/bin/nsenter', `--net=/run/netns/${netns}`, '--', ...command];
-    // Only PATH from the environment: no MOAT_* setting of the host leaks in.
+    // Only PATH from the environment: no MOAT_* setting of the host leaks in. Its own process
+    // group, as a shell gives a foreground job: interrupt() signals the group, as Ctrl-C does.
     this.child = spawn(file!, argv, {
       env: { PATH: process.env.PATH ?? '', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
+      detached: true,
     });
     this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => (this.stdout += chunk));
     this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (this.stderr += chunk));
@@ -113,6 +115,19 @@ export class ServeChild {
   /** Sends `signal` and waits (bounded) for the exit. */
   async stop(signal: NodeJS.Signals): Promise<{ code: number | null; signal: string | null }> {
     this.child.kill(signal);
+    return this.exitWithin15s();
+  }
+
+  /**
+   * Ctrl-C in the terminal: SIGINT to the whole process group, Moat and every child it left in
+   * its group, at once; then waits (bounded) for the exit.
+   */
+  async interrupt(): Promise<{ code: number | null; signal: string | null }> {
+    process.kill(-this.child.pid!, 'SIGINT');
+    return this.exitWithin15s();
+  }
+
+  private exitWithin15s(): Promise<{ code: number | null; signal: string | null }> {
     const timeout = sleep(15_000).then(() => ({ code: null, signal: 'still running after 15 s' }));
     return Promise.race([this.exited, timeout]);
   }

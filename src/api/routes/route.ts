@@ -20,6 +20,7 @@ import type {
 import type { JsonSchemaToTsProvider } from '@fastify/type-provider-json-schema-to-ts';
 import type { JSONSchema } from 'json-schema-to-ts';
 import type { FlowStore } from '../../flows/index.js';
+import type { InternalRange } from '../../policy/index.js';
 import type { SandboxService } from '../../sandbox/index.js';
 import type { SecretVault } from '../../secrets/index.js';
 import type { EgressInfo } from '../views.js';
@@ -36,6 +37,8 @@ export interface RouteContext {
   readonly secrets: SecretVault;
   /** This node's egress CA certificate (PEM), served at GET /ca.pem. */
   readonly caCertificatePem: string;
+  /** This node's internal deny list, served at GET /internal-deny. */
+  readonly internalDeny: readonly InternalRange[];
 }
 
 export interface RouteSchema {

@@ -213,8 +213,9 @@ describe('fair shares of the event loop between sandboxes', () => {
     expect(steady.ok).toBeGreaterThan(50);
     expect(heavy.ok / steady.ok).toBeLessThan(2);
     expect(latencies.length).toBeGreaterThan(10);
-    // Unheld, its requests wait only for the loop (the worst allowed more on a loaded machine).
-    expect(percentile(latencies, 90)).toBeLessThan(100);
+    // Unheld, its requests wait only for the loop, never the 250 ms a held request waits (on a
+    // machine at load 7 the loop alone made the 90th percentile 106 ms).
+    expect(percentile(latencies, 90)).toBeLessThan(200);
     expect(Math.max(...latencies)).toBeLessThan(300);
     // Past what its queue holds, the heavy sandbox is told which budget it is over.
     expect(heavy.limited).toBeGreaterThan(0);

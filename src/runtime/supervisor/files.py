@@ -8,7 +8,8 @@ and every change is made relative to an opened folder.
 
 Where a user's own agent may not create what a write asks for (a folder only root may write,
 such as `/` for `/0/file`), Moat asks the root agent to create it for that user (`for`: the
-user's uid and gid), as E2B's envd, which writes as root, does: see new_target.
+user's uid and gid; the path then absolute, since this agent's home is root's), as E2B's envd,
+which writes as root, does: see new_target.
 
 Requests carry a request number `rid`; each gets one reply {"rid", ...} or {"rid", "error":
 {"code", "message"}} where code is an errno name (ENOENT...) or one of `invalid`, `exists`,

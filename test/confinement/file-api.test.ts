@@ -197,6 +197,17 @@ describe.skipIf(skip)(
         '1001:1001 755',
         '1000:1000 644',
       ]);
+      // Root makes no folder inside a folder others may change (the user's, read-only or not):
+      // the user makes its own there. A new file in one is the user's.
+      await shell(target, 'mkdir -m 555 /home/user/closed');
+      await expect(write(target, 'user', '/home/user/closed/new/f.txt', 'x')).rejects.toMatchObject(
+        { code: 'EACCES' },
+      );
+      await write(target, 'user', '/home/user/closed/f.txt', 'x');
+      expect(await owners(target, '/home/user/closed/new', '/home/user/closed/f.txt')).toEqual([
+        'absent',
+        '1000:1000 644',
+      ]);
     });
 
     it('follows no symbolic link: one the user planted, or root’s, refuses the write', async () => {

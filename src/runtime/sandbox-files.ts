@@ -431,8 +431,13 @@ export class SandboxFiles {
           if (owner === undefined || owner.uid === 0) throw error;
           const agent = await rootAgent();
           used.add(agent);
-          // A user's group is its own, numbered as its uid (base-layer.ts).
-          return await staged(agent, { ...request, for: { uid: owner.uid, gid: owner.uid } });
+          // A relative path is in the user's home, not in root's. A user's group is its own,
+          // numbered as its uid (base-layer.ts).
+          return await staged(agent, {
+            ...request,
+            path: path.startsWith('/') ? path : `${owner.home}/${path}`,
+            for: { uid: owner.uid, gid: owner.uid },
+          });
         }
       },
       async commit() {

@@ -32,14 +32,15 @@ afterAll(async () => {
   if (victim) rmSync(victim, { recursive: true, force: true });
 });
 
-/** A whole-file write through the file API as `user`, the way POST /files makes one. */
+/** A whole-file write through the file API as `user`, the way POST /files makes one: the paths
+ * it wrote. */
 async function write(target: RuntimeSandbox, user: string, path: string, text: string) {
   const upload = await target.files.upload(user);
   try {
     const staged = await upload.stage(path, {});
     await staged.write(Buffer.from(text));
     await staged.end();
-    await upload.commit();
+    return await upload.commit();
   } catch (error) {
     await upload.abort();
     throw error;
@@ -149,6 +150,21 @@ describe.skipIf(skip)(
         args: paths,
       }).then((out) => out.trim().split('\n'));
 
+    /** Runs `lines` as a Python program in the sandbox as `user`, with `os`, `time`, the C
+     * library as `libc` and `end` (20 s after its start, a bound for its loops). */
+    const python = (target: RuntimeSandbox, lines: string[], user = 'user') =>
+      runShell(target, 'exec python3 -c "$1"', {
+        user,
+        args: [
+          [
+            'import ctypes, os, time',
+            'libc = ctypes.CDLL(None, use_errno=True)',
+            'end = time.monotonic() + 20',
+            ...lines,
+          ].join('\n'),
+        ],
+      });
+
     it('makes only what is missing and hands it to the user; what exists stays as it is', async () => {
       const target = await harness.sandbox();
       await write(target, 'user', '/0/a/b.txt', 'made for the user');
@@ -179,6 +195,17 @@ describe.skipIf(skip)(
       await write(target, 'user', '/rooted/other/mine.txt', 'mine');
       expect(await owners(target, '/rooted/other', '/rooted/other/mine.txt')).toEqual([
         '1001:1001 755',
+        '1000:1000 644',
+      ]);
+      // Root makes no folder inside a folder others may change (the user's, read-only or not):
+      // the user makes its own there. A new file in one is the user's.
+      await shell(target, 'mkdir -m 555 /home/user/closed');
+      await expect(write(target, 'user', '/home/user/closed/new/f.txt', 'x')).rejects.toMatchObject(
+        { code: 'EACCES' },
+      );
+      await write(target, 'user', '/home/user/closed/f.txt', 'x');
+      expect(await owners(target, '/home/user/closed/new', '/home/user/closed/f.txt')).toEqual([
+        'absent',
         '1000:1000 644',
       ]);
     });
@@ -231,6 +258,79 @@ describe.skipIf(skip)(
       // Everything the writes made lies below /0 and is the user's.
       expect(await shell(target, 'find /0 ! -uid 1000', { user: 'root' })).toBe('');
     }, 30_000);
+
+    it('a relative path is in the user’s home also when root creates it, never in root’s', async () => {
+      const target = await harness.sandbox();
+      // The user's own agent is refused in a home the user made read-only; root's creates.
+      await shell(target, 'chmod 555 /home/user');
+      expect(await write(target, 'user', 'notes.txt', 'for the user')).toEqual([
+        '/home/user/notes.txt',
+      ]);
+      expect(await owners(target, '/home/user/notes.txt', '/root/notes.txt')).toEqual([
+        '1000:1000 644',
+        'absent',
+      ]);
+    });
+
+    it('a folder root makes, swapped in a folder the user may change, never hands over another', async () => {
+      // Two CPUs: the user's exchanger and root's agent run side by side.
+      const target = await harness.sandbox({ cpuCount: 2 });
+      const count = 1500;
+      // The user's folder p holds folders of root's (say, made by a command run as root), each
+      // with a secret: the user may rename them in p but not look inside.
+      await shell(target, 'mkdir -p /home/user/q/p');
+      const secrets = await python(
+        target,
+        [
+          `for i in range(${count}):`,
+          "    os.mkdir(f'/home/user/q/p/v{i}', 0o700)",
+          "    open(f'/home/user/q/p/v{i}/secret', 'w').write('secret')",
+        ],
+        'root',
+      );
+      expect(secrets.stderr).toBe('');
+      // The user holds p open and closes q to itself: its own agent is refused on the way to
+      // p/y<i>, so root's makes y<i>. The moment it appears (still empty), two racers (one may
+      // be off its CPU) each try to rename v<i> over it, before root opens it.
+      const racers = [0, 1].map((racer) =>
+        python(target, [
+          "p = os.open('/home/user/q/p', os.O_PATH)",
+          `open('/home/user/ready${racer}', 'w').close()`,
+          "made, theirs, i, spins = b'y0', b'v0', 0, 0",
+          "while not (spins % 4096 == 0 and os.path.exists('/home/user/stop')) and time.monotonic() < end:",
+          '    spins += 1',
+          '    try:',
+          '        os.lstat(made, dir_fd=p)',
+          '    except FileNotFoundError:',
+          '        continue',
+          '    libc.renameat(p, theirs, p, made)',
+          '    i += 1',
+          "    made, theirs = f'y{i}'.encode(), f'v{i}'.encode()",
+        ]),
+      );
+      const ready = 'test -e /home/user/ready0 && test -e /home/user/ready1';
+      for (let tries = 0; (await runShell(target, ready)).code !== 0;) {
+        expect(++tries).toBeLessThan(100);
+      }
+      await shell(target, 'chmod 0 /home/user/q');
+      const deadline = Date.now() + 15_000;
+      let attempts = 0;
+      for (; attempts < count && Date.now() < deadline; attempts++) {
+        await write(target, 'user', `/home/user/q/p/y${attempts}/f.txt`, 'x').catch(
+          () => undefined,
+        );
+      }
+      await shell(target, 'touch /home/user/stop');
+      for (const racer of racers) expect((await racer).stderr).toBe('');
+      expect(attempts).toBeGreaterThan(100);
+      // Every folder holding a secret is still root's alone.
+      const holders = await shell(
+        target,
+        'cd /home/user/q/p && for s in */secret; do stat -c "%u:%g %a" "${s%/secret}"; done | sort | uniq -c',
+        { user: 'root' },
+      );
+      expect(holders.trim()).toBe(`${count} 0:0 700`);
+    }, 60_000);
   },
 );
 

@@ -8,7 +8,8 @@ and every change is made relative to an opened folder.
 
 Where a user's own agent may not create what a write asks for (a folder only root may write,
 such as `/` for `/0/file`), Moat asks the root agent to create it for that user (`for`: the
-user's uid and gid), as E2B's envd, which writes as root, does: see new_target.
+user's uid and gid; the path then absolute, since this agent's home is root's), as E2B's envd,
+which writes as root, does: see new_target.
 
 Requests carry a request number `rid`; each gets one reply {"rid", ...} or {"rid", "error":
 {"code", "message"}} where code is an errno name (ENOENT...) or one of `invalid`, `exists`,
@@ -472,9 +473,10 @@ class Agent:
 
         Root's power makes only what is missing, and nothing a sandbox process could redirect:
         no symbolic link is followed anywhere in the path (one is refused, EACCES, as the user
-        was), each folder is opened as a real folder, the missing ones are made (0755) and handed
-        to `owner`, and the file must not exist yet (an existing one stays refused: it is not the
-        user's to replace). The commit will not replace a file that appears meanwhile either.
+        was), each folder is opened as a real folder, the missing ones are made (0755, inside
+        folders only root may change: see real_folder) and handed to `owner`, and the file must
+        not exist yet (an existing one stays refused: it is not the user's to replace). The
+        commit will not replace a file that appears meanwhile either.
         """
         parts = [p for p in posixpath.normpath(self.absolute(given)).split('/') if p]
         if not parts:
@@ -512,7 +514,9 @@ class Agent:
 
     def real_folder(self, parent, name):
         """(fd, made) of the folder `name` in `parent`, never through a symbolic link; made
-        (root's, 0755) when it is missing."""
+        (root's, 0755) when it is missing, but only in a parent where no one but root may rename
+        it: between the mkdir and the open, anyone else could rename a folder of their choosing
+        over the new one, which would then be handed over as made."""
 
         def opened():
             how = sysapi.RESOLVE_NO_SYMLINKS | sysapi.RESOLVE_BENEATH
@@ -522,6 +526,11 @@ class Agent:
             return opened(), False
         except FileNotFoundError:
             pass
+        info = os.fstat(parent)
+        # Root's, and writable by no one else, or sticky: the kernel lets no one else move root's
+        # entries out of a sticky folder.
+        if info.st_uid != 0 or (info.st_mode & 0o022 and not info.st_mode & st.S_ISVTX):
+            raise Failure('EACCES', f"root makes no folder in '{self.view_of(parent)}', which others than root may change")
         try:
             os.mkdir(name, 0o755, dir_fd=parent)
         except FileExistsError:

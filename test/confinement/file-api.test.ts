@@ -210,6 +210,27 @@ describe.skipIf(skip)(
       ]);
     });
 
+    it('creates nothing for the user under the system folders, where a file the user may rewrite would run as root', async () => {
+      const target = await harness.sandbox();
+      const planted = [
+        '/etc/ld.so.preload',
+        '/etc/profile.d/p.sh',
+        '/root/.bashrc',
+        '/usr/local/bin/p',
+        '/var/lib/dpkg/p',
+      ];
+      for (const path of planted) {
+        await expect(write(target, 'user', path, 'planted'), path).rejects.toMatchObject({
+          code: 'EACCES',
+          message: expect.stringContaining('outside the system folders'),
+        });
+      }
+      expect(await owners(target, ...planted)).toEqual(planted.map(() => 'absent'));
+      // Outside them, as E2B's own test writes: made for the user.
+      await write(target, 'user', '/srv/made.txt', 'made');
+      expect(await owners(target, '/srv/made.txt')).toEqual(['1000:1000 644']);
+    });
+
     it('follows no symbolic link: one the user planted, or root’s, refuses the write', async () => {
       const target = await harness.sandbox();
       await shell(target, 'ln -s /etc /home/user/etc-link && ln -s /etc/made /home/user/dangling');

@@ -39,6 +39,9 @@ WORKING_EVERY = 1.0
 METADATA_PREFIX = 'user.e2b.'
 TEMPORARY_PREFIX = '.moat-'
 OPEN_PATH = os.O_PATH | os.O_CLOEXEC
+# Where the sandbox's root creates nothing for another user (see FileAgent.new_target).
+SYSTEM_FOLDERS = ('/bin', '/boot', '/etc', '/lib', '/lib32', '/lib64', '/libx32', '/opt', '/root',
+                  '/sbin', '/usr', '/var/lib')
 RESOLVE = sysapi.RESOLVE_IN_ROOT | sysapi.RESOLVE_NO_MAGICLINKS
 
 
@@ -481,6 +484,14 @@ class Agent:
         parts = [p for p in posixpath.normpath(self.absolute(given)).split('/') if p]
         if not parts:
             raise Failure('EISDIR', 'it is a directory')
+        # A file there that its user may rewrite would run as root later (/etc/ld.so.preload,
+        # /etc/profile.d, /root/.bashrc): there, writing as the user means the user's rights.
+        within = '/' + '/'.join(parts)
+        if any(within == folder or within.startswith(folder + '/') for folder in SYSTEM_FOLDERS):
+            raise Failure(
+                'EACCES',
+                f"root creates for the user only outside the system folders ({', '.join(SYSTEM_FOLDERS)}); write there as root",
+            )
         chain = [self.open('/', OPEN_PATH | os.O_DIRECTORY)]
         made = []
         try:

@@ -15,8 +15,7 @@ import {
   type UsageSample,
 } from '../sandbox/index.js';
 import type { FlowTotals } from '../flows/index.js';
-import { flowTotalsSchema } from './routes/flows.js';
-import { errorSchema } from './routes/schemas.js';
+import { errorSchema, flowTotalsSchema } from './routes/schemas.js';
 
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream

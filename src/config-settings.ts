@@ -6,7 +6,7 @@
 import { DEFAULT_MAX_ENTRIES, parseInternalDenyList, type Result } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
 import type { TcpIoSetting } from './proxy/index.js';
-import type { EnforcementSetting, MoatConfig } from './config.js';
+import type { EnforcementSetting, MoatConfig } from './config-shape.js';
 import {
   booleanValue,
   caFile,

@@ -24,7 +24,7 @@ import {
   storeLocation,
   wholeNumber,
 } from './config-values.js';
-import { formatHostPort } from './host-port.js';
+import { formatHostPort } from './net/index.js';
 import { IDS_PER_SANDBOX, MAX_BANDWIDTH_MBPS } from './runtime/index.js';
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];

@@ -5,7 +5,7 @@
  */
 import type { CIDR, InternalRange } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
-import type { HostPort } from './host-port.js';
+import type { HostPort } from './net/index.js';
 import type { TcpIoSetting } from './proxy/index.js';
 import type { IdRangeSetting } from './runtime/index.js';
 

@@ -454,7 +454,7 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
     expect(
       await lint(
         planted,
-        "export { a } from '../connect.js';\nexport { b } from '../../runtime/index.js';\nexport { c } from '../../http-answers.js';\n",
+        "export { a } from '../connect.js';\nexport { b } from '../../runtime/index.js';\nexport { c } from '../../config.js';\n",
       ),
     ).toEqual([]);
   });

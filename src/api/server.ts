@@ -21,7 +21,7 @@ import type { PlatformRoute, RouteContext, RouteHooks } from './routes/route.js'
 import { ROUTES } from './routes.js';
 import { unsupportedRoutes } from './routes/unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
-import { errorBody } from '../http-answers.js';
+import { errorBody } from '../e2b-wire/index.js';
 
 /** How requests find the node that must carry them out, when many nodes share a store. */
 export interface ApiRouting {

@@ -6,7 +6,7 @@ import {
   overlappingListenerGuards,
   removeListenerGuard,
 } from '../enforce/index.js';
-import { listenFailure } from '../listen-failure.js';
+import { listenFailure } from '../net/index.js';
 import { listNftTables, NftSession, type SandboxRuntime } from '../runtime/index.js';
 
 export interface Listening {

@@ -62,8 +62,8 @@ import { nodeIdentity, openStore } from './store.js';
 import { openFileLimit, openFileWarning, sandboxConnectionShare } from './open-files.js';
 import { notReady } from './readiness.js';
 import { watchAdoptedNamespaces } from './adopted-namespaces.js';
-import { VERSION } from '../version.js';
-import { warnEvery } from '../warn-every.js';
+import { VERSION } from '../process/index.js';
+import { warnEvery } from '../log/index.js';
 
 export interface RunningMoat {
   readonly config: MoatConfig;

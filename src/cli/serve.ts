@@ -14,7 +14,7 @@ import {
   warnUnknownEnvironment,
 } from './unknown-environment.js';
 import type { RunningMoat } from '../app/index.js';
-import { VERSION } from '../version.js';
+import { VERSION } from '../process/index.js';
 
 /** Every setting is a flag of serve. */
 const SERVE_CONFIG = configFlags();

@@ -9,7 +9,7 @@ import {
   type HeaderTransform,
   type IPAddress,
 } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import {
   type Connected,
   type Dialer,

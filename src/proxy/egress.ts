@@ -33,7 +33,7 @@ import {
 import { Interceptor } from './intercept.js';
 import type { ProxyOptions } from './options.js';
 import { flowAsk } from './tunnels.js';
-import type { HostPort } from '../host-port.js';
+import type { HostPort } from '../net/index.js';
 
 /** Where a proxy listener binds. */
 export type ProxyListen = HostPort;

@@ -12,7 +12,7 @@ import {
   type HeaderTransform,
   secretPlaceholder,
 } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
 import type { Dialled, Refusal, Target } from './dial.js';
 import type { HeaderInjection, ProxyOptions } from './options.js';

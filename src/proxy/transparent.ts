@@ -9,7 +9,7 @@ import {
   parseAuthority,
   parseIP,
 } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import { type Dialled, type Refusal, type Target, tunnelSocket } from './dial.js';
 import { interceptorFor, type ProxyListen } from './egress.js';
 import type { ProxyOptions } from './options.js';

@@ -204,7 +204,7 @@ function folderTable(document: string, markdown: string): Map<string, Set<string
   for (const [, folder, rest] of section.matchAll(/^\| *`(src\/[^`]*)` *\|(.*)\|\s*$/gm)) {
     const cells = rest!.split('|');
     const last = cells[cells.length - 1]!.trim();
-    const parts = last === 'none' ? [] : [...last.matchAll(/`([a-z-]+)`/g)].map((m) => m[1]!);
+    const parts = last === 'none' ? [] : [...last.matchAll(/`([a-z0-9-]+)`/g)].map((m) => m[1]!);
     table.set(folder!, new Set(parts));
   }
   return table;
@@ -435,7 +435,10 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
         'src/planted.ts',
         "import type { T } from './sandbox/index.js';\nexport type U = T;\n",
       ),
-    ).toEqual([expect.stringMatching(/may import only dns, policy, proxy, runtime/)]);
+    ).toEqual([expect.stringMatching(/may import only dns, net, policy, proxy, runtime/)]);
+    expect(await lint('src/net/planted.ts', "export { x } from '../runtime/index.js';\n")).toEqual([
+      expect.stringMatching(/src\/net\/ may import no other part \(ARCHITECTURE\.md/),
+    ]);
     // What the table allows passes.
     expect(await lint('src/proxy/planted.ts', "export { x } from '../dns/index.js';\n")).toEqual(
       [],
@@ -448,7 +451,9 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
       expect.stringMatching(/^no-restricted-imports: .*through its face/),
     ]);
     expect(await lint(planted, "export { x } from '../../proxy/index.js';\n")).toEqual([
-      expect.stringMatching(/src\/envd\/ may import only runtime \(ARCHITECTURE\.md/),
+      expect.stringMatching(
+        /src\/envd\/ may import only e2b-wire, net, runtime, secret-compare \(ARCHITECTURE\.md/,
+      ),
     ]);
     // Its own part's files, a permitted face and the top-level files pass.
     expect(

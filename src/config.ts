@@ -11,7 +11,6 @@ import { SETTINGS } from './config-settings.js';
 import type { MoatConfig } from './config-shape.js';
 
 export type { EnforcementSetting, MoatConfig } from './config-shape.js';
-export { formatHostPort, type HostPort } from './net/index.js';
 
 export interface ConfigSources {
   /** Values given as command-line flags, by flag name (without dashes). */

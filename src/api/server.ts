@@ -11,7 +11,7 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import type { Logger } from 'pino';
-import type { HostPort } from '../config.js';
+import type { HostPort } from '../net/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
 import { registerConsole } from './console.js';

@@ -3,7 +3,7 @@
  * reference service and its SDK use them) and their JSON schemas, which both serialise the
  * replies and document them in /openapi.json.
  */
-import { formatHostPort, type HostPort } from '../config.js';
+import { formatHostPort, type HostPort } from '../net/index.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import {
   type BandwidthSettings,

@@ -8,7 +8,8 @@ import os from 'node:os';
 import type { Logger } from 'pino';
 import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
 import { Cluster } from '../cluster/index.js';
-import { type HostPort, type MoatConfig } from '../config.js';
+import type { MoatConfig } from '../config.js';
+import type { HostPort } from '../net/index.js';
 import {
   AnswerCache,
   DnsInterceptor,

@@ -13,7 +13,6 @@ export { TunnelRegistry } from './tunnels.js';
 export {
   NOT_RUNNING,
   type RoutedSandbox,
-  SANDBOX_API_PORT,
   SandboxRouter,
   type SandboxRouterOptions,
 } from './sandbox-router.js';

@@ -14,8 +14,6 @@ import { SANDBOX_API_PORT, sendSandboxError, sendSignatureRefused } from '../e2b
 import type { IngressProxy, IngressTarget } from './ingress.js';
 import type { HostPort } from '../net/index.js';
 
-export { SANDBOX_API_PORT } from '../e2b-wire/index.js';
-
 /** What the router must know of a sandbox to route to it. */
 export interface RoutedSandbox {
   readonly sandboxID: string;

@@ -3,7 +3,7 @@
  * the messages the load client takes and answers over IPC, an incremental HTTP/1.1 response
  * reader for the load client, and percentiles.
  */
-import type { HostPort } from '../src/host-port.js';
+import type { HostPort } from '../src/net/index.js';
 
 /** The name every proxy is asked for; Moat's fake DNS and squid's hosts_file map it. */
 export const ORIGIN_NAME = 'origin.bench.test';

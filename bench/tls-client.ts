@@ -25,7 +25,7 @@ import {
   type Trust,
 } from './tls-common.js';
 import { endWithParent } from './lib/procs.js';
-import type { HostPort } from '../src/host-port.js';
+import type { HostPort } from '../src/net/index.js';
 
 const SOCKET_TIMEOUT_MS = 5000;
 /** After this many errors a job stops early (something is broken; no point hammering on). */

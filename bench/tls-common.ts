@@ -2,7 +2,7 @@
  * Shared pieces of `npm run bench:tls`: the names every process agrees on, the origin's
  * address, and the jobs the load client takes over IPC.
  */
-import type { HostPort } from '../src/host-port.js';
+import type { HostPort } from '../src/net/index.js';
 
 /** The domain of the benchmark; a name below `bump.` has a header rule, below `tunnel.` none. */
 const DOMAIN = 'tls-bench.test';

@@ -77,7 +77,7 @@ import {
   TUNNEL_NAME,
   TUNNEL_SUFFIX,
 } from './tls-common.js';
-import type { HostPort } from '../src/host-port.js';
+import type { HostPort } from '../src/net/index.js';
 
 type Mode = 'moat' | 'squid';
 const MODES: readonly Mode[] = ['moat', 'squid'];

@@ -6,7 +6,7 @@
 import { DEFAULT_MAX_ENTRIES, parseInternalDenyList, type Result } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
 import type { TcpIoSetting } from './proxy/index.js';
-import type { EnforcementSetting, MoatConfig } from './config.js';
+import type { EnforcementSetting, MoatConfig } from './config-shape.js';
 import {
   booleanValue,
   caFile,
@@ -24,7 +24,7 @@ import {
   storeLocation,
   wholeNumber,
 } from './config-values.js';
-import { formatHostPort } from './host-port.js';
+import { formatHostPort } from './net/index.js';
 import { IDS_PER_SANDBOX, MAX_BANDWIDTH_MBPS } from './runtime/index.js';
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];

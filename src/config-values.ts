@@ -5,7 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { type CIDR, parseCIDR, parseIP, type Result } from './policy/index.js';
-import { formatHostPort, type HostPort } from './host-port.js';
+import { formatHostPort, type HostPort } from './net/index.js';
 import { type IdRangeSetting, IDS_PER_SANDBOX } from './runtime/index.js';
 
 /** A file path, or "off" (undefined). */

@@ -142,6 +142,40 @@ function boundaryViolations(file: string, source: string): string[] {
 }
 
 const SOURCES = sourceFiles(SRC).map((file) => ({ file, source: readText(file) }));
+
+/**
+ * The file-level import graph of src/: each file (repository path) -> the files of src/ it
+ * imports relatively. Type-only imports count: erased at run time, they still tie the two files
+ * together for whoever reads or moves them.
+ */
+function fileImports(sources: readonly { file: string; source: string }[]): Map<string, string[]> {
+  const known = new Set(sources.map(({ file }) => file));
+  return new Map(
+    sources.map(({ file, source }) => [
+      rel(file),
+      importsOf(file, source)
+        .map((i) => path.resolve(path.dirname(file), i.specifier).replace(/\.js$/, '.ts'))
+        .filter((target) => known.has(target))
+        .map(rel),
+    ]),
+  );
+}
+
+/** Every cycle a depth-first walk of `graph` meets, each written `a -> b -> a`. */
+function cycles(graph: ReadonlyMap<string, Iterable<string>>): string[] {
+  const state = new Map<string, 'visiting' | 'done'>();
+  const found: string[] = [];
+  const visit = (node: string, trail: string[]) => {
+    if (state.get(node) === 'done') return;
+    if (state.get(node) === 'visiting')
+      return void found.push([...trail.slice(trail.indexOf(node)), node].join(' -> '));
+    state.set(node, 'visiting');
+    for (const next of graph.get(node) ?? []) visit(next, [...trail, node]);
+    state.set(node, 'done');
+  };
+  for (const node of [...graph.keys()].sort()) visit(node, []);
+  return found;
+}
 const TOP_LEVEL = 'src/*.ts';
 
 /** For each folder of src/ (and the top-level files), the parts its files import. */
@@ -170,7 +204,7 @@ function folderTable(document: string, markdown: string): Map<string, Set<string
   for (const [, folder, rest] of section.matchAll(/^\| *`(src\/[^`]*)` *\|(.*)\|\s*$/gm)) {
     const cells = rest!.split('|');
     const last = cells[cells.length - 1]!.trim();
-    const parts = last === 'none' ? [] : [...last.matchAll(/`([a-z-]+)`/g)].map((m) => m[1]!);
+    const parts = last === 'none' ? [] : [...last.matchAll(/`([a-z0-9-]+)`/g)].map((m) => m[1]!);
     table.set(folder!, new Set(parts));
   }
   return table;
@@ -330,6 +364,23 @@ describe('import boundaries', () => {
     expect(problems, problems.join('\n')).toEqual([]);
   });
 
+  it('no file of src/ imports itself back through another (type-only imports count)', () => {
+    const found = cycles(fileImports(SOURCES));
+    expect(found, found.join('\n')).toEqual([]);
+  });
+
+  it('names each file-level cycle it finds', () => {
+    const planted = [
+      { file: path.join(SRC, 'proxy', 'a.ts'), source: "import type { B } from './b.js';" },
+      { file: path.join(SRC, 'proxy', 'b.ts'), source: "export { c } from '../c.js';" },
+      { file: path.join(SRC, 'c.ts'), source: "import { a } from './proxy/a.js';" },
+      { file: path.join(SRC, 'd.ts'), source: "import { c } from './c.js';" },
+    ];
+    expect(cycles(fileImports(planted))).toEqual([
+      'src/c.ts -> src/proxy/a.ts -> src/proxy/b.ts -> src/c.ts',
+    ]);
+  });
+
   it('every part has a face', () => {
     const missing = [...importedParts().keys()]
       .filter((folder) => folder !== TOP_LEVEL && !existsSync(path.join(ROOT, folder, 'index.ts')))
@@ -384,7 +435,10 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
         'src/planted.ts',
         "import type { T } from './sandbox/index.js';\nexport type U = T;\n",
       ),
-    ).toEqual([expect.stringMatching(/may import only dns, policy, proxy, runtime/)]);
+    ).toEqual([expect.stringMatching(/may import only dns, net, policy, proxy, runtime/)]);
+    expect(await lint('src/net/planted.ts', "export { x } from '../runtime/index.js';\n")).toEqual([
+      expect.stringMatching(/src\/net\/ may import no other part \(ARCHITECTURE\.md/),
+    ]);
     // What the table allows passes.
     expect(await lint('src/proxy/planted.ts', "export { x } from '../dns/index.js';\n")).toEqual(
       [],
@@ -397,13 +451,15 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
       expect.stringMatching(/^no-restricted-imports: .*through its face/),
     ]);
     expect(await lint(planted, "export { x } from '../../proxy/index.js';\n")).toEqual([
-      expect.stringMatching(/src\/envd\/ may import only runtime \(ARCHITECTURE\.md/),
+      expect.stringMatching(
+        /src\/envd\/ may import only e2b-wire, net, runtime, secret-compare \(ARCHITECTURE\.md/,
+      ),
     ]);
     // Its own part's files, a permitted face and the top-level files pass.
     expect(
       await lint(
         planted,
-        "export { a } from '../connect.js';\nexport { b } from '../../runtime/index.js';\nexport { c } from '../../http-answers.js';\n",
+        "export { a } from '../connect.js';\nexport { b } from '../../runtime/index.js';\nexport { c } from '../../config.js';\n",
       ),
     ).toEqual([]);
   });
@@ -413,17 +469,8 @@ describe('the import-boundary lint rule (eslint.config.js, from ARCHITECTURE.md)
     const imports = new Map(
       [...table].map(([folder, parts]) => [folder.replace(/^src\/|\/$/g, ''), parts]),
     );
-    const state = new Map<string, 'visiting' | 'done'>();
-    const cycles: string[] = [];
-    const visit = (part: string, trail: string[]) => {
-      if (state.get(part) === 'done') return;
-      if (state.get(part) === 'visiting') return void cycles.push([...trail, part].join(' -> '));
-      state.set(part, 'visiting');
-      for (const next of imports.get(part) ?? []) visit(next, [...trail, part]);
-      state.set(part, 'done');
-    };
-    for (const part of imports.keys()) visit(part, []);
-    expect(cycles, cycles.join('\n')).toEqual([]);
+    const found = cycles(imports);
+    expect(found, found.join('\n')).toEqual([]);
   });
 });
 

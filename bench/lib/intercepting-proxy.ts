@@ -21,7 +21,7 @@ import {
   TransparentProxy,
   TunnelRegistry,
 } from '../../src/proxy/index.js';
-import type { HostPort } from '../../src/host-port.js';
+import type { HostPort } from '../../src/net/index.js';
 
 export interface InterceptingProxyOptions {
   /** Names Moat resolves, to their addresses (no DNS is asked). */

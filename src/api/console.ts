@@ -8,8 +8,8 @@ import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import { packageRoot } from '../package-root.js';
-import { errorBody } from '../http-answers.js';
+import { packageRoot } from '../process/index.js';
+import { errorBody } from '../e2b-wire/index.js';
 
 export const CONSOLE_PATH = '/ui/';
 

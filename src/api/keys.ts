@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 import { apiKeyFile } from '../config.js';
-import { sameSecret } from '../same-secret.js';
+import { sameSecret } from '../secret-compare/index.js';
 
 /** Where the platform API's keys come from, for start-up output (never the keys themselves). */
 export interface ApiKeys {

@@ -11,7 +11,7 @@ import Fastify, {
   LogController,
 } from 'fastify';
 import type { Logger } from 'pino';
-import type { HostPort } from '../config.js';
+import type { HostPort } from '../net/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
 import { registerConsole } from './console.js';
@@ -21,7 +21,7 @@ import type { PlatformRoute, RouteContext, RouteHooks } from './routes/route.js'
 import { ROUTES } from './routes.js';
 import { unsupportedRoutes } from './routes/unsupported.js';
 import { schemaErrorFormatter, validatorCompiler } from './validation.js';
-import { errorBody } from '../http-answers.js';
+import { errorBody } from '../e2b-wire/index.js';
 
 /** How requests find the node that must carry them out, when many nodes share a store. */
 export interface ApiRouting {

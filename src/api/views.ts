@@ -3,7 +3,7 @@
  * reference service and its SDK use them) and their JSON schemas, which both serialise the
  * replies and document them in /openapi.json.
  */
-import { formatHostPort, type HostPort } from '../config.js';
+import { formatHostPort, type HostPort } from '../net/index.js';
 import type { EnforcementMode } from '../runtime/index.js';
 import {
   type BandwidthSettings,
@@ -15,8 +15,7 @@ import {
   type UsageSample,
 } from '../sandbox/index.js';
 import type { FlowTotals } from '../flows/index.js';
-import { flowTotalsSchema } from './routes/flows.js';
-import { errorSchema } from './routes/schemas.js';
+import { errorSchema, flowTotalsSchema } from './routes/schemas.js';
 
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream

@@ -2,7 +2,8 @@
 import type { Logger } from 'pino';
 import type { ApiRouting } from '../api/index.js';
 import { Cluster, type NodeInfo } from '../cluster/index.js';
-import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
+import type { MoatConfig } from '../config.js';
+import { formatHostPort, type HostPort } from '../net/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import {
   NETWORK_ONLY,

@@ -1,12 +1,12 @@
 /** Moat's listeners: where each ended up, binding with errors that name it, and their guard. */
-import { formatHostPort, type HostPort, type MoatConfig } from '../config.js';
+import type { MoatConfig } from '../config.js';
 import {
   listenerGuardRuleset,
   listenerGuardTable,
   overlappingListenerGuards,
   removeListenerGuard,
 } from '../enforce/index.js';
-import { listenFailure } from '../listen-failure.js';
+import { formatHostPort, type HostPort, listenFailure } from '../net/index.js';
 import { listNftTables, NftSession, type SandboxRuntime } from '../runtime/index.js';
 
 export interface Listening {

@@ -5,7 +5,8 @@
 import { createHash } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import type { Logger } from 'pino';
-import type { HostPort, MoatConfig } from '../config.js';
+import type { MoatConfig } from '../config.js';
+import type { HostPort } from '../net/index.js';
 import type { DnsInterceptor } from '../dns/index.js';
 import type { FlowRecorder } from '../flows/index.js';
 import {

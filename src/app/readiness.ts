@@ -3,7 +3,7 @@
  * listener is left out (it is answering the question).
  */
 import net from 'node:net';
-import { formatHostPort, type HostPort } from '../config.js';
+import { formatHostPort, type HostPort } from '../net/index.js';
 import type { Store } from '../store/index.js';
 
 const PROBE_TIMEOUT_MS = 1000;

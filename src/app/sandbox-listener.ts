@@ -15,8 +15,8 @@ import {
   type SandboxError,
   type SandboxService,
 } from '../sandbox/index.js';
-import { sendSandboxError } from '../http-answers.js';
-import type { HostPort } from '../host-port.js';
+import { sendSandboxError } from '../e2b-wire/index.js';
+import type { HostPort } from '../net/index.js';
 
 interface HostedSandbox extends RoutedSandbox {
   /** Its sandbox API; a network-only sandbox has none, only why (answered with 501). */

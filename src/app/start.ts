@@ -8,7 +8,8 @@ import os from 'node:os';
 import type { Logger } from 'pino';
 import { type ApiKeys, createPlatformApi, listenApi, loadApiKeys } from '../api/index.js';
 import { Cluster } from '../cluster/index.js';
-import { type HostPort, type MoatConfig } from '../config.js';
+import type { MoatConfig } from '../config.js';
+import type { HostPort } from '../net/index.js';
 import {
   AnswerCache,
   DnsInterceptor,
@@ -62,8 +63,8 @@ import { nodeIdentity, openStore } from './store.js';
 import { openFileLimit, openFileWarning, sandboxConnectionShare } from './open-files.js';
 import { notReady } from './readiness.js';
 import { watchAdoptedNamespaces } from './adopted-namespaces.js';
-import { VERSION } from '../version.js';
-import { warnEvery } from '../warn-every.js';
+import { VERSION } from '../process/index.js';
+import { warnEvery } from '../log/index.js';
 
 export interface RunningMoat {
   readonly config: MoatConfig;

@@ -8,7 +8,7 @@ import { type CliIO, EXIT, switchesFilled, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
 import { OBSERVE_HELP, observe } from './observe.js';
 import { SERVE_HELP, serve } from './serve.js';
-import { VERSION } from '../version.js';
+import { VERSION } from '../process/index.js';
 
 const COMMANDS: Record<
   string,

@@ -1,12 +1,6 @@
 import path from 'node:path';
 import { pino } from 'pino';
-import {
-  formatHostPort,
-  type HostPort,
-  type MoatConfig,
-  SECRET_MASK,
-  showConfig,
-} from '../config.js';
+import { type MoatConfig, SECRET_MASK, showConfig } from '../config.js';
 import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import {
   unknownEnvironment,
@@ -14,7 +8,8 @@ import {
   warnUnknownEnvironment,
 } from './unknown-environment.js';
 import type { RunningMoat } from '../app/index.js';
-import { VERSION } from '../version.js';
+import { formatHostPort, type HostPort } from '../net/index.js';
+import { VERSION } from '../process/index.js';
 
 /** Every setting is a flag of serve. */
 const SERVE_CONFIG = configFlags();

@@ -12,7 +12,7 @@
  * enforced within milliseconds even while the owner is busy.
  */
 import type { Redis } from 'ioredis';
-import type { HostPort } from '../host-port.js';
+import type { HostPort } from '../net/index.js';
 
 export interface NodeInfo {
   readonly id: string;

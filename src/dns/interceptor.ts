@@ -1,7 +1,7 @@
 import net from 'node:net';
 import type { Logger } from 'pino';
-import { warnEvery } from '../warn-every.js';
-import { listenFailure } from '../listen-failure.js';
+import { warnEvery } from '../log/index.js';
+import { type HostPort, listenFailure } from '../net/index.js';
 import type {
   ConnectionBudget,
   EnforcedSandbox,
@@ -37,7 +37,6 @@ import {
   TYPE,
   udpLimit,
 } from './wire.js';
-import type { HostPort } from '../host-port.js';
 
 export interface DnsInterceptorOptions {
   readonly listen: HostPort;

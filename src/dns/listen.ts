@@ -1,5 +1,5 @@
 import net from 'node:net';
-import type { HostPort } from '../host-port.js';
+import type { HostPort } from '../net/index.js';
 
 /** Starts a server on an address; resolves to the bound port (useful when 0 was asked for). */
 export function listenOn(server: net.Server, address: HostPort): Promise<number> {

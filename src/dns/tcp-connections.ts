@@ -6,7 +6,7 @@
  */
 import type net from 'node:net';
 import type { ConnectionBudget } from '../enforce/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 
 /**
  * TCP connections one sandbox (or one unknown source) may hold at once, within its budget of

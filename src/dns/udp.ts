@@ -1,6 +1,6 @@
 import dgram from 'node:dgram';
 import net from 'node:net';
-import { type LoadedAddon, loadAddon } from '../native-addon.js';
+import { type LoadedAddon, loadAddon } from '../process/index.js';
 import { parseIP } from '../policy/index.js';
 
 /**

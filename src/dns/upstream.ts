@@ -2,7 +2,7 @@ import { randomInt } from 'node:crypto';
 import dgram from 'node:dgram';
 import net from 'node:net';
 import { answersQuestion, encodeUpstreamQuery, isTruncated } from './wire.js';
-import type { HostPort } from '../host-port.js';
+import type { HostPort } from '../net/index.js';
 
 export interface UpstreamOptions {
   /** Total time for one question across every resolver and retry. */

@@ -1,6 +1,6 @@
 import { type Destination, type IPAddress, matchName, type Policy } from '../policy/index.js';
 import { LearnedAddressTable } from './learned.js';
-import { matchesDigest, secretDigest } from '../same-secret.js';
+import { matchesDigest, secretDigest } from '../secret-compare/index.js';
 
 /**
  * The operator's SOCKS5 proxy that a sandbox's allowed TCP is tunnelled through (E2B's

@@ -5,8 +5,8 @@
  * big-endian length and JSON; the stream ends with flag 0x02 holding `{}` or `{"error": ...}`).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { drainedOrClosed } from '../drained.js';
-import { sendJson } from '../http-answers.js';
+import { drainedOrClosed } from '../net/index.js';
+import { sendJson } from '../e2b-wire/index.js';
 
 export type ConnectCode =
   | 'canceled'

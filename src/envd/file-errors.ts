@@ -6,7 +6,7 @@
 import { FileAgentError, RoleStalled } from '../runtime/index.js';
 import { type ConnectCode, ConnectError } from './connect.js';
 import type { CallContext } from './context.js';
-import { sendSandboxError } from '../http-answers.js';
+import { sendSandboxError } from '../e2b-wire/index.js';
 
 /** A Connect error that also knows its /files HTTP status (the REST routes need both). */
 export class FileError extends ConnectError {

@@ -3,7 +3,7 @@
  * SHA-256 over `<path>:<read|write>:<user>:<token>[:<expiration>]`.
  */
 import { createHash } from 'node:crypto';
-import { sameSecret } from '../same-secret.js';
+import { sameSecret } from '../secret-compare/index.js';
 
 const digest = (text: string) => createHash('sha256').update(text).digest();
 

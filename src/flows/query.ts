@@ -1,5 +1,5 @@
 import { FLOW_KINDS, FLOW_VERDICTS, type FlowVerdict } from './record.js';
-import { SANDBOX_ID } from '../sandbox-id.js';
+import { SANDBOX_ID } from '../e2b-wire/index.js';
 import type { FlowFilter } from './store.js';
 
 export interface FlowQuery {

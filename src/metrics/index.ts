@@ -5,7 +5,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
-import type { HostPort } from '../host-port.js';
+import type { HostPort } from '../net/index.js';
 
 export type DnsVerdict = 'forwarded' | 'blocked' | 'refused' | 'formerr' | 'servfail' | 'dropped';
 

@@ -37,7 +37,7 @@ export {
   matchName,
   type Policy,
 } from './policy.js';
-export type { Result } from './result.js';
+export type { PolicyProblem, Result } from './result.js';
 export {
   ALL_TRAFFIC,
   ALL_TRAFFIC_MESSAGE,
@@ -46,7 +46,6 @@ export {
   type NetworkRules,
   type ParseOptions,
   type ParseResult,
-  type PolicyProblem,
   parseNetworkConfig,
   type Rule,
 } from './rules.js';

@@ -12,9 +12,9 @@ import {
   ALL_TRAFFIC,
   type NameRule,
   type NetworkRules,
-  type PolicyProblem,
   type Rule,
 } from './rules.js';
+import type { PolicyProblem } from './result.js';
 
 const LOOPBACK = (parseIP('127.0.0.1') as { ok: true; value: IPAddress }).value;
 

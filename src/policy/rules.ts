@@ -6,6 +6,7 @@
  */
 import { type CIDR, isUnspecifiedNetwork, parseCIDR } from './address.js';
 import { type CanonicalName, canonicalName } from './host.js';
+import type { PolicyProblem } from './result.js';
 import type { HeaderTransform } from './transform-types.js';
 import { parseTransforms } from './transforms.js';
 
@@ -40,13 +41,6 @@ export interface NetworkRules {
   readonly description: string | undefined;
   /** `network.rules`: headers set on intercepted requests, one transform per rule key. */
   readonly transforms: readonly HeaderTransform[];
-}
-
-export interface PolicyProblem {
-  /** Where the problem is: a list entry (`allowOut[3]`) or a field. */
-  readonly at: string;
-  readonly entry?: string;
-  readonly message: string;
 }
 
 export type ParseResult =

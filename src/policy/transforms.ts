@@ -7,7 +7,7 @@
  * key and the header, and say what is wrong.
  */
 import { canonicalName } from './host.js';
-import type { PolicyProblem } from './rules.js';
+import type { PolicyProblem } from './result.js';
 import type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
 
 /** Rule keys in one configuration. */

@@ -1,7 +1,7 @@
 import type net from 'node:net';
 import type { Logger } from 'pino';
 import type { Decision } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import type { Exchange } from './exchange.js';
 import { endAndLinger, errorResponseText } from './http-errors.js';
 import {

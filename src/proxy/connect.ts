@@ -9,7 +9,7 @@ import {
   type HeaderTransform,
   type IPAddress,
 } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import {
   type Connected,
   type Dialer,
@@ -21,7 +21,7 @@ import {
   type Target,
   tunnelSocket,
 } from './dial.js';
-import type { ProxyOptions } from './egress.js';
+import type { ProxyOptions } from './options.js';
 import { writeRawError } from './http-errors.js';
 import { MAX_REQUEST_HEAD_BYTES, type RequestHead } from './http1.js';
 import { authorityMismatch, RequestStreamGuard } from './host-guard.js';

@@ -1,16 +1,10 @@
 import net from 'node:net';
 import type { Logger } from 'pino';
 import { ListenerGroup } from '../dns/index.js';
-import type {
-  ConnectionBudget,
-  ConnectionHold,
-  EnforcedSandbox,
-  EnforcementTable,
-} from '../enforce/index.js';
-import type { FlowRecorder } from '../flows/index.js';
-import type { MoatMetrics, ProxyKind, ProxyVerdict } from '../metrics/index.js';
+import type { ConnectionHold, EnforcedSandbox } from '../enforce/index.js';
+import type { ProxyKind, ProxyVerdict } from '../metrics/index.js';
 import { type Decision, formatDestination, parseAuthority } from '../policy/index.js';
-import { type Dialer, type Refusal, removed, type Target } from './dial.js';
+import { type Refusal, removed, type Target } from './dial.js';
 import {
   ClientConnection,
   type ConnectionDeadlines,
@@ -35,60 +29,14 @@ import {
   nativeTcp,
   nativeTcpUnavailable,
   type TcpIo,
-  type TcpIoSetting,
 } from './native-tcp.js';
-import { type HeaderInjection, Interceptor } from './intercept.js';
-import type { FairShare } from './fair-share.js';
-import { flowAsk, type TunnelRegistry } from './tunnels.js';
-import type { HostPort } from '../host-port.js';
+import { Interceptor } from './intercept.js';
+import type { ProxyOptions } from './options.js';
+import { flowAsk } from './tunnels.js';
+import type { HostPort } from '../net/index.js';
 
 /** Where a proxy listener binds. */
 export type ProxyListen = HostPort;
-
-export interface ProxyOptions {
-  readonly table: EnforcementTable;
-  readonly dialer: Dialer;
-  readonly tunnels: TunnelRegistry;
-  readonly metrics: MoatMetrics;
-  readonly logger: Logger;
-  /** Where every decision, and the close of every allowed connection, is recorded. */
-  readonly flows: FlowRecorder;
-  /** Close CONNECT tunnels whose TLS SNI (or port-80 Host) names another host than CONNECT did. */
-  readonly checkServerName: boolean;
-  readonly maxTunnelsPerSandbox: number;
-  /** Sandboxes' shares of the event loop's costly work (requests, leaf mints); undefined: none. */
-  readonly fairShare?: FairShare;
-  /** Every connection to a listener is charged to its sandbox here, from accept to close. */
-  readonly connections: ConnectionBudget;
-  /**
-   * A sandbox's source address proves who it is (namespace mode): a credential must be that
-   * sandbox's own. Otherwise (sandboxes share the host network) the credential identifies.
-   */
-  readonly sourceIsProof: boolean;
-  /** Time a client has to send its request head, or its first tunnel bytes when they are checked. */
-  readonly handshakeTimeoutMs: number;
-  /** Time a client has, after connecting, to send its first byte. */
-  readonly firstByteTimeoutMs: number;
-  /** Time a client connection may wait between two requests. */
-  readonly keepAliveTimeoutMs: number;
-  readonly idleTimeoutMs: number;
-  /** Destination ports of traffic the kernel redirects to the transparent listener (443, 80). */
-  readonly transparentPorts?: { readonly tls: number; readonly http: number };
-  /** `auto` (default): the native relay where it loads; `node`: net.Server and net.Socket. */
-  readonly tcpIo?: TcpIoSetting;
-  /**
-   * Secretless egress: TLS to a destination with a header rule is intercepted and the rule's
-   * headers set on its requests. Undefined: every flow is a tunnel.
-   */
-  readonly injection?: HeaderInjection;
-  /** PEM text of CAs trusted for origins of intercepted TLS, beside Node's roots. */
-  readonly upstreamCa?: string;
-  /**
-   * Replace the secret values injected into a request by their placeholders in its response
-   * (an echoing origin would otherwise hand them to the sandbox); asks origins for uncoded bodies.
-   */
-  readonly redactSecretsInResponses?: boolean;
-}
 
 /** The interceptor of a proxy whose options ask for one. */
 export function interceptorFor(options: ProxyOptions): Interceptor | undefined {

@@ -3,7 +3,7 @@ import tls from 'node:tls';
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { FlowEnd, OpenFlow } from '../flows/index.js';
 import { formatDestination, type IPAddress } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import { type Dialer, denial, httpSocket, type Refusal, removed, type Target } from './dial.js';
 import { errorResponseText } from './http-errors.js';
 import {

@@ -1,5 +1,5 @@
 import { parseAuthority } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import type { Target } from './dial.js';
 import {
   bodyScanner,

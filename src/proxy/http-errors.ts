@@ -1,7 +1,7 @@
 import { STATUS_CODES } from 'node:http';
 import type net from 'node:net';
 import type { Decision } from '../policy/index.js';
-import { errorBody, jsonAnswer } from '../http-answers.js';
+import { errorBody, jsonAnswer } from '../e2b-wire/index.js';
 
 /** The headers and JSON body of every proxy error: the platform's `{code, message}`. */
 export function errorResponse(

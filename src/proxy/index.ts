@@ -3,9 +3,9 @@
  * deciding with the sandbox's current compiled Policy and closing what a new policy denies.
  */
 export { Dialer, type DialerOptions } from './dial.js';
-export { EgressProxy, type ProxyListen, type ProxyOptions } from './egress.js';
+export { EgressProxy, type ProxyListen } from './egress.js';
 export { FairShare, type FairShareBudgets } from './fair-share.js';
-export { type HeaderInjection } from './intercept.js';
+export type { HeaderInjection, ProxyOptions } from './options.js';
 export { type TcpIo, type TcpIoSetting } from './native-tcp.js';
 export { originalDestinationUnavailable } from './original-destination.js';
 export { TransparentProxy } from './transparent.js';
@@ -13,7 +13,6 @@ export { TunnelRegistry } from './tunnels.js';
 export {
   NOT_RUNNING,
   type RoutedSandbox,
-  SANDBOX_API_PORT,
   SandboxRouter,
   type SandboxRouterOptions,
 } from './sandbox-router.js';

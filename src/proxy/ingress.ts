@@ -19,8 +19,8 @@ import type { Logger } from 'pino';
 import { endAndLinger } from './http-errors.js';
 import { foldsToConnectionField, isHopByHop } from './http1.js';
 import { type Splice, splice } from './splice.js';
-import { jsonAnswer, sandboxErrorBody, sendSandboxError } from '../http-answers.js';
-import { sameSecret } from '../same-secret.js';
+import { jsonAnswer, sandboxErrorBody, sendSandboxError } from '../e2b-wire/index.js';
+import { sameSecret } from '../secret-compare/index.js';
 import type { FlowAsk, FlowRecorder, OpenFlow } from '../flows/index.js';
 
 export interface IngressTarget {

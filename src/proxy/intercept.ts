@@ -12,10 +12,10 @@ import {
   type HeaderTransform,
   secretPlaceholder,
 } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import { ClientConnection, type RequestHandler, requestTurn } from './client-connection.js';
 import type { Dialled, Refusal, Target } from './dial.js';
-import type { ProxyOptions } from './egress.js';
+import type { HeaderInjection, ProxyOptions } from './options.js';
 import { Exchange, type ExchangeContext, type SetField } from './exchange.js';
 import { UpstreamPool } from './upstream-pool.js';
 import { webSocketUpgrade } from './websocket.js';
@@ -24,25 +24,6 @@ import { carriedSecret } from './leak-guard.js';
 import { fieldValues, isHopByHop, type RequestHead } from './http1.js';
 import type { Redaction } from './redact.js';
 import { flowAsk } from './tunnels.js';
-
-/**
- * What secretless egress needs from the parts that own rules, secrets and Moat's CA (the
- * composition root passes them): the header rule of a destination, the certificate Moat
- * serves the sandbox for a name, and a secret's current value.
- */
-export interface HeaderInjection {
-  /** The header rule a sandbox has for a destination name; undefined: none (no interception). */
-  transformFor(sandboxID: string, name: CanonicalName): HeaderTransform | undefined;
-  /** A TLS server context holding a leaf certificate for `name`, issued by Moat's CA. */
-  leafContext(name: CanonicalName): Promise<tls.SecureContext>;
-  /** A stored secret's current value, read for every request; undefined when none is stored. */
-  secretValue(name: string): Promise<string | undefined>;
-  /**
-   * Every stored secret's name and current value, for the leak guard (a request Moat reads that
-   * carries one to a destination not bound to it is refused). Undefined: no leak guard.
-   */
-  secretValues?(): Promise<ReadonlyMap<string, string>>;
-}
 
 /** Options of a proxy that intercepts: the proxy's own, with the injection parts. */
 export type InterceptOptions = ProxyOptions & { readonly injection: HeaderInjection };

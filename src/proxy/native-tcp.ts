@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { type LoadedAddon, loadAddon } from '../native-addon.js';
+import { type LoadedAddon, loadAddon } from '../process/index.js';
 import type { Opener } from './dial.js';
 import type { Checked, Splice, SpliceOptions, TunnelGuard } from './splice.js';
 

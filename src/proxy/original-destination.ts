@@ -5,7 +5,7 @@
  * protocols, and the kernel rules refuse such connections instead (enforce/kernel-rules.ts).
  */
 import type net from 'node:net';
-import { type LoadedAddon, loadAddon } from '../native-addon.js';
+import { type LoadedAddon, loadAddon } from '../process/index.js';
 
 interface OriginalDestinationAddon {
   originalDestination(fd: number): [ip: string, port: number] | undefined;

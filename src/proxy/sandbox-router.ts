@@ -10,12 +10,9 @@ import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { ConnectionBudget } from '../enforce/index.js';
-import { SANDBOX_API_PORT } from '../sandbox-api-port.js';
-import { sendSandboxError, sendSignatureRefused } from '../http-answers.js';
+import { SANDBOX_API_PORT, sendSandboxError, sendSignatureRefused } from '../e2b-wire/index.js';
 import type { IngressProxy, IngressTarget } from './ingress.js';
-import type { HostPort } from '../host-port.js';
-
-export { SANDBOX_API_PORT } from '../sandbox-api-port.js';
+import type { HostPort } from '../net/index.js';
 
 /** What the router must know of a sandbox to route to it. */
 export interface RoutedSandbox {

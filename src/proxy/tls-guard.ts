@@ -1,4 +1,4 @@
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import { MAX_PEEK_BYTES, readClientHello, readServerHello } from './peek.js';
 import type { Checked, TunnelGuard } from './splice.js';
 

@@ -9,9 +9,10 @@ import {
   parseAuthority,
   parseIP,
 } from '../policy/index.js';
-import { ArrivingBytes } from '../arriving-bytes.js';
+import { ArrivingBytes } from '../net/index.js';
 import { type Dialled, type Refusal, type Target, tunnelSocket } from './dial.js';
-import { interceptorFor, type ProxyListen, type ProxyOptions } from './egress.js';
+import { interceptorFor, type ProxyListen } from './egress.js';
+import type { ProxyOptions } from './options.js';
 import { writeRawError } from './http-errors.js';
 import { headEnd, MAX_REQUEST_HEAD_BYTES, parseRequestHead } from './http1.js';
 import type { Interceptor } from './intercept.js';

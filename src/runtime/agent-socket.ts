@@ -10,7 +10,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { FrameReader } from './frames.js';
 import { RoleConnection, type RoleDeadline } from './role-connection.js';
-import { sameSecret } from '../same-secret.js';
+import { sameSecret } from '../secret-compare/index.js';
 
 const HELLO_TIMEOUT_MS = 10_000;
 /** A hello is a few dozen bytes; a connection that sends more without one is dropped. */

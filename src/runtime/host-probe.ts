@@ -12,7 +12,7 @@ import { type Cgroups, cgroupsProblem, findCgroups } from './cgroups.js';
 import { confinementWorks } from './confinement.js';
 import { Disks, disksProblem } from './disks.js';
 import { LayerStore } from './layers.js';
-import type { ProcessRuntimeOptions } from './process-runtime.js';
+import type { ProcessRuntimeOptions } from './process-runtime-options.js';
 import { LOCK_DIR } from './range-lock.js';
 import { IDS_PER_SANDBOX, SandboxIds } from './sandbox-ids.js';
 import { writeTrustBundle } from './trust-store.js';

@@ -22,12 +22,8 @@ export {
   type SandboxConnection,
 } from './network.js';
 export { listNftTables, NftSession } from './nft-session.js';
-export {
-  BASE_TEMPLATE,
-  ProcessRuntime,
-  type ProcessRuntimeOptions,
-  SandboxRefused,
-} from './process-runtime.js';
+export { BASE_TEMPLATE, ProcessRuntime, SandboxRefused } from './process-runtime.js';
+export type { ProcessRuntimeOptions } from './process-runtime-options.js';
 export {
   type OutputStream,
   type ProcessConfig,

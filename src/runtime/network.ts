@@ -29,7 +29,7 @@ import {
 import { type DirectFlow, DirectFlowLog } from './direct-flow-log.js';
 import { NFT, NftSession, NSENTER } from './nft-session.js';
 import { RangeLock } from './range-lock.js';
-import type { HostPort } from '../host-port.js';
+import type { HostPort } from '../net/index.js';
 
 const IP = '/usr/sbin/ip';
 /** iproute2's traffic control: each sandbox's bandwidth, a token bucket on each end of its link. */

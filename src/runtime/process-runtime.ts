@@ -18,7 +18,6 @@ import { DEFAULT_USER, placeCommand, type SandboxUser, USERS } from './confineme
 import { type ConfinedParts, type HostProbe, probeHost } from './host-probe.js';
 import { Launcher } from './launcher.js';
 import { HostListeners } from './listening-ports.js';
-import type { NamespaceNetwork } from './network.js';
 import { ProcessTable } from './processes.js';
 import type {
   EnforcementMode,
@@ -29,42 +28,17 @@ import type {
 import { SandboxFiles } from './sandbox-files.js';
 import { adoptLegacyTemplates, SandboxFolders, type SandboxMeta } from './sandbox-folders.js';
 import { SANDBOX_TRUST_BUNDLE, trustEnvironment } from './trust-store.js';
-import { IDS_PER_SANDBOX, type IdRangeSetting } from './sandbox-ids.js';
+import { IDS_PER_SANDBOX } from './sandbox-ids.js';
+import type { ProcessRuntimeOptions } from './process-runtime-options.js';
 import { diskUsage, processUsage, type SandboxUsage } from './usage.js';
 import { spawnSupervisor, Supervisor, SupervisorSpares } from './supervisor.js';
-import { type KernelBudgets, SupervisorConfigs } from './supervisor-config.js';
+import { SupervisorConfigs } from './supervisor-config.js';
 
 export const BASE_TEMPLATE = 'base';
 
 /** Why a sandbox cannot be started here (no confinement and no override). */
 export class SandboxRefused extends Error {
   override readonly name = 'SandboxRefused';
-}
-
-export interface ProcessRuntimeOptions {
-  /** Give each sandbox its own network namespace. */
-  readonly network?: NamespaceNetwork;
-  /** Why there is no network namespace per sandbox, for start-up output. */
-  readonly proxyOnlyReason?: string;
-  /** Run sandboxes unconfined where they cannot be confined (--unconfined-sandboxes). */
-  readonly allowUnconfined: boolean;
-  /** Host ids for sandboxes (--sandbox-ids). */
-  readonly ids: IdRangeSetting;
-  /** Size of a sandbox's disk when its limits do not say (--sandbox-disk-mb). */
-  readonly defaultDiskMB: number;
-  /** A CA (PEM) every sandbox trusts besides the host's bundle: Moat's egress CA. */
-  readonly trustedCaPem?: string;
-  /** Each sandbox's shares of the host's inotify and pty pools. */
-  readonly kernelBudgets: KernelBudgets;
-  /**
-   * How long a sandbox's launcher or file agent may go without progress while Moat waits on
-   * it (then it is ended, the call fails, and a new one starts on next use); `onMissed` hears
-   * of each miss.
-   */
-  readonly roleDeadline: {
-    readonly ms: number;
-    readonly onMissed: (sandboxID: string, role: 'launcher' | 'file agent', user: string) => void;
-  };
 }
 
 interface Live extends RuntimeSandbox {

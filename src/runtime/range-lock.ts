@@ -10,7 +10,7 @@
  */
 import { existsSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { processRuns } from '../process-alive.js';
+import { processRuns } from '../process/index.js';
 
 export const LOCK_DIR = '/run/moat';
 /** Ranges held by this process (its own pid is alive, so files cannot tell them apart). */

@@ -11,7 +11,7 @@
  * moves.
  */
 import type { Socket } from 'node:net';
-import { drainedOrClosed } from '../drained.js';
+import { drainedOrClosed } from '../net/index.js';
 import { type Frame, FrameError, FrameReader, encodeFrame } from './frames.js';
 
 /**

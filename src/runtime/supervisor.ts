@@ -6,7 +6,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
-import { packageRoot } from '../package-root.js';
+import { packageRoot } from '../process/index.js';
 import type { AgentSocket } from './agent-socket.js';
 import type { RoleConnection } from './role-connection.js';
 

@@ -1,4 +1,4 @@
-import { formatHostPort, type HostPort } from '../host-port.js';
+import { formatHostPort, type HostPort } from '../net/index.js';
 import type { SandboxEnvironment } from '../runtime/index.js';
 import type { SandboxRecord } from './records.js';
 

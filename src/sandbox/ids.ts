@@ -9,9 +9,9 @@ export function randomName(length: number): string {
   return out;
 }
 
-/** A new sandbox ID, of the shape SANDBOX_ID (src/sandbox-id.ts) checks. */
+/** A new sandbox ID, of the shape SANDBOX_ID (src/e2b-wire/sandbox-id.ts) checks. */
 export const newSandboxID = () => `i${randomName(20)}`;
-export { SANDBOX_ID } from '../sandbox-id.js';
+export { SANDBOX_ID } from '../e2b-wire/index.js';
 
 /** Tokens and egress secrets: 256 bits, URL-safe. */
 export const newSecret = () => randomBytes(32).toString('base64url');

@@ -20,7 +20,7 @@ import { type FileHandle, mkdir, open, readFile, rename, rm, writeFile } from 'n
 import path from 'node:path';
 import { crc32 } from 'node:zlib';
 import { type JsonValue, type Store, type StoreChange, StoreUnavailableError } from './store.js';
-import { processRuns } from '../process-alive.js';
+import { processRuns } from '../process/index.js';
 
 const LOG_HEADER = 'moat-store-log v1';
 const STATE_HEADER = 'moat-store-state v1';

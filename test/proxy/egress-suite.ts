@@ -26,7 +26,7 @@ import {
   tcpEchoOrigin,
   tlsEchoOrigin,
 } from '../support/origins.js';
-import type { HostPort } from '../../src/host-port.js';
+import type { HostPort } from '../../src/net/index.js';
 
 /**
  * The egress proxy's behaviour, run once per way of carrying connections (egress.test.ts: the

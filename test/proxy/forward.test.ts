@@ -40,7 +40,7 @@ import {
   scriptedOrigin,
 } from '../support/raw-http.js';
 import { steadyValue } from '../support/steady.js';
-import type { HostPort } from '../../src/host-port.js';
+import type { HostPort } from '../../src/net/index.js';
 
 const SANDBOX = 'iforwardsandbox000001';
 const SECRET = 'forward-secret-1';

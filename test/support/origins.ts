@@ -5,7 +5,7 @@ import net from 'node:net';
 import type { Duplex } from 'node:stream';
 import tls from 'node:tls';
 import { testCertificate } from '../../bench/lib/certificate.js';
-import type { HostPort } from '../../src/host-port.js';
+import type { HostPort } from '../../src/net/index.js';
 
 export { testCertificate };
 

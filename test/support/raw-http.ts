@@ -5,7 +5,7 @@
  */
 import http from 'node:http';
 import net from 'node:net';
-import type { HostPort } from '../../src/host-port.js';
+import type { HostPort } from '../../src/net/index.js';
 
 export interface RawResponse {
   readonly version: string;

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import type { HostPort } from '../../src/host-port.js';
+import type { HostPort } from '../../src/net/index.js';
 
 /**
  * What the flooding process runs: `concurrency` loops, each opening a CONNECT tunnel through the

@@ -15,14 +15,13 @@ import {
 } from '../../flows/index.js';
 import { SandboxError } from '../../sandbox/index.js';
 import { type PlatformRoute, route, type SchemaRequest } from './route.js';
-import { errors } from './schemas.js';
+import { count, errors } from './schemas.js';
 
 /** Bytes a follower may leave unread before it is cut: a slow reader never grows memory. */
 export const MAX_FOLLOW_BACKLOG_BYTES = 1 << 20;
 
 const text = { type: 'string' } as const;
 const nullableText = { type: ['string', 'null'] };
-const count = { type: 'integer', minimum: 0 };
 
 const flowsQuerySchema = {
   type: 'object',
@@ -80,13 +79,6 @@ export const flowSchema = {
     injectedHeaders: { type: 'array', items: text },
   },
   required: ['time', 'id', 'event', 'sandboxID', 'node', 'kind', 'destination', 'verdict'],
-};
-
-export const flowTotalsSchema = {
-  type: 'object',
-  description: 'Moat extension: this sandbox’s flows on its node since Moat started',
-  properties: { allowed: count, denied: count, bytesUp: count, bytesDown: count },
-  required: ['allowed', 'denied', 'bytesUp', 'bytesDown'],
 };
 
 /** How long a fan-out waits for each other node. */

@@ -1,6 +1,6 @@
 /** The sandboxes themselves: create, list, get and kill. */
 import { DEFAULT_TIMEOUT, type SandboxState, SandboxError } from '../../sandbox/index.js';
-import { SANDBOX_API_PORT } from '../../sandbox-api-port.js';
+import { SANDBOX_API_PORT } from '../../e2b-wire/index.js';
 import { bandwidthSchema, egressProxy, networkRulesSchema } from './network.js';
 import { type PlatformRoute, route } from './route.js';
 import {

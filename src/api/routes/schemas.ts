@@ -26,6 +26,16 @@ export const errorSchema = {
   required: ['code', 'message'],
 } as const;
 
+export const count = { type: 'integer', minimum: 0 };
+
+/** A sandbox's flow totals: in GET /flows' terms, and in the sandbox detail reply. */
+export const flowTotalsSchema = {
+  type: 'object',
+  description: 'Moat extension: this sandbox’s flows on its node since Moat started',
+  properties: { allowed: count, denied: count, bytesUp: count, bytesDown: count },
+  required: ['allowed', 'denied', 'bytesUp', 'bytesDown'],
+};
+
 export const noContent = { 204: { type: 'null', description: 'Done' } } as const;
 
 /** The error body's schema for each status a route may answer with. */

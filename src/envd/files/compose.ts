@@ -7,7 +7,7 @@ import { USERS } from '../../runtime/index.js';
 import { readBody } from '../connect.js';
 import type { CallContext } from '../context.js';
 import { fileError, invalid, unauthenticated } from '../file-errors.js';
-import { sendJson } from '../../http-answers.js';
+import { sendJson } from '../../e2b-wire/index.js';
 
 /** Most files one compose may concatenate. */
 const MAX_COMPOSE_SOURCES = 1000;

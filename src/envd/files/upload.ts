@@ -12,7 +12,7 @@ import { createGunzip } from 'node:zlib';
 import busboy from 'busboy';
 import type { CallContext } from '../context.js';
 import { fileError, invalid, tooLarge } from '../file-errors.js';
-import { sendJson } from '../../http-answers.js';
+import { sendJson } from '../../e2b-wire/index.js';
 
 /** Largest upload (all parts together, after gzip decoding). */
 const MAX_UPLOAD_BYTES = 1 << 30;

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { matchesDigest, sameSecret, secretDigest } from '../src/same-secret.js';
+import { matchesDigest, sameSecret, secretDigest } from '../../src/secret-compare/index.js';
 
 describe('sameSecret', () => {
   it.each([

@@ -1,6 +1,6 @@
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
-import { warnEvery } from '../src/warn-every.js';
+import { warnEvery } from '../../src/log/index.js';
 
 /** A real pino logger writing its JSON lines into an array. */
 function capturedLogger() {

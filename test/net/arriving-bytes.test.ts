@@ -1,7 +1,7 @@
 /** ArrivingBytes against the obvious reference: every piece concatenated onto all before it. */
 import fc from 'fast-check';
 import { expect, it } from 'vitest';
-import { ArrivingBytes } from '../src/arriving-bytes.js';
+import { ArrivingBytes } from '../../src/net/index.js';
 
 type Step = { kind: 'append'; piece: Uint8Array } | { kind: 'restart'; keep: number };
 

@@ -12,16 +12,13 @@ import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
+import { AS_NOBODY, get, GuestBehind, tcpEcho, text, udpEcho } from '../support/guest-behind.js';
 import {
-  AS_NOBODY,
-  DNS,
-  get,
-  GuestBehind,
-  tcpEcho,
-  text,
-  udpEcho,
-} from '../support/guest-behind.js';
-import { namespaceSkipReason } from '../support/netns.js';
+  expectAllowedReached,
+  expectDirectRecords,
+  expectDnsHeldByMoat,
+} from '../support/guest-checks.js';
+import { hostServer, namespaceSkipReason } from '../support/netns.js';
 import { until } from '../support/native-relay.js';
 import { python } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
@@ -147,27 +144,11 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
         }, 30_000);
         afterAll(() => sandbox?.kill());
 
-        it("sends the guest's DNS, to whichever resolver, to Moat's interceptor", async () => {
-          const asked = await guest.run(
-            `${DNS}\nfor name in ('allowed.test', 'denied.test'): print(ask('${DENIED_IP}', name)[1])`,
-          );
-          // Answered for the allowed name by the upstream (the tests' fake DNS), NXDOMAIN for the
-          // denied one, by Moat: the resolver it was sent to never saw either.
-          expect(asked.out, asked.err).toBe('0 1\n3 0\n');
-          expect(world.seen('dns-udp')).toEqual([]);
-          expect(harness.upstream.log.map((q) => q.name)).toContain('allowed.test');
-          expect(harness.upstream.log.map((q) => q.name)).not.toContain('denied.test');
-        });
+        it("sends the guest's DNS, to whichever resolver, to Moat's interceptor", () =>
+          expectDnsHeldByMoat(guest, DENIED_IP!, world, harness.upstream));
 
-        it('fetches an allowed name (web by its Host, other TCP by the learned address) and an allowed CIDR', async () => {
-          const learned = `${DNS}\nip = resolve('${guest.router}', 'allowed.test')\n`;
-          const web = await guest.run(learned + get('ip', 'allowed.test'));
-          expect(web.out, web.err).toBe('world http host=allowed.test\n');
-          const echo = await guest.run(learned + tcpEcho('ip', WORLD_PORTS.echo));
-          expect(echo.out, echo.err).toBe('ping\n');
-          expect((await guest.run(tcpEcho(text(CIDR_IP!), WORLD_PORTS.echo))).out).toBe('ping\n');
-          expect((await guest.run(udpEcho(CIDR_IP!, WORLD_PORTS.udpEcho))).out).toBe('pong\n');
-        });
+        it('fetches an allowed name (web by its Host, other TCP by the learned address) and an allowed CIDR', () =>
+          expectAllowedReached(guest, CIDR_IP!, { udp: true }));
 
         it('refuses a denied address at once: direct TCP (reset), UDP (ICMP), and web by its name', async () => {
           const tcp = await guest.run(tcpEcho(text(DENIED_IP!), WORLD_PORTS.echo));
@@ -184,49 +165,25 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
           expect(world.seen('http').filter((e) => e.host === DENIED_IP)).toEqual([]);
         });
 
-        it("records the guest's direct flows under the sandbox's ID", async () => {
-          const port = WORLD_PORTS.udpTalk;
-          const since = new Date().toISOString();
-          await guest.run(tcpEcho(text(CIDR_IP!), port));
-          await guest.run(tcpEcho(text(DENIED_IP!), port));
-          const direct = async () =>
-            (
-              (
-                await harness.api.call(
-                  'GET',
-                  `/flows?sandboxID=${sandbox.sandboxId}&kind=direct&since=${since}&limit=100`,
-                )
-              ).body as Array<{ verdict: string; destination: { address: string; port: number } }>
-            )
-              .filter((r) => r.destination.port === port)
-              .map((r) => [r.verdict, r.destination.address]);
-          const deadline = Date.now() + 3000;
-          while ((await direct()).length < 2 && Date.now() < deadline)
-            await new Promise((resolve) => setTimeout(resolve, 50));
-          expect((await direct()).sort()).toEqual(
-            [
-              ['allow', CIDR_IP],
-              ['deny', DENIED_IP],
-            ].sort(),
-          );
-        });
+        it("records the guest's direct flows under the sandbox's ID", () =>
+          expectDirectRecords(guest, harness.api, sandbox.sandboxId, {
+            cidrIp: CIDR_IP!,
+            deniedIp: DENIED_IP!,
+          }));
       });
 
       describe('a default-allow sandbox', () => {
         let sandbox: Held;
         let guest: GuestBehind;
-        let hostServer: net.Server;
-        let hostPort: number;
+        let hostListener: { port: number; close: () => void } | undefined;
         beforeAll(async () => {
           sandbox = await make({ denyOut: [`${DENIED_IP}/32`] });
           guest = guestOf(sandbox, `b${kind}`, '192.168.78');
-          hostServer = net.createServer((socket) => socket.end('host\n'));
-          await new Promise<void>((resolve) => hostServer.listen(0, '0.0.0.0', resolve));
-          hostPort = (hostServer.address() as net.AddressInfo).port;
+          hostListener = await hostServer();
         }, 30_000);
         afterAll(async () => {
           await sandbox?.kill();
-          hostServer?.close();
+          hostListener?.close();
         });
 
         it("reaches the world under the sandbox's address, never the guest's", async () => {
@@ -243,14 +200,14 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
           // Control: the host's server answers whoever may reach it.
           expect(
             await new Promise((resolve) => {
-              const socket = net.connect(hostPort, '127.0.0.1', () => socket.end());
+              const socket = net.connect(hostListener!.port, '127.0.0.1', () => socket.end());
               socket.on('data', (data) => resolve(String(data)));
               socket.on('error', () => resolve('refused'));
             }),
           ).toBe('host\n');
           for (const address of [world.hostAddress, gateway, addressOf(sandbox), guest.router]) {
-            const reached = await guest.run(tcpEcho(text(address), hostPort), 10_000);
-            expect(reached.out, `${address}:${hostPort}`).not.toMatch(/host|ping/);
+            const reached = await guest.run(tcpEcho(text(address), hostListener!.port), 10_000);
+            expect(reached.out, `${address}:${hostListener!.port}`).not.toMatch(/host|ping/);
           }
         });
 

@@ -13,7 +13,12 @@ import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import { type InstalledPlugin, installPlugin, type PluginRun } from '../cni/plugin-run.js';
 import { API_KEY } from '../support/api-client.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
-import { DNS, get, GuestBehind, tcpEcho, text } from '../support/guest-behind.js';
+import { get, GuestBehind, tcpEcho, text } from '../support/guest-behind.js';
+import {
+  expectAllowedReached,
+  expectDirectRecords,
+  expectDnsHeldByMoat,
+} from '../support/guest-checks.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
@@ -108,24 +113,11 @@ describe.skipIf(skip !== undefined)('a guest tc redirects to the interface Moat 
     guest = GuestBehind.redirected('rd', POD_NETNS, 'eth0', address, gateway);
   }, 30_000);
 
-  it("sends the guest's DNS, to whichever resolver, to Moat's interceptor", async () => {
-    const asked = await guest.run(
-      `${DNS}\nfor name in ('allowed.test', 'denied.test'): print(ask('${DENIED_IP}', name)[1])`,
-    );
-    expect(asked.out, asked.err).toBe('0 1\n3 0\n');
-    expect(world.seen('dns-udp')).toEqual([]);
-    expect(harness.upstream.log.map((q) => q.name)).toContain('allowed.test');
-    expect(harness.upstream.log.map((q) => q.name)).not.toContain('denied.test');
-  });
+  it("sends the guest's DNS, to whichever resolver, to Moat's interceptor", () =>
+    expectDnsHeldByMoat(guest, DENIED_IP!, world, harness.upstream));
 
-  it('fetches an allowed name (web by its Host, other TCP by the learned address) and an allowed CIDR', async () => {
-    const learned = `${DNS}\nip = resolve('${guest.router}', 'allowed.test')\n`;
-    const web = await guest.run(learned + get('ip', 'allowed.test'));
-    expect(web.out, web.err).toBe('world http host=allowed.test\n');
-    const echo = await guest.run(learned + tcpEcho('ip', WORLD_PORTS.echo));
-    expect(echo.out, echo.err).toBe('ping\n');
-    expect((await guest.run(tcpEcho(text(CIDR_IP!), WORLD_PORTS.echo))).out).toBe('ping\n');
-  });
+  it('fetches an allowed name (web by its Host, other TCP by the learned address) and an allowed CIDR', () =>
+    expectAllowedReached(guest, CIDR_IP!, { udp: false }));
 
   it('refuses a denied address at once: direct TCP (reset) and web (80)', async () => {
     const tcp = await guest.run(tcpEcho(text(DENIED_IP!), WORLD_PORTS.echo));
@@ -157,32 +149,8 @@ describe.skipIf(skip !== undefined)('a guest tc redirects to the interface Moat 
     for (const line of reached) expect(line).toMatch(/ [A-Za-z]+Error$/);
   }, 30_000);
 
-  it("records the guest's direct flows under the sandbox's ID", async () => {
-    const port = WORLD_PORTS.udpTalk;
-    const since = new Date().toISOString();
-    await guest.run(tcpEcho(text(CIDR_IP!), port));
-    await guest.run(tcpEcho(text(DENIED_IP!), port));
-    const direct = async () =>
-      (
-        (
-          await harness.api.call(
-            'GET',
-            `/flows?sandboxID=${sandboxID}&kind=direct&since=${since}&limit=100`,
-          )
-        ).body as Array<{ verdict: string; destination: { address: string; port: number } }>
-      )
-        .filter((r) => r.destination.port === port)
-        .map((r) => [r.verdict, r.destination.address]);
-    const deadline = Date.now() + 3000;
-    while ((await direct()).length < 2 && Date.now() < deadline)
-      await new Promise((resolve) => setTimeout(resolve, 50));
-    expect((await direct()).sort()).toEqual(
-      [
-        ['allow', CIDR_IP],
-        ['deny', DENIED_IP],
-      ].sort(),
-    );
-  });
+  it("records the guest's direct flows under the sandbox's ID", () =>
+    expectDirectRecords(guest, harness.api, sandboxID, { cidrIp: CIDR_IP!, deniedIp: DENIED_IP! }));
 
   it("refuses an ifname that is one of Moat's own devices under redirect", async () => {
     const created = await harness.api.call('POST', '/sandboxes', {

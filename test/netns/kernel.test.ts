@@ -12,7 +12,7 @@ import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
-import { hostNetworkLines, namespaceSkipReason } from '../support/netns.js';
+import { hostNetworkLines, hostServer, namespaceSkipReason } from '../support/netns.js';
 import { endedWithin100ms, onlyReading, python, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
@@ -409,17 +409,14 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
 
   describe('a default-allow sandbox with one address denied', () => {
     let sandbox: Sandbox;
-    let hostServer: net.Server;
-    let hostPort: number;
+    let hostListener: { port: number; close: () => void } | undefined;
     beforeAll(async () => {
       sandbox = await sandboxWith({ network: { denyOut: [`${DENY_LISTED_IP}/32`] } });
-      hostServer = net.createServer((socket) => socket.end('host\n'));
-      await new Promise<void>((resolve) => hostServer.listen(0, '0.0.0.0', resolve));
-      hostPort = (hostServer.address() as net.AddressInfo).port;
+      hostListener = await hostServer();
     }, 30_000);
     afterAll(async () => {
       await sandbox?.kill();
-      hostServer?.close();
+      hostListener?.close();
     });
 
     it('reaches other addresses directly and is refused the denied one at once', async () => {
@@ -443,9 +440,9 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       for (const address of [world.hostAddress, gateway]) {
         const reached = await run(
           sandbox,
-          `timeout 2 bash -c 'exec 3<>/dev/tcp/${address}/${hostPort} && cat <&3'`,
+          `timeout 2 bash -c 'exec 3<>/dev/tcp/${address}/${hostListener!.port} && cat <&3'`,
         );
-        expect(reached.stdout, `${address}:${hostPort}`).toBe('');
+        expect(reached.stdout, `${address}:${hostListener!.port}`).toBe('');
         expect(reached.exitCode).not.toBe(0);
       }
     });
@@ -511,9 +508,9 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         for (const address of [world.hostAddress, harness.moat.network!.gateway]) {
           const reached = await run(
             a,
-            `timeout 2 bash -c 'exec 3<>/dev/tcp/${address}/${hostPort} && cat <&3'`,
+            `timeout 2 bash -c 'exec 3<>/dev/tcp/${address}/${hostListener!.port} && cat <&3'`,
           );
-          expect(reached.stdout, `${address}:${hostPort}`).toBe('');
+          expect(reached.stdout, `${address}:${hostListener!.port}`).toBe('');
           expect(reached.exitCode).not.toBe(0);
         }
         expect(heard.accepted()).toBe(1);

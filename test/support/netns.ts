@@ -1,5 +1,6 @@
 /** Whether kernel enforcement can be tested here: root, iproute2, nftables and confinement. */
 import { mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { confinementWorks, namespacesWork } from '../../src/runtime/index.js';
@@ -27,3 +28,13 @@ export function namespaceSkipReason(suite: string): string | undefined {
 }
 
 export { hostNetworkLines } from '../../bench/lib/world.js';
+
+/**
+ * A server of the host's on every address it has (answering "host"), which no sandbox may
+ * reach: its port, and its close.
+ */
+export async function hostServer(): Promise<{ port: number; close: () => void }> {
+  const server = net.createServer((socket) => socket.end('host\n'));
+  await new Promise<void>((resolve) => server.listen(0, '0.0.0.0', resolve));
+  return { port: (server.address() as net.AddressInfo).port, close: () => server.close() };
+}

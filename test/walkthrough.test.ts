@@ -85,7 +85,26 @@ interface Started {
   readonly enforcement: string;
 }
 
-async function startMoat(): Promise<Started> {
+/**
+ * The README's namespace pool, or, where another Moat on its defaults holds it (one Moat a pool:
+ * a lock in /run/moat), this one of the same shape: the walkthrough then runs there and its
+ * addresses are read as this pool's.
+ */
+const SPARE_POOL = '10.214.0.0/16';
+const README_POOL = SETTINGS.find((setting) => setting.key === 'namespacePool')!.default as string;
+/** The pool this run's Moat got: the README's, unless another Moat holds it. */
+let pool = '';
+/** The egress line the README shows (namespace 10.213.x.y, proxy and DNS on .0.1), in `pool`. */
+function poolLine(): RegExp {
+  const net = pool.split('.').slice(0, 2).join('\\.');
+  return new RegExp(
+    `^namespace ${net}\\.\\d+\\.\\d+ http://${net}\\.0\\.1:3128 ${net}\\.0\\.1:53$`,
+    'm',
+  );
+}
+
+async function startMoat(poolFlag: string[] = []): Promise<Started> {
+  moatOutput = '';
   // Only PATH from the environment, so no MOAT_* of the host changes the settings.
   moat = spawn(
     process.execPath,
@@ -100,6 +119,7 @@ async function startMoat(): Promise<Started> {
         `--${l}-listen`,
         '127.0.0.1:0',
       ]),
+      ...poolFlag,
     ],
     { env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
@@ -107,10 +127,22 @@ async function startMoat(): Promise<Started> {
   moat.stderr!.setEncoding('utf8').on('data', (chunk: string) => (moatOutput += chunk));
   const deadline = Date.now() + 15_000;
   while (!/^moat: metrics /m.test(moatOutput)) {
+    const heldElsewhere = new RegExp(
+      `the namespace pool ${README_POOL.replace(/\./g, '\\.')} is in use by another Moat`,
+    );
+    // Its last words may arrive just after it exits.
+    if (moat.exitCode !== null) await sleep(200);
+    if (moat.exitCode !== null && poolFlag.length === 0 && heldElsewhere.test(moatOutput)) {
+      console.warn(`walkthrough: another Moat holds the README's pool; running on ${SPARE_POOL}`);
+      // Afresh, so that this start too generates the key the README's KEY line reads.
+      rmSync(path.join(scratch, 'data'), { recursive: true, force: true });
+      return startMoat(['--namespace-pool', SPARE_POOL]);
+    }
     if (moat.exitCode !== null || Date.now() > deadline)
       throw new Error(`moat serve did not start:\n${moatOutput}`);
     await sleep(20);
   }
+  pool = poolFlag[1] ?? README_POOL;
   const api = /^moat: platform API +(http:\/\/\S+) /m.exec(moatOutput)?.[1];
   const sandbox = /^moat: sandbox API +(http:\/\/\S+) /m.exec(moatOutput)?.[1];
   const keyFile = /^moat: API key +generated into (\S+) /m.exec(moatOutput)?.[1];
@@ -245,7 +277,7 @@ describe('README five-minute walkthrough', () => {
       // 1. create
       new RegExp(`^${id}$`, 'm'),
       // 2. egress: its own namespace, Moat on the link's gateway
-      /^namespace 10\.213\.\d+\.\d+ http:\/\/10\.213\.0\.1:3128 10\.213\.0\.1:53$/m,
+      poolLine(),
       // 3. PUT network
       /^204$/m,
       // 4. denied through the proxy, naming the rule

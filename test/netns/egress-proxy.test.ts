@@ -12,7 +12,7 @@ import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { get, GuestBehind, tcpEcho as guestEcho, text } from '../support/guest-behind.js';
 import { namespaceSkipReason } from '../support/netns.js';
-import { endedWithin100ms, onlyReading, watching } from '../support/sandbox-watch.js';
+import { endedByThe204, onlyReading, watching } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 import { SocksServer } from '../support/socks5-server.js';
 
@@ -201,7 +201,12 @@ describe.skipIf(skip !== undefined)('egressProxy: allowed TCP through a SOCKS5 p
       onlyReading(`s = socket.create_connection(('${ORIGIN_IP}', ${WORLD_PORTS.echo}))`),
     );
     const named = await put({ egressProxy: { address: open.address } });
-    await endedWithin100ms({ before }, named.requestedAt, named.appliedAt);
+    await endedByThe204(
+      harness.moat.network!.namespaceOf(sandbox.sandboxId)!,
+      { before },
+      named.requestedAt,
+      named.appliedAt,
+    );
 
     // Through the proxy now (Moat's listener inside): a publish that still allows it keeps it.
     const requests = open.requests.length;

@@ -13,7 +13,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { hostNetworkLines, hostServer, namespaceSkipReason } from '../support/netns.js';
-import { endedWithin100ms, onlyReading, python, watching } from '../support/sandbox-watch.js';
+import {
+  arrivalsOf,
+  endedByThe204,
+  onlyReading,
+  PRINT_PORT,
+  python,
+  udpArrivals,
+  watching,
+} from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 const skip = namespaceSkipReason('test/netns/kernel');
@@ -171,6 +179,9 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
   /** The sandbox's own address (its end of the link). */
   const addressOf = (sandbox: Sandbox) =>
     harness.moat.table.get(sandbox.sandboxId)!.sourceAddress!.text;
+  /** The path of the sandbox's network namespace. */
+  const namespaceOf = (sandbox: { sandboxId: string }) =>
+    harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
 
   /** Starts `listener` in the sandbox; counts the connections it accepts. */
   async function listen(sandbox: Sandbox): Promise<{ accepted: () => number }> {
@@ -485,7 +496,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       const [a, b] = await Promise.all([sandboxWith({}), sandboxWith({})]);
       try {
         for (const s of [a, b]) {
-          const netns = harness.moat.network!.namespaceOf(s.sandboxId)!;
+          const netns = namespaceOf(s);
           const removed = inNamespace(netns, '/usr/sbin/nft delete table inet moat');
           expect(removed.status, removed.stderr).toBe(0);
         }
@@ -606,7 +617,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
   it('rejects IPv6 even when it comes back on the link', async () => {
     const sandbox = await sandboxWith({});
     try {
-      const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+      const netns = namespaceOf(sandbox);
       const back = inNamespace(
         netns,
         'echo 0 > /proc/sys/net/ipv6/conf/eth0/disable_ipv6 && /usr/sbin/ip -6 addr add fd00:77::2/64 dev eth0 nodad',
@@ -688,7 +699,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     const sandbox = await sandboxWith({});
     try {
       // The firewall's table gone (as only root outside the sandbox can do): nft refuses the change.
-      const netns = harness.moat.network!.namespaceOf(sandbox.sandboxId)!;
+      const netns = namespaceOf(sandbox);
       const removed = inNamespace(netns, '/usr/sbin/nft delete table inet moat');
       expect(removed.status, removed.stderr).toBe(0);
       const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
@@ -713,80 +724,47 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
-  it('applies PUT network to the next connection and closes now-denied open ones within 100 ms', async () => {
+  it('applies PUT network to the next connection and ends now-denied open ones by its 204', async () => {
     const sandbox = await sandboxWith({
       network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] },
     });
     try {
       // Open connections: raw TCP ones the kernel holds through the learned address (one
       // talking, one only waiting for bytes: nothing it sends could be refused), and a TLS one
-      // through the transparent listener. Each prints the moment it is cut.
-      const watch = (label: string, open: string, loop: string) =>
-        python(
-          [
-            'import socket, ssl, time',
-            open,
-            `print('${label} open', flush=True)`,
-            'try:',
-            `  ${loop}`,
-            'except OSError: pass',
-            `print('${label} closed', int(time.time() * 1000), flush=True)`,
-          ].join('\n'),
-        );
-      // Each program's output apart: python -u writes a print's parts separately, so two
-      // programs' lines interleave in one buffer.
-      const printed = { tcp: '', idle: '', tls: '' };
-      const onStdout = (label: keyof typeof printed) => (data: string) => {
-        printed[label] += data;
-      };
-      const lines = () => Object.values(printed).flatMap((text) => text.split('\n'));
-      const tcp = await sandbox.commands.run(
-        watch(
-          'tcp',
+      // through the transparent listener.
+      const tcp = await watching(
+        sandbox,
+        [
+          'import socket, time',
           "s = socket.create_connection(('allowed.test', 7000))",
-          "while True:\n    s.sendall(b'x'); s.recv(1) or exit(); time.sleep(0.005)",
+          PRINT_PORT,
+          "print('open', flush=True)",
+          'try:',
+          "  while True:\n    s.sendall(b'x'); s.recv(1) or exit(); time.sleep(0.005)",
+          'except OSError: pass',
+          "print('closed', int(time.time() * 1000), flush=True)",
+        ].join('\n'),
+      );
+      const idle = await watching(
+        sandbox,
+        onlyReading("s = socket.create_connection(('allowed.test', 7000))"),
+      );
+      const tls = await watching(
+        sandbox,
+        onlyReading(
+          "import ssl\nc = ssl.create_default_context(); c.check_hostname = False; c.verify_mode = ssl.CERT_NONE\ns = c.wrap_socket(socket.create_connection(('allowed.test', 443)), server_hostname='allowed.test')",
         ),
-        { background: true, onStdout: onStdout('tcp') },
       );
-      const idle = await sandbox.commands.run(
-        watch('idle', "s = socket.create_connection(('allowed.test', 7000))", 's.recv(1)'),
-        { background: true, onStdout: onStdout('idle') },
-      );
-      const tls = await sandbox.commands.run(
-        watch(
-          'tls',
-          "c = ssl.create_default_context(); c.check_hostname = False; c.verify_mode = ssl.CERT_NONE\ns = c.wrap_socket(socket.create_connection(('allowed.test', 443)), server_hostname='allowed.test')",
-          's.recv(1)',
-        ),
-        { background: true, onStdout: onStdout('tls') },
-      );
-      const deadline = Date.now() + 10_000;
-      while (lines().filter((l) => l.endsWith('open')).length < 3 && Date.now() < deadline)
-        await new Promise((r) => setTimeout(r, 20));
-      expect(lines()).toEqual(expect.arrayContaining(['tcp open', 'idle open', 'tls open']));
-
-      // Both still open just before the publish, so the closes below are its doing.
-      expect(
-        lines().filter((l) => l.includes(' closed')),
-        JSON.stringify(printed),
-      ).toEqual([]);
+      // All still open just before the publish, so the ends below are its doing.
+      for (const watched of [tcp, idle, tls])
+        expect(watched.lines().filter((line) => line.startsWith('closed'))).toEqual([]);
       const requestedAt = Date.now();
       const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
         body: { allowOut: [`${CIDR_IP}/32`], denyOut: ['0.0.0.0/0'] },
       });
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
-      await Promise.all([tcp, idle, tls].map((command) => command.wait().catch(() => undefined)));
-      for (const label of ['tcp', 'idle', 'tls']) {
-        const line = lines().find((l) => l.startsWith(`${label} closed `));
-        expect(line, JSON.stringify(printed)).toBeDefined();
-        // time.time() there and Date.now() here read the same clock (CLOCK_REALTIME, one host).
-        // The lower bound proves the close came after the publish was asked for; the upper one
-        // is the 100 ms the platform promises (runs here measure under 50 ms).
-        const closedAt = Number(line!.split(' ')[2]);
-        expect(closedAt, `${label} closed before the publish`).toBeGreaterThanOrEqual(requestedAt);
-        expect(closedAt - appliedAt, label).toBeLessThan(100);
-      }
+      await endedByThe204(namespaceOf(sandbox), { tcp, idle, tls }, requestedAt, appliedAt);
       // The next connection is decided by the new policy.
       expect((await run(sandbox, curl('http://allowed.test/'))).exitCode).toBe(6);
       expect((await run(sandbox, tcpEcho(CIDR_IP!))).stdout).toBe('ping');
@@ -875,7 +853,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
-  it('cuts direct web connections whose Host a tightened policy no longer allows, within 100 ms', async () => {
+  it('cuts direct web connections whose Host a tightened policy no longer allows, by the 204', async () => {
     // Opened under an open policy to an address shared by allowed.test and fronted.test (a
     // CDN), naming fronted.test; then only allowed.test is allowed. The address stays learned
     // for allowed.test, but these connections never named it. One keeps asking; the other
@@ -887,6 +865,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
         'import socket, time',
         `s = socket.create_connection(('allowed.test', ${WORLD_PORTS.http}), timeout=5)`,
         `s.sendall(${request}); assert b'host=fronted.test' in s.recv(4096)`,
+        PRINT_PORT,
         "print('open', flush=True)",
       ];
       const closing = [
@@ -920,7 +899,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       });
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
-      await endedWithin100ms({ asking, waiting }, requestedAt, appliedAt);
+      await endedByThe204(namespaceOf(sandbox), { asking, waiting }, requestedAt, appliedAt);
       // allowed.test itself still works, by its name (through the transparent listener now).
       const allowed = await run(sandbox, curl('http://allowed.test/'));
       expect(allowed.stdout, allowed.stderr).toBe('world http host=allowed.test\n');
@@ -929,7 +908,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
     }
   });
 
-  it('ends denied direct connections within 100 ms whatever their sockets look like', async () => {
+  it('ends denied direct connections by the 204 whatever their sockets look like', async () => {
     // A sandbox chooses how its sockets look in a listing: an IPv6 socket to an IPv4-mapped
     // address prints as [::ffff:a.b.c.d], one bound to its interface (SO_BINDTODEVICE needs
     // no privilege on an unbound socket) as a.b.c.d%eth0, and one it half-closed (as a client
@@ -965,7 +944,12 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       });
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
-      await endedWithin100ms({ mapped, bound, halfClosed }, requestedAt, appliedAt);
+      await endedByThe204(
+        namespaceOf(sandbox),
+        { mapped, bound, halfClosed },
+        requestedAt,
+        appliedAt,
+      );
     } finally {
       holder.kill();
       await sandbox.kill();
@@ -1024,19 +1008,7 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       // The world's talker answers one datagram with 400, one every 10 ms.
       const { handle, lines } = await watching(
         sandbox,
-        [
-          'import socket, time',
-          's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.2)',
-          `s.connect(('${DENIED_IP}', ${WORLD_PORTS.udpTalk})); s.send(b'go')`,
-          's.recv(64)',
-          "print('open', flush=True)",
-          'end = time.time() + 2',
-          'while time.time() < end:',
-          '  try:',
-          '    s.recv(64); print(int(time.time() * 1000), flush=True)',
-          '  except OSError: pass',
-          "print('done', flush=True)",
-        ].join('\n'),
+        udpArrivals(DENIED_IP!, WORLD_PORTS.udpTalk),
       );
       await new Promise((resolve) => setTimeout(resolve, 200));
       const requestedAt = Date.now();
@@ -1046,11 +1018,10 @@ describe.skipIf(skip !== undefined)('kernel enforcement: each sandbox in its own
       const appliedAt = Date.now();
       expect(put.status, put.text).toBe(204);
       await handle.wait();
-      const arrivals = lines()
-        .filter((line) => /^\d+$/.test(line))
-        .map(Number);
+      const arrivals = arrivalsOf(lines());
       expect(arrivals.filter((at) => at < requestedAt).length).toBeGreaterThan(5);
-      // The talker went on for about 2 s more; none of it got in once the PUT was answered.
+      // The talker went on for about 2 s more; none of it reached the sandbox's socket once the
+      // PUT was answered (the kernel's receive times).
       const late = arrivals.filter((at) => at > appliedAt);
       expect(late, `last arrival ${Math.max(...arrivals) - appliedAt} ms after the 204`).toEqual(
         [],

@@ -4,10 +4,10 @@ import { defineConfig } from 'vitest/config';
  * Suites that put sandboxes in network namespaces, hold them to cgroup limits, or run Moat as
  * the README does (namespace enforcement on the default pool, which one Moat holds at a time)
  * run one file at a time: two at once interfere (the netns lifecycle test then finds a deleted
- * sandbox's namespace still there). They run beside the rest (in-process Moats on free loopback
- * ports, proxy enforcement; two files at a time), not after it: most of their time is spent
- * waiting on namespaces, sandboxes and timers, and one after the other the two groups took
- * 407 s and 479 s (906 s in all) on this machine kind.
+ * sandbox's namespace still there). vitest runs a project of one worker after all the others, so
+ * `npm test` (scripts/test-suites.mjs) runs this project in a vitest of its own beside the rest
+ * (in-process Moats on free loopback ports, proxy enforcement; two files at a time): most of its
+ * time is spent waiting on namespaces, sandboxes and timers.
  */
 const ALONE = [
   'test/netns/**/*.test.ts',

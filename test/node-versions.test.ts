@@ -28,8 +28,17 @@ describe('Node versions', () => {
     expect(pkg.devDependencies['node-24']).toMatch(/^npm:node@\^24\./);
     const { stdout } = await run(`${ROOT}/node_modules/node-24/bin/node`, ['--version']);
     expect(major(stdout)).toBe(24);
-    expect(pkg.scripts.test).toMatch(/vitest run && npm run test:node-24$/);
-    expect(pkg.scripts['test:node-24']).toContain('node_modules/node-24/bin:');
+    expect(pkg.scripts.test).toBe('node scripts/test-suites.mjs');
+    const { stdout: plan } = await run(process.execPath, [
+      `${ROOT}/scripts/test-suites.mjs`,
+      '--list',
+    ]);
+    const stages = plan.split('\n').map((line) => line.trim());
+    expect(stages).toContain('22 together      vitest run --project together');
+    expect(stages).toContain('22 alone         vitest run --project alone');
+    expect(stages).toContain(
+      '24 together      PATH=node_modules/node-24/bin:$PATH vitest run --project together --exclude test/api/console.test.ts',
+    );
   });
 
   it('npx moat runs on the project’s Node 22 and says nothing about engines', async () => {

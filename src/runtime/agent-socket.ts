@@ -5,7 +5,7 @@
  * No sandbox process can see the socket: it is in none of their mount namespaces.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, rm } from 'node:fs/promises';
+import { lstat, mkdir, readdir, rm } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { FrameReader } from './frames.js';
@@ -15,6 +15,13 @@ import { sameSecret } from '../secret-compare/index.js';
 const HELLO_TIMEOUT_MS = 10_000;
 /** A hello is a few dozen bytes; a connection that sends more without one is dropped. */
 const MAX_HELLO_BYTES = 4096;
+/** Agent sockets are named `agents-<scope>.sock`, one per data folder (see probeHost). */
+const AGENT_SOCKET_NAME = /^agents-[0-9a-f]{16}\.sock$/;
+/**
+ * How old an agent socket nobody listens on must be to count as a dead Moat's: a Moat starting
+ * this moment has bound its socket (the file exists) a little before it listens.
+ */
+const DEAD_AFTER_MS = 60_000;
 
 interface Pending {
   readonly token: Buffer;
@@ -36,10 +43,14 @@ export class AgentSocket {
     server.on('connection', (socket) => this.greet(socket));
   }
 
-  /** Listens at `file` (its folder is made, mode 0700; a stale socket there is replaced). */
+  /**
+   * Listens at `file` (its folder is made, mode 0700; a stale socket there is replaced), and
+   * removes the agent sockets of dead Moats beside it.
+   */
   static async listen(file: string): Promise<AgentSocket> {
     await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
     await rm(file, { force: true });
+    await removeDeadSockets(path.dirname(file));
     const server = net.createServer();
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
@@ -136,4 +147,40 @@ export class AgentSocket {
     };
     socket.on('data', onData);
   }
+}
+
+/**
+ * Removes the agent sockets in `dir` that Moats killed before they could close them left behind
+ * (each data folder that ever ran has its own name, so a crashed test Moat's would stay
+ * forever): those nobody listens on, made more than DEAD_AFTER_MS ago. The folder is root's
+ * alone (0700), so no sandbox puts anything there.
+ */
+async function removeDeadSockets(dir: string): Promise<void> {
+  const names = (await readdir(dir).catch(() => [])).filter((name) =>
+    AGENT_SOCKET_NAME.test(name),
+  );
+  await Promise.all(
+    names.map(async (name) => {
+      const file = path.join(dir, name);
+      const stat = await lstat(file).catch(() => undefined);
+      if (!stat?.isSocket() || Date.now() - stat.mtimeMs < DEAD_AFTER_MS) return;
+      if (await nobodyListens(file)) await rm(file, { force: true });
+    }),
+  );
+}
+
+/** True when connecting to the Unix socket `file` is refused (no process listens there). */
+function nobodyListens(file: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect(file);
+    socket.setTimeout(1000, () => {
+      socket.destroy();
+      resolve(false);
+    });
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(false);
+    });
+    socket.once('error', (error: NodeJS.ErrnoException) => resolve(error.code === 'ECONNREFUSED'));
+  });
 }

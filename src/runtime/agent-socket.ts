@@ -156,9 +156,7 @@ export class AgentSocket {
  * alone (0700), so no sandbox puts anything there.
  */
 async function removeDeadSockets(dir: string): Promise<void> {
-  const names = (await readdir(dir).catch(() => [])).filter((name) =>
-    AGENT_SOCKET_NAME.test(name),
-  );
+  const names = (await readdir(dir).catch(() => [])).filter((name) => AGENT_SOCKET_NAME.test(name));
   await Promise.all(
     names.map(async (name) => {
       const file = path.join(dir, name);

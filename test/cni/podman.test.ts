@@ -9,13 +9,13 @@
  * `podman rm` detaches it, leaving no link, rule, handle or record of it.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { API_KEY } from '../support/api-client.js';
 import { type HostMoat, startHostMoat } from '../support/host-moat.js';
-import { namespaceSkipReason } from '../support/netns.js';
+import { hostNetworkLines, namespaceSkipReason, poolScope } from '../support/netns.js';
 import { HostWorld, SEEN_PORTS } from './host-world.js';
 import { IMAGE, Podman, podmanSkipReason } from './podman.js';
 import { type InstalledPlugin, installPlugin } from './plugin-run.js';
@@ -59,13 +59,9 @@ describe.skipIf(skip !== undefined)('a Podman container on the CNI network "moat
       .map((line) => line.split(':')[1]?.trim().split('@')[0] ?? '')
       .filter((name) => name !== '')
       .sort();
+  /** This Moat's namespace handles (a suite running beside this one may make its own). */
   const moatHandles = () =>
-    readdirSync('/run/netns').filter(
-      (name) =>
-        name.startsWith('moat-') &&
-        !name.startsWith('moat-hostns-') &&
-        !name.startsWith('moat-world-'),
-    );
+    hostNetworkLines(poolScope(POOL)).namespaces.map((line) => line.split(' ')[0]!);
 
   /** A shell line in the container: its exit status and output. */
   const sh = (script: string) => {

@@ -13,7 +13,6 @@
  * sandbox's, one adopted already) and every bad ifname, and nothing changes.
  */
 import { execFile, execFileSync, spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -22,7 +21,7 @@ import { World } from '../../bench/lib/world.js';
 import { API_KEY, ApiClient } from '../support/api-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { GuestBehind } from '../support/guest-behind.js';
-import { hostNetworkLines, namespaceSkipReason } from '../support/netns.js';
+import { hostNetworkLines, namespaceSkipReason, poolScope } from '../support/netns.js';
 import { ServeChild } from '../support/serve-child.js';
 
 const skip = namespaceSkipReason('test/netns/adopt');
@@ -30,7 +29,7 @@ const skip = namespaceSkipReason('test/netns/adopt');
 const POOL = '10.232.0.0/24';
 const GATEWAY = '10.232.0.1';
 const PREFIX = '10.252.32';
-const SCOPE = createHash('sha256').update(POOL).digest('hex').slice(0, 6);
+const SCOPE = poolScope(POOL);
 /** A resolver address no one has: only the interceptor can answer what is sent to it. */
 const NOBODYS_RESOLVER = '198.18.99.53';
 const IP = '/usr/sbin/ip';

@@ -1,4 +1,5 @@
 /** Whether kernel enforcement can be tested here: root, iproute2, nftables and confinement. */
+import { createHash } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -28,6 +29,10 @@ export function namespaceSkipReason(suite: string): string | undefined {
 }
 
 export { hostNetworkLines } from '../../bench/lib/world.js';
+
+/** The scope a Moat names its namespaces, links and host table by, for its namespace pool. */
+export const poolScope = (pool: string) =>
+  createHash('sha256').update(pool).digest('hex').slice(0, 6);
 
 /**
  * A server of the host's on every address it has (answering "host"), which no sandbox may

@@ -60,7 +60,8 @@ const send = python(
     `s = socket.create_connection(("${HOST}", ${SINK_PORT}), timeout=10)`,
     'chunk = b"x" * 65536; end = time.time() + ' + SECONDS,
     'while time.time() < end: s.sendall(chunk)',
-    's.shutdown(socket.SHUT_WR); s.recv(1)',
+    // What the shaper still holds drains at the rate; a loaded host's sink takes its time too.
+    's.settimeout(30); s.shutdown(socket.SHUT_WR); s.recv(1)',
   ].join('\n'),
 );
 
@@ -141,7 +142,7 @@ describe.skipIf(skip !== undefined)('bandwidth limits in the kernel (namespace m
     expect(mbps).toBeGreaterThan(8 * 0.9);
     expect(mbps).toBeLessThan(8 * 1.1);
     expect(neighbours).toBeGreaterThan(80);
-  }, 30_000);
+  }, 60_000);
 
   it('holds a sandbox to its ingress rate within 10%', async () => {
     const ran = await runIn(limited, receive);

@@ -422,7 +422,7 @@ describe('moat serve start-up and stop', () => {
       const sleeper = startInSandbox(client, `: ${marker}; while true; do sleep 1; done`);
       await sleeper.next(); // the start event
       const withMarker = () => hostProcesses().filter((line) => line.includes(marker));
-      await expect.poll(() => withMarker().length, { timeout: 5000 }).toBeGreaterThan(0);
+      await expect.poll(() => withMarker().length, { timeout: 15_000 }).toBeGreaterThan(0);
 
       // SIGINT as Ctrl-C sends it: to the whole process group, Moat's children in it too.
       const logged = child.logLines().length;

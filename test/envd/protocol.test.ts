@@ -962,7 +962,7 @@ describe('pause and kill reach every process of the sandbox', () => {
     loop.call.close();
     const childFile = hostPathOf(harness.moat.config.dataDir, sbx.sandboxID, '/tmp/child');
     const read = () => (existsSync(childFile) ? readFileSync(childFile, 'utf8').trim() : '');
-    await expect.poll(() => Number(read()), { timeout: 5000 }).toBeGreaterThan(2);
+    await expect.poll(() => Number(read()), { timeout: 15_000 }).toBeGreaterThan(2);
     expect(hostProcesses().filter((line) => line.includes(marker)).length).toBeGreaterThanOrEqual(
       2,
     );
@@ -975,12 +975,12 @@ describe('pause and kill reach every process of the sandbox', () => {
     expect(second).toBe(first);
 
     await lifecycle('connect', sbx.sandboxID);
-    await expect.poll(() => Number(read()), { timeout: 5000 }).toBeGreaterThan(Number(first) + 2);
+    await expect.poll(() => Number(read()), { timeout: 15_000 }).toBeGreaterThan(Number(first) + 2);
     expect(await listPids(sbx)).toContain(loop.pid);
 
     await lifecycle('kill', sbx.sandboxID);
     await expect
-      .poll(() => hostProcesses().filter((line) => line.includes(marker)), { timeout: 5000 })
+      .poll(() => hostProcesses().filter((line) => line.includes(marker)), { timeout: 15_000 })
       .toEqual([]);
   });
 });

@@ -61,7 +61,7 @@ describe('commands.run', () => {
     expect(error).toBeInstanceOf(TimeoutError);
     expect(Date.now() - started).toBeLessThan(10_000);
     // The process is gone, not just the stream.
-    await expect.poll(async () => (await sbx.commands.list()).length, { timeout: 5000 }).toBe(0);
+    await expect.poll(async () => (await sbx.commands.list()).length, { timeout: 15_000 }).toBe(0);
   });
 
   it('streams output to callbacks as it is produced', async () => {
@@ -114,14 +114,14 @@ describe('background processes', () => {
     const sleep = `sleep 300.${process.pid}${Date.now() % 1000}`;
     const handle = await sbx.commands.run(`(${sleep} &) ; ${sleep}`, { background: true });
     await expect
-      .poll(() => hostProcesses().filter((l) => l === sleep).length, { timeout: 5000 })
+      .poll(() => hostProcesses().filter((l) => l === sleep).length, { timeout: 15_000 })
       .toBe(2);
     await sbx.kill();
     const error = await handle.wait().catch((e: unknown) => e);
     expect(error).toBeDefined();
     // Nothing of that sandbox survives on the host.
     await expect
-      .poll(() => hostProcesses().filter((l) => l === sleep), { timeout: 5000 })
+      .poll(() => hostProcesses().filter((l) => l === sleep), { timeout: 15_000 })
       .toEqual([]);
   });
 });
@@ -137,11 +137,11 @@ describe('pty', () => {
     });
     // The terminal echoes the input line: quote the marker so only the command's output has it.
     await sbx.pty.sendInput(terminal.pid, Buffer.from("stty size; echo RE''ADY\n"));
-    await expect.poll(() => output, { timeout: 5000 }).toContain('READY');
+    await expect.poll(() => output, { timeout: 15_000 }).toContain('READY');
     expect(output).toContain('24 80');
     await sbx.pty.resize(terminal.pid, { cols: 100, rows: 40 });
     await sbx.pty.sendInput(terminal.pid, Buffer.from('stty size\n'));
-    await expect.poll(() => output, { timeout: 5000 }).toContain('40 100');
+    await expect.poll(() => output, { timeout: 15_000 }).toContain('40 100');
     expect(await sbx.pty.kill(terminal.pid)).toBe(true);
     await terminal.wait().catch(() => undefined);
   });
@@ -158,7 +158,7 @@ describe('ingress and hosts', () => {
     const host = sbx.getHost(port);
     expect(host).toBe(`${port}-${sbx.sandboxId}.moat.test`);
     await expect
-      .poll(async () => (await viaHost(harness.sandboxUrl, host)).body, { timeout: 5000 })
+      .poll(async () => (await viaHost(harness.sandboxUrl, host)).body, { timeout: 15_000 })
       .toBe(`hi from ${host}`);
   });
 
@@ -188,7 +188,7 @@ describe('lifecycle through the SDK', () => {
   it('setTimeout expiry makes the sandbox unreachable', async () => {
     const sbx = await sandbox();
     await sbx.setTimeout(1000);
-    await expect.poll(() => sbx.isRunning(), { timeout: 5000 }).toBe(false);
+    await expect.poll(() => sbx.isRunning(), { timeout: 15_000 }).toBe(false);
     await expect(sbx.commands.run('true')).rejects.toBeInstanceOf(SandboxError);
   });
 

@@ -171,7 +171,7 @@ describe('a terminal with no size (CI)', () => {
       onData: (data) => void (output += Buffer.from(data).toString('utf8')),
     });
     await sbx.pty.sendInput(terminal.pid, Buffer.from("stty size; echo RE''ADY\n"));
-    await expect.poll(() => output, { timeout: 5000 }).toContain('READY');
+    await expect.poll(() => output, { timeout: 15_000 }).toContain('READY');
     expect(output).toContain('24 80');
     expect(await sbx.pty.kill(terminal.pid)).toBe(true);
     await terminal.wait().catch(() => undefined);

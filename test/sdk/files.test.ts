@@ -409,7 +409,7 @@ describe('watchDir', () => {
     });
     const until = (name: string, type: string) =>
       expect
-        .poll(() => events.some((e) => e.name === name && e.type === type), { timeout: 5000 })
+        .poll(() => events.some((e) => e.name === name && e.type === type), { timeout: 15_000 })
         .toBe(true);
     return { events, handle, until, exited: () => exited };
   }
@@ -425,7 +425,7 @@ describe('watchDir', () => {
     await watch.until('f.txt', 'remove');
 
     await watch.handle.stop();
-    await expect.poll(() => watch.exited(), { timeout: 5000 }).toBeDefined();
+    await expect.poll(() => watch.exited(), { timeout: 15_000 }).toBeDefined();
     // stop() aborts the stream: the SDK reports that as a canceled TimeoutError.
     expect(watch.exited()!.error).toBeInstanceOf(TimeoutError);
     const count = watch.events.length;

@@ -190,7 +190,7 @@ describe('files-only pause', () => {
 
     expect(await sbx.pause({ keepMemory: false })).toBe(true);
     expect((await sbx.getInfo()).state).toBe('paused');
-    await expect.poll(() => hostProcesses().includes('sleep 312'), { timeout: 5000 }).toBe(false);
+    await expect.poll(() => hostProcesses().includes('sleep 312'), { timeout: 15_000 }).toBe(false);
 
     await sbx.connect();
     expect((await sbx.getInfo()).state).toBe('running');

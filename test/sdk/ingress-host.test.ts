@@ -32,7 +32,7 @@ async function serveInside(
   );
   await expect
     .poll(async () => (await viaHost(harness.sandboxUrl, sandbox.getHost(chosen))).body, {
-      timeout: 5000,
+      timeout: 15_000,
     })
     .toBe(body);
   return chosen;

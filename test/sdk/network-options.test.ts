@@ -60,11 +60,11 @@ describe('network options through the SDK', () => {
     await sandbox.commands.run(server('http', plainPort, 'plain', ''), { background: true });
     const host = sandbox.getHost(tlsPort);
     await expect
-      .poll(async () => (await viaHost(harness.sandboxUrl, host)).body, { timeout: 5000 })
+      .poll(async () => (await viaHost(harness.sandboxUrl, host)).body, { timeout: 15_000 })
       .toBe(`tls ${host}`);
     const plainHost = sandbox.getHost(plainPort);
     await expect
-      .poll(async () => (await viaHost(harness.sandboxUrl, plainHost)).body, { timeout: 5000 })
+      .poll(async () => (await viaHost(harness.sandboxUrl, plainHost)).body, { timeout: 15_000 })
       .toBe(`plain ${plainHost}`);
   });
 });

@@ -5,6 +5,7 @@ import {
   type InternalDenyList,
   parseNetworkConfig,
   type Policy,
+  type PresetTable,
 } from '../policy/index.js';
 import { networkRules } from './network-settings.js';
 import type { SandboxRecord } from './records.js';
@@ -13,6 +14,8 @@ import { type EgressRules, SandboxError } from './requests.js';
 export interface PolicyOptions {
   readonly internal: InternalDenyList;
   readonly maxPolicyEntries: number;
+  /** What `preset:NAME` in allowOut may name. */
+  readonly presets: PresetTable;
   /**
    * Whether a stored secret has this name: `network.rules` may name only those. Absent, rules
    * that name a secret are refused.
@@ -26,7 +29,10 @@ export class SandboxPolicies {
 
   /** The rules of a request, compiled; a 400 naming the entry at fault. */
   compile(rules: EgressRules): Policy {
-    const parsed = parseNetworkConfig(rules, { maxEntries: this.options.maxPolicyEntries });
+    const parsed = parseNetworkConfig(rules, {
+      maxEntries: this.options.maxPolicyEntries,
+      presets: this.options.presets,
+    });
     if (!parsed.ok) {
       throw new SandboxError(400, parsed.errors.map((problem) => problem.message).join('; '));
     }
@@ -34,8 +40,8 @@ export class SandboxPolicies {
   }
 
   /**
-   * A stored config was valid when stored; if this Moat's limits have since changed and it no
-   * longer parses, the sandbox is enforced deny-all rather than left open (fail closed).
+   * A stored config was valid when stored; if this Moat's limits or presets have since changed
+   * and it no longer parses, the sandbox is enforced deny-all rather than left open (fail closed).
    */
   stored(record: SandboxRecord): Policy {
     try {

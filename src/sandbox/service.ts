@@ -7,7 +7,13 @@ import {
   type KernelEnforcer,
 } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import { type InternalDenyList, type IPAddress, parseIP, type Policy } from '../policy/index.js';
+import {
+  type InternalDenyList,
+  type IPAddress,
+  parseIP,
+  type Policy,
+  type PresetTable,
+} from '../policy/index.js';
 import {
   AdoptRefused,
   type AdoptRequest,
@@ -69,6 +75,8 @@ export interface SandboxServiceOptions {
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
   readonly maxPolicyEntries: number;
+  /** What `preset:NAME` in allowOut may name. */
+  readonly presets: PresetTable;
   /**
    * Whether a stored secret has this name: `network.rules` may name only those. Absent, rules
    * that name a secret are refused.

@@ -6,6 +6,7 @@ import {
   parseNetworkConfig,
   type Policy,
   type PresetTable,
+  type PresetUse,
 } from '../policy/index.js';
 import { networkRules } from './network-settings.js';
 import type { SandboxRecord } from './records.js';
@@ -27,12 +28,16 @@ export interface PolicyOptions {
 export class SandboxPolicies {
   constructor(private readonly options: PolicyOptions) {}
 
-  /** The rules of a request, compiled; a 400 naming the entry at fault. */
-  compile(rules: EgressRules): Policy {
-    const parsed = parseNetworkConfig(rules, {
+  private parse(rules: EgressRules) {
+    return parseNetworkConfig(rules, {
       maxEntries: this.options.maxPolicyEntries,
       presets: this.options.presets,
     });
+  }
+
+  /** The rules of a request, compiled; a 400 naming the entry at fault. */
+  compile(rules: EgressRules): Policy {
+    const parsed = this.parse(rules);
     if (!parsed.ok) {
       throw new SandboxError(400, parsed.errors.map((problem) => problem.message).join('; '));
     }
@@ -53,6 +58,12 @@ export class SandboxPolicies {
       );
       return this.compile({ denyOut: ['0.0.0.0/0', '::/0'] });
     }
+  }
+
+  /** The presets a stored config uses, as this Moat expands them (none if it no longer parses). */
+  presetsOf(record: SandboxRecord): readonly PresetUse[] {
+    const parsed = this.parse(networkRules(record.network));
+    return parsed.ok ? parsed.value.presets : [];
   }
 
   /** Every secret the policy's rules name must be stored (a 400 naming key, header and secret). */

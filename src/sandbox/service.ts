@@ -13,6 +13,7 @@ import {
   parseIP,
   type Policy,
   type PresetTable,
+  type PresetUse,
 } from '../policy/index.js';
 import {
   AdoptRefused,
@@ -352,6 +353,11 @@ export class SandboxService {
       throw notFound(sandboxID);
     }
     return record;
+  }
+
+  /** The presets a sandbox's allowOut names, each with its version and entries. */
+  presetsOf(record: SandboxRecord): readonly PresetUse[] {
+    return this.policies.presetsOf(record);
   }
 
   /** The sandbox's record, or undefined when there is none; a store outage still throws. */

@@ -10,8 +10,10 @@ import fc from 'fast-check';
 import { afterAll, describe, expect, it, test } from 'vitest';
 import { loadPresets, SHIPPED_PRESETS_DIR } from '../src/config-presets.js';
 import {
+  compileInternalDenyList,
   compilePolicy,
   decide,
+  lintPolicy,
   type Preset,
   parseNetworkConfig,
   parsePresetFile,
@@ -98,6 +100,17 @@ describe('the shipped presets', () => {
 
   it('every shipped preset has a description saying what it leaves out', () => {
     for (const preset of SHIPPED.values()) expect(preset.description).toMatch(/Left out/);
+  });
+
+  it('every shipped preset is lint-clean as a policy (no repeats, no public-suffix wildcards)', () => {
+    for (const name of SHIPPED.keys()) {
+      const parsed = parseNetworkConfig(
+        { allowOut: [`preset:${name}`], denyOut: ['0.0.0.0/0'] },
+        { presets: SHIPPED },
+      );
+      if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+      expect(lintPolicy(parsed.value, compileInternalDenyList()), name).toEqual([]);
+    }
   });
 });
 

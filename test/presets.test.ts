@@ -8,6 +8,9 @@ import os from 'node:os';
 import path from 'node:path';
 import fc from 'fast-check';
 import { afterAll, describe, expect, it, test } from 'vitest';
+import { pino } from 'pino';
+import { startMoat } from '../src/app/index.js';
+import { loadConfig } from '../src/config.js';
 import { loadPresets, SHIPPED_PRESETS_DIR } from '../src/config-presets.js';
 import {
   compileInternalDenyList,
@@ -209,6 +212,15 @@ describe('preset files', () => {
         `in ${path.join(SHIPPED_PRESETS_DIR, 'pypi.json')} and in ${path.join(clash, 'pypi.json')}`,
       );
     }
+  });
+
+  it('moat serve does not start with a presets folder that reuses a shipped name', async () => {
+    const clash = presetFolder({ 'go.json': presetJson('go', ['goproxy.corp.example']) });
+    const config = loadConfig({ flags: { 'presets-dir': clash, 'log-level': 'silent' } });
+    if (!config.ok) throw new Error(config.error);
+    await expect(startMoat(config.value, pino({ level: 'silent' }))).rejects.toThrow(
+      `preset "go" is defined twice: in ${path.join(SHIPPED_PRESETS_DIR, 'go.json')} and in ${path.join(clash, 'go.json')}`,
+    );
   });
 
   it('refuses a file whose name differs from its preset, a bad file, and a missing folder', () => {

@@ -37,7 +37,7 @@ export {
   matchName,
   type Policy,
 } from './policy.js';
-export { PRESET_NAME, PRESET_PREFIX, type Preset, type PresetTable } from './preset-types.js';
+export type { Preset, PresetTable } from './preset-types.js';
 export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';
 export {
@@ -51,7 +51,6 @@ export {
   parseNetworkConfig,
   type PresetUse,
   type Rule,
-  ruleLabel,
 } from './rules.js';
 export type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
 export {

@@ -28,6 +28,10 @@ export function sandboxSummary(listed, detail) {
     endAt: String(listed.endAt ?? ''),
     allowOut: strings(network.allowOut),
     denyOut: strings(network.denyOut),
+    // What each preset:NAME of allowOut stands for (Moat's network.presets).
+    presets: (Array.isArray(network.presets) ? network.presets : [])
+      .filter((p) => p && typeof p.name === 'string')
+      .map((p) => `preset:${p.name} v${Number(p.version)}: ${strings(p.entries).join(', ')}`),
     allowInternetAccess: detail?.allowInternetAccess === false ? false : null,
     // The destinations that have header rules: names only, never the headers' values.
     ruleKeys: network.rules && typeof network.rules === 'object' ? Object.keys(network.rules) : [],
@@ -196,6 +200,8 @@ export function renderSandboxDetail(panel, sandbox) {
       el('dd', { class: 'policy-stance' }, stanceParts(sandbox)),
       el('dt', {}, 'allowOut'),
       el('dd', {}, chips(sandbox.allowOut, 'allow')),
+      sandbox.presets.length > 0 ? el('dt', {}, 'presets') : null,
+      sandbox.presets.length > 0 ? el('dd', {}, chips(sandbox.presets, 'allow')) : null,
       el('dt', {}, 'denyOut'),
       el('dd', {}, chips(sandbox.denyOut, 'deny')),
       sandbox.ruleKeys.length > 0 ? el('dt', {}, 'header rules') : null,

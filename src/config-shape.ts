@@ -18,6 +18,8 @@ export interface MoatConfig {
   readonly allowHostPorts: ReadonlySet<number>;
   /** Entries allowed in each of allowOut and denyOut. */
   readonly maxPolicyEntries: number;
+  /** The operator's preset folder, beside the shipped policies/presets/; undefined: none. */
+  readonly presetsDir: string | undefined;
   readonly logLevel: string;
   readonly dnsListen: HostPort;
   readonly dnsUpstream: readonly HostPort[];

@@ -8,13 +8,17 @@ import { type CIDR, parseCIDR, parseIP, type Result } from './policy/index.js';
 import { formatHostPort, type HostPort } from './net/index.js';
 import { type IdRangeSetting, IDS_PER_SANDBOX } from './runtime/index.js';
 
-/** A file path, or "off" (undefined). */
-export function optionalFile(text: string): Result<string | undefined> {
-  if (text === 'off') return { ok: true, value: undefined };
-  return text.trim() === ''
-    ? { ok: false, error: 'expected a file path or "off", got an empty string' }
-    : { ok: true, value: text };
-}
+/** A file or folder path, or "off" (undefined). */
+export const optionalPath =
+  (what: 'file' | 'folder') =>
+  (text: string): Result<string | undefined> => {
+    if (text === 'off') return { ok: true, value: undefined };
+    return text.trim() === ''
+      ? { ok: false, error: `expected a ${what} path or "off", got an empty string` }
+      : { ok: true, value: text };
+  };
+
+export const optionalFile = optionalPath('file');
 
 export const positiveInteger =
   (max: number) =>

@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -422,5 +422,91 @@ describe('moat lint', () => {
     expect(errors.every((line) => line.startsWith(`${bad}: error: `))).toBe(true);
     expect(r.stdout).toContain(`${github}: ok`);
     expect(r.stdout).toContain(`${bad}: invalid (4 errors)`);
+  });
+});
+
+describe('presets in moat check and moat lint', () => {
+  it('check names the preset and its entry in the reason; --presets-dir adds presets', async () => {
+    const policy = file('with-preset.json', {
+      allowOut: ['preset:pypi', 'preset:corp'],
+      denyOut: ['0.0.0.0/0'],
+    });
+    const presets = join(dir, 'presets');
+    mkdirSync(presets);
+    writeFileSync(
+      join(presets, 'corp.json'),
+      JSON.stringify({
+        name: 'corp',
+        version: 3,
+        description: 'the company mirror',
+        allowOut: ['*.mirror.corp.test'],
+      }),
+    );
+    const r = await runMoat([
+      'check',
+      '--policy',
+      policy,
+      '--presets-dir',
+      presets,
+      'files.pythonhosted.org',
+      'pip.mirror.corp.test:443',
+      'example.test',
+    ]);
+    expect(r.code).toBe(1);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toBe(
+      'ALLOW files.pythonhosted.org  [allowOut preset:pypi (files.pythonhosted.org)]  the name matches allowOut preset:pypi (files.pythonhosted.org)',
+    );
+    expect(lines[1]).toMatch(
+      /^ALLOW pip\.mirror\.corp\.test:443 +\[allowOut preset:corp \(\*\.mirror\.corp\.test\)\]/,
+    );
+    expect(lines[2]).toMatch(/^DENY +example\.test +\[denyOut 0\.0\.0\.0\/0\]/);
+    const json = await runMoat([
+      'check',
+      '--json',
+      '--policy',
+      policy,
+      '--presets-dir',
+      presets,
+      'pypi.org',
+    ]);
+    expect(JSON.parse(json.stdout)).toMatchObject({
+      verdict: 'allow',
+      list: 'allowOut',
+      rule: 'preset:pypi (pypi.org)',
+    });
+    // Without the operator's folder, preset:corp is unknown: the policy is invalid (exit 2).
+    const unknown = await runMoat(['check', '--policy', policy, 'pypi.org']);
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toMatch(
+      /unknown preset preset:corp \(allowOut\[1\]\): known presets are .*preset:docker-hub.*preset:pypi/,
+    );
+  });
+
+  it('check refuses a presets folder that reuses a shipped name, naming both files', async () => {
+    const clash = join(dir, 'clash');
+    mkdirSync(clash);
+    writeFileSync(
+      join(clash, 'npm.json'),
+      JSON.stringify({ name: 'npm', version: 1, description: 'd', allowOut: ['npm.corp.test'] }),
+    );
+    const r = await runMoat(['check', '--policy', github, '--presets-dir', clash, 'github.com']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(
+      `preset "npm" is defined twice: in ${join(ROOT, 'policies', 'presets', 'npm.json')} and in ${join(clash, 'npm.json')}`,
+    );
+  });
+
+  it('lint understands presets, warns on an entry a preset repeats, and skips the presets folder', async () => {
+    const policy = file('lint-preset.json', {
+      allowOut: ['preset:npm', 'registry.npmjs.org'],
+      denyOut: ['0.0.0.0/0'],
+    });
+    const r = await runMoat(['lint', policy, join(ROOT, 'policies', 'presets')]);
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain(
+      'warning: allowOut[1] "registry.npmjs.org" repeats allowOut[0] "preset:npm (registry.npmjs.org)"',
+    );
+    expect(r.stdout).toContain(`${join(ROOT, 'policies', 'presets')}: skipped (a folder)`);
   });
 });

@@ -5,6 +5,7 @@
  */
 import { formatHostPort, type HostPort } from '../net/index.js';
 import type { EnforcementMode } from '../runtime/index.js';
+import type { PresetUse } from '../policy/index.js';
 import {
   type BandwidthSettings,
   bandwidthOf,
@@ -94,7 +95,12 @@ export const createReplyView = (r: SandboxRecord, egress: EgressInfo) =>
     ? createdView(r)
     : { ...createdView(r), egress: egressView(r, egress), ...linkPart(r) };
 
-export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTotals) => ({
+export const detailView = (
+  r: SandboxRecord,
+  egress: EgressInfo,
+  flows: FlowTotals,
+  presets: readonly PresetUse[],
+) => ({
   ...listedView(r),
   envdAccessToken: r.envdAccessToken,
   allowInternetAccess: r.network.allowInternetAccess,
@@ -117,6 +123,8 @@ export const detailView = (r: SandboxRecord, egress: EgressInfo, flows: FlowTota
     // Exactly as stored: placeholders stay placeholders, and literal values are the client's own.
     ...(r.network.rules === undefined ? {} : { rules: r.network.rules }),
     bandwidth: bandwidthOf(r.network, egress.bandwidthDefaults),
+    // allowOut stays as written (preset:NAME); this says what each preset stood for.
+    ...(presets.length === 0 ? {} : { presets }),
   },
   lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? 'pause' : 'kill' },
   egress: egressView(r, egress),
@@ -310,6 +318,16 @@ export const detailSchema = withOptional(
             },
           },
           description: 'network.rules as stored (keys canonical); absent when there are none',
+        },
+        presets: {
+          type: 'array',
+          items: object({
+            name: string,
+            version: { type: 'integer' },
+            entries: stringList,
+          }),
+          description:
+            'Moat extension: each preset:NAME of allowOut, once, with the version and entries it expands to; absent when allowOut names none',
         },
       },
     ),

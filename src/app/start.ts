@@ -63,6 +63,7 @@ import { nodeIdentity, openStore } from './store.js';
 import { openFileLimit, openFileWarning, sandboxConnectionShare } from './open-files.js';
 import { notReady } from './readiness.js';
 import { watchAdoptedNamespaces } from './adopted-namespaces.js';
+import { loadPresets } from '../config-presets.js';
 import { VERSION } from '../process/index.js';
 import { warnEvery } from '../log/index.js';
 
@@ -134,6 +135,8 @@ export async function startMoat(
     version: VERSION,
   });
   const internal = compileInternalDenyList(config.internalDeny);
+  const presets = loadPresets(config.presetsDir);
+  if (!presets.ok) throw new Error(presets.error);
   const table = new EnforcementTable({ now });
   const fileLimit = await openFileLimit();
   const fileWarning = openFileWarning(fileLimit, config.fdReserve, config.proxyMaxTunnels);
@@ -412,6 +415,7 @@ export async function startMoat(
       metrics,
       logger,
       maxPolicyEntries: config.maxPolicyEntries,
+      presets: presets.value,
       secretExists: (name) => secrets.exists(name),
       teamNamespace: config.teamNamespace,
       now: wallNow,

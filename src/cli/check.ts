@@ -1,5 +1,6 @@
 import { createInterface } from 'node:readline';
 import type { MoatConfig } from '../config.js';
+import { loadPresets } from '../config-presets.js';
 import { AnswerCache, HostResolver, UpstreamClient } from '../dns/index.js';
 import {
   compileInternalDenyList,
@@ -21,6 +22,7 @@ import { warnUnknownEnvironment } from './unknown-environment.js';
 const CHECK_CONFIG = configFlags([
   'internalDeny',
   'maxPolicyEntries',
+  'presetsDir',
   'dnsUpstream',
   'dnsTimeoutMs',
   'dnsCacheSize',
@@ -236,7 +238,15 @@ export async function check(args: string[], io: CliIO): Promise<number> {
   if (typeof values.policy !== 'string') throw new UsageError('moat check needs --policy FILE');
   warnUnknownEnvironment(io);
   const config = configFrom(values, io);
-  const file = readPolicyFile(values.policy, { maxEntries: config.maxPolicyEntries });
+  const presets = loadPresets(config.presetsDir);
+  if (!presets.ok) {
+    io.stderr.write(`error: ${presets.error}\n`);
+    return EXIT.usage;
+  }
+  const file = readPolicyFile(values.policy, {
+    maxEntries: config.maxPolicyEntries,
+    presets: presets.value,
+  });
   if (!file.ok) {
     for (const problem of file.problems) io.stderr.write(`${values.policy}: error: ${problem}\n`);
     return EXIT.usage;

@@ -2,6 +2,7 @@ import { statSync } from 'node:fs';
 import { DEFAULT_API, DEFAULT_KEY_FILE, installPlugin, NETWORK_NAME } from '../cni/index.js';
 import { type CliIO, EXIT, parseOptions, UsageError } from './io.js';
 import { readPolicyFile } from './policy-file.js';
+import { loadPresets } from '../config-presets.js';
 
 export const CNI_HELP = `Usage: moat cni install --bin-dir DIR --conf-dir DIR [options]
 
@@ -70,7 +71,9 @@ export async function cni(args: string[], io: CliIO): Promise<number> {
   const keyNote = keyFileNote(keyFile);
   let policy: Record<string, unknown> | undefined;
   if (values.policy !== undefined) {
-    const file = readPolicyFile(values.policy, {});
+    // Checked against the shipped presets; the Moat it is sent to expands them (and its own).
+    const shipped = loadPresets(undefined);
+    const file = readPolicyFile(values.policy, shipped.ok ? { presets: shipped.value } : {});
     if (!file.ok) {
       for (const problem of file.problems) io.stderr.write(`${values.policy}: error: ${problem}\n`);
       io.stderr.write(`moat cni: not installed: the policy file is invalid\n`);

@@ -1,9 +1,11 @@
+import { statSync } from 'node:fs';
+import { loadPresets } from '../config-presets.js';
 import { compileInternalDenyList, lintPolicy } from '../policy/index.js';
 import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
 
 /** The settings lint uses: the internal deny list it warns against, and the entry limit. */
-const LINT_CONFIG = configFlags(['internalDeny', 'maxPolicyEntries']);
+const LINT_CONFIG = configFlags(['internalDeny', 'maxPolicyEntries', 'presetsDir']);
 import { readPolicyFile } from './policy-file.js';
 
 export const LINT_HELP = `Usage: moat lint [options] FILE...
@@ -42,9 +44,22 @@ export async function lint(args: string[], io: CliIO): Promise<number> {
   warnUnknownEnvironment(io);
   const config = configFrom(values, io);
   const internal = compileInternalDenyList(config.internalDeny);
+  const presets = loadPresets(config.presetsDir);
+  if (!presets.ok) {
+    io.stderr.write(`error: ${presets.error}\n`);
+    return EXIT.usage;
+  }
   let failed = false;
   for (const path of positionals) {
-    const file = readPolicyFile(path, { maxEntries: config.maxPolicyEntries });
+    // policies/* names policies/presets/ too: preset files are checked when presets load.
+    if (statSync(path, { throwIfNoEntry: false })?.isDirectory()) {
+      io.stdout.write(`${path}: skipped (a folder)\n`);
+      continue;
+    }
+    const file = readPolicyFile(path, {
+      maxEntries: config.maxPolicyEntries,
+      presets: presets.value,
+    });
     if (!file.ok && file.notJson && !path.endsWith('.json')) {
       io.stdout.write(`${path}: skipped (not JSON, and not named *.json)\n`);
       continue;

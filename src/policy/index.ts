@@ -37,6 +37,8 @@ export {
   matchName,
   type Policy,
 } from './policy.js';
+export type { Preset, PresetTable } from './preset-types.js';
+export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';
 export {
   ALL_TRAFFIC,
@@ -47,6 +49,7 @@ export {
   type ParseOptions,
   type ParseResult,
   parseNetworkConfig,
+  type PresetUse,
   type Rule,
 } from './rules.js';
 export type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';

@@ -13,12 +13,13 @@ import {
   type NameRule,
   type NetworkRules,
   type Rule,
+  ruleLabel,
 } from './rules.js';
 import type { PolicyProblem } from './result.js';
 
 const LOOPBACK = (parseIP('127.0.0.1') as { ok: true; value: IPAddress }).value;
 
-const where = (rule: Rule) => `${rule.list}[${rule.index}] ${JSON.stringify(rule.entry)}`;
+const where = (rule: Rule) => `${rule.list}[${rule.index}] ${JSON.stringify(ruleLabel(rule))}`;
 
 function publicSuffixWarning(rule: NameRule): string | undefined {
   const options = { allowPrivateDomains: true };

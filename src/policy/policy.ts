@@ -10,7 +10,7 @@ import type { Destination } from './destination.js';
 import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
-import { ALL_TRAFFIC, type NetworkRules, type Rule } from './rules.js';
+import { ALL_TRAFFIC, type NetworkRules, type Rule, ruleLabel } from './rules.js';
 import type { HeaderTransform } from './transform-types.js';
 
 export type DecisionList =
@@ -92,23 +92,25 @@ export interface Policy {
   readonly transforms: DomainTrie<HeaderTransform>;
 }
 
+/** A preset's entry is named as the preset and the entry: `preset:pypi (pypi.org)`. */
 function allowDecision(rule: Rule): Decision {
+  const label = ruleLabel(rule);
   switch (rule.kind) {
     case 'name':
-      return decision('allow', 'allowOut', rule.entry, `the name matches allowOut ${rule.entry}`);
+      return decision('allow', 'allowOut', label, `the name matches allowOut ${label}`);
     case 'wildcard':
       return decision(
         'allow',
         'allowOut',
-        rule.entry,
-        `the name is below ${rule.name}, matched by allowOut ${rule.entry}`,
+        label,
+        `the name is below ${rule.name}, matched by allowOut ${label}`,
       );
     case 'address':
       return decision(
         'allow',
         'allowOut',
-        rule.entry,
-        `the address is inside allowOut ${rule.entry}; allow beats deny`,
+        label,
+        `the address is inside allowOut ${label}; allow beats deny`,
       );
   }
 }

@@ -6,6 +6,7 @@
  */
 import { type CIDR, isUnspecifiedNetwork, parseCIDR } from './address.js';
 import { type CanonicalName, canonicalName } from './host.js';
+import { PRESET_PREFIX, type PresetTable } from './preset-types.js';
 import type { PolicyProblem } from './result.js';
 import type { HeaderTransform } from './transform-types.js';
 import { parseTransforms } from './transforms.js';
@@ -24,13 +25,30 @@ export interface AddressRule {
 export interface NameRule {
   readonly kind: 'name' | 'wildcard';
   readonly list: 'allowOut';
+  /** For a preset's entry, the index of its `preset:NAME` entry. */
   readonly index: number;
+  /** The entry as written (in the policy, or in the preset's file). */
   readonly entry: string;
   /** The canonical name; for a wildcard, the domain below which it matches. */
   readonly name: CanonicalName;
+  /** The preset this entry came from, when it came from `preset:NAME`. */
+  readonly preset?: string;
 }
 
 export type Rule = AddressRule | NameRule;
+
+/** How decisions, flow records and lint name a rule: `preset:pypi (pypi.org)` for a preset's. */
+export const ruleLabel = (rule: Rule): string =>
+  rule.kind !== 'address' && rule.preset !== undefined
+    ? `${PRESET_PREFIX}${rule.preset} (${rule.entry})`
+    : rule.entry;
+
+/** A preset used by a policy: what `GET /sandboxes/{id}` shows beside allowOut as written. */
+export interface PresetUse {
+  readonly name: string;
+  readonly version: number;
+  readonly entries: readonly string[];
+}
 
 export interface NetworkRules {
   readonly allowOut: readonly Rule[];
@@ -41,6 +59,8 @@ export interface NetworkRules {
   readonly description: string | undefined;
   /** `network.rules`: headers set on intercepted requests, one transform per rule key. */
   readonly transforms: readonly HeaderTransform[];
+  /** Each preset allowOut names, once, in order of first use; its entries are in allowOut. */
+  readonly presets: readonly PresetUse[];
 }
 
 export type ParseResult =
@@ -49,6 +69,8 @@ export type ParseResult =
 export interface ParseOptions {
   /** Entries allowed in each list (default 10,000). */
   readonly maxEntries?: number;
+  /** What `preset:NAME` in allowOut may name (none when absent). */
+  readonly presets?: PresetTable;
 }
 
 export const DEFAULT_MAX_ENTRIES = 10_000;
@@ -120,6 +142,13 @@ function parseDenyEntry(written: string, index: number): AddressRule | PolicyPro
   const at = `denyOut[${index}]`;
   // ALL_TRAFFIC is the SDK's constant for 0.0.0.0/0; the rule is that entry from here on.
   const entry = written === ALL_TRAFFIC_NAME ? ALL_TRAFFIC : written;
+  if (entry.startsWith(PRESET_PREFIX)) {
+    return {
+      at,
+      entry,
+      message: `invalid denied CIDR ${entry} (${at}): presets only allow; use ${entry} in allowOut`,
+    };
+  }
   const cidr = parseCIDR(entry);
   if (!cidr.ok) {
     const why = looksLikeAddress(entry)
@@ -140,13 +169,63 @@ function parseDenyEntry(written: string, index: number): AddressRule | PolicyPro
   return { kind: 'address', list: 'denyOut', index, entry, cidr: cidr.value };
 }
 
-const isProblem = (parsed: Rule | PolicyProblem): parsed is PolicyProblem => !('kind' in parsed);
+const isProblem = (parsed: Rule | readonly Rule[] | PolicyProblem): parsed is PolicyProblem =>
+  !Array.isArray(parsed) && !('kind' in parsed);
+
+/**
+ * Why an entry of a preset file cannot be one (undefined when it can): it is judged exactly as
+ * an allowOut entry, and must then be a name or a wildcard, never an address, range or preset.
+ */
+export function presetEntryProblem(entry: string, index: number): string | undefined {
+  const at = `allowOut[${index}]`;
+  if (entry.startsWith(PRESET_PREFIX))
+    return `${at} ${JSON.stringify(entry)}: a preset cannot name another preset`;
+  const parsed = parseAllowEntry(entry, index);
+  if (isProblem(parsed)) return parsed.message;
+  if (parsed.kind === 'address')
+    return `${at} ${JSON.stringify(entry)} is an address or CIDR: a preset names only domain names and *.name wildcards`;
+  return undefined;
+}
+
+/** `preset:NAME` in allowOut: the preset's entries as rules at the preset's index. */
+function expandPreset(
+  entry: string,
+  index: number,
+  presets: PresetTable | undefined,
+  used: Map<string, PresetUse>,
+): Rule[] | PolicyProblem {
+  const at = `allowOut[${index}]`;
+  const preset = presets?.get(entry.slice(PRESET_PREFIX.length));
+  if (preset === undefined) {
+    const known = [...(presets?.keys() ?? [])].sort();
+    return {
+      at,
+      entry,
+      message: `unknown preset ${entry} (${at}): known presets are ${known.length === 0 ? 'none' : known.map((name) => PRESET_PREFIX + name).join(', ')}`,
+    };
+  }
+  used.set(preset.name, { name: preset.name, version: preset.version, entries: preset.entries });
+  const rules: NameRule[] = [];
+  for (const written of preset.entries) {
+    // Checked when the preset's file was read (presetEntryProblem); checked again, not assumed.
+    const rule = parseAllowEntry(written, index);
+    if (isProblem(rule) || rule.kind === 'address') {
+      return {
+        at,
+        entry,
+        message: `preset ${entry} (${at}) from ${preset.source} holds ${JSON.stringify(written)}, which is not a name or *.name wildcard`,
+      };
+    }
+    rules.push({ ...rule, preset: preset.name });
+  }
+  return rules;
+}
 
 function readList<T extends Rule>(
   config: Record<string, unknown>,
   field: RuleList,
   maxEntries: number,
-  parseEntry: (entry: string, index: number) => T | PolicyProblem,
+  parseEntry: (entry: string, index: number) => T | readonly T[] | PolicyProblem,
   errors: PolicyProblem[],
 ): T[] {
   const value = config[field];
@@ -173,7 +252,7 @@ function readList<T extends Rule>(
     }
     const parsed = parseEntry(entry, index);
     if (isProblem(parsed)) errors.push(parsed);
-    else rules.push(parsed);
+    else rules.push(...(Array.isArray(parsed) ? (parsed as readonly T[]) : [parsed as T]));
   });
   return rules;
 }
@@ -213,16 +292,30 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
       message: `description has ${description.length} characters; the limit is ${MAX_DESCRIPTION_LENGTH}`,
     });
   }
-  const allowOut = readList(config, 'allowOut', maxEntries, parseAllowEntry, errors);
+  const used = new Map<string, PresetUse>();
+  const allowOut = readList(
+    config,
+    'allowOut',
+    maxEntries,
+    (entry, index) =>
+      entry.startsWith(PRESET_PREFIX)
+        ? expandPreset(entry, index, options.presets, used)
+        : parseAllowEntry(entry, index),
+    errors,
+  );
   const denyOut = readList(config, 'denyOut', maxEntries, parseDenyEntry, errors);
   const transforms = parseTransforms(config.rules, errors);
   const denyAll = access === false || denyOut.some((rule) => rule.entry === ALL_TRAFFIC);
   const firstName = allowOut.find((rule) => rule.kind !== 'address');
   if (firstName && !denyAll) {
+    const what =
+      firstName.preset === undefined
+        ? `${JSON.stringify(firstName.entry)} is a domain`
+        : `"${PRESET_PREFIX}${firstName.preset}" names domains`;
     errors.push({
       at: `allowOut[${firstName.index}]`,
       entry: firstName.entry,
-      message: `${ALL_TRAFFIC_MESSAGE} (allowOut[${firstName.index}] ${JSON.stringify(firstName.entry)} is a domain; ALL_TRAFFIC is "0.0.0.0/0", which denies IPv6 too)`,
+      message: `${ALL_TRAFFIC_MESSAGE} (allowOut[${firstName.index}] ${what}; ALL_TRAFFIC is "0.0.0.0/0", which denies IPv6 too)`,
     });
   }
   if (errors.length > 0) return { ok: false, errors };
@@ -235,6 +328,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
       denyAll,
       description: typeof description === 'string' ? description : undefined,
       transforms,
+      presets: [...used.values()],
     },
   };
 }

@@ -5,6 +5,8 @@ import {
   type InternalDenyList,
   parseNetworkConfig,
   type Policy,
+  type PresetTable,
+  type PresetUse,
 } from '../policy/index.js';
 import { networkRules } from './network-settings.js';
 import type { SandboxRecord } from './records.js';
@@ -13,6 +15,8 @@ import { type EgressRules, SandboxError } from './requests.js';
 export interface PolicyOptions {
   readonly internal: InternalDenyList;
   readonly maxPolicyEntries: number;
+  /** What `preset:NAME` in allowOut may name. */
+  readonly presets: PresetTable;
   /**
    * Whether a stored secret has this name: `network.rules` may name only those. Absent, rules
    * that name a secret are refused.
@@ -24,9 +28,16 @@ export interface PolicyOptions {
 export class SandboxPolicies {
   constructor(private readonly options: PolicyOptions) {}
 
+  private parse(rules: EgressRules) {
+    return parseNetworkConfig(rules, {
+      maxEntries: this.options.maxPolicyEntries,
+      presets: this.options.presets,
+    });
+  }
+
   /** The rules of a request, compiled; a 400 naming the entry at fault. */
   compile(rules: EgressRules): Policy {
-    const parsed = parseNetworkConfig(rules, { maxEntries: this.options.maxPolicyEntries });
+    const parsed = this.parse(rules);
     if (!parsed.ok) {
       throw new SandboxError(400, parsed.errors.map((problem) => problem.message).join('; '));
     }
@@ -34,8 +45,8 @@ export class SandboxPolicies {
   }
 
   /**
-   * A stored config was valid when stored; if this Moat's limits have since changed and it no
-   * longer parses, the sandbox is enforced deny-all rather than left open (fail closed).
+   * A stored config was valid when stored; if this Moat's limits or presets have since changed
+   * and it no longer parses, the sandbox is enforced deny-all rather than left open (fail closed).
    */
   stored(record: SandboxRecord): Policy {
     try {
@@ -47,6 +58,12 @@ export class SandboxPolicies {
       );
       return this.compile({ denyOut: ['0.0.0.0/0', '::/0'] });
     }
+  }
+
+  /** The presets a stored config uses, as this Moat expands them (none if it no longer parses). */
+  presetsOf(record: SandboxRecord): readonly PresetUse[] {
+    const parsed = this.parse(networkRules(record.network));
+    return parsed.ok ? parsed.value.presets : [];
   }
 
   /** Every secret the policy's rules name must be stored (a 400 naming key, header and secret). */

@@ -7,7 +7,14 @@ import {
   type KernelEnforcer,
 } from '../enforce/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import { type InternalDenyList, type IPAddress, parseIP, type Policy } from '../policy/index.js';
+import {
+  type InternalDenyList,
+  type IPAddress,
+  parseIP,
+  type Policy,
+  type PresetTable,
+  type PresetUse,
+} from '../policy/index.js';
 import {
   AdoptRefused,
   type AdoptRequest,
@@ -69,6 +76,8 @@ export interface SandboxServiceOptions {
   readonly metrics: MoatMetrics;
   readonly logger: Logger;
   readonly maxPolicyEntries: number;
+  /** What `preset:NAME` in allowOut may name. */
+  readonly presets: PresetTable;
   /**
    * Whether a stored secret has this name: `network.rules` may name only those. Absent, rules
    * that name a secret are refused.
@@ -344,6 +353,11 @@ export class SandboxService {
       throw notFound(sandboxID);
     }
     return record;
+  }
+
+  /** The presets a sandbox's allowOut names, each with its version and entries. */
+  presetsOf(record: SandboxRecord): readonly PresetUse[] {
+    return this.policies.presetsOf(record);
   }
 
   /** The sandbox's record, or undefined when there is none; a store outage still throws. */

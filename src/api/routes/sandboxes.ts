@@ -221,7 +221,12 @@ export const SANDBOX_ROUTES: readonly PlatformRoute[] = [
     schema: { params: sandboxParams, response: { 200: detailSchema, ...errors(400, 401, 404) } },
     handler: async (request, _reply, { service, egress, flows }) => {
       const record = await service.get(request.params.sandboxID);
-      return detailView(record, egress, flows.totalsOf(record.sandboxID));
+      return detailView(
+        record,
+        egress,
+        flows.totalsOf(record.sandboxID),
+        service.presetsOf(record),
+      );
     },
   }),
   route({

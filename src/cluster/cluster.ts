@@ -69,11 +69,14 @@ export class Cluster {
 
   constructor(private readonly options: ClusterOptions) {
     // Its own connection: a subscribed connection can do nothing else, must not time out while
-    // no message comes, and may queue its SUBSCRIBE until it is connected (ioredis subscribes
-    // again by itself after a reconnection).
+    // no message comes, and may queue its SUBSCRIBE until it is connected. It subscribes again
+    // itself after a reconnection ('ready' below): ioredis's own resubscription drops its
+    // promise, so a connection closed before the reply (a Redis going away again, or Moat
+    // stopping) rejected it unhandled, which ends the process.
     this.subscriber = options.client.duplicate({
       socketTimeout: undefined,
       enableOfflineQueue: true,
+      autoResubscribe: false,
     });
     this.subscriber.on('error', (error: Error) => options.onError(error));
   }
@@ -108,7 +111,12 @@ export class Cluster {
     // Either connection coming back may be the later one: each ready after an outage asks for a
     // reload (the caller retries until the store answers, and runs one at a time).
     this.subscriber.on('ready', () => {
-      if (this.subscribedOnce) this.options.onReconnect();
+      if (this.subscribedOnce) {
+        this.subscriber
+          .subscribe(this.channel)
+          .catch((error: Error) => this.options.onError(error));
+        this.options.onReconnect();
+      }
       this.subscribedOnce = true;
     });
     this.options.client.on('ready', () => this.options.onReconnect());

@@ -81,4 +81,63 @@ describe.skipIf(problem !== undefined)('a node whose store is out of reach', () 
       interval: 50,
     });
   });
+
+  it('hears announced changes again once the store is back', async () => {
+    relay.cut();
+    relay.restore();
+    const admin = new Redis(REDIS_PORT, '127.0.0.1');
+    const announced = `i${'1'.repeat(20)}`;
+    const heard = () =>
+      logs.some(
+        (line) =>
+          line.includes('announced network change not applied here') && line.includes(announced),
+      );
+    try {
+      // Announced again until heard: the node's subscription comes back on its own time.
+      await vi.waitFor(
+        async () => {
+          await admin.publish(
+            `${prefix}policy`,
+            JSON.stringify({ node: NODE, sandboxID: announced }),
+          );
+          expect(heard()).toBe(true);
+        },
+        { timeout: 10_000, interval: 200 },
+      );
+    } finally {
+      admin.disconnect();
+    }
+  });
+});
+
+describe.skipIf(problem !== undefined)('a node whose resubscription gets no reply', () => {
+  it('stops without an unhandled rejection (which would end the process)', async () => {
+    const unhandled: unknown[] = [];
+    const collect = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', collect);
+    const prefix = `moat-test:${randomUUID()}:`;
+    const relay = await RedisRelay.start();
+    const node = await startApiMoat(
+      new Map(),
+      { store: relay.url, 'store-prefix': prefix, 'node-id': 'node-resubscribe' },
+      [],
+    );
+    try {
+      // Both connections drop and come back; the subscribing one asks for its channel again,
+      // and the answer never comes before Moat stops.
+      const held = relay.holdRepliesAfter('subscribe');
+      relay.cut();
+      relay.restore();
+      await held;
+      await node.stop();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', collect);
+      const admin = new Redis(REDIS_PORT, '127.0.0.1');
+      const keys = await admin.keys(`${prefix}*`);
+      if (keys.length > 0) await admin.del(...keys);
+      admin.disconnect();
+    }
+  });
 });

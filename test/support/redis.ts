@@ -64,7 +64,8 @@ export async function startLocalRedis(): Promise<void> {
 /**
  * A loopback TCP relay to the local Redis. `cut` drops its connections and resets new ones (as
  * a Redis that went away); `stall` keeps connections open but forwards nothing (as a silent
- * network partition); `restore` passes traffic again.
+ * network partition); `restore` passes traffic again. `holdRepliesAfter` lets a connection's
+ * command through and withholds every reply from then on (a reply lost on its way).
  */
 export class RedisRelay {
   private static readonly all: RedisRelay[] = [];
@@ -78,6 +79,9 @@ export class RedisRelay {
   private mode: 'pass' | 'cut' | 'stall' = 'pass';
   private readonly sockets = new Set<Socket>();
   private readonly server: Server = createServer((socket) => this.accept(socket));
+  /** The command whose sender gets no more replies, and who waits for one to send it. */
+  private holding: { command: string; held: () => void } | undefined;
+  private readonly heldClients = new Set<Socket>();
 
   static async start(): Promise<RedisRelay> {
     const relay = new RedisRelay();
@@ -105,6 +109,16 @@ export class RedisRelay {
     this.mode = 'pass';
   }
 
+  /**
+   * The next connection to send `command` (as a RESP bulk string, e.g. `subscribe`) has it
+   * passed on but gets no reply from then on; resolves once one has sent it.
+   */
+  holdRepliesAfter(command: string): Promise<void> {
+    return new Promise((held) => {
+      this.holding = { command: `\r\n${command.toLowerCase()}\r\n`, held };
+    });
+  }
+
   async close(): Promise<void> {
     this.dropAll();
     await new Promise((resolve) => this.server.close(resolve));
@@ -120,10 +134,17 @@ export class RedisRelay {
     if (this.mode === 'stall') return;
     const upstream = this.track(connect(REDIS_PORT, '127.0.0.1'));
     socket.on('data', (data) => {
-      if (this.mode === 'pass') upstream.write(data);
+      if (this.mode !== 'pass') return;
+      upstream.write(data);
+      const holding = this.holding;
+      if (holding && data.toString('latin1').toLowerCase().includes(holding.command)) {
+        this.holding = undefined;
+        this.heldClients.add(socket);
+        holding.held();
+      }
     });
     upstream.on('data', (data) => {
-      if (this.mode === 'pass') socket.write(data);
+      if (this.mode === 'pass' && !this.heldClients.has(socket)) socket.write(data);
     });
     socket.on('close', () => upstream.destroy());
     upstream.on('close', () => socket.destroy());
@@ -133,7 +154,10 @@ export class RedisRelay {
     this.sockets.add(socket);
     // Resets are what these tests provoke.
     socket.on('error', () => {});
-    socket.on('close', () => this.sockets.delete(socket));
+    socket.on('close', () => {
+      this.sockets.delete(socket);
+      this.heldClients.delete(socket);
+    });
     return socket;
   }
 

@@ -54,7 +54,8 @@ const holdOpen = (host: string, port: number, count: number) =>
       'import socket',
       'held = []',
       `for i in range(${count}):`,
-      '  s = socket.socket(); s.settimeout(1)',
+      // A refused one is reset at once; one within the budget may take seconds on a loaded host.
+      '  s = socket.socket(); s.settimeout(5)',
       '  try:',
       `    s.connect(("${host}", ${port})); held.append(s)`,
       '  except OSError: pass',

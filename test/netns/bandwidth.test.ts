@@ -167,5 +167,5 @@ describe.skipIf(skip !== undefined)('bandwidth limits in the kernel (namespace m
     expect(lifted.status, lifted.text).toBe(204);
     const [free] = await sendFrom(limited);
     expect(free).toBeGreaterThan(80);
-  }, 30_000);
+  }, 90_000);
 });

@@ -335,7 +335,8 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
           const done = Promise.all([ended(asking), ended(talking)]);
           await until(() => out.asking.includes('open') && out.talking.includes('open'), 10_000);
           expect(out).toMatchObject({ asking: 'open\n' });
-          await new Promise((resolve) => setTimeout(resolve, 200));
+          // The talker's stream is flowing before the publish (a loaded host starts it late).
+          await until(() => arrivalsOf(out.talking.split('\n')).length > 5, 2_000);
           const requestedAt = Date.now();
           const put = await harness.api.call('PUT', `/sandboxes/${sandbox.sandboxId}/network`, {
             body: { denyOut: [`${ALLOWED_IP}/32`] },

@@ -27,7 +27,8 @@
  * onEvent(type, id, a, b, c, bytes, text):
  *   1 ACCEPTED  client id, a listener, b peer port, c ms since accept, bytes (empty: the
  *               handshake time passed with none), text peer address
- *   2 CONNECTED upstream id, text: undefined on success, else the error code (it is closed)
+ *   2 CONNECTED upstream id, text: undefined on success, else the error code (it is closed);
+ *               a 1: connected to one of this host's own addresses (both ends have one address)
  *   3 DATA      client id of a tunnel, a dir, bytes read from a watched side (empty: its end);
  *               watched bytes are not relayed, nor is a watched side's end: JavaScript sends
  *               what should go on, and ends the other side when it should
@@ -615,6 +616,24 @@ static void read_first(engine *e, sock *s) {
   ev->has_text = peer_text(s, ev->text, sizeof ev->text);
 }
 
+/*
+ * Whether a connected socket's two ends have one address: the kernel picks the destination
+ * itself as the source of a connection to one of this host's own addresses.
+ */
+static int reached_self(int fd) {
+  struct sockaddr_storage local, peer;
+  socklen_t local_length = sizeof local, peer_length = sizeof peer;
+  if (getsockname(fd, (struct sockaddr *)&local, &local_length) != 0 ||
+      getpeername(fd, (struct sockaddr *)&peer, &peer_length) != 0)
+    return 0;
+  if (local.ss_family != peer.ss_family) return 0;
+  if (local.ss_family == AF_INET)
+    return ((struct sockaddr_in *)&local)->sin_addr.s_addr ==
+           ((struct sockaddr_in *)&peer)->sin_addr.s_addr;
+  return memcmp(&((struct sockaddr_in6 *)&local)->sin6_addr,
+                &((struct sockaddr_in6 *)&peer)->sin6_addr, sizeof(struct in6_addr)) == 0;
+}
+
 static void finish_connect(engine *e, sock *s) {
   int error = 0;
   socklen_t length = sizeof error;
@@ -622,6 +641,7 @@ static void finish_connect(engine *e, sock *s) {
   event *ev = push_event(e, EV_CONNECTED, s->id);
   if (error == 0) {
     s->state = S_PARKED;
+    if (ev) ev->a = reached_self(s->fd);
     return;
   }
   if (ev) {

@@ -4,7 +4,6 @@ import { ConnectionBudget, EnforcementTable } from '../../src/enforce/index.js';
 import { FlowRecorder, FlowStore } from '../../src/flows/index.js';
 import { MoatMetrics } from '../../src/metrics/index.js';
 import {
-  compileHostAddresses,
   compileInternalDenyList,
   compilePolicy,
   type IPAddress,
@@ -22,6 +21,7 @@ import {
   TunnelRegistry,
 } from '../../src/proxy/index.js';
 import type { HostPort } from '../../src/net/index.js';
+import { LOOPBACK_IS_OUTSIDE } from './loopback-outside.js';
 
 export interface InterceptingProxyOptions {
   /** Names Moat resolves, to their addresses (no DNS is asked). */
@@ -89,7 +89,7 @@ export async function startInterceptingProxy(
       },
     },
     connectTimeoutMs: 5000,
-    host: compileHostAddresses([]),
+    host: LOOPBACK_IS_OUTSIDE,
   });
   const tunnels = new TunnelRegistry(table, (sandbox, target) =>
     dialer.check(sandbox, target, target.ip),

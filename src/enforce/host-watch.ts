@@ -52,6 +52,12 @@ export class HostWatch implements HostAddresses {
     return this.current.decide(ip, port);
   }
 
+  reached(port: number): Decision | undefined {
+    // Perhaps an address added since the last reading, its news not yet here: read again.
+    this.renew();
+    return this.current.reached(port);
+  }
+
   /** Starts following address changes. */
   start(): void {
     if (!existsSync(IP)) return this.poll(`${IP} (iproute2) is not installed`);

@@ -33,6 +33,12 @@ export interface HostAddresses {
    * the policy decides. Without a port (an address in a DNS answer) no open port counts.
    */
   decide(ip: IPAddress, port?: number): Decision | undefined;
+  /**
+   * The deny for a connection found, once made, to have reached the host itself on `port` (its
+   * two ends have one address: how the kernel sources a connection to a local address), whatever
+   * the address; undefined on a port the operator opened.
+   */
+  reached(port: number): Decision | undefined;
 }
 
 const deny = (reason: string): Decision =>
@@ -82,6 +88,7 @@ export function compileHostAddresses(
       if (found === HOST && port !== undefined && open.has(port)) return undefined;
       return found;
     },
+    reached: (port) => (open.has(port) ? undefined : HOST),
   };
 }
 

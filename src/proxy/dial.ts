@@ -51,6 +51,13 @@ export interface DialerOptions {
   readonly onDial?: (seconds: number) => void;
 }
 
+/** An attempt that turned out to reach the host itself, closed before a byte. */
+class ReachedHost extends Error {
+  constructor(readonly decision: Decision) {
+    super(decision.reason);
+  }
+}
+
 /** The refusal for work whose sandbox went away (or away and back, a new record) meanwhile. */
 export const removed = (sandbox: EnforcedSandbox): Refusal => ({
   status: 403,
@@ -128,20 +135,37 @@ export class Dialer {
    * refuses with 502/504. `open` makes the connection: tunnelSocket, httpSocket, or the native
    * relay's dial.
    */
-  async connect<T>(
+  connect<T>(
     target: Target,
     addresses: readonly IPAddress[],
     open: Opener<T>,
+  ): Promise<Connected<T>> {
+    return this.connectTo(target, addresses, open, true);
+  }
+
+  /**
+   * `connect`; with `guardHost`, a connection that turns out to have reached the host itself
+   * (an address it got after Moat last read its addresses, or one only a local route delivers)
+   * is closed before a byte and refused like any host address. Off only for the operator's
+   * upstream proxy.
+   */
+  private async connectTo<T>(
+    target: Target,
+    addresses: readonly IPAddress[],
+    open: Opener<T>,
+    guardHost: boolean,
   ): Promise<Connected<T>> {
     let timedOut = false;
     const failures: string[] = [];
     for (const ip of addresses) {
       const started = performance.now();
       try {
-        const socket = await this.attempt(open, ip, target.port);
+        const socket = await this.attempt(open, ip, target.port, guardHost);
         this.options.onDial?.((performance.now() - started) / 1000);
         return { ok: true, socket, ip };
       } catch (error) {
+        if (error instanceof ReachedHost)
+          return { ok: false, ...denial({ ...target, ip }, error.decision) };
         const message = (error as Error).message;
         timedOut ||= message === 'timeout';
         failures.push(`${ip.text}: ${message}`);
@@ -201,7 +225,8 @@ export class Dialer {
       }
       if (proxyAddresses.length === 0) return refuse('the proxy name has no address');
     }
-    const proxy = await this.connect(upstream.at, proxyAddresses, proxySocket);
+    // The operator's proxy may well run on the host itself.
+    const proxy = await this.connectTo(upstream.at, proxyAddresses, proxySocket, false);
     if (!proxy.ok) return refuse(`cannot connect to the proxy: ${proxy.message}`);
     const started = performance.now();
     try {
@@ -219,7 +244,7 @@ export class Dialer {
     return { ok: true, socket: proxy.socket, ip: addresses[0]!, via: upstream };
   }
 
-  private attempt<T>(open: Opener<T>, ip: IPAddress, port: number): Promise<T> {
+  private attempt<T>(open: Opener<T>, ip: IPAddress, port: number, guardHost: boolean): Promise<T> {
     return new Promise((resolve, reject) => {
       let settled = false;
       const timer = setTimeout(() => {
@@ -227,12 +252,15 @@ export class Dialer {
         opening.abort();
         reject(new Error('timeout'));
       }, this.options.connectTimeoutMs);
-      const opening = open(ip.text, port, (error, connection) => {
+      const opening = open(ip.text, port, (error, connection, toSelf) => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
-        if (error === undefined) resolve(connection!);
-        else reject(error);
+        if (error !== undefined) return reject(error);
+        const host = guardHost && toSelf === true ? this.options.host.reached(port) : undefined;
+        if (host === undefined) return resolve(connection!);
+        opening.abort();
+        reject(new ReachedHost(host));
       });
     });
   }
@@ -245,7 +273,7 @@ export class Dialer {
 export type Opener<T> = (
   ip: string,
   port: number,
-  done: (error: Error | undefined, connection?: T) => void,
+  done: (error: Error | undefined, connection?: T, toSelf?: boolean) => void,
 ) => { abort(): void };
 
 function socketOpener(connect: (options: net.TcpNetConnectOpts) => net.Socket): Opener<net.Socket> {
@@ -260,7 +288,7 @@ function socketOpener(connect: (options: net.TcpNetConnectOpts) => net.Socket): 
       socket.off('error', failed);
       // Errors after this end the connection; whoever splices it cleans up on 'close'.
       socket.on('error', () => socket.destroy());
-      done(undefined, socket);
+      done(undefined, socket, socket.localAddress === socket.remoteAddress);
     });
     return { abort: () => socket.destroy() };
   };

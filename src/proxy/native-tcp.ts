@@ -101,7 +101,7 @@ export class NativeTcp {
   private readonly listeners = new Map<number, NativeListenerHandlers>();
   /** Clients kept at OPENED, until GONE: whom to tell. */
   private readonly openedBy = new Map<number, NativeListenerHandlers>();
-  private readonly dials = new Map<number, (code: string | undefined) => void>();
+  private readonly dials = new Map<number, (code: string | undefined, toSelf: boolean) => void>();
   private readonly tunnels = new Map<number, TunnelHandlers>();
 
   private readonly defectListeners = new Set<(error: unknown) => void>();
@@ -162,7 +162,7 @@ export class NativeTcp {
     } else if (type === CONNECTED) {
       const done = this.dials.get(id);
       this.dials.delete(id);
-      done?.(text);
+      done?.(text, a === 1);
     } else if (type === DATA) {
       this.tunnels.get(id)?.data(a as Direction, bytes!);
     } else if (type === CLOSED) {
@@ -203,8 +203,8 @@ export class NativeTcp {
       done(new Error((error as NodeJS.ErrnoException).code ?? (error as Error).message));
       return { abort: () => {} };
     }
-    this.dials.set(id, (code) =>
-      code === undefined ? done(undefined, { id }) : done(new Error(code)),
+    this.dials.set(id, (code, toSelf) =>
+      code === undefined ? done(undefined, { id }, toSelf) : done(new Error(code)),
     );
     return {
       abort: () => {

@@ -20,16 +20,12 @@ import {
 } from '../../src/flows/index.js';
 import { MoatMetrics } from '../../src/metrics/index.js';
 import { IngressProxy } from '../../src/proxy/index.js';
-import {
-  compileHostAddresses,
-  compilePolicy,
-  parseIP,
-  parseNetworkConfig,
-} from '../../src/policy/index.js';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { API_KEY, ApiClient, expectNoContent } from '../support/api-client.js';
 import { udpQuery } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { connectThrough, httpEchoOrigin, type Origin } from '../support/origins.js';
+import { LOOPBACK_IS_OUTSIDE } from '../../bench/lib/loopback-outside.js';
 
 const SANDBOX = 'iflowsandbox000000001';
 const SECRET = 'egress-secret-flows';
@@ -98,7 +94,7 @@ describe('flow records', () => {
     moat = await startMoat(config.value, pino({ level: 'silent' }), {
       defaultMetrics: false,
       // The origins are on this host's loopback: the host is not what these tests are about.
-      hostAddresses: compileHostAddresses([]),
+      hostAddresses: LOOPBACK_IS_OUTSIDE,
       transparentPorts: { tls: 1, http: web.port },
     });
     api = new ApiClient(`http://127.0.0.1:${moat.listening.api.port}`);

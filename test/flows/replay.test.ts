@@ -14,7 +14,6 @@ import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { type RecordedDecision, replay } from '../../src/cli/replay.js';
 import { loadConfig } from '../../src/config.js';
 import {
-  compileHostAddresses,
   compileInternalDenyList,
   compilePolicy,
   decide,
@@ -27,6 +26,7 @@ import { udpQuery } from '../support/dns-client.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { runMoat } from '../support/moat.js';
 import { connectThrough, httpEchoOrigin, type Origin } from '../support/origins.js';
+import { LOOPBACK_IS_OUTSIDE } from '../../bench/lib/loopback-outside.js';
 
 /** Test addresses are special-use ones: nothing is internal here. */
 const NO_INTERNAL = compileInternalDenyList([]);
@@ -226,7 +226,7 @@ describe('moat check --replay', () => {
     if (!config.ok) throw new Error(config.error);
     moat = await startMoat(config.value, pino({ level: 'silent' }), {
       defaultMetrics: false,
-      hostAddresses: compileHostAddresses([]),
+      hostAddresses: LOOPBACK_IS_OUTSIDE,
     });
     const parsed = parseNetworkConfig({ allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] });
     const source = parseIP(SOURCE);

@@ -21,6 +21,9 @@ const skip = namespaceSkipReason('test/netns/host');
 const HOST = '198.18.21.1';
 /** Added once Moat runs, removed at the end. */
 const LATER = '198.18.21.2';
+/** A prefix the host takes as its own by a local route alone, during one test; one of its addresses. */
+const ANY_IP = '198.18.21.64/26';
+const IN_ANY_IP = '198.18.21.70';
 const PORTS = { api: 3000, sandbox: 3001, proxy: 3128, service: 8081, opened: 8082 };
 
 /** Runs a shell line in the sandbox; a failing exit is a result, not an exception. */
@@ -143,6 +146,26 @@ describe.skipIf(skip !== undefined)('the host is never a destination (namespace 
       expect(host.served).toEqual([]);
     } finally {
       host.ip('addr', 'del', `${LATER}/32`, 'dev', 'host0');
+    }
+  });
+
+  it('refuses an address only a local route of the host delivers (no interface has it), before a byte', async () => {
+    // AnyIP: the host takes a whole prefix as its own with no address on any interface, so no
+    // listing of its addresses ever shows it; the connection itself says where it went.
+    host.ip('route', 'add', 'local', ANY_IP, 'dev', 'lo');
+    try {
+      const url = `http://${IN_ANY_IP}:${PORTS.service}/`;
+      expect((await run(sandbox, viaProxy(url, true))).out).toContain(' 403 ');
+      expect((await run(sandbox, viaProxy(url, false))).out).toMatch(
+        /denied by host: the address is the host itself.* 000 403$/,
+      );
+      expect(host.served).toEqual([]);
+      // The port the operator opened stays open on it.
+      const opened = await run(sandbox, viaProxy(`http://${IN_ANY_IP}:${PORTS.opened}/`, false));
+      expect(opened.out).toBe(`host service ${PORTS.opened}\n 000 200`);
+      host.served.length = 0;
+    } finally {
+      host.ip('route', 'del', 'local', ANY_IP, 'dev', 'lo');
     }
   });
 

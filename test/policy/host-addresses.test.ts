@@ -64,4 +64,11 @@ describe('the host as a destination', () => {
       rule: null,
     });
   });
+
+  it('denies a connection found to have reached the host, on any port but an opened one', () => {
+    expect(HOST.reached(22)?.reason).toMatch(/the host itself/);
+    expect(HOST.reached(8081)?.reason).toMatch(/the host itself/);
+    expect(HOST.reached(8080)).toBeUndefined();
+    expect(compileHostAddresses([]).reached(8080)?.list).toBe('host');
+  });
 });

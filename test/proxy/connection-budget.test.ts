@@ -11,16 +11,12 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { loadConfig } from '../../src/config.js';
-import {
-  compileHostAddresses,
-  compilePolicy,
-  parseIP,
-  parseNetworkConfig,
-} from '../../src/policy/index.js';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import type { TcpIoSetting } from '../../src/proxy/index.js';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { httpEchoOrigin, type Origin } from '../support/origins.js';
+import { LOOPBACK_IS_OUTSIDE } from '../../bench/lib/loopback-outside.js';
 
 const CAP = 16;
 const FLOOD = 2000;
@@ -66,7 +62,7 @@ describe.each<TcpIoSetting>(['auto', 'node'])('connection budget (proxy io %s)',
     if (!config.ok) throw new Error(config.error);
     moat = await startMoat(config.value, pino({ level: 'silent' }), {
       defaultMetrics: false,
-      hostAddresses: compileHostAddresses([]),
+      hostAddresses: LOOPBACK_IS_OUTSIDE,
     });
     const parsed = parseNetworkConfig({ allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] });
     if (!parsed.ok) throw new Error('policy');

@@ -8,12 +8,7 @@ import { nativeTcp, nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
 import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { loadConfig } from '../../src/config.js';
-import {
-  compileHostAddresses,
-  compilePolicy,
-  parseIP,
-  parseNetworkConfig,
-} from '../../src/policy/index.js';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { udpQuery } from '../support/dns-client.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { FakeDns } from '../support/fake-dns.js';
@@ -27,6 +22,7 @@ import {
   tlsEchoOrigin,
 } from '../support/origins.js';
 import type { HostPort } from '../../src/net/index.js';
+import { LOOPBACK_IS_OUTSIDE } from '../../bench/lib/loopback-outside.js';
 
 /**
  * The egress proxy's behaviour, run once per way of carrying connections (egress.test.ts: the
@@ -85,7 +81,7 @@ export function egressSuite(io: TcpIoSetting): void {
     if (!config.ok) throw new Error(config.error);
     return startMoat(config.value, pino({ level: 'silent' }), {
       defaultMetrics: false,
-      hostAddresses: host === 'this host' ? undefined : compileHostAddresses([]),
+      hostAddresses: host === 'this host' ? undefined : LOOPBACK_IS_OUTSIDE,
       transparentPorts: { tls: secure.port, http: web.port },
     });
   }

@@ -19,12 +19,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { type RunningMoat, startMoat } from '../../src/app/index.js';
 import { loadConfig } from '../../src/config.js';
-import {
-  compileHostAddresses,
-  compilePolicy,
-  parseIP,
-  parseNetworkConfig,
-} from '../../src/policy/index.js';
+import { compilePolicy, parseIP, parseNetworkConfig } from '../../src/policy/index.js';
 import { FakeDns } from '../support/fake-dns.js';
 import { kernelBufferedMax } from '../support/kernel-buffers.js';
 import { bodyDigest } from '../support/origins.js';
@@ -41,6 +36,7 @@ import {
 } from '../support/raw-http.js';
 import { steadyValue } from '../support/steady.js';
 import type { HostPort } from '../../src/net/index.js';
+import { LOOPBACK_IS_OUTSIDE } from '../../bench/lib/loopback-outside.js';
 
 const SANDBOX = 'iforwardsandbox000001';
 const SECRET = 'forward-secret-1';
@@ -222,7 +218,7 @@ beforeAll(async () => {
   moat = await startMoat(config.value, pino({ level: 'silent' }), {
     defaultMetrics: false,
     // The origins are on this host's loopback; what is the host is test/proxy/host.test.ts's.
-    hostAddresses: compileHostAddresses([]),
+    hostAddresses: LOOPBACK_IS_OUTSIDE,
   });
   proxy = moat.listening.proxy;
   const parsed = parseNetworkConfig({ allowOut: ['*.fwd.test'], denyOut: ['0.0.0.0/0'] });

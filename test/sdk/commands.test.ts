@@ -12,6 +12,29 @@ let harness: SdkMoat;
 
 const sandbox = (options: SandboxOpts = {}) => harness.sandbox(options);
 
+/**
+ * Starts an HTTP server inside `sbx` answering `body` (a JavaScript expression over the request
+ * `q`) and resolves with its port. The kernel picks the port: a sandbox without a namespace shares
+ * the host's loopback, where a port picked at random can be some other process's (issue 36: a run
+ * beside another Moat answered "no process listens" for the whole poll).
+ */
+async function serveInside(sbx: Sandbox, body: string): Promise<number> {
+  let resolve: (port: number) => void = () => undefined;
+  const port = new Promise<number>((done) => (resolve = done));
+  let printed = '';
+  await sbx.commands.run(
+    `node -e "require('http').createServer((q,s)=>s.end(${body})).listen(0,'127.0.0.1',function(){console.log(this.address().port)})"`,
+    {
+      background: true,
+      onStdout: (data) => {
+        printed += data;
+        if (printed.includes('\n')) resolve(Number(printed.trim()));
+      },
+    },
+  );
+  return port;
+}
+
 beforeAll(async () => {
   harness = await startSdkMoat();
 });
@@ -150,11 +173,7 @@ describe('pty', () => {
 describe('ingress and hosts', () => {
   it('getHost + a server started inside the sandbox', async () => {
     const sbx = await sandbox();
-    const port = 20_000 + Math.floor(Math.random() * 20_000);
-    await sbx.commands.run(
-      `node -e "require('http').createServer((q,s)=>s.end('hi from '+q.headers.host)).listen(${port},'127.0.0.1')"`,
-      { background: true },
-    );
+    const port = await serveInside(sbx, "'hi from '+q.headers.host");
     const host = sbx.getHost(port);
     expect(host).toBe(`${port}-${sbx.sandboxId}.moat.test`);
     await expect
@@ -164,11 +183,7 @@ describe('ingress and hosts', () => {
 
   it('a traffic token is required when public traffic is off (403 / 200)', async () => {
     const sbx = await sandbox({ network: { allowPublicTraffic: false } });
-    const port = 20_000 + Math.floor(Math.random() * 20_000);
-    await sbx.commands.run(
-      `node -e "require('http').createServer((q,s)=>s.end('ok')).listen(${port},'127.0.0.1')"`,
-      { background: true },
-    );
+    const port = await serveInside(sbx, "'ok'");
     const host = sbx.getHost(port);
     const headers = { 'e2b-traffic-access-token': sbx.trafficAccessToken! };
     await expect

@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FakeDns } from './support/fake-dns.js';
 import { runMoat } from './support/moat.js';
+import { blankLineComments } from '../src/cli/policy-file.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 let dir: string;
@@ -508,5 +509,30 @@ describe('presets in moat check and moat lint', () => {
       'warning: allowOut[1] "registry.npmjs.org" repeats allowOut[0] "preset:npm (registry.npmjs.org)"',
     );
     expect(r.stdout).toContain(`${join(ROOT, 'policies', 'presets')}: skipped (a folder)`);
+  });
+});
+
+describe('policy files with // comments (what moat suggest writes)', () => {
+  it.each([
+    ['a comment after an entry', '["a", // two\n"b"]', ['a', 'b']],
+    ['a comment at the end with no newline', '["a"] // last', ['a']],
+    ['// inside a string is text', '["http://x//y"] // c', ['http://x//y']],
+    ['an escaped quote does not end the string', '["a\\"//b"] // c', ['a"//b']],
+    ['an escaped backslash before the closing quote', '["a\\\\"] // c', ['a\\']],
+  ])('%s', (_, text, parsed) => {
+    expect(JSON.parse(blankLineComments(text))).toEqual(parsed);
+    // Blanked, not removed: a JSON error still points into the file as written.
+    expect(blankLineComments(text)).toHaveLength(text.length);
+  });
+
+  it('moat check and moat lint read a commented policy file', async () => {
+    const commented = file(
+      'commented.json',
+      '{\n  "allowOut": [\n    "pypi.org", // 3 flows\n    "example.com" // 1 flow\n  ],\n  "denyOut": ["0.0.0.0/0"] // everything not seen\n}\n',
+    );
+    const checked = await runMoat(['check', '--policy', commented, 'pypi.org', 'other.test']);
+    expect(checked.stdout).toMatch(/^ALLOW pypi\.org .*\nDENY {2}other\.test /m);
+    const linted = await runMoat(['lint', commented]);
+    expect(linted.code, linted.stderr).toBe(0);
   });
 });

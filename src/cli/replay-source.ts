@@ -1,5 +1,5 @@
 /**
- * Where `moat check --replay` reads recorded decisions, and the internal deny list they are
+ * Where `moat check --replay` and `moat suggest` read recorded decisions, and the internal deny list they are
  * decided under: a flow log file (and the check's own list), or a node's API (and the node's).
  */
 import { createReadStream } from 'node:fs';
@@ -32,6 +32,19 @@ const isDefaultList = (ranges: readonly InternalRange[]) =>
   ranges.length === DEFAULT_INTERNAL_DENY.length &&
   ranges.every((range, i) => range.entry === DEFAULT_INTERNAL_DENY[i]!.entry);
 
+/** How the command reading records names itself and its two sources in messages. */
+export interface ReplayCommand {
+  readonly command: string;
+  readonly fileFlag: string;
+  readonly apiFlag: string;
+}
+
+const CHECK_COMMAND: ReplayCommand = {
+  command: 'moat check',
+  fileFlag: '--replay',
+  apiFlag: '--replay-api',
+};
+
 /**
  * The recorded decisions (of --sandbox, when given) and the internal deny list to decide them
  * under, or undefined after saying why they could not be read. Lines of a file that are not
@@ -41,9 +54,11 @@ export async function replayInput(
   source: ReplaySource,
   io: CliIO,
   config: MoatConfig,
+  names: ReplayCommand = CHECK_COMMAND,
 ): Promise<ReplayInput | undefined> {
+  const { command, fileFlag, apiFlag } = names;
   if (source.replay !== undefined && source['replay-api'] !== undefined)
-    throw new UsageError('give --replay FILE or --replay-api URL, not both');
+    throw new UsageError(`give ${fileFlag} FILE or ${apiFlag} URL, not both`);
   const wanted = (record: RecordedDecision) =>
     source.sandbox === undefined || record.sandboxID === source.sandbox;
   if (source['replay-api'] !== undefined) {
@@ -53,12 +68,12 @@ export async function replayInput(
     );
     const internalDeny =
       source['internal-deny'] === undefined
-        ? await nodeInternalDeny(api, key, io)
+        ? await nodeInternalDeny(api, key, io, command)
         : config.internalDeny;
     if (internalDeny === undefined) return undefined;
     const query = new URLSearchParams({ limit: String(API_LIMIT) });
     if (source.sandbox !== undefined) query.set('sandboxID', source.sandbox);
-    const answer = await apiGet(`${api}/flows?${query}`, key, io, 'moat check');
+    const answer = await apiGet(`${api}/flows?${query}`, key, io, command);
     if (answer === undefined) return undefined;
     const views = (await answer.json()) as unknown[];
     const records = views
@@ -66,11 +81,11 @@ export async function replayInput(
       .filter((r): r is RecordedDecision => typeof r === 'object' && wanted(r));
     return { records, internalDeny };
   }
-  const records = await fileRecords(source.replay!, wanted, io);
+  const records = await fileRecords(source.replay!, wanted, io, names);
   // A file does not say which list its node enforced: a default one is named as such.
   if (isDefaultList(config.internalDeny))
     io.stderr.write(
-      "moat check: the internal deny list is Moat's default; if the node that wrote the records runs another, give it here (--internal-deny, as the node's --print-config shows it), or replay with --replay-api URL, which reads the node's\n",
+      `${command}: the internal deny list is Moat's default; if the node that wrote the records runs another, give it here (--internal-deny, as the node's --print-config shows it), or read the records with ${apiFlag} URL, which reads the node's\n`,
     );
   return { records, internalDeny: config.internalDeny };
 }
@@ -80,8 +95,9 @@ async function nodeInternalDeny(
   api: string,
   key: string,
   io: CliIO,
+  command: string,
 ): Promise<InternalRange[] | undefined> {
-  const answer = await apiGet(`${api}/internal-deny`, key, io, 'moat check');
+  const answer = await apiGet(`${api}/internal-deny`, key, io, command);
   if (answer === undefined) return undefined;
   const { internalDeny } = (await answer.json()) as {
     internalDeny: Array<{ entry: string; description: string }>;
@@ -91,7 +107,7 @@ async function nodeInternalDeny(
     const range = internalRange(entry, description);
     if (!range.ok) {
       io.stderr.write(
-        `moat check: ${api}/internal-deny: ${JSON.stringify(entry)}: ${range.error}\n`,
+        `${command}: ${api}/internal-deny: ${JSON.stringify(entry)}: ${range.error}\n`,
       );
       return undefined;
     }
@@ -105,6 +121,7 @@ async function fileRecords(
   file: string,
   wanted: (record: RecordedDecision) => boolean,
   io: CliIO,
+  { command, fileFlag }: ReplayCommand,
 ): Promise<RecordedDecision[]> {
   const records: RecordedDecision[] = [];
   let skipped = 0;
@@ -130,9 +147,11 @@ async function fileRecords(
       } else if (read !== undefined && wanted(read)) records.push(read);
     }
   } catch (error) {
-    throw new UsageError(`--replay ${file}: ${(error as Error).message}`);
+    throw new UsageError(`${fileFlag} ${file}: ${(error as Error).message}`);
   }
   if (skipped > 0)
-    io.stderr.write(`moat check: --replay ${file}: skipped ${skipped} line(s); first: ${first}\n`);
+    io.stderr.write(
+      `${command}: ${fileFlag} ${file}: skipped ${skipped} line(s); first: ${first}\n`,
+    );
   return records;
 }

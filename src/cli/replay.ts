@@ -27,6 +27,8 @@ export interface RecordedDecision {
   readonly verdict: 'allow' | 'deny';
   readonly list: string;
   readonly rule: string | null;
+  /** When it was decided (ms since the epoch), where the record says. */
+  readonly time: number | null;
 }
 
 export type Change = 'newly-denied' | 'newly-allowed';
@@ -78,6 +80,10 @@ export function readRecord(value: unknown): RecordedDecision | undefined | strin
     verdict: record.verdict,
     list: record.list,
     rule: record.rule as string | null,
+    time:
+      typeof record.time === 'string' && !Number.isNaN(Date.parse(record.time))
+        ? Date.parse(record.time)
+        : null,
     destination: {
       name: destination.name as string | null,
       address: destination.address as string | null,

@@ -1,5 +1,5 @@
 /**
- * The moat command line: `moat serve`, `moat check`, `moat lint`, `moat observe`, `moat cni`. Only `serve`
+ * The moat command line: `moat serve`, `moat check`, `moat lint`, `moat suggest`, `moat observe`, `moat cni`. Only `serve`
  * loads the server (lazily): the other commands start without it.
  */
 import { CHECK_HELP, check } from './check.js';
@@ -8,6 +8,7 @@ import { type CliIO, EXIT, switchesFilled, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
 import { OBSERVE_HELP, observe } from './observe.js';
 import { SERVE_HELP, serve } from './serve.js';
+import { SUGGEST_HELP, suggest } from './suggest.js';
 import { VERSION } from '../process/index.js';
 
 const COMMANDS: Record<
@@ -28,6 +29,11 @@ const COMMANDS: Record<
     run: lint,
     help: LINT_HELP,
     summary: 'validate policy files and warn about likely mistakes',
+  },
+  suggest: {
+    run: suggest,
+    help: SUGGEST_HELP,
+    summary: 'print the smallest policy that allows what a sandbox did (from its flow records)',
   },
   observe: {
     run: observe,

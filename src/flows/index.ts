@@ -27,4 +27,4 @@ export {
 } from './recorder.js';
 export { type FlowFilter, FlowStore, type FlowTotals, type Follower, matches } from './store.js';
 export { FlowFileSink, MAX_PENDING_BYTES } from './file-sink.js';
-export { parseFlowQuery, type FlowQuery } from './query.js';
+export { parseFlowQuery, parseSince, type FlowQuery } from './query.js';

@@ -15,7 +15,7 @@ const UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000,
 type Parsed = { ok: true; value: FlowQuery } | { ok: false; parameter: string; error: string };
 
 /** `since` as an instant: an ISO 8601 time, or a duration back from now (30s, 5m, 2h, 1d). */
-function parseSince(text: string, now: number): number | undefined {
+export function parseSince(text: string, now: number): number | undefined {
   const duration = /^(\d{1,9})(ms|s|m|h|d)$/.exec(text);
   if (duration) return now - Number(duration[1]) * UNITS[duration[2]!]!;
   if (!/^\d{4}-\d{2}-\d{2}T/.test(text)) return undefined;

@@ -41,6 +41,14 @@ export type { Preset, PresetTable } from './preset-types.js';
 export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';
 export {
+  type ObservedDestination,
+  PRESET_MIN_NAMES,
+  type SuggestedEntry,
+  type Suggestion,
+  suggestPolicy,
+  WILDCARD_SIBLINGS,
+} from './suggest.js';
+export {
   ALL_TRAFFIC,
   ALL_TRAFFIC_MESSAGE,
   DEFAULT_MAX_ENTRIES,

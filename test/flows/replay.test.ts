@@ -45,7 +45,14 @@ const record = (
   list = verdict === 'allow' ? 'allowOut' : 'default',
   rule: string | null = null,
   sandboxID = 'isandbox1',
-): RecordedDecision => ({ sandboxID, destination: { name, address, port }, verdict, list, rule });
+): RecordedDecision => ({
+  sandboxID,
+  destination: { name, address, port },
+  verdict,
+  list,
+  rule,
+  time: null,
+});
 
 describe('replay', () => {
   const tight = policy({ allowOut: ['api.example.com'], denyOut: ['0.0.0.0/0'] });
@@ -337,7 +344,7 @@ describe('moat check --replay', () => {
   it("says when a --replay FILE is decided under the default internal deny list, and how to give the node's", async () => {
     const result = await runMoat(['check', '--policy', candidate, '--replay', flowLog]);
     expect(result.stderr).toContain(
-      "moat check: the internal deny list is Moat's default; if the node that wrote the records runs another, give it here (--internal-deny, as the node's --print-config shows it), or replay with --replay-api URL, which reads the node's\n",
+      "moat check: the internal deny list is Moat's default; if the node that wrote the records runs another, give it here (--internal-deny, as the node's --print-config shows it), or read the records with --replay-api URL, which reads the node's\n",
     );
     // The default list holds loopback, where the test's origin is: decided as internal now.
     expect(result.stdout).toContain('now [internal 127.0.0.0/8]');
@@ -345,6 +352,64 @@ describe('moat check --replay', () => {
       ...['check', '--policy', candidate, '--replay', flowLog, '--internal-deny', INTERNAL],
     ]);
     expect(given.stderr).not.toContain('internal deny list');
+  });
+
+  it('moat suggest learns the policy the records need from the file, and --check proves it', async () => {
+    const result = await runMoat([
+      ...['suggest', '--from-flows', flowLog, '--internal-deny', INTERNAL, '--check'],
+    ]);
+    expect(result.code, result.stderr).toBe(0);
+    // Both names asked for, the denied one too; the address dialled was given for a name.
+    expect(result.stdout).toBe(
+      [
+        '{',
+        '  "allowOut": [',
+        '    "allowed.test", // 3 flows',
+        '    "denied.test" // 1 flow',
+        '  ],',
+        '  "denyOut": ["0.0.0.0/0"] // everything not seen',
+        '}',
+        '',
+      ].join('\n'),
+    );
+    expect(result.stderr).toBe(
+      `moat suggest: 2 entries from 4 flow records of sandbox ${SANDBOX}\nmoat suggest: --check: replayed 4 records: every one allowed\n`,
+    );
+    // moat check reads the commented file and replays the same records: nothing newly denied.
+    const learned = path.join(dir, 'learned.json');
+    writeFileSync(learned, result.stdout);
+    const replayed = await runMoat([
+      ...['check', '--policy', learned, '--internal-deny', INTERNAL, '--replay', flowLog],
+    ]);
+    expect(replayed.stderr).toMatch(/: 0 newly denied, 1 newly allowed, 3 unchanged/);
+    expect(replayed.code).toBe(0);
+  });
+
+  it('moat suggest --json, from the API; refuses what it cannot learn from, naming why', async () => {
+    const api = `http://127.0.0.1:${moat.listening.api.port}`;
+    const base = ['suggest', '--api', api, '--key', API_KEY, '--internal-deny', INTERNAL];
+    const json = await runMoat([...base, '--sandbox', SANDBOX, '--json', '--since', '1h']);
+    expect(json.code, json.stderr).toBe(0);
+    expect(JSON.parse(json.stdout)).toEqual({
+      policy: { allowOut: ['allowed.test', 'denied.test'], denyOut: ['0.0.0.0/0'] },
+      entries: [
+        { entry: 'allowed.test', flows: 3, covers: ['allowed.test'] },
+        { entry: 'denied.test', flows: 1, covers: ['denied.test'] },
+      ],
+      notOpenable: 0,
+    });
+    const none = await runMoat([...base, '--sandbox', 'inosuchsandbox0000000']);
+    expect(none.stderr).toContain('no flow records of sandbox inosuchsandbox0000000 to learn from');
+    expect(none.code).toBe(2);
+    const later = await runMoat([...base, '--since', new Date(Date.now() + 60_000).toISOString()]);
+    expect(later.stderr).toMatch(/no flow records since \S+ to learn from/);
+    const badSince = await runMoat([...base, '--since', 'yesterday']);
+    expect(badSince.stderr).toContain(
+      '--since yesterday: an ISO 8601 time or a duration like 30m, 24h, 7d',
+    );
+    expect(badSince.code).toBe(2);
+    const both = await runMoat([...base, '--from-flows', flowLog]);
+    expect(both.stderr).toContain('give --from-flows FILE or --api URL, not both');
   });
 
   it('allows what a looser candidate would newly allow; exit 0', async () => {

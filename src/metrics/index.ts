@@ -17,7 +17,8 @@ export type InjectionOutcome =
   | 'upstream_refused'
   | 'fronting'
   | 'leak'
-  | 'upgrade_refused';
+  | 'upgrade_refused'
+  | 'identity_error';
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 

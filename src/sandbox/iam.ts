@@ -13,7 +13,8 @@ import { type IamRequest, SandboxError } from './requests.js';
 
 /** The one token type Moat mints (SPIFFE's JWT form), as E2B's API names it. */
 export const JWT_SVID = 'JWT-SVID';
-export const MAX_IAM_TOKENS = 32;
+/** As E2B: a sixth token is refused there too (by the API's schema). */
+export const MAX_IAM_TOKENS = 5;
 export const MAX_AUDIENCE_LENGTH = 512;
 /** The setting without which no sandbox may ask for identity tokens, as operators write it. */
 export const IDENTITY_SETTING = '--identity-issuer URL (MOAT_IDENTITY_ISSUER)';
@@ -38,11 +39,6 @@ export function acceptIam(
   const entries = Object.entries(request?.tokens ?? {});
   if (entries.length === 0) return undefined;
   if (!enabled) throw notOffered('iam.tokens');
-  if (entries.length > MAX_IAM_TOKENS)
-    throw new SandboxError(
-      400,
-      `iam.tokens has ${entries.length} tokens; the limit is ${MAX_IAM_TOKENS}`,
-    );
   const tokens: Record<string, IamSettings['tokens'][string]> = {};
   for (const [name, token] of entries) {
     const at = `iam.tokens[${JSON.stringify(name)}]`;

@@ -9,7 +9,10 @@ import { type MintedToken, mintToken, type TokenIssuer, type TokenSubject } from
 
 /** A cached token is handed out until this long before it expires, then a new one is made. */
 export const REUSE_MARGIN_MS = 60_000;
-/** Cached tokens beyond which expired ones are swept (a sandbox's are dropped when it goes). */
+/**
+ * Cached tokens beyond which expired ones are swept (a sandbox's are dropped when it goes); the
+ * next sweep waits until the cache has doubled, so each costs at most one pass per token added.
+ */
 const CACHE_SWEEP_SIZE = 10_000;
 
 export const DISCOVERY_PATH = '/.well-known/openid-configuration';
@@ -24,6 +27,7 @@ export class IdentityIssuer {
   private readonly keys: IdentityKeys;
   private readonly now: () => number;
   private readonly cache = new Map<string, MintedToken>();
+  private sweepAt = CACHE_SWEEP_SIZE;
 
   constructor(private readonly options: IdentityIssuerOptions) {
     this.now = options.now ?? Date.now;
@@ -53,7 +57,7 @@ export class IdentityIssuer {
     const subject = await subjectOf();
     if (subject === undefined) return undefined;
     const minted = mintToken(this.options, subject, key, now);
-    if (this.cache.size >= CACHE_SWEEP_SIZE) this.sweep(now);
+    if (this.cache.size >= this.sweepAt) this.sweep(now);
     this.cache.set(cacheKey, minted);
     return minted.token;
   }
@@ -94,5 +98,6 @@ export class IdentityIssuer {
 
   private sweep(now: number): void {
     for (const [key, minted] of this.cache) if (minted.expiresAt <= now) this.cache.delete(key);
+    this.sweepAt = Math.max(CACHE_SWEEP_SIZE, 2 * this.cache.size);
   }
 }

@@ -451,8 +451,8 @@ export class Interceptor {
     name: string,
     sandboxID: string,
   ): Promise<Filled> {
-    const mint = this.options.injection.identityToken;
-    if (mint === undefined)
+    const { injection } = this.options;
+    if (injection.identityToken === undefined)
       return {
         ok: false,
         outcome: 'identity_error',
@@ -460,7 +460,7 @@ export class Interceptor {
       };
     let token: string | undefined;
     try {
-      token = await mint(sandboxID, name);
+      token = await injection.identityToken(sandboxID, name);
     } catch (error) {
       this.options.logger.error(
         { err: (error as Error).message, rule: rule.ruleKey, identityToken: name, sandboxID },

@@ -13,6 +13,7 @@ import {
   hostPort,
   idRange,
   ipv4Range,
+  issuerUrl,
   lowerName,
   oneOf,
   optionalFile,
@@ -23,6 +24,7 @@ import {
   resolverList,
   showOptional,
   storeLocation,
+  trustDomain,
   wholeNumber,
 } from './config-values.js';
 import { formatHostPort } from './net/index.js';
@@ -339,6 +341,26 @@ export const SETTINGS: readonly AnySetting[] = [
     default: 'false',
     help: 'in responses to requests Moat added secrets to, replace each secret value with its ${e2b.secrets.NAME} placeholder (headers and bodies; origins are asked for uncompressed bodies), so an origin that echoes a request cannot hand the credential to the sandbox. Off by default, as in E2B',
     parse: booleanValue,
+  },
+  {
+    key: 'identityIssuer',
+    metavar: 'URL|off',
+    flag: 'identity-issuer',
+    env: 'MOAT_IDENTITY_ISSUER',
+    default: 'off',
+    help: 'workload identity: the issuer (iss) of the JWT-SVIDs Moat mints for ${e2b.identity.tokens.NAME} in sandboxes\' rules, an https:// URL at which the API listener\'s /.well-known/openid-configuration and /.well-known/jwks.json are reachable by the identity providers that federate with it. "off": sandboxes may not ask for identity tokens (iam.tokens is a 400)',
+    show: (value) => value ?? 'off',
+    parse: issuerUrl,
+  },
+  {
+    key: 'identityTrustDomain',
+    metavar: 'NAME|issuer',
+    flag: 'identity-trust-domain',
+    env: 'MOAT_IDENTITY_TRUST_DOMAIN',
+    default: 'issuer',
+    help: 'the SPIFFE trust domain of the tokens\' subjects (spiffe://<trust domain>/sandbox/<sandboxID>); "issuer": the issuer URL\'s host name',
+    show: (value) => value ?? 'issuer',
+    parse: trustDomain,
   },
   {
     key: 'sourcePool',

@@ -53,6 +53,10 @@ export interface MoatConfig {
   /** PEM file of CAs trusted for origins of intercepted TLS, beside Node's roots; undefined: none. */
   readonly upstreamCa: string | undefined;
   readonly redactSecretsInResponses: boolean;
+  /** Workload identity's issuer URL (no trailing slash); undefined: identity is off. */
+  readonly identityIssuer: string | undefined;
+  /** The SPIFFE trust domain of token subjects; undefined: the issuer's host name. */
+  readonly identityTrustDomain: string | undefined;
   /** Where per-sandbox source addresses come from (loopback in the process runtime). */
   readonly sourcePool: CIDR;
   /** namespace: each sandbox in its own network namespace; proxy: shared network; auto: namespace where it works. */

@@ -202,3 +202,41 @@ export function lowerName(text: string): Result<string> {
         error: `expected lower-case letters, digits and "-", got ${JSON.stringify(text)}`,
       };
 }
+
+/**
+ * The identity issuer: an `https://` URL (or `http://`, for a test or a front that adds TLS)
+ * without credentials, query or fragment, kept without a trailing slash (the discovery paths
+ * are appended to it); or "off".
+ */
+export function issuerUrl(text: string): Result<string | undefined> {
+  if (text === 'off') return { ok: true, value: undefined };
+  const expected = `expected an https:// URL without query, fragment or credentials (as https://moat.example.com), or "off", got ${JSON.stringify(text)}`;
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    return { ok: false, error: expected };
+  }
+  if (
+    (url.protocol !== 'https:' && url.protocol !== 'http:') ||
+    url.username !== '' ||
+    url.password !== '' ||
+    url.search !== '' ||
+    url.hash !== '' ||
+    text.includes('?') ||
+    text.includes('#')
+  )
+    return { ok: false, error: expected };
+  return { ok: true, value: url.href.replace(/\/+$/, '') };
+}
+
+/** A SPIFFE trust domain (lower-case letters, digits, ".", "-", "_"), or "issuer": its host. */
+export function trustDomain(text: string): Result<string | undefined> {
+  if (text === 'issuer') return { ok: true, value: undefined };
+  return /^[a-z0-9._-]{1,255}$/.test(text)
+    ? { ok: true, value: text }
+    : {
+        ok: false,
+        error: `expected a trust domain of lower-case letters, digits, ".", "-" and "_" (as example.org), or "issuer", got ${JSON.stringify(text)}`,
+      };
+}

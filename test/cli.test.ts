@@ -1,4 +1,12 @@
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -534,5 +542,36 @@ describe('policy files with // comments (what moat suggest writes)', () => {
     expect(checked.stdout).toMatch(/^ALLOW pypi\.org .*\nDENY {2}other\.test /m);
     const linted = await runMoat(['lint', commented]);
     expect(linted.code, linted.stderr).toBe(0);
+  });
+});
+
+describe('moat identity rotate-key', () => {
+  it('makes a new current key beside the one it replaces, private to its user', async () => {
+    const data = join(dir, 'identity-data');
+    const kid = (r: { stdout: string }) => /identity key (\S+) is current/.exec(r.stdout)?.[1];
+    const first = await runMoat(['identity', 'rotate-key', '--data-dir', data]);
+    expect(first.code, first.stderr).toBe(0);
+    const second = await runMoat(['identity', 'rotate-key'], { env: { MOAT_DATA_DIR: data } });
+    expect(second.code, second.stderr).toBe(0);
+    expect(second.stdout).toMatch(/2 key\(s\) published, 0 expired key\(s\) removed/);
+    expect(kid(second)).not.toBe(kid(first));
+    const folder = join(data, 'identity-keys');
+    expect(statSync(folder).mode & 0o777).toBe(0o700);
+    for (const name of readdirSync(folder)) {
+      expect(statSync(join(folder, name)).mode & 0o777).toBe(0o600);
+      // The file holds the private key: nothing else but its owner reads it.
+      expect(readFileSync(join(folder, name), 'utf8')).toContain('PRIVATE KEY');
+    }
+    expect(readdirSync(folder).sort()).toEqual(
+      [`${kid(first)}.json`, `${kid(second)}.json`].sort(),
+    );
+  });
+
+  it('takes one subcommand', async () => {
+    for (const args of [['identity'], ['identity', 'rotate'], ['identity', 'rotate-key', 'x']]) {
+      const r = await runMoat([...args, '--data-dir', join(dir, 'unused')]);
+      expect(r.code, args.join(' ')).toBe(2);
+      expect(r.stderr).toContain('moat identity takes one subcommand: rotate-key');
+    }
   });
 });

@@ -15,6 +15,7 @@ import type { HostPort } from '../net/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
 import { InvalidTokenError, notFound, SANDBOX_ID, SandboxError } from '../sandbox/index.js';
 import { registerConsole } from './console.js';
+import { type IdentityDocuments, registerWellKnown } from './well-known.js';
 import { keyMatcher } from './keys.js';
 import { openApiDocument } from './openapi.js';
 import type { PlatformRoute, RouteContext, RouteHooks } from './routes/route.js';
@@ -46,6 +47,8 @@ export interface PlatformApiOptions extends RouteContext {
   readonly version: string;
   /** Why Moat cannot serve now (its store, a listener); undefined when it can. For GET /ready. */
   readonly notReady: () => Promise<string | undefined>;
+  /** Workload identity's discovery documents, served without the key; undefined: identity off. */
+  readonly identity?: IdentityDocuments;
 }
 
 export function createPlatformApi(options: PlatformApiOptions): FastifyInstance {
@@ -214,6 +217,7 @@ export function createPlatformApi(options: PlatformApiOptions): FastifyInstance 
   const document = openApiDocument(routes, options.version);
   app.get('/openapi.json', async () => document);
   registerConsole(app);
+  if (options.identity !== undefined) registerWellKnown(app, options.identity);
   return app;
 }
 

@@ -47,6 +47,7 @@ import { NamespaceNetwork, ProcessRuntime, type SandboxRuntime } from '../runtim
 import { SandboxService, sandboxEnvironment } from '../sandbox/index.js';
 import { RedisStore, type Store } from '../store/index.js';
 import { loadSecretsKey, SecretVault } from '../secrets/index.js';
+import { IdentityIssuer } from '../identity/index.js';
 import { joinCluster, routingFor, sandboxListenerOf } from './cluster-node.js';
 import { Lifecycle } from './lifecycle.js';
 import {
@@ -99,6 +100,19 @@ export interface RunningMoat {
   /** Where each listener ended up (ports resolved when 0 was asked for). */
   readonly listening: Listening;
   stop(drainMs?: number): Promise<void>;
+}
+
+/** The workload identity issuer the configuration names; undefined when identity is off. */
+function identityIssuer(config: MoatConfig, now: () => number): IdentityIssuer | undefined {
+  const issuer = config.identityIssuer;
+  if (issuer === undefined) return undefined;
+  return new IdentityIssuer({
+    issuer,
+    trustDomain: config.identityTrustDomain ?? new URL(issuer).hostname,
+    team: config.teamNamespace,
+    dataDir: config.dataDir,
+    now,
+  });
 }
 
 /** Milliseconds on a clock that only moves forward (it starts at the wall time of start-up). */
@@ -278,6 +292,13 @@ export async function startMoat(
             logger.warn({ err: error.message }, 'announcing a secrets change failed'),
           ),
     });
+    // Workload identity, when the operator named an issuer: tokens minted per request for the
+    // names a sandbox's iam defines, the subject read from its record on a cache miss.
+    const identity = identityIssuer(config, wallNow);
+    if (identity !== undefined)
+      table.subscribe((event) => {
+        if (event.type === 'removed') identity.forget(event.sandboxID);
+      });
     const proxyOptions = {
       table,
       dialer,
@@ -312,6 +333,22 @@ export async function startMoat(
         leafContext: (name: CanonicalName) => ca.secureContextFor(name),
         secretValue: (name: string) => secrets.value(name),
         secretValues: () => secrets.values(),
+        ...(identity === undefined
+          ? {}
+          : {
+              identityToken: (sandboxID: string, name: string) =>
+                identity.token(sandboxID, name, async () => {
+                  const record = await sandboxes.find(sandboxID);
+                  const tokens = record?.iam?.tokens;
+                  if (record === undefined || tokens === undefined || !Object.hasOwn(tokens, name))
+                    return undefined;
+                  return {
+                    sandboxID,
+                    templateID: record.templateID,
+                    audience: tokens[name]!.audience,
+                  };
+                }),
+            }),
       },
       upstreamCa:
         config.upstreamCa === undefined ? undefined : await readFile(config.upstreamCa, 'utf8'),
@@ -417,6 +454,7 @@ export async function startMoat(
       maxPolicyEntries: config.maxPolicyEntries,
       presets: presets.value,
       secretExists: (name) => secrets.exists(name),
+      identity: identity !== undefined,
       teamNamespace: config.teamNamespace,
       now: wallNow,
       environment: (record) =>
@@ -468,6 +506,7 @@ export async function startMoat(
       keys: apiKeys.keys,
       caCertificatePem: ca.certificatePem,
       internalDeny: internal.ranges,
+      ...(identity === undefined ? {} : { identity }),
       metrics,
       logger,
       metricsRequireKey: config.metricsRequireKey,

@@ -1,9 +1,11 @@
 /**
- * The moat command line: `moat serve`, `moat check`, `moat lint`, `moat suggest`, `moat observe`, `moat cni`. Only `serve`
- * loads the server (lazily): the other commands start without it.
+ * The moat command line: `moat serve`, `moat check`, `moat lint`, `moat suggest`, `moat observe`,
+ * `moat cni`, `moat identity`. Only `serve` loads the server (lazily): the other commands start
+ * without it.
  */
 import { CHECK_HELP, check } from './check.js';
 import { CNI_HELP, cni } from './cni.js';
+import { IDENTITY_HELP, identity } from './identity.js';
 import { type CliIO, EXIT, switchesFilled, UsageError } from './io.js';
 import { LINT_HELP, lint } from './lint.js';
 import { OBSERVE_HELP, observe } from './observe.js';
@@ -45,6 +47,11 @@ const COMMANDS: Record<
     help: CNI_HELP,
     summary: "install Moat's CNI plugin: containers and VMs of a CNI runtime held by Moat",
   },
+  identity: {
+    run: identity,
+    help: IDENTITY_HELP,
+    summary: 'workload identity: rotate-key makes a new token signing key',
+  },
 };
 
 const HELP = `Moat ${VERSION}: egress policy gateway and network enforcer for sandboxes.
@@ -53,7 +60,7 @@ Usage: moat <command> [options]
 
 Commands:
 ${Object.entries(COMMANDS)
-  .map(([name, c]) => `  ${name.padEnd(8)}${c.summary}`)
+  .map(([name, c]) => `  ${name.padEnd(10)}${c.summary}`)
   .join('\n')}
 
 Run "moat <command> --help" for a command's options.

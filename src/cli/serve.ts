@@ -90,6 +90,8 @@ function startupFacts(config: MoatConfig, moat: RunningMoat) {
     apiKeys: moat.apiKeys.source,
     apiKeyGenerated: moat.apiKeys.generated,
     upstreams: config.dnsUpstream.map(formatHostPort),
+    /** Workload identity's issuer (the `iss` of its tokens), or off. */
+    identityIssuer: config.identityIssuer ?? 'off',
     internalDeny: config.internalDeny.length,
     version: VERSION,
   };
@@ -114,6 +116,7 @@ function startupLines(facts: ReturnType<typeof startupFacts>) {
     `moat: DNS interceptor  ${facts.dns}${forSandboxes('dns')} (udp ${facts.dnsUdpIo === 'batched' ? 'batched' : 'via node:dgram'}, tcp), upstream ${facts.upstreams.join(', ')}`,
     `moat: egress proxy     ${facts.proxy}${forSandboxes('proxy')} (CONNECT, absolute-form HTTP; ${facts.proxyIo.io === 'native' ? 'native relay' : `Node sockets: ${facts.proxyIo.why}`})`,
     `moat: transparent      ${facts.transparent}${forSandboxes('transparent')} (TLS SNI / HTTP Host)`,
+    `moat: identity         ${facts.identityIssuer === 'off' ? 'off (iam.tokens refused; --identity-issuer enables it)' : `issuer ${facts.identityIssuer} (/.well-known/openid-configuration and /.well-known/jwks.json on the platform API, no key)`}`,
     `moat: metrics          ${metrics}`,
     '',
   ].join('\n');

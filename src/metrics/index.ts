@@ -17,7 +17,8 @@ export type InjectionOutcome =
   | 'upstream_refused'
   | 'fronting'
   | 'leak'
-  | 'upgrade_refused';
+  | 'upgrade_refused'
+  | 'identity_error';
 export type ProxyVerdict =
   'allowed' | 'denied' | 'unauthenticated' | 'invalid' | 'failed' | 'limited';
 
@@ -144,7 +145,7 @@ export class MoatMetrics {
 
   readonly secretInjections: Counter<'outcome'> = new Counter({
     name: 'moat_secret_injections_total',
-    help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), store_error (the stored secrets could not be read: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused), leak (a request Moat read carried a stored secret to a destination not bound to it: 403)",
+    help: "Requests on intercepted TLS connections, by outcome: injected (the rule's headers set and sent), missing_secret (a secret the rule names is not stored: 502), store_error (the stored secrets could not be read: 502), upstream_refused (the origin failed TLS verification: 502), fronting (Host is not the TLS name: refused), leak (a request Moat read carried a stored secret to a destination not bound to it: 403), upgrade_refused (an upgrade other than WebSocket, or a 101 not matching the handshake), identity_error (a workload identity token the rule names could not be minted: 502)",
     labelNames: ['outcome'] as const,
     registers: [this.registry],
     collect: (): void => this.publishHotCounts(this.secretInjections),

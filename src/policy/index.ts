@@ -62,7 +62,10 @@ export {
 } from './rules.js';
 export type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
 export {
-  IDENTITY_TOKENS_MESSAGE,
+  identityPlaceholder,
+  identityTokensOf,
+  isIdentityTokenName,
+  MAX_IDENTITY_TOKEN_NAME_LENGTH,
   MAX_HEADER_VALUE_LENGTH,
   MAX_RULE_HEADERS,
   MAX_RULE_KEYS,

@@ -22,7 +22,12 @@ export const MAX_HEADER_VALUE_LENGTH = 8192;
 export const SECRET_NAME = /^[a-zA-Z0-9_-]+$/;
 export const MAX_SECRET_NAME_LENGTH = 128;
 
-export const IDENTITY_TOKENS_MESSAGE = 'identity tokens are not supported by Moat';
+/**
+ * An identity token's name, as E2B's SDK allows it (not empty; no brace, which would end or
+ * open a placeholder, and no control character); kept as written (names are case-sensitive).
+ */
+export const IDENTITY_TOKEN_NAME = /^[^{}\p{Cc}]+$/u;
+export const MAX_IDENTITY_TOKEN_NAME_LENGTH = 128;
 
 /** RFC 9110 token characters: what a header name is made of. */
 const HTTP_TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
@@ -55,6 +60,14 @@ const IDENTITY_PREFIX = 'e2b.identity.tokens.';
 /** How a rule's value names a stored secret: `${e2b.secrets.<name>}`. */
 export const secretPlaceholder = (name: string): string =>
   `${PLACEHOLDER_START}${SECRETS_PREFIX}${name}}`;
+
+/** How a rule's value names a workload identity token: `${e2b.identity.tokens.<name>}`. */
+export const identityPlaceholder = (name: string): string =>
+  `${PLACEHOLDER_START}${IDENTITY_PREFIX}${name}}`;
+
+/** Whether `name` can be an identity token's name (and so sit in a placeholder). */
+export const isIdentityTokenName = (name: string): boolean =>
+  name.length <= MAX_IDENTITY_TOKEN_NAME_LENGTH && IDENTITY_TOKEN_NAME.test(name);
 
 /** A rule key in canonical form (`api.example.com`, `*.example.com`), or why it is not one. */
 function ruleKey(written: string): { key: string } | { problem: string } {
@@ -92,7 +105,16 @@ function parseValue(value: string): { parts: HeaderValuePart[] } | { problem: st
     if (start > at) parts.push({ literal: value.slice(at, start) });
     const end = value.indexOf('}', start);
     const inner = end < 0 ? '' : value.slice(start + 2, end);
-    if (inner.startsWith(IDENTITY_PREFIX)) return { problem: IDENTITY_TOKENS_MESSAGE };
+    if (inner.startsWith(IDENTITY_PREFIX)) {
+      const token = inner.slice(IDENTITY_PREFIX.length);
+      if (!isIdentityTokenName(token))
+        return {
+          problem: `the placeholder at character ${start + 1} of the value names no identity token: \${e2b.identity.tokens.<name>} takes 1 to ${MAX_IDENTITY_TOKEN_NAME_LENGTH} characters without "{" or "}"`,
+        };
+      parts.push({ identity: token });
+      at = end + 1;
+      continue;
+    }
     const name = inner.slice(SECRETS_PREFIX.length);
     if (
       end < 0 ||
@@ -101,7 +123,7 @@ function parseValue(value: string): { parts: HeaderValuePart[] } | { problem: st
       name.length > MAX_SECRET_NAME_LENGTH
     ) {
       return {
-        problem: `the "\${" at character ${start + 1} of the value does not begin a placeholder \${e2b.secrets.<name>} (names are letters, digits, "_" and "-")`,
+        problem: `the "\${" at character ${start + 1} of the value does not begin a placeholder \${e2b.secrets.<name>} (names are letters, digits, "_" and "-") or \${e2b.identity.tokens.<name>}`,
       };
     }
     parts.push({ secret: name.toLowerCase() });
@@ -213,6 +235,15 @@ export const secretsOf = (transform: HeaderTransform): string[] => [
   ...new Set(
     transform.headers.flatMap((header) =>
       header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
+    ),
+  ),
+];
+
+/** The identity tokens a transform's headers name, each once. */
+export const identityTokensOf = (transform: HeaderTransform): string[] => [
+  ...new Set(
+    transform.headers.flatMap((header) =>
+      header.value.flatMap((part) => ('identity' in part ? [part.identity] : [])),
     ),
   ),
 ];

@@ -10,6 +10,7 @@ import {
   type Decision,
   formatDestination,
   type HeaderTransform,
+  identityPlaceholder,
   secretPlaceholder,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../net/index.js';
@@ -106,19 +107,26 @@ export function readFirstBytes(
   });
 }
 
+/** Why a rule's headers cannot be sent. */
+interface Unfilled {
+  readonly ok: false;
+  readonly outcome: InjectionOutcome | undefined;
+  readonly message: string;
+}
+
+/** One placeholder's value (a secret's or an identity token), and the placeholder it fills. */
+type Filled =
+  { readonly ok: true; readonly value: string; readonly placeholder: string } | Unfilled;
+
 /** A rule's headers with their values substituted, or why they cannot be. */
 type Substituted =
   | {
       readonly ok: true;
       readonly fields: readonly SetField[];
-      /** Each secret value set, and its placeholder (for response redaction). */
+      /** Each secret value and token set, and its placeholder (for response redaction). */
       readonly secrets: readonly Redaction[];
     }
-  | {
-      readonly ok: false;
-      readonly outcome: InjectionOutcome | undefined;
-      readonly message: string;
-    };
+  | Unfilled;
 
 /**
  * Terminates the TLS of connections to destinations with a header rule, and re-sends each of
@@ -371,8 +379,8 @@ export class Interceptor {
     (this.counts[outcome] ??= metrics.hotCount(metrics.secretInjections, { outcome })).count++;
   }
 
-  /** A rule's headers with every secret's current value in place. */
-  async substitute(rule: HeaderTransform): Promise<Substituted> {
+  /** A rule's headers with every secret's current value and identity token in place. */
+  async substitute(rule: HeaderTransform, sandboxID: string): Promise<Substituted> {
     const fields: SetField[] = [];
     const secrets: Redaction[] = [];
     for (const header of rule.headers) {
@@ -388,28 +396,13 @@ export class Interceptor {
           value += part.literal;
           continue;
         }
-        let secret: string | undefined;
-        try {
-          secret = await this.options.injection.secretValue(part.secret);
-        } catch (error) {
-          this.options.logger.error(
-            { err: error, rule: rule.ruleKey, secret: part.secret },
-            'stored secret unreadable; request refused',
-          );
-          return {
-            ok: false,
-            outcome: 'store_error',
-            message: `Moat could not read secret ${JSON.stringify(part.secret)} of header rule ${rule.ruleKey}; request not sent (the operator's log says why)`,
-          };
-        }
-        if (secret === undefined)
-          return {
-            ok: false,
-            outcome: 'missing_secret',
-            message: `header rule ${rule.ruleKey} names secret ${JSON.stringify(part.secret)} for ${header.name}, and no secret of that name is stored`,
-          };
-        value += secret;
-        secrets.push({ value: secret, placeholder: secretPlaceholder(part.secret) });
+        const filled =
+          'secret' in part
+            ? await this.secretFor(rule, header.name, part.secret)
+            : await this.tokenFor(rule, header.name, part.identity, sandboxID);
+        if (!filled.ok) return filled;
+        value += filled.value;
+        secrets.push({ value: filled.value, placeholder: filled.placeholder });
       }
       // A value that could end the header line would let a stored value write the request.
       if (!FIELD_VALUE.test(value))
@@ -421,6 +414,71 @@ export class Interceptor {
       fields.push({ name: header.name, value });
     }
     return { ok: true, fields, secrets };
+  }
+
+  /** A stored secret's current value, for one header of a rule. */
+  private async secretFor(rule: HeaderTransform, header: string, name: string): Promise<Filled> {
+    let secret: string | undefined;
+    try {
+      secret = await this.options.injection.secretValue(name);
+    } catch (error) {
+      this.options.logger.error(
+        { err: error, rule: rule.ruleKey, secret: name },
+        'stored secret unreadable; request refused',
+      );
+      return {
+        ok: false,
+        outcome: 'store_error',
+        message: `Moat could not read secret ${JSON.stringify(name)} of header rule ${rule.ruleKey}; request not sent (the operator's log says why)`,
+      };
+    }
+    if (secret === undefined)
+      return {
+        ok: false,
+        outcome: 'missing_secret',
+        message: `header rule ${rule.ruleKey} names secret ${JSON.stringify(name)} for ${header}, and no secret of that name is stored`,
+      };
+    return { ok: true, value: secret, placeholder: secretPlaceholder(name) };
+  }
+
+  /**
+   * The sandbox's identity token `name`, minted (or reused from the cache) for this request. No
+   * message or log line here holds a token: only its name.
+   */
+  private async tokenFor(
+    rule: HeaderTransform,
+    header: string,
+    name: string,
+    sandboxID: string,
+  ): Promise<Filled> {
+    const { injection } = this.options;
+    if (injection.identityToken === undefined)
+      return {
+        ok: false,
+        outcome: 'identity_error',
+        message: `header rule ${rule.ruleKey} names identity token ${JSON.stringify(name)} for ${header}, and this Moat mints no identity tokens (its operator has not set --identity-issuer)`,
+      };
+    let token: string | undefined;
+    try {
+      token = await injection.identityToken(sandboxID, name);
+    } catch (error) {
+      this.options.logger.error(
+        { err: (error as Error).message, rule: rule.ruleKey, identityToken: name, sandboxID },
+        'identity token not minted; request refused',
+      );
+      return {
+        ok: false,
+        outcome: 'identity_error',
+        message: `Moat could not mint identity token ${JSON.stringify(name)} of header rule ${rule.ruleKey}; request not sent (the operator's log says why)`,
+      };
+    }
+    if (token === undefined)
+      return {
+        ok: false,
+        outcome: 'identity_error',
+        message: `header rule ${rule.ruleKey} names identity token ${JSON.stringify(name)} for ${header}, which the sandbox's iam.tokens does not define`,
+      };
+    return { ok: true, value: token, placeholder: identityPlaceholder(name) };
   }
 
   /** Logs a refusal an intercepted request's exchange answered (the origin's 502/504). */
@@ -526,7 +584,7 @@ class InterceptedConnection implements RequestHandler {
       return answer(plan.status, plan.message, false);
     }
     // The connection's budget charge (taken at accept) covers the one request it carries.
-    const substituted = await interceptor.substitute(rule);
+    const substituted = await interceptor.substitute(rule, sandbox.sandboxID);
     if (!substituted.ok || connection.socket.destroyed) {
       if (substituted.ok) return;
       if (substituted.outcome !== undefined) interceptor.count(substituted.outcome);

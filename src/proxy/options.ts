@@ -75,4 +75,9 @@ export interface HeaderInjection {
    * carries one to a destination not bound to it is refused). Undefined: no leak guard.
    */
   secretValues?(): Promise<ReadonlyMap<string, string>>;
+  /**
+   * The sandbox's workload identity token `name`, minted for a request now (or a cached one still
+   * fresh); undefined when the sandbox defines no token of that name. Absent: identity is off.
+   */
+  identityToken?(sandboxID: string, name: string): Promise<string | undefined>;
 }

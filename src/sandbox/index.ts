@@ -7,8 +7,10 @@ export { SANDBOX_ID } from './ids.js';
 export { InvalidTokenError, type Order, type Page, paginate } from './pages.js';
 export { bandwidthOf } from './network-settings.js';
 export { linkView, NETWORK_ONLY, networkOnlyRefusal } from './network-only.js';
+export { IDENTITY_SETTING, JWT_SVID, MAX_AUDIENCE_LENGTH, MAX_IAM_TOKENS } from './iam.js';
 export type {
   BandwidthSettings,
+  IamSettings,
   NetworkSettings,
   SandboxRecord,
   SandboxState,

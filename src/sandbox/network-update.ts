@@ -4,6 +4,7 @@
  */
 import type { UpstreamProxy } from '../enforce/index.js';
 import type { Policy } from '../policy/index.js';
+import { checkIdentityTokens } from './iam.js';
 import { isLocal } from './membership.js';
 import { bandwidthOf, storedRules, upstreamProxy } from './network-settings.js';
 import type { LifecycleParts } from './parts.js';
@@ -22,6 +23,7 @@ export type NetworkUpdateContext = Pick<
   | 'metrics'
   | 'logger'
   | 'transition'
+  | 'identity'
 >;
 
 /**
@@ -43,6 +45,7 @@ export async function updateNetwork(
   try {
     policy = context.policies.compile(policyRules);
     upstream = upstreamProxy(egressProxy);
+    checkIdentityTokens(policy, record.iam, context.identity === true);
     await context.policies.checkSecrets(policy);
   } catch (error) {
     metrics.policyPublishes.inc({ result: 'invalid' });

@@ -33,6 +33,8 @@ export interface LifecycleParts {
   readonly environment: (record: SandboxRecord) => SandboxEnvironment;
   /** The team namespace of named snapshots (`<team namespace>/<alias>:<tag>`). */
   readonly teamNamespace: string;
+  /** Workload identity is enabled: rules may name the sandbox's `iam` tokens. */
+  readonly identity?: boolean;
   /** Counts a transition of the sandbox and logs it. */
   transition(record: SandboxRecord, what: string, details: object): void;
 }

@@ -72,6 +72,15 @@ export interface SandboxRecord {
   readonly node?: string;
   /** Network-only (template `network-only`): the namespace it adopted. Absent: Moat runs it. */
   readonly link?: AdoptedLinkSettings;
+  /** E2B's `iam`: the workload identity tokens its rules may name (absent: none). */
+  readonly iam?: IamSettings;
+}
+
+/** A sandbox's workload identity tokens by name: who each is for, and its type. */
+export interface IamSettings {
+  readonly tokens: Readonly<
+    Record<string, { readonly audience: string; readonly tokenType: 'JWT-SVID' }>
+  >;
 }
 
 /**
@@ -124,6 +133,18 @@ const isCount = (v: unknown) => Number.isSafeInteger(v) && (v as number) > 0;
 const isRate = (v: unknown) => Number.isSafeInteger(v) && (v as number) >= 0;
 const LIMITS: Shape = { cpuCount: isCount, memoryMB: isCount, diskSizeMB: isCount, pids: isCount };
 const isLimits = (v: unknown) => v === undefined || fits(v, LIMITS);
+
+const isIam = (v: unknown) =>
+  v === undefined ||
+  fits(v, {
+    tokens: (tokens) =>
+      typeof tokens === 'object' &&
+      tokens !== null &&
+      !Array.isArray(tokens) &&
+      Object.values(tokens).every((token) =>
+        fits(token, { audience: isString, tokenType: (t) => t === 'JWT-SVID' }),
+      ),
+  });
 
 const NETWORK: Shape = {
   allowOut: isStringList,
@@ -179,6 +200,7 @@ const SANDBOX: Shape = {
       guestLink: (g) => g === undefined || GUEST_LINKS.includes(g as GuestLink),
       identity: (i) => fits(i, { device: isTime, inode: isTime }),
     }),
+  iam: isIam,
 };
 
 const SNAPSHOT: Shape = {

@@ -40,6 +40,13 @@ export interface EgressRules {
   readonly bandwidth?: BandwidthSettings;
 }
 
+/** The create body's `iam` (E2B's workload identity), as the API schema lets it through. */
+export interface IamRequest {
+  readonly tokens?: Readonly<
+    Record<string, { readonly audience: string; readonly tokenType: string }>
+  >;
+}
+
 export interface CreateRequest {
   readonly templateID: string;
   readonly timeout?: number;
@@ -67,6 +74,8 @@ export interface CreateRequest {
   readonly ifname?: string;
   /** Template `network-only`: how a guest behind the namespace reaches Moat (GuestLink). */
   readonly guestLink?: string;
+  /** E2B's workload identity: tokens the network rules may name. */
+  readonly iam?: IamRequest;
 }
 
 export interface SandboxQuery {

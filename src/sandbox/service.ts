@@ -42,6 +42,7 @@ import { updateNetwork } from './network-update.js';
 import { adoptionOf, NO_EXPIRY, refuseNetworkOnly } from './network-only.js';
 import type { LifecycleParts } from './parts.js';
 import { SandboxPolicies } from './policies.js';
+import { acceptIam, checkIdentityTokens } from './iam.js';
 import {
   checkLifecycle,
   type CreateRequest,
@@ -83,6 +84,8 @@ export interface SandboxServiceOptions {
    * that name a secret are refused.
    */
   readonly secretExists?: (name: string) => Promise<boolean>;
+  /** Workload identity is enabled (the operator set its issuer): `iam.tokens` may be given. */
+  readonly identity?: boolean;
   /** The team namespace of named snapshots (`<team namespace>/<alias>:<tag>`). */
   readonly teamNamespace: string;
   /** Clock in milliseconds (tests pass a controllable one). */
@@ -202,6 +205,8 @@ export class SandboxService {
       ...(request.network?.bandwidth === undefined ? {} : { bandwidth: request.network.bandwidth }),
     };
     const policy = this.policies.compile(networkRules(network));
+    const iam = acceptIam(request.iam, this.options.identity === true);
+    checkIdentityTokens(policy, iam, this.options.identity === true);
     await this.policies.checkSecrets(policy);
     // A proxy that cannot be used is refused before anything is made.
     upstreamProxy(network.egressProxy);
@@ -238,6 +243,7 @@ export class SandboxService {
       envVars: request.envVars ?? {},
       network,
       limits,
+      ...(iam === undefined ? {} : { iam }),
       ...madeHere(this.options.cluster),
     };
     // Under the template's key so that deleting the template cannot race the copy.

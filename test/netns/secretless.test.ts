@@ -5,9 +5,11 @@
  * from inside reaches the origin with the rule's headers added, both through the proxy
  * variables (CONNECT) and with `--noproxy '*'`, where the kernel redirects the sandbox's TCP 443
  * to Moat's transparent listener. The sandbox verifies Moat's leaf through its own trust store
- * (no -k) and never holds the secret.
+ * (no -k) and never holds the secret. A second sandbox's rule names a workload identity token
+ * instead: each way out, the origin gets a JWT-SVID that verifies against Moat's JWKS.
  */
 import { Secret, type Sandbox } from 'e2b';
+import { createLocalJWKSet, type JSONWebKeySet, jwtVerify } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
@@ -23,6 +25,7 @@ const ORIGIN_IP = `${PREFIX}.2`;
 const POOL = '10.225.25.0/24';
 const TOKEN = `ghp_${'n4m3sp4c3'.repeat(4)}`;
 const PLACEHOLDER = '${e2b.secrets.gh}';
+const ISSUER = 'https://moat.example.com';
 
 /** Both ways out of a sandbox; `%{http_connect}` (after the body) is 200 only for CONNECT. */
 const WAYS = [
@@ -49,13 +52,14 @@ describe.skipIf(skip !== undefined)('secretless egress in namespace mode', () =>
   const zone = new Map<string, ZoneEntry>([
     ['api.secret.test', { A: [ORIGIN_IP], ttl: 300 }],
     ['plain.secret.test', { A: [ORIGIN_IP], ttl: 300 }],
+    ['sts.secret.test', { A: [ORIGIN_IP], ttl: 300 }],
   ]);
 
   beforeAll(async () => {
     world = await World.create(
       'secret',
       PREFIX,
-      originCa.issue(['api.secret.test', 'plain.secret.test']),
+      originCa.issue(['api.secret.test', 'plain.secret.test', 'sts.secret.test']),
     );
     harness = await startSdkMoat({
       zone,
@@ -66,6 +70,7 @@ describe.skipIf(skip !== undefined)('secretless egress in namespace mode', () =>
         // The world's addresses are special-use ones; only link-local stays internal here.
         'internal-deny': '169.254.0.0/16',
         'upstream-ca': originCa.certFile(),
+        'identity-issuer': ISSUER,
       },
     });
     await Secret.create('gh', TOKEN);
@@ -170,6 +175,45 @@ describe.skipIf(skip !== undefined)('secretless egress in namespace mode', () =>
       expect(world.seen('http').slice(before)).toEqual([]);
     });
   }
+
+  it('mints an identity token the origin can verify against the JWKS, both ways out', async () => {
+    const identified = await harness.sandbox({
+      iam: {
+        tokens: { aws: Secret.iamToken({ audience: 'sts.amazonaws.com', tokenType: 'JWT-SVID' }) },
+      },
+      network: {
+        allowOut: ['sts.secret.test'],
+        denyOut: ['0.0.0.0/0'],
+        rules: {
+          'sts.secret.test': [
+            {
+              transform: ({ iam }) => ({ headers: { Authorization: `Bearer ${iam.tokens.aws}` } }),
+            },
+          ],
+        },
+      },
+    });
+    const jwks = await harness.api.get('/.well-known/jwks.json', { key: null });
+    expect(jwks.status, jwks.text).toBe(200);
+    const keys = createLocalJWKSet(JSON.parse(jwks.text) as JSONWebKeySet);
+    for (const { flags, connect } of WAYS) {
+      const seen = parsed(
+        await curlIn(
+          identified,
+          'https://sts.secret.test/headers',
+          `${flags} -w '\\n%{http_connect}'`,
+        ),
+      );
+      expect(seen.connect).toBe(connect);
+      const token = seen.headers.authorization!.replace(/^Bearer /, '');
+      const { payload } = await jwtVerify(token, keys, {
+        issuer: ISSUER,
+        audience: 'sts.amazonaws.com',
+        algorithms: ['ES256'],
+      });
+      expect(payload.sub).toBe(`spiffe://moat.example.com/sandbox/${identified.sandboxId}`);
+    }
+  });
 
   it('never gives the sandbox, the API or the logs the secret', async () => {
     // The injections above were logged (by header names): the log check below looks at real lines.

@@ -196,14 +196,38 @@ describe('parsing network.rules', () => {
       /does not begin a placeholder/,
     ],
     [
-      'identity token',
-      { 'a.test': header('A', '${e2b.identity.tokens.aws}') },
-      /identity tokens are not supported by Moat/,
+      'empty identity token name',
+      { 'a.test': header('A', '${e2b.identity.tokens.}') },
+      /character 1 of the value names no identity token/,
+    ],
+    [
+      'identity token name that opens another placeholder',
+      { 'a.test': header('A', 'x${e2b.identity.tokens.a${e2b.secrets.b}') },
+      /character 2 of the value names no identity token/,
+    ],
+    [
+      'unclosed identity placeholder',
+      { 'a.test': header('A', '${e2b.identity.tokens.aws') },
+      /does not begin a placeholder/,
     ],
     ['rules not an object', [], /rules must be an object/],
   ])('refuses %s', (_what, rules, message) => {
     const text = problems(withRules(rules));
     expect(text).toMatch(message);
+  });
+
+  it('reads identity token placeholders as their own parts, names kept as written', () => {
+    const policy = policyOf(
+      withRules({
+        'sts.test': header('Authorization', 'Bearer ${e2b.identity.tokens.AWS-prod.1}!'),
+      }),
+    );
+    expect(headerTransformFor(policy, name('sts.test'))!.headers).toEqual([
+      {
+        name: 'Authorization',
+        value: [{ literal: 'Bearer ' }, { identity: 'AWS-prod.1' }, { literal: '!' }],
+      },
+    ]);
   });
 
   it('names the rule key and header in every refusal of a value', () => {

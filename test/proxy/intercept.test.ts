@@ -53,6 +53,7 @@ const NAMES = new Map<string, string[]>([
   ['ws.rule.test', ['127.0.0.31']],
   ['missing.rule.test', ['127.0.0.31']],
   ['crlf.rule.test', ['127.0.0.31']],
+  ['id.rule.test', ['127.0.0.31']],
   ['noallow.rule.test', ['127.0.0.31']],
   ['old.rule.test', ['127.0.0.32']],
   ['self.rule.test', ['127.0.0.33']],
@@ -66,6 +67,7 @@ const NETWORK = {
     'ws.rule.test',
     'missing.rule.test',
     'crlf.rule.test',
+    'id.rule.test',
     'old.rule.test',
     'self.rule.test',
     'wrong.rule.test',
@@ -89,6 +91,11 @@ const RULES: Record<string, HeaderTransform> = {
   'crlf.rule.test': {
     ruleKey: 'crlf.rule.test',
     headers: [{ name: 'X-Api-Key', value: [{ secret: 'crlf' }] }],
+  },
+  // A rule stored while identity was on, enforced by a Moat started without --identity-issuer.
+  'id.rule.test': {
+    ruleKey: 'id.rule.test',
+    headers: [{ name: 'Authorization', value: [{ literal: 'Bearer ' }, { identity: 'aws' }] }],
   },
   '*.rule.test': {
     ruleKey: '*.rule.test',
@@ -538,11 +545,15 @@ describe('TLS interception for header rules', () => {
     socket.destroy();
   });
 
-  it('answers 502 naming a missing secret, and refuses a secret that would break the header line', async () => {
+  it('answers 502 naming a missing secret or identity token, and refuses a secret that would break the header line', async () => {
     for (const [name, expected] of [
       [
         'missing.rule.test',
         'names secret "absent" for X-Api-Key, and no secret of that name is stored',
+      ],
+      [
+        'id.rule.test',
+        'names identity token "aws" for Authorization, and this Moat mints no identity tokens (its operator has not set --identity-issuer)',
       ],
       ['crlf.rule.test', 'control character'],
     ] as const) {
@@ -967,6 +978,7 @@ describe('TLS interception for header rules', () => {
       'fronting',
       'leak',
       'upgrade_refused',
+      'identity_error',
     ])
       expect(metrics).toMatch(new RegExp(`outcome="${outcome}"} [1-9]`));
 

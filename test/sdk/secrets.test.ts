@@ -236,7 +236,7 @@ describe('network.rules through the SDK', () => {
     );
     await refuse(
       one('a.rules.test', 'Authorization', '${e2b.identity.tokens.aws}'),
-      /a\.rules\.test .*header "Authorization".*identity tokens are not supported by Moat/,
+      /a\.rules\.test.*header "Authorization" asks for workload identity tokens.*--identity-issuer/,
     );
     await refuse(
       one('a.rules.test', 'X-Key', `${VALUE}\r\nHost: evil.test`),

@@ -1,5 +1,13 @@
 /** The sandboxes themselves: create, list, get and kill. */
-import { DEFAULT_TIMEOUT, type SandboxState, SandboxError } from '../../sandbox/index.js';
+import {
+  DEFAULT_TIMEOUT,
+  IDENTITY_SETTING,
+  JWT_SVID,
+  MAX_AUDIENCE_LENGTH,
+  MAX_IAM_TOKENS,
+  type SandboxState,
+  SandboxError,
+} from '../../sandbox/index.js';
 import { SANDBOX_API_PORT } from '../../e2b-wire/index.js';
 import { bandwidthSchema, egressProxy, networkRulesSchema } from './network.js';
 import { type PlatformRoute, route } from './route.js';
@@ -52,6 +60,23 @@ const createBody = bodyObject(
         },
         rules: networkRulesSchema,
         bandwidth: { ...bandwidthSchema, description: 'Moat extension: Mbit/s each way' },
+      },
+      [],
+    ),
+    iam: bodyObject(
+      {
+        tokens: {
+          type: 'object',
+          description: `Workload identity tokens by name (at most ${MAX_IAM_TOKENS}): ${JWT_SVID} minted per request where a rule names \${e2b.identity.tokens.NAME}; needs the operator's ${IDENTITY_SETTING}`,
+          maxProperties: MAX_IAM_TOKENS,
+          additionalProperties: bodyObject(
+            {
+              audience: { type: 'string', maxLength: MAX_AUDIENCE_LENGTH },
+              tokenType: { type: 'string', maxLength: 256 },
+            },
+            ['audience', 'tokenType'],
+          ),
+        },
       },
       [],
     ),

@@ -12,7 +12,15 @@ import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
-import { AS_NOBODY, get, GuestBehind, tcpEcho, text, udpEcho } from '../support/guest-behind.js';
+import {
+  AS_NOBODY,
+  get,
+  GuestBehind,
+  tcpEcho,
+  tcpEchoEach,
+  text,
+  udpEcho,
+} from '../support/guest-behind.js';
 import {
   expectAllowedReached,
   expectDirectRecords,
@@ -205,10 +213,16 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
               socket.on('error', () => resolve('refused'));
             }),
           ).toBe('host\n');
-          for (const address of [world.hostAddress, gateway, addressOf(sandbox), guest.router]) {
-            const reached = await guest.run(tcpEcho(text(address), hostListener!.port), 10_000);
-            expect(reached.out, `${address}:${hostListener!.port}`).not.toMatch(/host|ping/);
-          }
+          const targets = [world.hostAddress, gateway, addressOf(sandbox), guest.router];
+          const reached = await guest.run(
+            tcpEchoEach(targets.map((address) => [text(address), hostListener!.port])),
+            10_000,
+          );
+          const results = reached.out.trim().split('\n');
+          expect(results, reached.err).toHaveLength(targets.length);
+          results.forEach((result, i) =>
+            expect(result, `${targets[i]}:${hostListener!.port}`).not.toMatch(/host|ping/),
+          );
         });
 
         it('cannot reach another sandbox, which Moat itself can reach', async () => {
@@ -265,11 +279,13 @@ describe.skipIf(skip !== undefined)('what a sandbox namespace forwards (a guest 
             );
             expect(route).toMatch(/dev mub/);
             // Neither the guest nor the sandbox's own processes get out that way.
-            const fromGuest = await guest.run(tcpEcho(text(guest.outside!), LISTENER_PORT), 10_000);
+            const [fromGuest, fromSandbox] = await Promise.all([
+              guest.run(tcpEcho(text(guest.outside!), LISTENER_PORT), 10_000),
+              sandbox.local(
+                `timeout 3 bash -c 'exec 3<>/dev/tcp/${guest.outside}/${LISTENER_PORT}'`,
+              ),
+            ]);
             expect(fromGuest.out).not.toBe('ping\n');
-            const fromSandbox = await sandbox.local(
-              `timeout 3 bash -c 'exec 3<>/dev/tcp/${guest.outside}/${LISTENER_PORT}'`,
-            );
             expect(fromSandbox).toBe(false);
             expect(printed).not.toContain('accepted');
           } finally {

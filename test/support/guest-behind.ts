@@ -276,15 +276,29 @@ export const get = (address: string, host: string, port = 80) =>
     'except OSError as e: print(type(e).__name__)',
   ].join('\n');
 
-/** TCP to `address` (a Python expression) and port: prints what came back, or the error's class. */
-export const tcpEcho = (address: string, port: number) =>
+/**
+ * A TCP connection to each target at once (a thread each, so silent drops cost one 3 s timeout,
+ * not one each), sending `ping`: prints per target, in their order, the first bytes it answers,
+ * `closed`, or the errno's name. Addresses are Python literals (`text`).
+ */
+export const tcpEchoEach = (targets: ReadonlyArray<readonly [address: string, port: number]>) =>
   [
-    'import socket',
-    'try:',
-    `  s = socket.create_connection((${address}, ${port}), timeout=3)`,
-    "  s.sendall(b'ping'); print(s.recv(4).decode() or 'closed')",
-    'except OSError as e: print(type(e).__name__)',
+    'import socket, threading',
+    `targets = [${targets.map(([address, port]) => `(${address}, ${port})`).join(', ')}]`,
+    'results = [None] * len(targets)',
+    'def probe(i, address, port):',
+    '  try:',
+    '    s = socket.create_connection((address, port), timeout=3)',
+    "    s.sendall(b'ping'); results[i] = s.recv(4).decode() or 'closed'",
+    '  except OSError as e: results[i] = type(e).__name__',
+    'threads = [threading.Thread(target=probe, args=(i, *t)) for i, t in enumerate(targets)]',
+    'for t in threads: t.start()',
+    'for t in threads: t.join()',
+    'for result in results: print(result)',
   ].join('\n');
+
+/** tcpEchoEach of one target. */
+export const tcpEcho = (address: string, port: number) => tcpEchoEach([[address, port]]);
 
 /** One UDP datagram to an echo, waiting for its answer: prints the answer or the errno. */
 export const udpEcho = (address: string, port: number) =>

@@ -188,6 +188,10 @@ describe('TLS interception for header rules', () => {
           // without a colon, as a Content-Length, as a status line, as a header name.
           const malformed = malformedAnswers(req.headers.authorization ?? '')[req.url!];
           if (malformed !== undefined) return void req.socket.end(malformed);
+          if (req.url === '/echo-coding') {
+            const credential = (req.headers.authorization ?? '').split(' ')[1] ?? 'none';
+            return void res.writeHead(200, { 'content-encoding': credential }).end('{}');
+          }
           // The body back in pieces, with no length: chunked.
           if (req.url === '/chunked') {
             const body = Buffer.concat(chunks);
@@ -739,6 +743,17 @@ describe('TLS interception for header rules', () => {
       );
       expect(stdout).toMatch(/502$/);
       expect(stdout).toContain('gzip coded body although Moat asked for none');
+      // A coding no one registered is not named: it may be the credential, echoed.
+      const echoed = await curlThrough(
+        redacting,
+        `https://api.rule.test:${port}/echo-coding`,
+        '-w',
+        '\n%{http_code}',
+      );
+      expect(echoed.stdout.toLowerCase()).not.toContain(TOKEN);
+      expect(echoed.stdout).toMatch(
+        /a non-standard coded body although Moat asked for none.*\n502$/,
+      );
     });
   });
 

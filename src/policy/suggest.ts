@@ -110,7 +110,10 @@ export function suggestPolicy(
   for (const name of names.keys()) {
     const domain = getDomain(name, TLD_OPTIONS);
     if (domain === null || domain === name) continue;
-    below.set(domain, [...(below.get(domain) ?? []), name]);
+    // Pushed, not copied: a sandbox can make any number of names under one domain.
+    const siblings = below.get(domain);
+    if (siblings === undefined) below.set(domain, [name]);
+    else siblings.push(name);
   }
   for (const [domain, siblings] of [...below].sort(([a], [b]) => a.localeCompare(b))) {
     if (siblings.length < WILDCARD_SIBLINGS) continue;

@@ -87,6 +87,21 @@ export interface ForwardRequest {
 }
 
 const REQUEST_DROP = new Set(['host']);
+/** The content codings of IANA's registry (and their x- aliases): named in a refusal. */
+const CONTENT_CODINGS = new Set([
+  'gzip',
+  'x-gzip',
+  'deflate',
+  'br',
+  'zstd',
+  'compress',
+  'x-compress',
+  'exi',
+  'pack200-gzip',
+  'aes128gcm',
+  'dcb',
+  'dcz',
+]);
 /** Interim responses (100, 103) passed on before the final one; an origin sending more is broken. */
 const MAX_INTERIM_RESPONSES = 16;
 /** Methods that may be sent twice (RFC 9110 9.2.2). */
@@ -473,9 +488,11 @@ export class Exchange implements UpstreamHolder {
         ? fieldTokens(head.fields, 'content-encoding').filter((c) => c !== 'identity')
         : [];
       if (codings.length > 0) {
+        // Only registered codings are named: any other token may be a credential, echoed.
+        const named = codings.map((c) => (CONTENT_CODINGS.has(c) ? c : 'non-standard'));
         this.answer({
           status: 502,
-          message: `${this.what} sent a ${codings.join(', ')} coded body although Moat asked for none: secrets cannot be redacted in it`,
+          message: `${this.what} sent a ${named.join(', ')} coded body although Moat asked for none: secrets cannot be redacted in it`,
         });
         return chunk.length;
       }

@@ -104,22 +104,25 @@ function withoutOws(line: string, start: number): string {
   return line.slice(from, to);
 }
 
-function parseFields(lines: readonly string[]): Parsed<HeaderField[]> | string {
+/**
+ * The header fields of a head. `quote`: a problem may quote the line at fault (a client's own
+ * request); an origin's answer is named by line number only, since it may echo the credentials
+ * Moat added, and the problem reaches the sandbox and the log, unredacted.
+ */
+function parseFields(lines: readonly string[], quote: boolean): Parsed<HeaderField[]> | string {
   if (lines.length > MAX_HEADER_FIELDS) return `more than ${MAX_HEADER_FIELDS} header fields`;
   const fields: HeaderField[] = [];
-  for (const line of lines) {
+  for (const [index, line] of lines.entries()) {
     if (line.startsWith(' ') || line.startsWith('\t'))
       return fail(400, 'a header line starts with whitespace (obsolete line folding)');
     const colon = line.indexOf(':');
     const name = colon < 0 ? '' : line.slice(0, colon);
+    const at = quote ? JSON.stringify(line.slice(0, 60)) : String(index + 1);
     if (!TOKEN.test(name))
-      return fail(
-        400,
-        `header line ${JSON.stringify(line.slice(0, 60))} is not "name: value" with a token name`,
-      );
+      return fail(400, `header line ${at} is not "name: value" with a token name`);
     const value = withoutOws(line, colon + 1);
     if (line.includes('\r') || !FIELD_VALUE.test(value))
-      return fail(400, `header ${name} holds a control character`);
+      return fail(400, `header ${quote ? name : `line ${at}`} holds a control character`);
     const lower = name.toLowerCase();
     if (foldsToConnectionField(lower))
       return fail(
@@ -140,7 +143,7 @@ export function parseRequestHead(head: Buffer): Parsed<RequestHead> {
       400,
       `request line ${JSON.stringify(lines[0]!.slice(0, 80))} is not "METHOD target HTTP/1.x"`,
     );
-  const fields = parseFields(lines.slice(1));
+  const fields = parseFields(lines.slice(1), true);
   if (typeof fields === 'string') return fail(431, `the request has ${fields}`);
   if (!fields.ok) return fields;
   return {
@@ -154,13 +157,15 @@ export function parseRequestHead(head: Buffer): Parsed<RequestHead> {
   };
 }
 
-/** Parses a response head; problems are the origin's, so they map to 502. */
+/**
+ * Parses a response head; problems are the origin's, so they map to 502, and quote none of its
+ * bytes (they may echo the credentials Moat added).
+ */
 export function parseResponseHead(head: Buffer): Parsed<ResponseHead> {
   const lines = head.toString('latin1', 0, head.length - 4).split('\r\n');
   const start = STATUS_LINE.exec(lines[0]!);
-  if (!start)
-    return fail(502, `its status line ${JSON.stringify(lines[0]!.slice(0, 80))} is not HTTP/1.x`);
-  const fields = parseFields(lines.slice(1));
+  if (!start) return fail(502, 'its status line is not HTTP/1.x');
+  const fields = parseFields(lines.slice(1), false);
   if (typeof fields === 'string') return fail(502, `its response has ${fields}`);
   if (!fields.ok) return fail(502, `its response is malformed: ${fields.message}`);
   return {
@@ -257,7 +262,8 @@ export function responseFraming(
       : [...new Set(lengths.flatMap((value) => value.split(',')).map((v) => v.trim()))];
   const [length] = distinct;
   if (distinct.length !== 1 || !DIGITS.test(length!))
-    return fail(502, `its Content-Length ${JSON.stringify(lengths.join(', '))} is not one number`);
+    // Not quoted: the origin's bytes may echo the credentials Moat added.
+    return fail(502, `its Content-Length (${lengths.length} field(s)) is not one number`);
   const bytes = Number(length);
   return {
     ok: true,

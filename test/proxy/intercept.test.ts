@@ -110,6 +110,14 @@ interface Echo {
   body: string;
 }
 
+/** Response heads that do not parse, each carrying the credential the origin was sent. */
+const malformedAnswers = (credential: string): Record<string, string> => ({
+  '/echo-line': `HTTP/1.1 200 OK\r\n${credential}\r\n\r\n`,
+  '/echo-length': `HTTP/1.1 200 OK\r\nContent-Length: ${credential}\r\n\r\n`,
+  '/echo-status': `HTTP/9 ${credential}\r\n\r\n`,
+  '/echo-name-control': `HTTP/1.1 200 OK\r\nX-${credential.replace(' ', '-')}: \u0001\r\n\r\n`,
+});
+
 /** The values of one header an origin saw (rawHeaders keeps duplicates and case). */
 const seen = (echo: Echo, name: string) =>
   echo.rawHeaders.filter((_, i) => i % 2 === 1 && echo.rawHeaders[i - 1]!.toLowerCase() === name);
@@ -175,6 +183,14 @@ describe('TLS interception for header rules', () => {
             const credential = (req.headers.authorization ?? '').split(' ')[1] ?? 'none';
             res.setHeader(`X-Bearer-${credential.toUpperCase()}`, '1');
             return void res.end('named');
+          }
+          // The credential back inside a response head that does not parse: as a header line
+          // without a colon, as a Content-Length, as a status line, as a header name.
+          const malformed = malformedAnswers(req.headers.authorization ?? '')[req.url!];
+          if (malformed !== undefined) return void req.socket.end(malformed);
+          if (req.url === '/echo-coding') {
+            const credential = (req.headers.authorization ?? '').split(' ')[1] ?? 'none';
+            return void res.writeHead(200, { 'content-encoding': credential }).end('{}');
           }
           // The body back in pieces, with no length: chunked.
           if (req.url === '/chunked') {
@@ -705,6 +721,19 @@ describe('TLS interception for header rules', () => {
       expect(old.endsWith(`\r\n\r\nxx${placeholder}yy`)).toBe(true);
     });
 
+    it.each(Object.keys(malformedAnswers('')))(
+      'refuses (502) a response head that does not parse without quoting it: the value the origin echoes into %s is in no answer or log line',
+      async (path) => {
+        const url = `https://api.rule.test:${port}${path}`;
+        for (const proxy of [redacting, moat]) {
+          const { stdout } = await curlThrough(proxy, url, '-w', '\n%{http_code}');
+          expect(stdout).toMatch(/sent a malformed response: .*\n502$/);
+          expect(stdout.toLowerCase()).not.toContain(TOKEN);
+        }
+        expect(logLines.join('').toLowerCase()).not.toContain(TOKEN);
+      },
+    );
+
     it('refuses (502) a body the origin compressed although asked not to', async () => {
       const { stdout } = await curlThrough(
         redacting,
@@ -714,6 +743,17 @@ describe('TLS interception for header rules', () => {
       );
       expect(stdout).toMatch(/502$/);
       expect(stdout).toContain('gzip coded body although Moat asked for none');
+      // A coding no one registered is not named: it may be the credential, echoed.
+      const echoed = await curlThrough(
+        redacting,
+        `https://api.rule.test:${port}/echo-coding`,
+        '-w',
+        '\n%{http_code}',
+      );
+      expect(echoed.stdout.toLowerCase()).not.toContain(TOKEN);
+      expect(echoed.stdout).toMatch(
+        /a non-standard coded body although Moat asked for none.*\n502$/,
+      );
     });
   });
 

@@ -58,10 +58,15 @@ const ALWAYS: ReadonlyArray<readonly [string, Decision]> = [
   ['::/128', UNSPECIFIED],
 ];
 
-/** Compiles a snapshot of the host's addresses into the check every enforcement point makes. */
+/**
+ * Compiles a snapshot of the host's addresses into the check every enforcement point makes:
+ * its interfaces' addresses and the prefixes its local routes deliver to it (`ip route add
+ * local 198.18.9.0/24 dev lo`, AnyIP: no interface lists those), as CIDR text.
+ */
 export function compileHostAddresses(
   interfaces: readonly InterfaceAddress[],
   options: HostAddressOptions = {},
+  localRoutes: readonly string[] = [],
 ): HostAddresses {
   const map = new AddressPrefixMap<Decision>();
   const insert = (text: string, decision: Decision) => {
@@ -78,6 +83,12 @@ export function compileHostAddresses(
     const entry = parseCIDR(loopback ? `${bare}/${prefixLength}` : bare);
     if (!entry.ok) throw new Error(`interface address ${address}: ${entry.error}`);
     // The host's ends of sandbox links and the gateway stay LINKS: no port opens them.
+    if (links !== undefined && inside(links, entry.value)) continue;
+    map.insert(entry.value, HOST);
+  }
+  for (const prefix of localRoutes) {
+    const entry = parseCIDR(prefix);
+    if (!entry.ok) throw new Error(`local route ${prefix}: ${entry.error}`);
     if (links !== undefined && inside(links, entry.value)) continue;
     map.insert(entry.value, HOST);
   }

@@ -24,6 +24,9 @@ const LATER = '198.18.21.2';
 /** A prefix the host takes as its own by a local route alone, during one test; one of its addresses. */
 const ANY_IP = '198.18.21.64/26';
 const IN_ANY_IP = '198.18.21.70';
+/** Another such prefix, its local route naming the host's address as the source to use. */
+const ANY_IP_WITH_SOURCE = '198.18.21.128/26';
+const IN_ANY_IP_WITH_SOURCE = '198.18.21.130';
 const PORTS = { api: 3000, sandbox: 3001, proxy: 3128, service: 8081, opened: 8082 };
 
 /** Runs a shell line in the sandbox; a failing exit is a result, not an exception. */
@@ -166,6 +169,22 @@ describe.skipIf(skip !== undefined)('the host is never a destination (namespace 
       host.served.length = 0;
     } finally {
       host.ip('route', 'del', 'local', ANY_IP, 'dev', 'lo');
+    }
+  });
+
+  it('refuses an address a local route delivers with another address as its source', async () => {
+    // `src` on the route: the kernel sources the connection from the host's address, so its two
+    // ends differ although it reached the host (IPv6 AnyIP does the same with no `src` at all:
+    // the source is picked among the host's other addresses).
+    host.ip('route', 'add', 'local', ANY_IP_WITH_SOURCE, 'dev', 'lo', 'src', HOST);
+    try {
+      const url = `http://${IN_ANY_IP_WITH_SOURCE}:${PORTS.service}/`;
+      expect((await run(sandbox, viaProxy(url, false))).out).toMatch(
+        /denied by host: the address is the host itself.* 000 403$/,
+      );
+      expect(host.served).toEqual([]);
+    } finally {
+      host.ip('route', 'del', 'local', ANY_IP_WITH_SOURCE, 'dev', 'lo', 'src', HOST);
     }
   });
 

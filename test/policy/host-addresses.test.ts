@@ -71,4 +71,17 @@ describe('the host as a destination', () => {
     expect(HOST.reached(8080)).toBeUndefined();
     expect(compileHostAddresses([]).reached(8080)?.list).toBe('host');
   });
+
+  it("denies what the host's local routes deliver to it, but not the sandbox links among them", () => {
+    const withRoutes = compileHostAddresses(
+      [{ address: '127.0.0.1', prefixLength: 8, loopback: true }],
+      { sandboxLinks: pool.value },
+      ['198.18.9.0/24', '2001:db8:9::/64', '10.213.0.1/32'],
+    );
+    const reason = (text: string) => withRoutes.decide(ip(text), 443)?.reason;
+    expect(reason('198.18.9.77')).toMatch(/the host itself/);
+    expect(reason('2001:db8:9::5')).toMatch(/the host itself/);
+    expect(reason('198.18.10.1')).toBeUndefined();
+    expect(reason('10.213.0.1')).toMatch(/the gateway or a sandbox link/);
+  });
 });

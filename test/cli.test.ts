@@ -548,7 +548,8 @@ describe('policy files with // comments (what moat suggest writes)', () => {
 describe('moat identity rotate-key', () => {
   it('makes a new current key beside the one it replaces, private to its user', async () => {
     const data = join(dir, 'identity-data');
-    const kid = (r: { stdout: string }) => /identity key (\S+) is current/.exec(r.stdout)?.[1];
+    const kid = (r: { stdout: string }) =>
+      /identity key (\S+) is published and signs from /.exec(r.stdout)?.[1];
     const first = await runMoat(['identity', 'rotate-key', '--data-dir', data]);
     expect(first.code, first.stderr).toBe(0);
     const second = await runMoat(['identity', 'rotate-key'], { env: { MOAT_DATA_DIR: data } });

@@ -11,12 +11,12 @@ export interface IdentityDocuments {
   discovery(): Record<string, unknown>;
   /** The JWK Set of the keys whose tokens may still be alive. */
   jwks(): Promise<object>;
+  /** How long verifiers may cache both (a new key is published that long before it signs). */
+  readonly maxAgeSeconds: number;
 }
 
-/** Verifiers may cache the key set briefly; a rotated key is published well before it signs. */
-const CACHE_CONTROL = 'public, max-age=60';
-
 export function registerWellKnown(app: FastifyInstance, documents: IdentityDocuments): void {
+  const CACHE_CONTROL = `public, max-age=${documents.maxAgeSeconds}`;
   app.get('/.well-known/openid-configuration', async (_request, reply) => {
     reply.header('cache-control', CACHE_CONTROL);
     return documents.discovery();

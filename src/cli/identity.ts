@@ -1,5 +1,11 @@
 import path from 'node:path';
-import { KEY_FOLDER, RETIRED_KEY_KEPT_MS, rotateKey } from '../identity/index.js';
+import {
+  JWKS_MAX_AGE_S,
+  KEY_FOLDER,
+  PUBLISH_AHEAD_MS,
+  RETIRED_KEY_KEPT_MS,
+  rotateKey,
+} from '../identity/index.js';
 import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
 
@@ -9,10 +15,12 @@ const IDENTITY_CONFIG = configFlags(['dataDir']);
 export const IDENTITY_HELP = `Usage: moat identity rotate-key [options]
 
 Workload identity keys (docs/identity.md). rotate-key makes a new ECDSA P-256 signing key in
-<data-dir>/${KEY_FOLDER}/ (mode 0600) and makes it the current one: a running Moat signs new
-tokens with it within a second and publishes it in /.well-known/jwks.json at once. The key it
-replaces stays in the JWKS for ${RETIRED_KEY_KEPT_MS / 60_000} minutes, until every token it
-signed has expired; keys replaced longer ago are removed. Run it as the user Moat runs as.
+<data-dir>/${KEY_FOLDER}/ (mode 0600). A running Moat publishes it in /.well-known/jwks.json
+within a second and signs new tokens with it ${PUBLISH_AHEAD_MS / 1000} s later, once every
+verifier's cached copy of the JWKS (max-age ${JWKS_MAX_AGE_S} s) holds it; the key it replaces
+signs until then and stays in the JWKS for ${Math.round(RETIRED_KEY_KEPT_MS / 60_000)} minutes,
+until every token it signed has expired; keys replaced longer ago are removed. Run it as the
+user Moat runs as.
 
 Options:
 ${IDENTITY_CONFIG.help}
@@ -35,7 +43,7 @@ export async function identity(args: string[], io: CliIO): Promise<number> {
   const config = configFrom(values, io);
   const rotated = await rotateKey(config.dataDir);
   io.stdout.write(
-    `moat: identity key ${rotated.kid} is current (in ${path.resolve(config.dataDir, KEY_FOLDER)}); ${rotated.published} key(s) published, ${rotated.removed} expired key(s) removed\n`,
+    `moat: identity key ${rotated.kid} is published and signs from ${new Date(rotated.signsFrom).toISOString()}, once verifiers' cached JWKS have it (in ${path.resolve(config.dataDir, KEY_FOLDER)}); ${rotated.published} key(s) published, ${rotated.removed} expired key(s) removed\n`,
   );
   return EXIT.ok;
 }

@@ -7,8 +7,10 @@ export {
   REUSE_MARGIN_MS,
 } from './issuer.js';
 export {
+  JWKS_MAX_AGE_S,
   KEY_FOLDER,
   KEY_RECHECK_MS,
+  PUBLISH_AHEAD_MS,
   type PublicJwk,
   RETIRED_KEY_KEPT_MS,
   rotateKey,

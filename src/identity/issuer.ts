@@ -4,7 +4,7 @@
  * identity provider (AWS IAM, GCP, Azure) federates with: the OpenID discovery document and the
  * JWKS. Tokens are credentials: nothing here logs or returns one except `token`.
  */
-import { IdentityKeys, type PublicJwk } from './keys.js';
+import { IdentityKeys, JWKS_MAX_AGE_S, type PublicJwk } from './keys.js';
 import { type MintedToken, mintToken, type TokenIssuer, type TokenSubject } from './token.js';
 
 /** A cached token is handed out until this long before it expires, then a new one is made. */
@@ -69,6 +69,9 @@ export class IdentityIssuer {
   }
 
   /** The OpenID Provider metadata (OpenID Connect Discovery 1.0) a federation reads. */
+  /** How long verifiers may cache the documents (a new key is published that long ahead). */
+  readonly maxAgeSeconds = JWKS_MAX_AGE_S;
+
   discovery(): Record<string, unknown> {
     const { issuer } = this.options;
     return {

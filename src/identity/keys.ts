@@ -1,8 +1,9 @@
 /**
  * The signing keys of workload identity tokens: ECDSA P-256 keys in `<data-dir>/identity-keys/`
- * (folder 0700, each key a file 0600), generated on first need. The newest is the current key;
- * one that a newer key replaced stays published (in the JWKS) until every token it signed has
- * expired, and `rotateKey` (`moat identity rotate-key`) removes it after that.
+ * (folder 0700, each key a file 0600), generated on first need. A new key is published (in the
+ * JWKS) at once but signs only once every verifier's cached copy of the JWKS has it
+ * (PUBLISH_AHEAD_MS); the key it replaces signs until then, and stays published until every
+ * token it signed has expired. `rotateKey` (`moat identity rotate-key`) removes it after that.
  */
 import {
   createHash,
@@ -17,13 +18,21 @@ import path from 'node:path';
 export const KEY_FOLDER = 'identity-keys';
 /** Every token a key signs expires this long after it is made (at most 5 minutes). */
 export const TOKEN_LIFETIME_S = 300;
-/**
- * How long a replaced key stays published: its last tokens live TOKEN_LIFETIME_S, and a running
- * Moat sees a new key within KEY_RECHECK_MS of its writing; the rest is margin for clocks.
- */
-export const RETIRED_KEY_KEPT_MS = TOKEN_LIFETIME_S * 1000 + 60_000;
 /** How often a running Moat looks for keys another process (the rotate command) wrote. */
 export const KEY_RECHECK_MS = 1000;
+/** How long verifiers may keep the JWKS (its Cache-Control max-age). */
+export const JWKS_MAX_AGE_S = 60;
+/**
+ * How long a new key is published before it signs: a verifier that fetched the JWKS just
+ * before the rotation keeps it JWKS_MAX_AGE_S, and Moat sees the key within KEY_RECHECK_MS; the
+ * rest is margin for clocks.
+ */
+export const PUBLISH_AHEAD_MS = JWKS_MAX_AGE_S * 1000 + KEY_RECHECK_MS + 5000;
+/**
+ * How long a replaced key stays published after its successor was made: it signs until the
+ * successor does (PUBLISH_AHEAD_MS), its last tokens live TOKEN_LIFETIME_S; margin for clocks.
+ */
+export const RETIRED_KEY_KEPT_MS = PUBLISH_AHEAD_MS + TOKEN_LIFETIME_S * 1000 + 60_000;
 
 /** A public key as the JWKS publishes it (RFC 7517, RFC 7518 section 6.2). */
 export interface PublicJwk {
@@ -116,19 +125,32 @@ async function readKeys(folder: string): Promise<SigningKey[]> {
   return keys.sort((a, b) => b.created - a.created || a.kid.localeCompare(b.kid));
 }
 
-/** The keys still published: the current one, and each replaced one until its tokens expired. */
+/** The keys still published: the newest, and each replaced one until its tokens expired. */
 function publishedOf(keys: readonly SigningKey[], now: number): SigningKey[] {
   return keys.filter((key, i) => i === 0 || now < keys[i - 1]!.created + RETIRED_KEY_KEPT_MS);
 }
 
 /**
- * Makes a new current key in `<dataDir>/identity-keys/` and removes keys no longer published.
- * A running Moat signs with the new key within KEY_RECHECK_MS.
+ * The key that signs now (keys newest first): the newest published for PUBLISH_AHEAD_MS, or,
+ * while none is, the oldest (the first key of all signs at once: no verifier has seen another).
+ */
+export function signingKeyOf(keys: readonly SigningKey[], now: number): SigningKey {
+  return keys.find((key) => key.created + PUBLISH_AHEAD_MS <= now) ?? keys.at(-1)!;
+}
+
+/**
+ * Makes a new key in `<dataDir>/identity-keys/` and removes keys no longer published. A running
+ * Moat publishes it within KEY_RECHECK_MS and signs with it from `signsFrom`.
  */
 export async function rotateKey(
   dataDir: string,
   now: number = Date.now(),
-): Promise<{ readonly kid: string; readonly published: number; readonly removed: number }> {
+): Promise<{
+  readonly kid: string;
+  readonly signsFrom: number;
+  readonly published: number;
+  readonly removed: number;
+}> {
   const folder = path.join(dataDir, KEY_FOLDER);
   const before = await readKeys(folder);
   // Strictly newer than every key there, whatever the clock says.
@@ -138,7 +160,12 @@ export async function rotateKey(
   const kept = new Set(publishedOf(keys, now).map((k) => k.kid));
   const gone = keys.filter((k) => !kept.has(k.kid));
   await Promise.all(gone.map((k) => rm(path.join(folder, `${k.kid}${FILE_SUFFIX}`))));
-  return { kid: key.kid, published: kept.size, removed: gone.length };
+  return {
+    kid: key.kid,
+    signsFrom: created + PUBLISH_AHEAD_MS,
+    published: kept.size,
+    removed: gone.length,
+  };
 }
 
 /**
@@ -160,8 +187,7 @@ export class IdentityKeys {
 
   /** The key new tokens are signed with; the first is generated when there is none. */
   async current(): Promise<SigningKey> {
-    const keys = await this.all();
-    return keys[0]!;
+    return signingKeyOf(await this.all(), this.now());
   }
 
   /** The public keys a verifier may meet: the current one and those replaced recently. */

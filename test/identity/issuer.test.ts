@@ -9,8 +9,10 @@ import { createLocalJWKSet, decodeProtectedHeader, jwtVerify } from 'jose';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   IdentityIssuer,
+  JWKS_MAX_AGE_S,
   KEY_FOLDER,
   KEY_RECHECK_MS,
+  PUBLISH_AHEAD_MS,
   REUSE_MARGIN_MS,
   RETIRED_KEY_KEPT_MS,
   rotateKey,
@@ -172,6 +174,23 @@ describe('identity tokens', () => {
 });
 
 describe('key rotation', () => {
+  it('publishes a new key before it signs: a verifier holding the JWKS for its max-age verifies every token', async () => {
+    const clock = { now: START };
+    const { issuer, dir } = issuerAt(clock);
+    await issuer.token('isb1', 'aws', subject());
+    // What a federation fetched just before the rotation, and may keep for max-age.
+    const cached = createLocalJWKSet({ keys: [...(await issuer.jwks()).keys] });
+    await rotateKey(dir, clock.now);
+    for (const after of [KEY_RECHECK_MS, 30_000, JWKS_MAX_AGE_S * 1000 - 1]) {
+      clock.now = START + after;
+      const token = (await issuer.token(`isb-${after}`, 'aws', subject(`isb-${after}`)))!;
+      await expect(
+        jwtVerify(token, cached, { issuer: ISSUER, currentDate: new Date(clock.now) }),
+        `a token minted ${after} ms after the rotation`,
+      ).resolves.toBeDefined();
+    }
+  });
+
   it('signs new tokens with the new key; old tokens verify until they expire', async () => {
     const clock = { now: START };
     const { issuer, dir } = issuerAt(clock);
@@ -179,12 +198,16 @@ describe('key rotation', () => {
     const oldKid = decodeProtectedHeader(old).kid;
     const rotated = await rotateKey(dir, clock.now);
     expect(rotated.kid).not.toBe(oldKid);
-    // A running issuer sees the new key within KEY_RECHECK_MS (the cached token is dropped).
+    expect(rotated.signsFrom).toBeGreaterThanOrEqual(START + PUBLISH_AHEAD_MS);
+    // A running issuer publishes the new key within KEY_RECHECK_MS; the old one still signs.
     clock.now += KEY_RECHECK_MS;
-    const fresh = (await issuer.token('isb1', 'aws', subject()))!;
-    expect(decodeProtectedHeader(fresh).kid).toBe(rotated.kid);
     const kids = (await issuer.jwks()).keys.map((k) => k.kid);
     expect(kids).toEqual([rotated.kid, oldKid]);
+    expect(decodeProtectedHeader((await issuer.token('isb2', 'aws', subject()))!).kid).toBe(oldKid);
+    // From signsFrom on, new tokens carry the new key (the cached one is dropped).
+    clock.now = rotated.signsFrom;
+    const fresh = (await issuer.token('isb1', 'aws', subject()))!;
+    expect(decodeProtectedHeader(fresh).kid).toBe(rotated.kid);
     // The old token still verifies against the JWKS as published now, to its last second.
     await verify(issuer, old, START + TOKEN_LIFETIME_S * 1000 - 1, 'sts.amazonaws.com');
     await verify(issuer, fresh, clock.now, 'sts.amazonaws.com');

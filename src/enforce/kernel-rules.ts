@@ -413,11 +413,17 @@ export function policySets(
   generation: number,
 ): string {
   const allow = ipv4(
-    policy.rules.allowOut.flatMap((rule) => (rule.kind === 'address' ? [rule.cidr] : [])),
+    policy.rules.allowOut.flatMap((rule) =>
+      rule.kind === 'address' && rule.ports === undefined ? [rule.cidr] : [],
+    ),
   );
   const deny = policy.rules.denyAll
     ? ['0.0.0.0/0']
-    : ipv4(policy.rules.denyOut.map((rule) => rule.cidr));
+    : ipv4(
+        policy.rules.denyOut.flatMap((rule) =>
+          rule.kind === 'address' && rule.ports === undefined ? [rule.cidr] : [],
+        ),
+      );
   return [
     ...['allow4', 'deny4', 'learned4'].map((set) => `flush set ${TABLE} ${set}`),
     ...addElements('allow4', allow),

@@ -7,6 +7,8 @@
  * has (usually one or two), deepest first. No per-label strings are made for the rest.
  */
 
+const same = <T>(value: T): T => value;
+
 export class DomainTrie<T> {
   private readonly exact = new Map<string, T>();
   private readonly wildcards = new Map<string, T>();
@@ -40,6 +42,21 @@ export class DomainTrie<T> {
   lookup(name: string): T | undefined {
     const exact = this.exact.get(name);
     if (exact !== undefined || this.wildcards.size === 0) return exact;
+    return this.findWildcard(name, same);
+  }
+
+  /**
+   * The first `pick` result, most specific rule first (exact, then wildcards from the nearest
+   * ancestor out), that is not undefined: for rules that cover a name only on some ports.
+   */
+  find<R>(name: string, pick: (value: T) => R | undefined): R | undefined {
+    const exact = this.exact.get(name);
+    const picked = exact === undefined ? undefined : pick(exact);
+    if (picked !== undefined || this.wildcards.size === 0) return picked;
+    return this.findWildcard(name, pick);
+  }
+
+  private findWildcard<R>(name: string, pick: (value: T) => R | undefined): R | undefined {
     let labels = 1;
     for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) === 46) labels++;
     // Suffixes strictly shorter than the name, deepest first, at depths some wildcard has.
@@ -48,7 +65,8 @@ export class DomainTrie<T> {
     while (dot >= 0 && depth >= this.minDepth) {
       if (depth <= this.maxDepth && this.depths[depth] === true) {
         const match = this.wildcards.get(name.slice(dot + 1));
-        if (match !== undefined) return match;
+        const picked = match === undefined ? undefined : pick(match);
+        if (picked !== undefined) return picked;
       }
       dot = name.indexOf('.', dot + 1);
       depth--;

@@ -10,6 +10,7 @@ export {
   parseAuthority,
   parseDestination,
   parsePort,
+  parsePortRange,
 } from './destination.js';
 export { type CanonicalName, canonicalName, type Host, parseHost } from './host.js';
 export {
@@ -37,6 +38,7 @@ export {
   matchName,
   type Policy,
 } from './policy.js';
+export { coversPort, formatPorts, type PortRange } from './ports.js';
 export type { Preset, PresetTable } from './preset-types.js';
 export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';

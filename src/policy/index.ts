@@ -27,6 +27,7 @@ export {
 } from './internal.js';
 export { lintPolicy } from './lint.js';
 export {
+  allowedPorts,
   compileInternalDenyList,
   compilePolicy,
   type Decision,
@@ -37,8 +38,9 @@ export {
   type LearnedAddresses,
   matchName,
   type Policy,
+  portScopedIPv4,
 } from './policy.js';
-export { coversPort, formatPorts, type PortRange } from './ports.js';
+export { formatPorts, type PortRange } from './ports.js';
 export type { Preset, PresetTable } from './preset-types.js';
 export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';

@@ -11,6 +11,7 @@ import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NameRule, type NetworkRules, type Rule, ruleLabel } from './rules.js';
+import { mergePorts, type PortRange } from './ports.js';
 import { AddressPortRules, NameRules, type PortQuestion } from './scoped-rules.js';
 import type { HeaderTransform } from './transform-types.js';
 
@@ -284,6 +285,33 @@ export const headerTransformFor = (
   policy: Policy,
   name: CanonicalName,
 ): HeaderTransform | undefined => policy.transforms.lookup(name);
+
+/**
+ * The ports allowOut's name rules open for any of `names`, merged (undefined: every port;
+ * empty: none), for the kernel's learned addresses.
+ */
+export function allowedPorts(
+  policy: Policy,
+  names: readonly CanonicalName[],
+): PortRange[] | undefined {
+  const ranges: PortRange[] = [];
+  for (const name of names) {
+    const ports = policy.allowNames.portsOf(name);
+    if (ports === undefined) return undefined;
+    ranges.push(...ports);
+  }
+  return mergePorts(ranges);
+}
+
+/**
+ * The IPv4 ranges `list`'s port-scoped address rules cover, each with its ports: disjoint, so
+ * the kernel's `address . port` interval sets take them as they are.
+ */
+export const portScopedIPv4 = (
+  policy: Policy,
+  list: 'allowOut' | 'denyOut',
+): Array<{ first: string; last: string; ports: PortRange[] }> =>
+  policy.addressPorts?.ipv4Ranges(list === 'allowOut' ? 'allow' : 'deny') ?? [];
 
 /**
  * The allowOut name rule covering a canonical name, if any (exact beats wildcard): on `port`,

@@ -13,8 +13,17 @@ export interface PortRange {
 export const formatPorts = (ports: PortRange): string =>
   ports.from === ports.to ? `${ports.from}` : `${ports.from}-${ports.to}`;
 
-export const coversPort = (ports: PortRange | undefined, port: number): boolean =>
-  ports === undefined || (port >= ports.from && port <= ports.to);
+/** The union of some ranges as few disjoint ones, in port order. */
+export function mergePorts(ranges: readonly PortRange[]): PortRange[] {
+  const sorted = [...ranges].sort((a, b) => a.from - b.from);
+  const merged: Array<{ from: number; to: number }> = [];
+  for (const { from, to } of sorted) {
+    const last = merged[merged.length - 1];
+    if (last !== undefined && from <= last.to + 1) last.to = Math.max(last.to, to);
+    else merged.push({ from, to });
+  }
+  return merged;
+}
 
 /**
  * Port ranges with a value each, for one destination of one list. Where ranges overlap, the one

@@ -8,12 +8,12 @@
  * some port is covered (`some`: an allow rule on `:22` still lets the name resolve) or whether
  * every port is (`every`: only a portless deny makes a name NXDOMAIN).
  */
-import type { CIDR, IPAddress } from './address.js';
+import { type CIDR, formatIPv4, type IPAddress } from './address.js';
 import { AddressIntervals, locate, type PrefixEntry } from './address-intervals.js';
 import { AddressPrefixMap } from './address-prefix-map.js';
 import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
-import { type PortRange, PortTable } from './ports.js';
+import { mergePorts, type PortRange, PortTable } from './ports.js';
 
 /** A port question: a port, or, without one, whether some or every port is covered. */
 export type PortQuestion = number | 'some' | 'every';
@@ -51,6 +51,20 @@ export class NameRules<T> {
 
   get size(): number {
     return this.all.size + this.ported.size;
+  }
+
+  /**
+   * The ports on which some rule covers `name`, merged; undefined when a rule covers every
+   * port (an empty list: none does).
+   */
+  portsOf(name: CanonicalName): PortRange[] | undefined {
+    if (this.all.lookup(name) !== undefined) return undefined;
+    const ranges: PortRange[] = [];
+    this.ported.find(name, (table) => {
+      for (const range of table.ranges()) ranges.push(range.ports);
+      return undefined;
+    });
+    return mergePorts(ranges);
   }
 
   /** The most specific rule covering `name` on `port` (portless rules first). */
@@ -113,5 +127,22 @@ export class AddressPortRules<T> {
       if (value !== undefined) return value;
     }
     return undefined;
+  }
+
+  /**
+   * Disjoint IPv4 address ranges, each with the ports `list`'s rules cover on all of it
+   * (merged): what the kernel's `address . port` sets hold.
+   */
+  ipv4Ranges(list: 'allow' | 'deny'): Array<{ first: string; last: string; ports: PortRange[] }> {
+    const table = this.table.ipv4;
+    const ranges = [];
+    for (let i = 0; i < table.count; i++) {
+      const chain = table[list][i];
+      if (chain === undefined) continue;
+      const last = i + 1 < table.count ? table.starts[i + 1]! - 1 : 0xffff_ffff;
+      const ports = mergePorts(chain.flatMap((t) => t.ranges().map((range) => range.ports)));
+      ranges.push({ first: formatIPv4(table.starts[i]!), last: formatIPv4(last), ports });
+    }
+    return ranges;
   }
 }

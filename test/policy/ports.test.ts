@@ -11,6 +11,8 @@ import {
   lintPolicy,
   compileInternalDenyList,
   parseNetworkConfig,
+  parsePresetFile,
+  presetTable,
   type Rule,
 } from '../../src/policy/index.js';
 import {
@@ -262,6 +264,36 @@ describe('decisions per (destination, port)', () => {
       learnedBy('db.test'),
     );
     expect(decideText(policy, { ip: '44.1.2.3', port: 22 }, learned)).toEqual(denyBy('0.0.0.0/0'));
+  });
+});
+
+describe('a preset that names ports', () => {
+  test('its entries are enforced on their ports, as the same entries written in allowOut', () => {
+    const file = parsePresetFile(
+      {
+        name: 'git',
+        version: 1,
+        description: 'git over SSH and HTTPS',
+        allowOut: ['github.com:22', 'github.com:443', '*.githubusercontent.com:443'],
+      },
+      'git.json',
+    );
+    if (!file.ok) throw new Error(JSON.stringify(file.errors));
+    const presets = presetTable([file.value]);
+    if (!presets.ok) throw new Error(JSON.stringify(presets.errors));
+    const parsed = parseNetworkConfig(denyAll('preset:git'), { presets: presets.value });
+    if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+    const policy = compilePolicy(parsed.value);
+    const at = (host: string, port?: number) =>
+      outcome(decide(policy, destinationOf({ host, port })));
+    expect(at('github.com', 22)).toEqual(allowBy('preset:git (github.com:22)'));
+    expect(at('github.com', 443)).toEqual(allowBy('preset:git (github.com:443)'));
+    expect(at('github.com', 80)).toEqual(denyBy('0.0.0.0/0'));
+    expect(at('raw.githubusercontent.com', 443)).toEqual(
+      allowBy('preset:git (*.githubusercontent.com:443)'),
+    );
+    expect(at('raw.githubusercontent.com', 22)).toEqual(denyBy('0.0.0.0/0'));
+    expect(at('github.com')).toEqual(allowBy('preset:git (github.com:22)'));
   });
 });
 

@@ -240,7 +240,7 @@ export function compilePolicy(
         'deny',
         denyAll.list,
         denyAll.rule,
-        `no allowOut name rule covers the name (on this port); ${denyAll.rule} denies it${resolveHint}`,
+        `no allowOut name rule covers the name; ${denyAll.rule} denies it${resolveHint}`,
       )
     : rules.denyOut.length > 0
       ? decision(

@@ -7,8 +7,6 @@
  * has (usually one or two), deepest first. No per-label strings are made for the rest.
  */
 
-const same = <T>(value: T): T => value;
-
 export class DomainTrie<T> {
   private readonly exact = new Map<string, T>();
   private readonly wildcards = new Map<string, T>();
@@ -42,7 +40,20 @@ export class DomainTrie<T> {
   lookup(name: string): T | undefined {
     const exact = this.exact.get(name);
     if (exact !== undefined || this.wildcards.size === 0) return exact;
-    return this.findWildcard(name, same);
+    // The loop of findWildcard without a callback: this is every host decision's path.
+    let labels = 1;
+    for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) === 46) labels++;
+    let depth = labels - 1;
+    let dot = name.indexOf('.');
+    while (dot >= 0 && depth >= this.minDepth) {
+      if (depth <= this.maxDepth && this.depths[depth] === true) {
+        const match = this.wildcards.get(name.slice(dot + 1));
+        if (match !== undefined) return match;
+      }
+      dot = name.indexOf('.', dot + 1);
+      depth--;
+    }
+    return undefined;
   }
 
   /**

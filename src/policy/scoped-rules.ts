@@ -27,6 +27,8 @@ interface Scoped<T> {
 export class NameRules<T> {
   private readonly all = new DomainTrie<T>();
   private readonly ported = new DomainTrie<PortTable<T>>();
+  /** How many names and wildcards hold rules. */
+  readonly size: number;
 
   constructor(rules: ReadonlyArray<Scoped<T> & { name: string; kind: 'exact' | 'wildcard' }>) {
     const groups = new Map<string, Array<Scoped<T>>>();
@@ -47,10 +49,7 @@ export class NameRules<T> {
         new PortTable(group.map((rule) => ({ ports: rule.ports!, value: rule.value }))),
       );
     }
-  }
-
-  get size(): number {
-    return this.all.size + this.ported.size;
+    this.size = this.all.size + this.ported.size;
   }
 
   /**
@@ -69,6 +68,7 @@ export class NameRules<T> {
 
   /** The most specific rule covering `name` on `port` (portless rules first). */
   lookup(name: CanonicalName, port: PortQuestion): T | undefined {
+    if (this.size === 0) return undefined;
     const plain = this.all.lookup(name);
     if (plain !== undefined || port === 'every' || this.ported.size === 0) return plain;
     return port === 'some'

@@ -356,7 +356,7 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     'ct original ip daddr @allow4 accept',
     `${TO_PORT_ORIGINAL} @allow4p accept`,
     `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr @deny4 drop`,
-    `meta l4proto tcp ct original ip daddr . ct original proto-dst @deny4p drop`,
+    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr . ct original proto-dst @deny4p drop`,
     'jump this_policy',
     'ct original ip daddr @learned4 accept',
     `${TO_PORT_ORIGINAL} @learned4p accept`,

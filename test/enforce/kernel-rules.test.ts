@@ -389,7 +389,7 @@ describe('kernel rules: the sandbox table', () => {
       'ct original ip daddr @allow4 accept',
       'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @allow4p accept',
       'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 drop',
-      'meta l4proto tcp ct original ip daddr . ct original proto-dst @deny4p drop',
+      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr . ct original proto-dst @deny4p drop',
       'jump this_policy',
       'ct original ip daddr @learned4 accept',
       'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned4p accept',

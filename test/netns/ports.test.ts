@@ -118,6 +118,19 @@ describe.skipIf(skip !== undefined)('ports at the kernel and at DNS', () => {
     }
   });
 
+  it('lets a learned address through a denyOut IP:port, as decide does (learned before deny), both ways', async () => {
+    const sandbox = await sandboxWith({
+      allowOut: ['db.test'],
+      denyOut: ['0.0.0.0/0', `${ORIGIN}:${TCP_PORT}`],
+    });
+    try {
+      expect(await run(sandbox, tcpEcho('db.test'))).toBe('ping');
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toBe('ping');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it('denies a denyOut IP:port directly, and leaves the other ports of the address open', async () => {
     const sandbox = await sandboxWith({ denyOut: [`${ORIGIN}:${TCP_PORT}`] });
     try {

@@ -92,6 +92,38 @@ describe('moat check', () => {
     expect(lines[2]).toMatch(/^DENY +10\.0\.0\.1 +\[internal 10\.0\.0\.0\/8\]/);
   });
 
+  it('decides each destination on its port, and names the port-scoped rule', async () => {
+    const ported = file('ports.json', {
+      allowOut: ['pypi.org:443', 'github.com:22', '44.1.2.3:5432', '[2606:4700::/32]:8000-8100'],
+      denyOut: ['0.0.0.0/0', '*.pastebin.com'],
+    });
+    const r = await runMoat([
+      'check',
+      '--policy',
+      ported,
+      'pypi.org:443',
+      'http://pypi.org/simple/',
+      'github.com:22',
+      '44.1.2.3:5432',
+      '44.1.2.3:5433',
+      '[2606:4700::1]:8080',
+      'x.pastebin.com:443',
+    ]);
+    expect(r.code).toBe(1);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^ALLOW pypi\.org:443 +\[allowOut pypi\.org:443\]/);
+    expect(lines[1]).toMatch(
+      /^DENY +pypi\.org:80 +\[denyOut 0\.0\.0\.0\/0\] +no allowOut name rule covers the name;/,
+    );
+    expect(lines[2]).toMatch(/^ALLOW github\.com:22 +\[allowOut github\.com:22\]/);
+    expect(lines[3]).toMatch(/^ALLOW 44\.1\.2\.3:5432 +\[allowOut 44\.1\.2\.3:5432\]/);
+    expect(lines[4]).toMatch(/^DENY +44\.1\.2\.3:5433 +\[denyOut 0\.0\.0\.0\/0\]/);
+    expect(lines[5]).toMatch(
+      /^ALLOW \[2606:4700::1\]:8080 +\[allowOut \[2606:4700::\/32\]:8000-8100\]/,
+    );
+    expect(lines[6]).toMatch(/^DENY +x\.pastebin\.com:443 +\[denyOut \*\.pastebin\.com\]/);
+  });
+
   it('names the network.rules key that applies to each allowed destination (TLS intercepted)', async () => {
     const withRules = file('rules.json', {
       allowOut: ['api.example.com', '*.example.org'],
@@ -208,11 +240,11 @@ describe('moat check', () => {
   it('exits 2 on an invalid policy, naming the entry and its index', async () => {
     const bad = file('bad.json', {
       allowOut: ['ok.example.com'],
-      denyOut: ['0.0.0.0/0', 'evil.example.com'],
+      denyOut: ['0.0.0.0/0', 'evil..example.com'],
     });
     const r = await runMoat(['check', '--policy', bad, 'ok.example.com']);
     expect(r.code).toBe(2);
-    expect(r.stderr).toContain('invalid denied CIDR evil.example.com (denyOut[1])');
+    expect(r.stderr).toContain('invalid denied CIDR evil..example.com (denyOut[1])');
     expect(r.stdout).toBe('');
   });
 
@@ -419,10 +451,28 @@ describe('moat lint', () => {
     expect(strict.stderr).toContain('error: allowOut[0]');
   });
 
+  it('warns for a port entry a portless one shadows, and names a bad port', async () => {
+    const shadowed = file('shadowed.json', {
+      allowOut: ['pypi.org', 'pypi.org:443', '44.1.2.3:22', '44.1.2.3:443'],
+      denyOut: ['0.0.0.0/0'],
+    });
+    const r = await runMoat(['lint', shadowed]);
+    expect(r.code).toBe(0);
+    expect(r.stderr.trim().split('\n')).toEqual([
+      `${shadowed}: warning: allowOut[1] "pypi.org:443" is already covered by allowOut[0] "pypi.org", which takes every port`,
+    ]);
+    const bad = file('bad-port.json', { allowOut: ['pypi.org:0'], denyOut: ['0.0.0.0/0'] });
+    const refused = await runMoat(['lint', bad]);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toContain(
+      'invalid allowed domain pypi.org:0 (allowOut[0]): port "0" is not a whole number from 1 to 65535',
+    );
+  });
+
   it('exits 2 with one message per problem, for every file given', async () => {
     const bad = file('bad2.json', {
       allowOut: ['example.com', '0.0.0.0', 'a..b'],
-      denyOut: ['x.com'],
+      denyOut: ['x..com'],
     });
     const r = await runMoat(['lint', github, bad]);
     expect(r.code).toBe(2);

@@ -333,15 +333,28 @@ describe('policy entries', () => {
   });
 
   it.each([
-    ['allowOut', 'pypi.org:443', 'pypi.org'],
-    ['allowOut', '151.101.0.223:443', '151.101.0.223'],
-    ['denyOut', '10.1.2.3:22', '10.1.2.3'],
-    ['denyOut', '[2001:db8::1]:443', '2001:db8::1'],
-  ])('%s entry %s gets the hint that ports are not part of entries', async (list, entry, bare) => {
+    ['allowOut', 'pypi.org:443'],
+    ['allowOut', '151.101.0.223:443'],
+    ['denyOut', '10.1.2.3:22'],
+    ['denyOut', '[2001:db8::1]:443'],
+  ])('%s entry %s takes its port (a Moat extension)', async (list, entry) => {
     const body = { [list]: [entry], denyOut: list === 'denyOut' ? [entry] : ['0.0.0.0/0'] };
-    const r = await runMoat(['lint', file(`port-${bare}.json`, body)]);
+    const r = await runMoat(['lint', file(`port-${entry.replace(/[^0-9a-z]/g, '_')}.json`, body)]);
+    expect(r.code, r.stderr).toBe(0);
+  });
+
+  it.each([
+    ['pypi.org:0', 'port "0" is not a whole number from 1 to 65535'],
+    ['pypi.org:', 'has ":" but no port after it'],
+    ['pypi.org:443-80', 'port range "443-80" is reversed: write 80-443'],
+  ])('a bad port in %s is named', async (entry, message) => {
+    const body = { allowOut: [entry], denyOut: ['0.0.0.0/0'] };
+    const r = await runMoat([
+      'lint',
+      file(`bad-port-${entry.replace(/[^0-9a-z]/g, '_')}.json`, body),
+    ]);
     expect(r.code).toBe(2);
-    expect(r.stderr).toContain(`entries take no port (a rule covers every port): write "${bare}"`);
+    expect(r.stderr).toContain(`invalid allowed domain ${entry} (allowOut[0]): ${message}`);
   });
 });
 

@@ -135,9 +135,14 @@ describe('preset files', () => {
       /x\.json: invalid allowed address ALL_TRAFFIC \(allowOut\[0\]\): the unspecified network cannot be allowed/,
     ],
     [
-      'a port',
-      presetJson('x', ['pypi.org:443']),
-      /x\.json: invalid allowed address pypi\.org:443 \(allowOut\[0\]\).*entries take no port/,
+      'port 0',
+      presetJson('x', ['pypi.org:0']),
+      /x\.json: invalid allowed domain pypi\.org:0 \(allowOut\[0\]\): port "0" is not a whole number from 1 to 65535/,
+    ],
+    [
+      'an address with a port',
+      presetJson('x', ['140.82.112.3:22']),
+      /x\.json: allowOut\[0\] "140\.82\.112\.3:22" is an address or CIDR/,
     ],
     [
       'a bad name',
@@ -178,9 +183,10 @@ describe('preset files', () => {
     if (!parsed.ok) expect(parsed.errors.map((e) => e.message).join('; ')).toMatch(message);
   });
 
-  it('accepts names and wildcards, canonical or not', () => {
-    const parsed = parsePresetFile(presetJson('x', ['Pypi.org', '*.example.com']), 'x.json');
-    expect(parsed.ok && parsed.value.entries).toEqual(['Pypi.org', '*.example.com']);
+  it('accepts names and wildcards, canonical or not, with or without ports', () => {
+    const entries = ['Pypi.org', '*.example.com', 'github.com:22', '*.example.org:8000-8100'];
+    const parsed = parsePresetFile(presetJson('x', entries), 'x.json');
+    expect(parsed.ok && parsed.value.entries).toEqual(entries);
   });
 
   it('refuses two presets of one name, naming both files', () => {

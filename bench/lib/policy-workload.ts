@@ -335,6 +335,22 @@ export function generateWorkload(size: number): Workload {
   return { size, config: { allowOut, denyOut }, rawIps, rawHosts };
 }
 
+/**
+ * The same configuration with ports on a quarter of its entries (Moat's extension): every
+ * fourth allowOut entry on the destinations' port, the next on `8000-8100`; every third denyOut
+ * entry but ALL_TRAFFIC on 25. The destinations stay as they are (port 443).
+ */
+export function withPorts(config: Workload['config']): Workload['config'] {
+  const port = (entry: string, spec: string) =>
+    entry.includes(':') && !entry.includes('.') ? `[${entry}]:${spec}` : `${entry}:${spec}`;
+  return {
+    allowOut: config.allowOut.map((entry, i) =>
+      i % 4 === 0 ? port(entry, String(PORT)) : i % 4 === 1 ? port(entry, '8000-8100') : entry,
+    ),
+    denyOut: config.denyOut.map((entry, i) => (i > 0 && i % 3 === 0 ? port(entry, '25') : entry)),
+  };
+}
+
 export function parseDestinations(raw: readonly string[]): Destination[] {
   return raw.map((text) => {
     const parsed = parseDestination(text);

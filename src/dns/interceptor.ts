@@ -11,8 +11,9 @@ import type {
 import type { FlowRecorder } from '../flows/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
-  type CanonicalName,
+  allowedPorts,
   canonicalName,
+  type CanonicalName,
   decide,
   type HostAddresses,
   parseIP,
@@ -309,7 +310,10 @@ export class DnsInterceptor {
       if (refused.has(index)) continue;
       const ttl = Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!));
       const expiresAt = sandbox.learned.learn(ip, name, ttl);
-      if (expiresAt !== undefined) opened.push({ address: ip, expiresAt });
+      // The firewall opens the address on the ports this name is allowed on (every port for a
+      // portless rule): the ports of the address's other names are already open.
+      if (expiresAt !== undefined)
+        opened.push({ address: ip, expiresAt, ports: allowedPorts(policy, [name]) });
     }
     const reply = this.encode(name, answer, ttls, refused, query, limit);
     const { onLearn } = this.options;

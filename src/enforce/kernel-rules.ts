@@ -18,7 +18,14 @@
  * by the connection's original destination), from the moment the transaction is in.
  */
 import { randomInt } from 'node:crypto';
-import type { CIDR, InternalDenyList, IPAddress, Policy } from '../policy/index.js';
+import {
+  type CIDR,
+  type InternalDenyList,
+  type IPAddress,
+  type Policy,
+  type PortRange,
+  portScopedIPv4,
+} from '../policy/index.js';
 
 /** Where Moat's listeners for sandboxes are and which addresses its links use. */
 export interface KernelLayout {
@@ -77,7 +84,19 @@ export interface LearnedElement {
   readonly address: IPAddress;
   /** Absolute expiry, milliseconds on the enforcement table's clock. */
   readonly expiresAt: number;
+  /**
+   * The ports its names are allowed on (undefined: every port, `learned4`; else each port in
+   * `learned4p`).
+   */
+  readonly ports?: readonly PortRange[];
 }
+
+/**
+ * Ports one learned address may open in `learned4p`, each an element: a name allowed on more
+ * (a wide range) is not opened there, and its direct connections are refused (fail closed);
+ * its web ports still reach the transparent listener, which decides them by name and port.
+ */
+export const MAX_LEARNED_PORTS = 1024;
 
 /** TCP destination ports that go to the transparent listener when the address rules deny them. */
 const REDIRECTED_PORTS = [80, 443] as const;
@@ -92,7 +111,16 @@ const SET_TYPES = {
   allow4: 'type ipv4_addr; flags interval; auto-merge',
   deny4: 'type ipv4_addr; flags interval; auto-merge',
   learned4: 'type ipv4_addr; flags timeout',
+  // Port-scoped rules (`44.1.2.3:5432`, `db.test:5432`): disjoint address ranges with ports.
+  allow4p: 'type ipv4_addr . inet_service; flags interval',
+  deny4p: 'type ipv4_addr . inet_service; flags interval',
+  learned4p: 'type ipv4_addr . inet_service; flags timeout',
 } as const;
+
+const POLICY_SETS = ['allow4', 'deny4', 'learned4', 'allow4p', 'deny4p', 'learned4p'] as const;
+/** A TCP or UDP packet's destination address and port, matched against a `4p` set. */
+const TO_PORT = 'meta l4proto { tcp, udp } ip daddr . th dport';
+const TO_PORT_ORIGINAL = 'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst';
 
 /** IPv6 rules need no elements: IPv6 is off on sandbox links. */
 const ipv4 = (cidrs: Iterable<CIDR>) =>
@@ -250,10 +278,12 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     'ip daddr @internal4 accept',
     'jump tunnel_redirect',
     'ip daddr @allow4 accept',
+    `${TO_PORT} @allow4p accept`,
     // Web ports to a destination the address rules deny are decided by name (SNI or Host):
     // that is how allowed names work, learned addresses included (under a deny-all policy they
     // are in deny4). A learned address no rule denies is allowed by its address, name or not.
     `tcp dport ${redirected} ip daddr @deny4 dnat ip to ${gw}:${transparent}`,
+    `tcp dport ${redirected} ip daddr . tcp dport @deny4p dnat ip to ${gw}:${transparent}`,
   ];
   const egress = [
     // TCP redirected to Moat's listener inside (tunnel_redirect): this hook still sees the
@@ -271,15 +301,20 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     `ip daddr ${layout.pool.text} goto refuse_drop`,
     'jump tunnel_direct',
     'ip daddr @allow4 accept',
+    `${TO_PORT} @allow4p accept`,
     // A direct web connection to an address the rules deny can only be one opened before this
     // policy (new ones go to the transparent listener, which reads their name): its name was
     // never read, so it is cut, whatever name its address was learned for.
     `tcp dport ${redirected} ip daddr @deny4 goto refuse_reset`,
+    `tcp dport ${redirected} ip daddr . tcp dport @deny4p goto refuse_reset`,
     // Open connections through a learned address outlive its expiry, not a publish (see top).
     'ct state established,related jump this_policy',
     'ip daddr @learned4 goto learned_open',
+    `${TO_PORT} @learned4p goto learned_open`,
     'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
     'ip daddr @deny4 goto refuse_icmp',
+    'ip daddr . tcp dport @deny4p goto refuse_reset',
+    'ip daddr . udp dport @deny4p goto refuse_icmp',
     'accept',
   ];
   // The first packet of each direct flow is logged for the flow log: refused ones on their way
@@ -319,10 +354,14 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     // before a publish named the proxy, which ends them: this stops their peers from then on).
     'jump tunnel_direct',
     'ct original ip daddr @allow4 accept',
+    `${TO_PORT_ORIGINAL} @allow4p accept`,
     `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr @deny4 drop`,
+    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr . ct original proto-dst @deny4p drop`,
     'jump this_policy',
     'ct original ip daddr @learned4 accept',
+    `${TO_PORT_ORIGINAL} @learned4p accept`,
     'ct original ip daddr @deny4 drop',
+    `${TO_PORT_ORIGINAL} @deny4p drop`,
     'accept',
   ];
   const hooked = (
@@ -413,19 +452,38 @@ export function policySets(
   generation: number,
 ): string {
   const allow = ipv4(
-    policy.rules.allowOut.flatMap((rule) => (rule.kind === 'address' ? [rule.cidr] : [])),
+    policy.rules.allowOut.flatMap((rule) =>
+      rule.kind === 'address' && rule.ports === undefined ? [rule.cidr] : [],
+    ),
   );
   const deny = policy.rules.denyAll
     ? ['0.0.0.0/0']
-    : ipv4(policy.rules.denyOut.map((rule) => rule.cidr));
+    : ipv4(
+        policy.rules.denyOut.flatMap((rule) =>
+          rule.kind === 'address' && rule.ports === undefined ? [rule.cidr] : [],
+        ),
+      );
   return [
-    ...['allow4', 'deny4', 'learned4'].map((set) => `flush set ${TABLE} ${set}`),
+    ...POLICY_SETS.map((set) => `flush set ${TABLE} ${set}`),
     ...addElements('allow4', allow),
     ...addElements('deny4', deny),
-    ...addElements('learned4', timed(learned, now)),
+    ...addElements('allow4p', portElements(policy, 'allowOut')),
+    ...addElements('deny4p', portElements(policy, 'denyOut')),
+    ...addElements('learned4', timed(learned, now, 'addresses')),
+    ...addElements('learned4p', timed(learned, now, 'ports')),
     ...generationRules(generation),
   ].join('; ');
 }
+
+/** `first-last . from-to` for each port-scoped range of a list (disjoint: see portScopedIPv4). */
+function portElements(policy: Policy, list: 'allowOut' | 'denyOut'): string[] {
+  return portScopedIPv4(policy, list).flatMap(({ first, last, ports }) => {
+    const addresses = first === last ? first : `${first}-${last}`;
+    return ports.map((range) => `${addresses} . ${portText(range)}`);
+  });
+}
+
+const portText = ({ from, to }: PortRange) => (from === to ? `${from}` : `${from}-${to}`);
 
 /**
  * Every destination denied, open connections included (a publish that could not be written
@@ -433,7 +491,7 @@ export function policySets(
  */
 export function lockdownSets(generation: number): string {
   return [
-    ...['allow4', 'deny4', 'learned4'].map((set) => `flush set ${TABLE} ${set}`),
+    ...POLICY_SETS.map((set) => `flush set ${TABLE} ${set}`),
     ...addElements('deny4', ['0.0.0.0/0']),
     ...generationRules(generation),
   ].join('; ');
@@ -444,13 +502,18 @@ export function lockdownSets(generation: number): string {
  * plain `add`, so each is added (a no-op when present), deleted and added with its new timeout.
  */
 export function learnedElements(learned: readonly LearnedElement[], now: number): string {
-  const addresses = learned.filter((e) => e.address.version === 4).map((e) => e.address.text);
-  if (addresses.length === 0) return '';
-  return [
-    ...addElements('learned4', addresses),
-    `delete element ${TABLE} learned4 { ${addresses.join(', ')} }`,
-    ...addElements('learned4', timed(learned, now)),
-  ].join('; ');
+  return (['addresses', 'ports'] as const)
+    .flatMap((kind) => {
+      const set = kind === 'addresses' ? 'learned4' : 'learned4p';
+      const items = untimed(learned, kind);
+      if (items.length === 0) return [];
+      return [
+        ...addElements(set, items),
+        `delete element ${TABLE} ${set} { ${items.join(', ')} }`,
+        ...addElements(set, timed(learned, now, kind)),
+      ];
+    })
+    .join('; ');
 }
 
 /**
@@ -520,8 +583,34 @@ function addElements(set: string, items: readonly string[]): string[] {
   return items.length ? [`add element ${TABLE} ${set} { ${items.join(', ')} }`] : [];
 }
 
-function timed(learned: readonly LearnedElement[], now: number): string[] {
+/** A learned element's entries in `learned4` (every port) or `learned4p` (`address . port`). */
+function learnedItems(element: LearnedElement, kind: 'addresses' | 'ports'): string[] {
+  if (element.address.version !== 4) return [];
+  const { ports } = element;
+  if (ports === undefined) return kind === 'addresses' ? [element.address.text] : [];
+  if (kind === 'addresses') return [];
+  const count = ports.reduce((sum, range) => sum + range.to - range.from + 1, 0);
+  if (count > MAX_LEARNED_PORTS) return [];
+  return ports.flatMap((range) =>
+    Array.from(
+      { length: range.to - range.from + 1 },
+      (_, i) => `${element.address.text} . ${range.from + i}`,
+    ),
+  );
+}
+
+const untimed = (learned: readonly LearnedElement[], kind: 'addresses' | 'ports') =>
+  learned.flatMap((e) => learnedItems(e, kind));
+
+function timed(
+  learned: readonly LearnedElement[],
+  now: number,
+  kind: 'addresses' | 'ports',
+): string[] {
   return learned
-    .filter((e) => e.address.version === 4 && e.expiresAt > now)
-    .map((e) => `${e.address.text} timeout ${Math.max(1, Math.ceil((e.expiresAt - now) / 1000))}s`);
+    .filter((e) => e.expiresAt > now)
+    .flatMap((e) => {
+      const timeout = ` timeout ${Math.max(1, Math.ceil((e.expiresAt - now) / 1000))}s`;
+      return learnedItems(e, kind).map((item) => item + timeout);
+    });
 }

@@ -1,4 +1,4 @@
-import type { IPAddress, Policy } from '../policy/index.js';
+import { allowedPorts, type IPAddress, type Policy } from '../policy/index.js';
 import {
   BUDGET_COUNTERS_QUERY,
   budgetRefusals,
@@ -100,7 +100,7 @@ export class KernelEnforcer {
       );
     const host = AddressPool.offset(address, -1);
     const tunnel = await this.tunnelRules(sandboxID, upstream);
-    const commands = `${sandboxRuleset(this.layout, { host, address, device })}; ${policySets(policy, this.learnedOf(sandboxID), this.options.now(), this.nextGeneration())}; ${tunnel}`;
+    const commands = `${sandboxRuleset(this.layout, { host, address, device })}; ${policySets(policy, this.learnedOf(sandboxID, policy), this.options.now(), this.nextGeneration())}; ${tunnel}`;
     try {
       await this.timed('install', () => this.options.apply(sandboxID, commands));
     } catch (error) {
@@ -119,7 +119,7 @@ export class KernelEnforcer {
     const tunnel = await this.tunnelRules(sandboxID, upstream);
     const commands = `${policySets(
       policy,
-      this.learnedOf(sandboxID),
+      this.learnedOf(sandboxID, policy),
       this.options.now(),
       this.nextGeneration(),
     )}; ${tunnel}`;
@@ -175,10 +175,15 @@ export class KernelEnforcer {
     return this.generation;
   }
 
-  private learnedOf(sandboxID: string): LearnedElement[] {
+  /** The sandbox's learned addresses, each opening the ports its names are allowed on. */
+  private learnedOf(sandboxID: string, policy?: Policy): LearnedElement[] {
     const sandbox = this.options.table.get(sandboxID);
     if (sandbox === undefined) return [];
-    return sandbox.learned.entries();
+    return sandbox.learned.entries().map(({ address, expiresAt, names }) => ({
+      address,
+      expiresAt,
+      ports: allowedPorts(policy ?? sandbox.policy, names),
+    }));
   }
 
   /** The tunnel chains for `upstream`, with the listener inside when one can be had. */

@@ -59,7 +59,8 @@ export class LearnedAddressTable implements LearnedAddresses {
   /**
    * Records that `ip` was given for `name`, for `ttlSeconds` (already clamped). Returns how long
    * the firewall must now keep the address open when that grew (it was added, or its expiry
-   * passed what the firewall was last told), undefined when the firewall already covers it.
+   * passed what the firewall was last told) or when `name` is new to it (its ports may differ),
+   * undefined when the firewall already covers it.
    */
   learn(ip: IPAddress, name: CanonicalName, ttlSeconds: number): number | undefined {
     const now = this.now();
@@ -79,6 +80,8 @@ export class LearnedAddressTable implements LearnedAddresses {
       this.byAddress.set(ip.text, { ip, names, expiresAt, firewallUntil });
       return firewallUntil;
     }
+    // A name new to the address may open other ports: the firewall is told (see below).
+    const newName = !entry.names.has(name);
     // Never shorten: a later answer for the same name may carry a lower TTL.
     if ((entry.names.get(name) ?? 0) < expiresAt) {
       entry.names.set(name, expiresAt);
@@ -87,12 +90,12 @@ export class LearnedAddressTable implements LearnedAddresses {
         entry.names.delete(soonest);
       }
     }
-    if (expiresAt <= entry.expiresAt) return undefined;
+    if (expiresAt <= entry.expiresAt) return newName ? entry.firewallUntil : undefined;
     entry.expiresAt = expiresAt;
     // Extended: now the most recent, the last to be evicted.
     this.byAddress.delete(ip.text);
     this.byAddress.set(ip.text, entry);
-    if (expiresAt <= entry.firewallUntil) return undefined;
+    if (expiresAt <= entry.firewallUntil) return newName ? entry.firewallUntil : undefined;
     entry.firewallUntil = firewallUntil;
     return firewallUntil;
   }
@@ -119,12 +122,19 @@ export class LearnedAddressTable implements LearnedAddresses {
     return dropped;
   }
 
-  /** Live addresses with how long the firewall keeps each open, for the kernel enforcer. */
-  entries(): Array<{ address: IPAddress; expiresAt: number }> {
+  /**
+   * Live addresses with how long the firewall keeps each open and the names it holds (whose
+   * ports it opens), for the kernel enforcer.
+   */
+  entries(): Array<{ address: IPAddress; expiresAt: number; names: CanonicalName[] }> {
     const now = this.now();
     return [...this.byAddress.values()]
       .filter((entry) => entry.expiresAt > now)
-      .map((entry) => ({ address: entry.ip, expiresAt: entry.firewallUntil }));
+      .map((entry) => ({
+        address: entry.ip,
+        expiresAt: entry.firewallUntil,
+        names: [...entry.names.keys()],
+      }));
   }
 
   /** Removes expired names and those `keep` rejects; false when none is left. */

@@ -256,4 +256,9 @@ export class AddressIntervals<T> {
   family(ip: IPAddress): FamilyTable<T> {
     return ip.version === 4 ? this.v4 : this.v6;
   }
+
+  /** The IPv4 table, read whole (the kernel's sets are written from it). */
+  get ipv4(): FamilyTable<T> {
+    return this.v4;
+  }
 }

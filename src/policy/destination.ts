@@ -4,6 +4,7 @@
  */
 import type { IPAddress } from './address.js';
 import { type CanonicalName, parseHost } from './host.js';
+import type { PortRange } from './ports.js';
 import { err, ok, type Result } from './result.js';
 
 export interface Destination {
@@ -39,6 +40,57 @@ export function parsePort(text: string): Result<number> {
     );
   }
   return ok(Number(text));
+}
+
+/**
+ * A rule's ports as written after its destination: `443` or `8000-8100`. Undefined means every
+ * port, so `1-65535` is read as no port at all: one spelling per meaning.
+ */
+export function parsePortRange(text: string): Result<PortRange | undefined> {
+  if (text === '') return err('has ":" but no port after it');
+  const dash = text.indexOf('-');
+  const from = parsePort(dash < 0 ? text : text.slice(0, dash));
+  if (!from.ok) return from;
+  const to = dash < 0 ? from : parsePort(text.slice(dash + 1));
+  if (!to.ok) return to;
+  if (to.value < from.value)
+    return err(`port range ${JSON.stringify(text)} is reversed: write ${to.value}-${from.value}`);
+  if (from.value === 1 && to.value === 65535) return ok(undefined);
+  return ok({ from: from.value, to: to.value });
+}
+
+/**
+ * Splits a rule entry into what it names and its ports: `name:443`, `*.name:443`,
+ * `1.2.3.0/24:8000-8100`, `[2001:db8::/32]:443`. Without brackets, more than one colon can only
+ * be a bare IPv6 address or network, which takes no port (write it in brackets to give one).
+ */
+export function splitEntryPorts(
+  entry: string,
+): Result<{ readonly target: string; readonly ports: PortRange | undefined }> {
+  let target = entry;
+  let portText: string | undefined;
+  if (entry.startsWith('[')) {
+    const close = entry.indexOf(']');
+    if (close < 0) return err('has "[" without "]"');
+    target = entry.slice(1, close);
+    if (!target.includes(':'))
+      return err('has brackets around something that is not an IPv6 address or network');
+    const rest = entry.slice(close + 1);
+    // One spelling per meaning: brackets are only for giving an IPv6 destination a port.
+    if (rest === '') return err(`has brackets but no port: write ${target}, or [${target}]:PORT`);
+    if (!rest.startsWith(':')) return err('has text after "]" that is not ":port"');
+    portText = rest.slice(1);
+  } else {
+    const colon = entry.indexOf(':');
+    if (colon >= 0 && entry.indexOf(':', colon + 1) < 0) {
+      target = entry.slice(0, colon);
+      portText = entry.slice(colon + 1);
+    }
+  }
+  if (portText === undefined) return ok({ target, ports: undefined });
+  if (target === '') return err('names no destination before its port');
+  const ports = parsePortRange(portText);
+  return ports.ok ? ok({ target, ports: ports.value }) : ports;
 }
 
 /**

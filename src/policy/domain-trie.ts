@@ -40,6 +40,34 @@ export class DomainTrie<T> {
   lookup(name: string): T | undefined {
     const exact = this.exact.get(name);
     if (exact !== undefined || this.wildcards.size === 0) return exact;
+    // The loop of findWildcard without a callback: this is every host decision's path.
+    let labels = 1;
+    for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) === 46) labels++;
+    let depth = labels - 1;
+    let dot = name.indexOf('.');
+    while (dot >= 0 && depth >= this.minDepth) {
+      if (depth <= this.maxDepth && this.depths[depth] === true) {
+        const match = this.wildcards.get(name.slice(dot + 1));
+        if (match !== undefined) return match;
+      }
+      dot = name.indexOf('.', dot + 1);
+      depth--;
+    }
+    return undefined;
+  }
+
+  /**
+   * The first `pick` result, most specific rule first (exact, then wildcards from the nearest
+   * ancestor out), that is not undefined: for rules that cover a name only on some ports.
+   */
+  find<R>(name: string, pick: (value: T) => R | undefined): R | undefined {
+    const exact = this.exact.get(name);
+    const picked = exact === undefined ? undefined : pick(exact);
+    if (picked !== undefined || this.wildcards.size === 0) return picked;
+    return this.findWildcard(name, pick);
+  }
+
+  private findWildcard<R>(name: string, pick: (value: T) => R | undefined): R | undefined {
     let labels = 1;
     for (let i = 0; i < name.length; i++) if (name.charCodeAt(i) === 46) labels++;
     // Suffixes strictly shorter than the name, deepest first, at depths some wildcard has.
@@ -48,7 +76,8 @@ export class DomainTrie<T> {
     while (dot >= 0 && depth >= this.minDepth) {
       if (depth <= this.maxDepth && this.depths[depth] === true) {
         const match = this.wildcards.get(name.slice(dot + 1));
-        if (match !== undefined) return match;
+        const picked = match === undefined ? undefined : pick(match);
+        if (picked !== undefined) return picked;
       }
       dot = name.indexOf('.', dot + 1);
       depth--;

@@ -10,6 +10,7 @@ export {
   parseAuthority,
   parseDestination,
   parsePort,
+  parsePortRange,
 } from './destination.js';
 export { type CanonicalName, canonicalName, type Host, parseHost } from './host.js';
 export {
@@ -26,6 +27,7 @@ export {
 } from './internal.js';
 export { lintPolicy } from './lint.js';
 export {
+  allowedPorts,
   compileInternalDenyList,
   compilePolicy,
   type Decision,
@@ -36,7 +38,9 @@ export {
   type LearnedAddresses,
   matchName,
   type Policy,
+  portScopedIPv4,
 } from './policy.js';
+export { formatPorts, type PortRange } from './ports.js';
 export type { Preset, PresetTable } from './preset-types.js';
 export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';

@@ -15,6 +15,7 @@ import {
   type Rule,
   ruleLabel,
 } from './rules.js';
+import type { PortRange } from './ports.js';
 import type { PolicyProblem } from './result.js';
 
 const LOOPBACK = (parseIP('127.0.0.1') as { ok: true; value: IPAddress }).value;
@@ -33,43 +34,90 @@ function publicSuffixWarning(rule: NameRule): string | undefined {
   return undefined;
 }
 
-function lintNames(names: NameRule[], warnings: PolicyProblem[]): void {
-  const wildcards = new DomainTrie<NameRule>();
-  const exact = new Map<string, NameRule>();
+/** True when `outer` covers every port `inner` does (undefined: every port). */
+const portsCover = (outer: PortRange | undefined, inner: PortRange | undefined): boolean =>
+  outer === undefined || (inner !== undefined && outer.from <= inner.from && inner.to <= outer.to);
+
+const samePorts = (a: PortRange | undefined, b: PortRange | undefined): boolean =>
+  a === b || (a !== undefined && b !== undefined && a.from === b.from && a.to === b.to);
+
+/** Name rules of one list by name: what covers a name on the ports a rule names. */
+function nameIndex(names: readonly NameRule[]): {
+  exact: Map<string, NameRule[]>;
+  wildcards: DomainTrie<NameRule[]>;
+} {
+  const exact = new Map<string, NameRule[]>();
+  const byWildcard = new Map<string, NameRule[]>();
+  const wildcards = new DomainTrie<NameRule[]>();
   for (const rule of names) {
-    if (rule.kind === 'wildcard') {
-      if (!wildcards.insert(rule.name, 'wildcard', rule)) {
-        const first = wildcards.lookup(`x.${rule.name}`)!;
-        warnings.push({
-          at: `allowOut[${rule.index}]`,
-          entry: rule.entry,
-          message: `${where(rule)} repeats ${where(first)}`,
-        });
-      }
-      const suffix = publicSuffixWarning(rule);
-      if (suffix)
-        warnings.push({ at: `allowOut[${rule.index}]`, entry: rule.entry, message: suffix });
-    } else {
-      const first = exact.get(rule.name);
-      if (first)
-        warnings.push({
-          at: `allowOut[${rule.index}]`,
-          entry: rule.entry,
-          message: `${where(rule)} repeats ${where(first)}`,
-        });
-      else exact.set(rule.name, rule);
+    const map = rule.kind === 'name' ? exact : byWildcard;
+    const list = map.get(rule.name);
+    if (list !== undefined) list.push(rule);
+    else {
+      map.set(rule.name, [rule]);
+      if (rule.kind === 'wildcard') wildcards.insert(rule.name, 'wildcard', map.get(rule.name)!);
     }
   }
-  for (const rule of names) {
-    // For a wildcard `*.x`, lookup(x) finds only wildcards strictly above x.
-    const cover = wildcards.lookup(rule.name);
-    if (cover && cover !== rule) {
-      warnings.push({
-        at: `allowOut[${rule.index}]`,
-        entry: rule.entry,
-        message: `${where(rule)} is already covered by ${where(cover)}`,
-      });
+  return { exact, wildcards };
+}
+
+/**
+ * The first rule of `index`, other than `rule`, that covers the name (or the wildcard's names)
+ * of `rule` on all its ports: `same` says whether one with the same name, kind and ports counts.
+ */
+function coverOf(
+  index: ReturnType<typeof nameIndex>,
+  rule: NameRule,
+  same: boolean,
+): NameRule | undefined {
+  const fits = (other: NameRule) =>
+    other !== rule &&
+    portsCover(other.ports, rule.ports) &&
+    (same ||
+      other.kind !== rule.kind ||
+      other.name !== rule.name ||
+      !samePorts(other.ports, rule.ports));
+  const pick = (list: NameRule[]) => list.find(fits);
+  if (rule.kind === 'name') {
+    const exact = index.exact.get(rule.name)?.find(fits);
+    if (exact !== undefined) return exact;
+  }
+  // For a wildcard `*.x`, a wildcard at x itself covers it, and so does any above x.
+  return index.wildcards.find(rule.kind === 'name' ? rule.name : `x.${rule.name}`, pick);
+}
+
+function lintNames(names: readonly NameRule[], warnings: PolicyProblem[]): void {
+  const index = nameIndex(names);
+  const warn = (rule: NameRule, message: string) =>
+    warnings.push({ at: `${rule.list}[${rule.index}]`, entry: rule.entry, message });
+  const reported = new Set<NameRule>();
+  names.forEach((rule, i) => {
+    // A repeat: the same name, kind and ports as an earlier rule.
+    const first = names
+      .slice(0, i)
+      .find((o) => o.kind === rule.kind && o.name === rule.name && samePorts(o.ports, rule.ports));
+    if (first !== undefined) {
+      warn(rule, `${where(rule)} repeats ${where(first)}`);
+      reported.add(rule);
     }
+    if (rule.kind === 'wildcard') {
+      const suffix = publicSuffixWarning(rule);
+      if (suffix) warn(rule, suffix);
+    }
+  });
+  for (const rule of names) {
+    if (reported.has(rule)) continue;
+    const cover = coverOf(index, rule, false);
+    if (cover === undefined) continue;
+    warn(
+      rule,
+      cover.ports === undefined &&
+        rule.ports !== undefined &&
+        cover.name === rule.name &&
+        cover.kind === rule.kind
+        ? `${where(rule)} is already covered by ${where(cover)}, which takes every port`
+        : `${where(rule)} is already covered by ${where(cover)}`,
+    );
   }
 }
 
@@ -77,18 +125,51 @@ function lintNames(names: NameRule[], warnings: PolicyProblem[]): void {
 function lintAddresses(
   rules: readonly AddressRule[],
   warn: (rule: Rule, message: string) => void,
-): AddressPrefixMap<AddressRule> {
-  const map = new AddressPrefixMap<AddressRule>();
+): AddressPrefixMap<AddressRule[]> {
+  const map = new AddressPrefixMap<AddressRule[]>();
   for (const rule of rules) {
-    if (!map.insert(rule.cidr, rule))
-      warn(rule, `${where(rule)} repeats ${where(map.covering(rule.cidr)!)}`);
+    const list = map.covering(rule.cidr);
+    if (list !== undefined && list[0]!.cidr.prefixLength === rule.cidr.prefixLength) {
+      const first = list.find((o) => samePorts(o.ports, rule.ports));
+      if (first !== undefined) warn(rule, `${where(rule)} repeats ${where(first)}`);
+      else list.push(rule);
+    } else map.insert(rule.cidr, [rule]);
   }
   for (const rule of rules) {
-    const broader =
-      rule.cidr.prefixLength > 0 ? map.covering(rule.cidr, rule.cidr.prefixLength - 1) : undefined;
-    if (broader) warn(rule, `${where(rule)} is already covered by ${where(broader)}`);
+    const broader = coveringAddress(map, rule);
+    if (broader && broader !== rule)
+      warn(
+        rule,
+        broader.cidr.prefixLength === rule.cidr.prefixLength
+          ? `${where(rule)} is already covered by ${where(broader)}, which takes every port`
+          : `${where(rule)} is already covered by ${where(broader)}`,
+      );
   }
   return map;
+}
+
+/**
+ * A rule of `map` covering all of `rule`'s addresses and ports: a broader network's, or one on
+ * the same network with wider ports (never `rule` itself, nor a repeat of it).
+ */
+function coveringAddress(
+  map: AddressPrefixMap<AddressRule[]>,
+  rule: AddressRule,
+  same = false,
+): AddressRule | undefined {
+  for (let length = rule.cidr.prefixLength; length >= 0;) {
+    const list = map.covering(rule.cidr, length);
+    if (list === undefined) return undefined;
+    const wider = list.find(
+      (o) =>
+        o !== rule &&
+        portsCover(o.ports, rule.ports) &&
+        (same || o.cidr.prefixLength < rule.cidr.prefixLength || !samePorts(o.ports, rule.ports)),
+    );
+    if (wider !== undefined) return wider;
+    length = list[0]!.cidr.prefixLength - 1;
+  }
+  return undefined;
 }
 
 /** Entries that a deny-everything setting makes redundant or contradicts. */
@@ -116,7 +197,7 @@ function lintDenyAll(
   if (!allTraffic) return;
   // IPv4 entries are reported as covered by 0.0.0.0/0; IPv6 ones need saying: ALL_TRAFFIC covers them too.
   for (const rule of rules.denyOut) {
-    if (rule.cidr.version === 6)
+    if (rule.kind === 'address' && rule.cidr.version === 6)
       warn(rule, `${where(rule)} is redundant: ${where(allTraffic)} (ALL_TRAFFIC) denies IPv6 too`);
   }
 }
@@ -126,17 +207,25 @@ export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): Pol
   const warnings: PolicyProblem[] = [];
   const warn = (rule: Rule, message: string) =>
     warnings.push({ at: `${rule.list}[${rule.index}]`, entry: rule.entry, message });
-  lintNames(
-    rules.allowOut.filter((rule): rule is NameRule => rule.kind !== 'address'),
-    warnings,
-  );
-  const allowAddresses = lintAddresses(
-    rules.allowOut.filter((rule): rule is AddressRule => rule.kind === 'address'),
-    warn,
-  );
-  lintAddresses(rules.denyOut, warn);
+  const names = (list: readonly Rule[]) =>
+    list.filter((rule): rule is NameRule => rule.kind !== 'address');
+  const addresses = (list: readonly Rule[]) =>
+    list.filter((rule): rule is AddressRule => rule.kind === 'address');
+  lintNames(names(rules.allowOut), warnings);
+  lintNames(names(rules.denyOut), warnings);
+  const allowAddresses = lintAddresses(addresses(rules.allowOut), warn);
+  lintAddresses(addresses(rules.denyOut), warn);
+  const allowNames = nameIndex(names(rules.allowOut));
   for (const rule of [...rules.allowOut, ...rules.denyOut]) {
-    if (rule.kind !== 'address') continue;
+    if (rule.kind !== 'address') {
+      const allowedBy = rule.list === 'denyOut' ? coverOf(allowNames, rule, true) : undefined;
+      if (allowedBy)
+        warn(
+          rule,
+          `${where(rule)} has no effect: ${where(allowedBy)} covers it, and allow beats deny`,
+        );
+      continue;
+    }
     if (rule.cidr.hadHostBits)
       warn(rule, `${where(rule)} has bits set below its prefix length; it means ${rule.cidr.text}`);
     const inside = rule.cidr.prefixLength > 0 ? internal.covering(rule.cidr) : undefined;
@@ -148,7 +237,8 @@ export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): Pol
           : `${where(rule)} is redundant: the internal deny list already denies ${inside.rule}`,
       );
     }
-    const allowedBy = rule.list === 'denyOut' ? allowAddresses.covering(rule.cidr) : undefined;
+    const allowedBy =
+      rule.list === 'denyOut' ? coveringAddress(allowAddresses, rule, true) : undefined;
     if (allowedBy)
       warn(
         rule,

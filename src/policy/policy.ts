@@ -10,7 +10,9 @@ import type { Destination } from './destination.js';
 import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
-import { ALL_TRAFFIC, type NetworkRules, type Rule, ruleLabel } from './rules.js';
+import { ALL_TRAFFIC, type NameRule, type NetworkRules, type Rule, ruleLabel } from './rules.js';
+import { mergePorts, type PortRange } from './ports.js';
+import { AddressPortRules, NameRules, type PortQuestion } from './scoped-rules.js';
 import type { HeaderTransform } from './transform-types.js';
 
 export type DecisionList =
@@ -84,10 +86,14 @@ export interface Policy {
   readonly internal: InternalDenyList;
   /** How a host name that no allowOut name rule covers is decided before it is resolved. */
   readonly unmatchedName: Decision;
-  /** @internal to the policy part */
-  readonly allowNames: DomainTrie<Decision>;
-  /** @internal to the policy part: internal list, allowOut and denyOut prefixes, merged. */
+  /** @internal to the policy part: allowOut names and wildcards. */
+  readonly allowNames: NameRules<Decision>;
+  /** @internal to the policy part: denyOut names and wildcards (a Moat extension). */
+  readonly denyNames: NameRules<Decision>;
+  /** @internal to the policy part: internal list, portless allowOut and denyOut prefixes. */
   readonly addresses: AddressIntervals<Decision>;
+  /** @internal to the policy part: allowOut and denyOut prefixes with ports (none: undefined). */
+  readonly addressPorts: AddressPortRules<Decision> | undefined;
   /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
   readonly transforms: DomainTrie<HeaderTransform>;
 }
@@ -115,6 +121,30 @@ function allowDecision(rule: Rule): Decision {
   }
 }
 
+function denyDecision(rule: Rule): Decision {
+  const label = ruleLabel(rule);
+  switch (rule.kind) {
+    case 'name':
+      return decision('deny', 'denyOut', label, `the name matches denyOut ${label}`);
+    case 'wildcard':
+      return decision(
+        'deny',
+        'denyOut',
+        label,
+        `the name is below ${rule.name}, matched by denyOut ${label}`,
+      );
+    case 'address':
+      return decision('deny', 'denyOut', label, `the address is inside denyOut ${label}`);
+  }
+}
+
+const nameEntry = (rule: NameRule, value: Decision) => ({
+  name: rule.name,
+  kind: rule.kind === 'name' ? ('exact' as const) : ('wildcard' as const),
+  ports: rule.ports,
+  value,
+});
+
 const ALL_TRAFFIC_REASON =
   'denyOut 0.0.0.0/0 (ALL_TRAFFIC) denies every IPv4 and IPv6 destination that no allowOut rule covers';
 const NO_ACCESS_REASON =
@@ -138,7 +168,6 @@ export function compilePolicy(
   rules: NetworkRules,
   internal: InternalDenyList = DEFAULT_INTERNAL,
 ): Policy {
-  const allowNames = new DomainTrie<Decision>();
   const prefixes: Array<PrefixEntry<Decision>> = internal.decisions.map(
     ({ cidr, decision: d }) => ({
       cidr,
@@ -146,17 +175,23 @@ export function compilePolicy(
       value: d,
     }),
   );
+  const allowNameRules = [];
+  const denyNameRules = [];
+  const portPrefixes = [];
   let allowAddressCount = 0;
   for (const rule of rules.allowOut) {
-    if (rule.kind === 'address') {
-      prefixes.push({ cidr: rule.cidr, list: 'allow', value: allowDecision(rule) });
+    if (rule.kind !== 'address') allowNameRules.push(nameEntry(rule, allowDecision(rule)));
+    else {
       allowAddressCount++;
-    } else {
-      allowNames.insert(
-        rule.name,
-        rule.kind === 'name' ? 'exact' : 'wildcard',
-        allowDecision(rule),
-      );
+      if (rule.ports === undefined)
+        prefixes.push({ cidr: rule.cidr, list: 'allow', value: allowDecision(rule) });
+      else
+        portPrefixes.push({
+          cidr: rule.cidr,
+          list: 'allow' as const,
+          ports: rule.ports,
+          value: allowDecision(rule),
+        });
     }
   }
   const everything = (d: Decision): Array<PrefixEntry<Decision>> =>
@@ -177,16 +212,16 @@ export function compilePolicy(
       // ALL_TRAFFIC covers IPv6 too: a sandbox with IPv6 must not escape a deny-all policy.
       denyAll ??= decision('deny', 'denyOut', rule.entry, ALL_TRAFFIC_REASON);
       prefixes.push(...everything(denyAll));
+    } else if (rule.kind !== 'address') {
+      denyNameRules.push(nameEntry(rule, denyDecision(rule)));
+    } else if (rule.ports === undefined) {
+      prefixes.push({ cidr: rule.cidr, list: 'deny', value: denyDecision(rule) });
     } else {
-      prefixes.push({
+      portPrefixes.push({
         cidr: rule.cidr,
-        list: 'deny',
-        value: decision(
-          'deny',
-          'denyOut',
-          rule.entry,
-          `the address is inside denyOut ${rule.entry}`,
-        ),
+        list: 'deny' as const,
+        ports: rule.ports,
+        value: denyDecision(rule),
       });
     }
   }
@@ -233,8 +268,10 @@ export function compilePolicy(
     rules,
     internal,
     unmatchedName,
-    allowNames,
+    allowNames: new NameRules(allowNameRules),
+    denyNames: new NameRules(denyNameRules),
     addresses: new AddressIntervals(prefixes),
+    addressPorts: portPrefixes.length > 0 ? new AddressPortRules(portPrefixes) : undefined,
     transforms,
   });
 }
@@ -249,15 +286,51 @@ export const headerTransformFor = (
   name: CanonicalName,
 ): HeaderTransform | undefined => policy.transforms.lookup(name);
 
-/** The allowOut name rule covering a canonical name, if any (exact beats wildcard). */
-export const matchName = (policy: Policy, name: CanonicalName): Decision | undefined =>
-  policy.allowNames.lookup(name);
+/**
+ * The ports allowOut's name rules open for any of `names`, merged (undefined: every port;
+ * empty: none), for the kernel's learned addresses.
+ */
+export function allowedPorts(
+  policy: Policy,
+  names: readonly CanonicalName[],
+): PortRange[] | undefined {
+  const ranges: PortRange[] = [];
+  for (const name of names) {
+    const ports = policy.allowNames.portsOf(name);
+    if (ports === undefined) return undefined;
+    ranges.push(...ports);
+  }
+  return mergePorts(ranges);
+}
+
+/**
+ * The IPv4 ranges `list`'s port-scoped address rules cover, each with its ports: disjoint, so
+ * the kernel's `address . port` interval sets take them as they are.
+ */
+export const portScopedIPv4 = (
+  policy: Policy,
+  list: 'allowOut' | 'denyOut',
+): Array<{ first: string; last: string; ports: PortRange[] }> =>
+  policy.addressPorts?.ipv4Ranges(list === 'allowOut' ? 'allow' : 'deny') ?? [];
+
+/**
+ * The allowOut name rule covering a canonical name, if any (exact beats wildcard): on `port`,
+ * or without one on some port.
+ */
+export const matchName = (
+  policy: Policy,
+  name: CanonicalName,
+  port?: number,
+): Decision | undefined => policy.allowNames.lookup(name, port ?? 'some');
 
 const isValidPort = (port: number) => Number.isInteger(port) && port >= 1 && port <= 65535;
 
 /**
  * Decides a destination, in the order of design.md: internal list, allowOut names, allowOut
- * addresses, learned addresses (only when no host name was given), denyOut, default allow.
+ * addresses, learned addresses (only when no host name was given), denyOut names, denyOut
+ * addresses, default allow. Every rule list is matched on the destination's port; a question
+ * without a port (DNS) is allowed when some port would be, and denied by a rule only when it
+ * covers every port.
  */
 export function decide(
   policy: Policy,
@@ -266,9 +339,15 @@ export function decide(
 ): Decision {
   const { host, ip, port } = destination;
   if (port !== undefined && !isValidPort(port)) return BAD_PORT;
+  const allowPort: PortQuestion = port ?? 'some';
+  const denyPort: PortQuestion = port ?? 'every';
   if (ip === undefined) {
     if (host === undefined) return NO_DESTINATION;
-    return policy.allowNames.lookup(host) ?? policy.unmatchedName;
+    return (
+      policy.allowNames.lookup(host, allowPort) ??
+      policy.denyNames.lookup(host, denyPort) ??
+      policy.unmatchedName
+    );
   }
   // One search finds the longest internal, allowOut and denyOut prefix of the address.
   const table = policy.addresses.family(ip);
@@ -276,17 +355,22 @@ export function decide(
   const internal = table.internal[slot];
   if (internal !== undefined) return internal;
   if (host !== undefined) {
-    const byName = policy.allowNames.lookup(host);
+    const byName = policy.allowNames.lookup(host, allowPort);
     if (byName !== undefined) return byName;
   }
   const allowed = table.allow[slot];
   if (allowed !== undefined) return allowed;
+  const ported = policy.addressPorts;
+  if (ported !== undefined) {
+    const allowedPort = ported.lookup('allow', ip, allowPort);
+    if (allowedPort !== undefined) return allowedPort;
+  }
   // A learned address never rescues a connection that itself names a host no rule allows
   // (a CDN address shared with an allowed name must not open other names).
   if (learned !== undefined && host === undefined) {
     // Checked again against this policy so that a stale learned entry cannot open anything.
     for (const name of learned.names(ip)) {
-      if (policy.allowNames.lookup(name) === undefined) continue;
+      if (policy.allowNames.lookup(name, allowPort) === undefined) continue;
       return decision(
         'allow',
         'learned',
@@ -295,5 +379,15 @@ export function decide(
       );
     }
   }
-  return table.deny[slot] ?? ALLOW_DEFAULT;
+  if (host !== undefined) {
+    const deniedName = policy.denyNames.lookup(host, denyPort);
+    if (deniedName !== undefined) return deniedName;
+  }
+  const denied = table.deny[slot];
+  if (denied !== undefined) return denied;
+  if (ported !== undefined && port !== undefined) {
+    const deniedPort = ported.lookup('deny', ip, port);
+    if (deniedPort !== undefined) return deniedPort;
+  }
+  return ALLOW_DEFAULT;
 }

@@ -5,7 +5,9 @@
  * clients matching on it keep working, and then name the entry's list and index.
  */
 import { type CIDR, isUnspecifiedNetwork, parseCIDR } from './address.js';
+import { splitEntryPorts } from './destination.js';
 import { type CanonicalName, canonicalName } from './host.js';
+import type { PortRange } from './ports.js';
 import { PRESET_PREFIX, type PresetTable } from './preset-types.js';
 import type { PolicyProblem } from './result.js';
 import type { HeaderTransform } from './transform-types.js';
@@ -20,17 +22,22 @@ export interface AddressRule {
   /** The entry exactly as written. */
   readonly entry: string;
   readonly cidr: CIDR;
+  /** The ports the rule covers; undefined: every port. */
+  readonly ports: PortRange | undefined;
 }
 
+/** A name rule: in allowOut, or in denyOut (a Moat extension: E2B's denyOut takes addresses). */
 export interface NameRule {
   readonly kind: 'name' | 'wildcard';
-  readonly list: 'allowOut';
+  readonly list: RuleList;
   /** For a preset's entry, the index of its `preset:NAME` entry. */
   readonly index: number;
   /** The entry as written (in the policy, or in the preset's file). */
   readonly entry: string;
   /** The canonical name; for a wildcard, the domain below which it matches. */
   readonly name: CanonicalName;
+  /** The ports the rule covers; undefined: every port. */
+  readonly ports: PortRange | undefined;
   /** The preset this entry came from, when it came from `preset:NAME`. */
   readonly preset?: string;
 }
@@ -52,7 +59,7 @@ export interface PresetUse {
 
 export interface NetworkRules {
   readonly allowOut: readonly Rule[];
-  readonly denyOut: readonly AddressRule[];
+  readonly denyOut: readonly Rule[];
   readonly allowInternetAccess: boolean | undefined;
   /** denyOut holds 0.0.0.0/0 (ALL_TRAFFIC) or allow_internet_access is false. */
   readonly denyAll: boolean;
@@ -91,83 +98,89 @@ const ALL_TRAFFIC_NAME = 'ALL_TRAFFIC';
 /** Policy files say what they are for; bounded like everything else a client sends. */
 export const MAX_DESCRIPTION_LENGTH = 4096;
 
-/** `pypi.org:443`, `1.2.3.4:443`, `[::1]:443`: a destination with a port, not an entry. */
-const HOST_WITH_PORT = /^(?:\[[0-9a-fA-F:.]+\]|[^:/[\]]+):[0-9]{1,5}$/;
-
-/** A hint for an entry written with a port: rules name hosts and networks, never ports. */
-const portHint = (entry: string): string =>
-  HOST_WITH_PORT.test(entry)
-    ? `; entries take no port (a rule covers every port): write ${JSON.stringify(entry.replace(/:[0-9]+$/, '').replace(/^\[(.*)\]$/, '$1'))}`
-    : '';
-
 /** Entries that look like an address attempt are judged as addresses, never as names. */
-const looksLikeAddress = (entry: string) => /[/:%]/.test(entry) || /^[0-9.]+$/.test(entry);
+const looksLikeAddress = (target: string) => /[/:%]/.test(target) || /^[0-9.]+$/.test(target);
 
-function parseAllowEntry(entry: string, index: number): Rule | PolicyProblem {
-  const at = `allowOut[${index}]`;
-  const problem = (message: string): PolicyProblem => ({ at, entry, message });
-  if (entry.startsWith('*')) {
-    const rest = entry.slice(2);
-    if (!entry.startsWith('*.') || rest.includes('*')) {
-      return problem(
-        `invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`,
-      );
-    }
-    const name = canonicalName(rest);
-    if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
-    return { kind: 'wildcard', list: 'allowOut', index, entry, name: name.value };
-  }
-  if (looksLikeAddress(entry) || entry === ALL_TRAFFIC_NAME) {
-    const cidr = parseCIDR(entry === ALL_TRAFFIC_NAME ? ALL_TRAFFIC : entry);
-    if (!cidr.ok)
-      return problem(`invalid allowed address ${entry} (${at}): ${cidr.error}${portHint(entry)}`);
-    if (isUnspecifiedNetwork(cidr.value)) {
-      return problem(
-        `invalid allowed address ${entry} (${at}): the unspecified network cannot be allowed; to allow all traffic, leave denyOut empty`,
-      );
-    }
-    return { kind: 'address', list: 'allowOut', index, entry, cidr: cidr.value };
-  }
-  if (entry.includes('*')) {
-    return problem(
-      `invalid allowed domain ${entry} (${at}): "*" may only be the whole first label, as in "*.example.com"`,
-    );
-  }
-  const name = canonicalName(entry);
-  if (!name.ok) return problem(`invalid allowed domain ${entry} (${at}): ${name.error}`);
-  return { kind: 'name', list: 'allowOut', index, entry, name: name.value };
-}
+const WILDCARD_RULE = '"*" may only be the whole first label, as in "*.example.com"';
 
-function parseDenyEntry(written: string, index: number): AddressRule | PolicyProblem {
-  const at = `denyOut[${index}]`;
+/**
+ * One entry of allowOut or denyOut: a name, a `*.name` wildcard, an address or a CIDR, each
+ * with an optional port or port range. Messages begin as E2B's do ("invalid allowed domain",
+ * "invalid denied CIDR") and name the entry, its place and why.
+ */
+function parseEntry(written: string, list: RuleList, index: number): Rule | PolicyProblem {
+  const at = `${list}[${index}]`;
   // ALL_TRAFFIC is the SDK's constant for 0.0.0.0/0; the rule is that entry from here on.
   const entry = written === ALL_TRAFFIC_NAME ? ALL_TRAFFIC : written;
+  const allow = list === 'allowOut';
+  const problem = (what: string, message: string): PolicyProblem => ({
+    at,
+    entry: written,
+    // denyOut's errors all begin as E2B's ("invalid denied CIDR"), names included.
+    message: `invalid ${allow ? `allowed ${what}` : 'denied CIDR'} ${written} (${at}): ${message}`,
+  });
+  const split = splitEntryPorts(entry);
+  if (!split.ok) {
+    const before = entry.replace(/:[^:]*$/, '');
+    return problem(looksLikeAddress(before) ? 'address' : 'domain', split.error);
+  }
+  const { target, ports } = split.value;
+  if (target.startsWith('*')) {
+    const rest = target.slice(2);
+    if (!target.startsWith('*.') || rest.includes('*')) return problem('domain', WILDCARD_RULE);
+    const name = canonicalName(rest);
+    if (!name.ok) return problem('domain', name.error);
+    return { kind: 'wildcard', list, index, entry: written, name: name.value, ports };
+  }
+  if (looksLikeAddress(target) || target === ALL_TRAFFIC_NAME) {
+    if (target === ALL_TRAFFIC_NAME)
+      return problem('address', 'ALL_TRAFFIC takes no port: it denies every port');
+    const cidr = parseCIDR(target);
+    if (!cidr.ok) return problem('address', cidr.error);
+    if (isUnspecifiedNetwork(cidr.value)) {
+      if (allow) {
+        return problem(
+          'address',
+          'the unspecified network cannot be allowed; to allow all traffic, leave denyOut empty',
+        );
+      }
+      // The unspecified network is meaningful only as "everything", spelt 0.0.0.0/0 or ::/0.
+      // Other spellings that canonicalise to a /0 (::ffff:0:0/96, 1.2.3.4/0) would deny all
+      // IPv4 and leave IPv6 open, unlike ALL_TRAFFIC: refuse them rather than guess.
+      if (entry !== ALL_TRAFFIC && entry !== '::/0') {
+        return problem(
+          'address',
+          ports === undefined
+            ? 'an unspecified address is only valid as 0.0.0.0/0 (all traffic) or ::/0 (all IPv6)'
+            : 'the unspecified network takes no port: 0.0.0.0/0 and ::/0 deny every port',
+        );
+      }
+    }
+    return { kind: 'address', list, index, entry, cidr: cidr.value, ports };
+  }
+  if (target.includes('*')) return problem('domain', WILDCARD_RULE);
+  const name = canonicalName(target);
+  if (!name.ok) return problem('domain', name.error);
+  return { kind: 'name', list, index, entry: written, name: name.value, ports };
+}
+
+function parseDenyEntry(entry: string, index: number): Rule | PolicyProblem {
   if (entry.startsWith(PRESET_PREFIX)) {
+    const at = `denyOut[${index}]`;
     return {
       at,
       entry,
       message: `invalid denied CIDR ${entry} (${at}): presets only allow; use ${entry} in allowOut`,
     };
   }
-  const cidr = parseCIDR(entry);
-  if (!cidr.ok) {
-    const why = looksLikeAddress(entry)
-      ? `${cidr.error}${portHint(entry)}`
-      : `denyOut takes only IP addresses and CIDRs, not names${portHint(entry)}`;
-    return { at, entry, message: `invalid denied CIDR ${entry} (${at}): ${why}` };
-  }
-  // The unspecified network is meaningful only as "everything", spelt 0.0.0.0/0 or ::/0. Other
-  // spellings that canonicalise to a /0 (::ffff:0:0/96, 1.2.3.4/0) would deny all IPv4 and leave
-  // IPv6 open, unlike ALL_TRAFFIC: refuse them rather than guess.
-  if (isUnspecifiedNetwork(cidr.value) && entry !== ALL_TRAFFIC && entry !== '::/0') {
-    return {
-      at,
-      entry,
-      message: `invalid denied CIDR ${entry} (${at}): an unspecified address is only valid as 0.0.0.0/0 (all traffic) or ::/0 (all IPv6)`,
-    };
-  }
-  return { kind: 'address', list: 'denyOut', index, entry, cidr: cidr.value };
+  return parseEntry(entry, 'denyOut', index);
 }
+
+/** True when every name `rule` matches is one `by` matches too (ports aside). */
+const nameCovers = (by: NameRule, rule: NameRule): boolean =>
+  by.kind === 'name'
+    ? rule.kind === 'name' && rule.name === by.name
+    : rule.name.endsWith(`.${by.name}`) || (rule.kind === 'wildcard' && rule.name === by.name);
 
 const isProblem = (parsed: Rule | readonly Rule[] | PolicyProblem): parsed is PolicyProblem =>
   !Array.isArray(parsed) && !('kind' in parsed);
@@ -180,7 +193,7 @@ export function presetEntryProblem(entry: string, index: number): string | undef
   const at = `allowOut[${index}]`;
   if (entry.startsWith(PRESET_PREFIX))
     return `${at} ${JSON.stringify(entry)}: a preset cannot name another preset`;
-  const parsed = parseAllowEntry(entry, index);
+  const parsed = parseEntry(entry, 'allowOut', index);
   if (isProblem(parsed)) return parsed.message;
   if (parsed.kind === 'address')
     return `${at} ${JSON.stringify(entry)} is an address or CIDR: a preset names only domain names and *.name wildcards`;
@@ -195,6 +208,13 @@ function expandPreset(
   used: Map<string, PresetUse>,
 ): Rule[] | PolicyProblem {
   const at = `allowOut[${index}]`;
+  if (entry.includes(':', PRESET_PREFIX.length)) {
+    return {
+      at,
+      entry,
+      message: `invalid preset ${entry} (${at}): a preset takes no port; its entries name their own`,
+    };
+  }
   const preset = presets?.get(entry.slice(PRESET_PREFIX.length));
   if (preset === undefined) {
     const known = [...(presets?.keys() ?? [])].sort();
@@ -208,7 +228,7 @@ function expandPreset(
   const rules: NameRule[] = [];
   for (const written of preset.entries) {
     // Checked when the preset's file was read (presetEntryProblem); checked again, not assumed.
-    const rule = parseAllowEntry(written, index);
+    const rule = parseEntry(written, 'allowOut', index);
     if (isProblem(rule) || rule.kind === 'address') {
       return {
         at,
@@ -300,13 +320,19 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
     (entry, index) =>
       entry.startsWith(PRESET_PREFIX)
         ? expandPreset(entry, index, options.presets, used)
-        : parseAllowEntry(entry, index),
+        : parseEntry(entry, 'allowOut', index),
     errors,
   );
   const denyOut = readList(config, 'denyOut', maxEntries, parseDenyEntry, errors);
   const transforms = parseTransforms(config.rules, errors);
   const denyAll = access === false || denyOut.some((rule) => rule.entry === ALL_TRAFFIC);
-  const firstName = allowOut.find((rule) => rule.kind !== 'address');
+  // A name in allowOut says something only against a deny: ALL_TRAFFIC (E2B's rule), or a
+  // denyOut name covering it (a Moat extension: `*.pastebin.com` denied, one name of it allowed).
+  const deniedNames = denyOut.filter((rule): rule is NameRule => rule.kind !== 'address');
+  const firstName = allowOut.find(
+    (rule): rule is NameRule =>
+      rule.kind !== 'address' && !deniedNames.some((denied) => nameCovers(denied, rule)),
+  );
   if (firstName && !denyAll) {
     const what =
       firstName.preset === undefined

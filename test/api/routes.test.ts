@@ -266,7 +266,12 @@ describe('errors', () => {
   it.each<[object, RegExp]>([
     [{ allowOut: ['example.test'] }, startsWith(ALL_TRAFFIC_MESSAGE)],
     [{ allowOut: ['example.test'], denyOut: ['10.0.0.0/8'] }, startsWith(ALL_TRAFFIC_MESSAGE)],
-    [{ denyOut: ['example.test'] }, startsWith('invalid denied CIDR example.test ')],
+    [{ denyOut: ['example..test'] }, startsWith('invalid denied CIDR example..test ')],
+    [
+      { allowOut: ['example.test:0'], denyOut: ['0.0.0.0/0'] },
+      startsWith('invalid allowed domain example.test:0 (allowOut[0]): port "0"'),
+    ],
+    [{ denyOut: ['192.0.2.1:70000'] }, startsWith('invalid denied CIDR 192.0.2.1:70000 ')],
     [{ denyOut: ['0.0.0.0/8'] }, startsWith('invalid denied CIDR 0.0.0.0/8 ')],
     [{ allowOut: ['0.0.0.0'] }, startsWith('invalid allowed address 0.0.0.0 ')],
   ])('refuses the egress rules %j on create and on PUT network', async (rules, message) => {

@@ -102,7 +102,9 @@ describe('learned addresses and the firewall', () => {
     expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBeUndefined();
     now = 4_000;
     expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBe(37_750);
-    expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 37_750 }]);
+    expect(table.entries()).toEqual([
+      { address: ip('93.184.216.31'), expiresAt: 37_750, names: ['a.test'] },
+    ]);
   });
 
   it('tells the firewall again about an address whose expiry passed, margin or not', () => {
@@ -113,7 +115,9 @@ describe('learned addresses and the firewall', () => {
     now = 40_500;
     expect(table.entries()).toEqual([]);
     expect(table.learn(ip('93.184.216.31'), name('a.test'), 3)).toBe(43_875);
-    expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 43_875 }]);
+    expect(table.entries()).toEqual([
+      { address: ip('93.184.216.31'), expiresAt: 43_875, names: ['a.test'] },
+    ]);
   });
 
   it('tells the firewall again after it missed an address', () => {
@@ -125,11 +129,21 @@ describe('learned addresses and the firewall', () => {
     expect(table.learn(ip('93.184.216.31'), name('a.test'), 30)).toBe(33_850);
   });
 
+  it('tells the firewall about a name new to an address (its ports may differ), not about a repeat', () => {
+    const table = new LearnedAddressTable(() => 0, 10);
+    expect(table.learn(ip('93.184.216.31'), name('web.test'), 300)).toBe(305_000);
+    expect(table.learn(ip('93.184.216.31'), name('web.test'), 60)).toBeUndefined();
+    expect(table.learn(ip('93.184.216.31'), name('ssh.test'), 60)).toBe(305_000);
+    expect(table.learn(ip('93.184.216.31'), name('ssh.test'), 60)).toBeUndefined();
+  });
+
   it('takes a dropped name’s time out of the firewall too', () => {
     const table = new LearnedAddressTable(() => 0, 10);
     table.learn(ip('93.184.216.31'), name('long.test'), 3_600);
     table.learn(ip('93.184.216.31'), name('short.test'), 60);
     table.retain((kept) => kept === 'short.test');
-    expect(table.entries()).toEqual([{ address: ip('93.184.216.31'), expiresAt: 65_000 }]);
+    expect(table.entries()).toEqual([
+      { address: ip('93.184.216.31'), expiresAt: 65_000, names: ['short.test'] },
+    ]);
   });
 });

@@ -132,10 +132,15 @@ const GENERATION_RULES = [
   'add rule inet moat this_policy ct mark 0x2a accept',
   'add rule inet moat learned_open ct mark set 0x2a accept',
 ];
-const learned = (address: string, inMs: number): LearnedElement => ({
-  address: ip(address),
-  expiresAt: NOW + inMs,
-});
+const learned = (
+  address: string,
+  inMs: number,
+  ports?: Array<{ from: number; to: number }>,
+): LearnedElement => ({ address: ip(address), expiresAt: NOW + inMs, ports });
+/** Every policy write empties each policy set first. */
+const FLUSHES = ['allow4', 'deny4', 'learned4', 'allow4p', 'deny4p', 'learned4p'].map(
+  (set) => `flush set inet moat ${set}`,
+);
 
 describe('kernel rules: the sandbox table', () => {
   const line = sandboxRuleset(LAYOUT, LINK);
@@ -154,6 +159,9 @@ describe('kernel rules: the sandbox table', () => {
       allow4: 'type ipv4_addr; flags interval; auto-merge;',
       deny4: 'type ipv4_addr; flags interval; auto-merge; elements = { 0.0.0.0/0 }',
       learned4: 'type ipv4_addr; flags timeout;',
+      allow4p: 'type ipv4_addr . inet_service; flags interval;',
+      deny4p: 'type ipv4_addr . inet_service; flags interval;',
+      learned4p: 'type ipv4_addr . inet_service; flags timeout;',
       logged4:
         'type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic, timeout; timeout 2m; size 65536;',
     });
@@ -165,7 +173,9 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr @internal4 accept',
       'jump tunnel_redirect',
       'ip daddr @allow4 accept',
+      'meta l4proto { tcp, udp } ip daddr . th dport @allow4p accept',
       'tcp dport { 80, 443 } ip daddr @deny4 dnat ip to 10.216.0.1:3129',
+      'tcp dport { 80, 443 } ip daddr . tcp dport @deny4p dnat ip to 10.216.0.1:3129',
     ]);
   });
 
@@ -182,11 +192,16 @@ describe('kernel rules: the sandbox table', () => {
       'ip daddr 10.216.0.0/24 goto refuse_drop',
       'jump tunnel_direct',
       'ip daddr @allow4 accept',
+      'meta l4proto { tcp, udp } ip daddr . th dport @allow4p accept',
       'tcp dport { 80, 443 } ip daddr @deny4 goto refuse_reset',
+      'tcp dport { 80, 443 } ip daddr . tcp dport @deny4p goto refuse_reset',
       'ct state established,related jump this_policy',
       'ip daddr @learned4 goto learned_open',
+      'meta l4proto { tcp, udp } ip daddr . th dport @learned4p goto learned_open',
       'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
       'ip daddr @deny4 goto refuse_icmp',
+      'ip daddr . tcp dport @deny4p goto refuse_reset',
+      'ip daddr . udp dport @deny4p goto refuse_icmp',
       'accept',
     ]);
   });
@@ -372,10 +387,14 @@ describe('kernel rules: the sandbox table', () => {
       'ct original ip daddr 10.216.0.0/24 drop',
       'jump tunnel_direct',
       'ct original ip daddr @allow4 accept',
+      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @allow4p accept',
       'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 drop',
+      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr . ct original proto-dst @deny4p drop',
       'jump this_policy',
       'ct original ip daddr @learned4 accept',
+      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned4p accept',
       'ct original ip daddr @deny4 drop',
+      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @deny4p drop',
       'accept',
     ]);
   });
@@ -396,7 +415,29 @@ describe('kernel rules: policy sets', () => {
     rules: Record<string, unknown>;
     allow4?: string[];
     deny4?: string[];
+    allow4p?: string[];
+    deny4p?: string[];
   }> = [
+    {
+      name: 'port-scoped addresses go to allow4p and deny4p as disjoint ranges with their ports',
+      rules: {
+        allowOut: ['44.1.2.3:5432', '44.1.0.0/16:443', '44.1.2.0/24:8000-8100', 'db.test:5432'],
+        denyOut: ['0.0.0.0/0', '8.8.8.8:53', '9.9.9.0/24:25-587'],
+      },
+      allow4p: [
+        '44.1.0.0-44.1.1.255 . 443',
+        '44.1.2.0-44.1.2.2 . 443',
+        '44.1.2.0-44.1.2.2 . 8000-8100',
+        '44.1.2.3 . 443',
+        '44.1.2.3 . 5432',
+        '44.1.2.3 . 8000-8100',
+        '44.1.2.4-44.1.2.255 . 443',
+        '44.1.2.4-44.1.2.255 . 8000-8100',
+        '44.1.3.0-44.1.255.255 . 443',
+      ],
+      deny4: ['0.0.0.0/0'],
+      deny4p: ['8.8.8.8 . 53', '9.9.9.0-9.9.9.255 . 25-587'],
+    },
     {
       name: 'allowOut addresses go to allow4; names, wildcards and IPv6 do not',
       rules: {
@@ -443,20 +484,18 @@ describe('kernel rules: policy sets', () => {
     { name: 'no rules: every set empty', rules: {} },
   ];
 
-  it.each(cases)('$name', ({ rules, allow4, deny4 }) => {
+  it.each(cases)('$name', ({ rules, allow4, deny4, allow4p, deny4p }) => {
     const line = policySets(policyOf(rules), [], NOW, GENERATION);
     expect(line).not.toContain('\n');
     const commands = splitTop(line);
-    expect(commands.slice(0, 3)).toEqual([
-      'flush set inet moat allow4',
-      'flush set inet moat deny4',
-      'flush set inet moat learned4',
-    ]);
+    expect(commands.slice(0, 6)).toEqual(FLUSHES);
     const expected: Record<string, string[]> = {};
     if (allow4) expected.allow4 = allow4;
     if (deny4) expected.deny4 = deny4;
+    if (allow4p) expected.allow4p = allow4p;
+    if (deny4p) expected.deny4p = deny4p;
     expect(added(line)).toEqual(expected);
-    expect(commands).toHaveLength(3 + Object.keys(expected).length + GENERATION_RULES.length);
+    expect(commands).toHaveLength(6 + Object.keys(expected).length + GENERATION_RULES.length);
     expect(commands.slice(-GENERATION_RULES.length)).toEqual(GENERATION_RULES);
   });
 
@@ -486,9 +525,7 @@ describe('kernel rules: policy sets', () => {
 
   it('lockdown empties allow4 and learned4, denies all of IPv4 and starts a new generation', () => {
     expect(splitTop(lockdownSets(GENERATION))).toEqual([
-      'flush set inet moat allow4',
-      'flush set inet moat deny4',
-      'flush set inet moat learned4',
+      ...FLUSHES,
       'add element inet moat deny4 { 0.0.0.0/0 }',
       ...GENERATION_RULES,
     ]);
@@ -512,6 +549,36 @@ describe('kernel rules: learned addresses', () => {
         'delete element inet moat learned4 { 203.0.113.1, 203.0.113.2, 203.0.113.3 }; ' +
         'add element inet moat learned4 { 203.0.113.1 timeout 60s, 203.0.113.3 timeout 1s }',
     );
+  });
+
+  it('opens an address learned for a port-scoped name on its ports only, in learned4p', () => {
+    const line = learnedElements(
+      [
+        learned('203.0.113.1', 60_000, [
+          { from: 22, to: 22 },
+          { from: 8000, to: 8002 },
+        ]),
+        learned('203.0.113.2', 60_000),
+        // More ports than one address may open in learned4p: not opened (fail closed).
+        learned('203.0.113.3', 60_000, [{ from: 1, to: 2000 }]),
+        learned('203.0.113.4', 60_000, []),
+      ],
+      NOW,
+    );
+    const p = [
+      '203.0.113.1 . 22',
+      '203.0.113.1 . 8000',
+      '203.0.113.1 . 8001',
+      '203.0.113.1 . 8002',
+    ];
+    expect(splitTop(line)).toEqual([
+      'add element inet moat learned4 { 203.0.113.2 }',
+      'delete element inet moat learned4 { 203.0.113.2 }',
+      'add element inet moat learned4 { 203.0.113.2 timeout 60s }',
+      `add element inet moat learned4p { ${p.join(', ')} }`,
+      `delete element inet moat learned4p { ${p.join(', ')} }`,
+      `add element inet moat learned4p { ${p.map((e) => `${e} timeout 60s`).join(', ')} }`,
+    ]);
   });
 
   it('is empty when nothing is IPv4', () => {

@@ -85,6 +85,34 @@ describe('replay', () => {
     expect(result.unchanged).toBe(change === undefined ? 1 : 0);
   });
 
+  it('replays each record on its port under a policy with port-scoped rules', () => {
+    const ported = policy({
+      allowOut: ['api.example.com:443', '198.51.100.1:22'],
+      denyOut: ['0.0.0.0/0'],
+    });
+    const result = replay(
+      [
+        record('api.example.com', '203.0.113.5', 443, 'allow'),
+        record('api.example.com', '203.0.113.5', 80, 'allow'),
+        record(null, '198.51.100.1', 22, 'deny'),
+        record(null, '198.51.100.1', 5432, 'allow'),
+      ],
+      ported,
+    );
+    expect(
+      result.changes.map((c) => [
+        c.change,
+        c.destination.name ?? c.destination.address,
+        c.destination.port,
+      ]),
+    ).toEqual([
+      ['newly-denied', 'api.example.com', 80],
+      ['newly-denied', '198.51.100.1', 5432],
+      ['newly-allowed', '198.51.100.1', 22],
+    ]);
+    expect(result.unchanged).toBe(1);
+  });
+
   it('does not replay what no policy decides: host protection, invalid requests, nothing named', () => {
     const result = replay(
       [

@@ -26,9 +26,9 @@ const begins = (message: string, expected: string) =>
 
 describe('denyOut: `invalid denied CIDR <entry>`', () => {
   test.each([
-    ['a domain', 'example.com'],
-    ['a wildcard', '*.example.com'],
     ['"*"', '*'],
+    ['a bad name', 'a..example.com'],
+    ['a wildcard inside a name', 'a.*.example.com'],
     ['the unspecified IPv4 address', '0.0.0.0'],
     ['the unspecified IPv4 address as /32', '0.0.0.0/32'],
     ['0.0.0.0/8', '0.0.0.0/8'],
@@ -212,7 +212,7 @@ describe('allowOut domains: canonical form only (design.md)', () => {
     ['slash', 'example.com/path'],
     ['backslash', 'example.com\\'],
     ['at sign', 'user@example.com'],
-    ['port', 'example.com:443'],
+    ['empty port', 'example.com:'],
     ['percent', 'ex%61mple.com'],
     ['NUL', 'example.com\u0000'],
     ['leading hyphen', '-example.com'],
@@ -279,12 +279,12 @@ describe('configuration shape', () => {
   test('every problem is reported, each at its entry', () => {
     const errors = errorsOf({
       allowOut: ['0.0.0.0', 'example.com', 'a..b'],
-      denyOut: ['example.org', '8.8.8.8'],
+      denyOut: ['example..org', '8.8.8.8'],
     });
     const byPlace = new Map(errors.map((e) => [e.at, e.message]));
     expect(begins(byPlace.get('allowOut[0]') ?? '', 'invalid allowed address 0.0.0.0')).toBe(true);
     expect(byPlace.get('allowOut[2]')).toContain('a..b');
-    expect(begins(byPlace.get('denyOut[0]') ?? '', 'invalid denied CIDR example.org')).toBe(true);
+    expect(begins(byPlace.get('denyOut[0]') ?? '', 'invalid denied CIDR example..org')).toBe(true);
     expect(begins(byPlace.get('allowOut[1]') ?? '', ALL_TRAFFIC_TEXT)).toBe(true);
     expect(byPlace.has('denyOut[1]')).toBe(false);
   });

@@ -1,0 +1,148 @@
+/**
+ * The rules of one list (allowOut or denyOut) compiled for decisions per port: names and
+ * wildcards in domain maps, addresses and networks in an interval table. A rule without a port
+ * is a plain entry (one lookup, as before ports existed); rules with ports on one destination
+ * are merged into a `PortTable`.
+ *
+ * Questions without a port (a DNS query name, an address in a DNS answer) ask either whether
+ * some port is covered (`some`: an allow rule on `:22` still lets the name resolve) or whether
+ * every port is (`every`: only a portless deny makes a name NXDOMAIN).
+ */
+import { type CIDR, formatIPv4, type IPAddress } from './address.js';
+import { AddressIntervals, locate, type PrefixEntry } from './address-intervals.js';
+import { AddressPrefixMap } from './address-prefix-map.js';
+import { DomainTrie } from './domain-trie.js';
+import type { CanonicalName } from './host.js';
+import { mergePorts, type PortRange, PortTable } from './ports.js';
+
+/** A port question: a port, or, without one, whether some or every port is covered. */
+export type PortQuestion = number | 'some' | 'every';
+
+interface Scoped<T> {
+  readonly ports: PortRange | undefined;
+  readonly value: T;
+}
+
+/** Name rules of one list: portless in `all`, the rest per name in `ported`. */
+export class NameRules<T> {
+  private readonly all = new DomainTrie<T>();
+  private readonly ported = new DomainTrie<PortTable<T>>();
+  /** How many names and wildcards hold rules. */
+  readonly size: number;
+
+  constructor(rules: ReadonlyArray<Scoped<T> & { name: string; kind: 'exact' | 'wildcard' }>) {
+    const groups = new Map<string, Array<Scoped<T>>>();
+    for (const rule of rules) {
+      if (rule.ports === undefined) this.all.insert(rule.name, rule.kind, rule.value);
+      else {
+        const key = `${rule.kind} ${rule.name}`;
+        const group = groups.get(key) ?? [];
+        if (group.length === 0) groups.set(key, group);
+        group.push(rule);
+      }
+    }
+    for (const [key, group] of groups) {
+      const space = key.indexOf(' ');
+      this.ported.insert(
+        key.slice(space + 1),
+        key.slice(0, space) as 'exact' | 'wildcard',
+        new PortTable(group.map((rule) => ({ ports: rule.ports!, value: rule.value }))),
+      );
+    }
+    this.size = this.all.size + this.ported.size;
+  }
+
+  /**
+   * The ports on which some rule covers `name`, merged; undefined when a rule covers every
+   * port (an empty list: none does).
+   */
+  portsOf(name: CanonicalName): PortRange[] | undefined {
+    if (this.all.lookup(name) !== undefined) return undefined;
+    const ranges: PortRange[] = [];
+    this.ported.find(name, (table) => {
+      for (const range of table.ranges()) ranges.push(range.ports);
+      return undefined;
+    });
+    return mergePorts(ranges);
+  }
+
+  /** The most specific rule covering `name` on `port` (portless rules first). */
+  lookup(name: CanonicalName, port: PortQuestion): T | undefined {
+    if (this.size === 0) return undefined;
+    const plain = this.all.lookup(name);
+    if (plain !== undefined || port === 'every' || this.ported.size === 0) return plain;
+    return port === 'some'
+      ? this.ported.lookup(name)?.first
+      : this.ported.find(name, (table) => table.lookup(port));
+  }
+}
+
+/**
+ * Port-scoped address rules of both lists in one interval table: each network's value is its
+ * own port table followed by those of the networks around it, so the longest prefix holding an
+ * address gives every port rule covering it.
+ */
+export class AddressPortRules<T> {
+  private readonly table: AddressIntervals<ReadonlyArray<PortTable<T>>>;
+
+  constructor(rules: ReadonlyArray<Scoped<T> & { cidr: CIDR; list: 'allow' | 'deny' }>) {
+    const entries: Array<PrefixEntry<ReadonlyArray<PortTable<T>>>> = [];
+    for (const list of ['allow', 'deny'] as const) {
+      const groups = new Map<string, { cidr: CIDR; rules: Array<Scoped<T>> }>();
+      for (const rule of rules) {
+        if (rule.list !== list) continue;
+        const key = `${rule.cidr.version} ${rule.cidr.text}`;
+        const group = groups.get(key) ?? { cidr: rule.cidr, rules: [] };
+        if (group.rules.length === 0) groups.set(key, group);
+        group.rules.push(rule);
+      }
+      const tables = new AddressPrefixMap<{ table: PortTable<T>; length: number }>();
+      for (const { cidr, rules: group } of groups.values()) {
+        const ports = group.map((rule) => ({ ports: rule.ports!, value: rule.value }));
+        tables.insert(cidr, { table: new PortTable(ports), length: cidr.prefixLength });
+      }
+      // Each network's chain: its own table, then each network around it, innermost first.
+      for (const { cidr } of groups.values()) {
+        const chain: Array<PortTable<T>> = [];
+        for (let length = cidr.prefixLength; length >= 0;) {
+          const around = tables.covering(cidr, length);
+          if (around === undefined) break;
+          chain.push(around.table);
+          length = around.length - 1;
+        }
+        entries.push({ cidr, list, value: chain });
+      }
+    }
+    this.table = new AddressIntervals(entries);
+  }
+
+  /** The rule of `list` covering `ip` on `port`; without a port, one covering some port. */
+  lookup(list: 'allow' | 'deny', ip: IPAddress, port: number | 'some'): T | undefined {
+    const family = this.table.family(ip);
+    const chain = family[list][locate(family, ip.words)];
+    if (chain === undefined) return undefined;
+    if (port === 'some') return chain[0]!.first;
+    for (const table of chain) {
+      const value = table.lookup(port);
+      if (value !== undefined) return value;
+    }
+    return undefined;
+  }
+
+  /**
+   * Disjoint IPv4 address ranges, each with the ports `list`'s rules cover on all of it
+   * (merged): what the kernel's `address . port` sets hold.
+   */
+  ipv4Ranges(list: 'allow' | 'deny'): Array<{ first: string; last: string; ports: PortRange[] }> {
+    const table = this.table.ipv4;
+    const ranges = [];
+    for (let i = 0; i < table.count; i++) {
+      const chain = table[list][i];
+      if (chain === undefined) continue;
+      const last = i + 1 < table.count ? table.starts[i + 1]! - 1 : 0xffff_ffff;
+      const ports = mergePorts(chain.flatMap((t) => t.ranges().map((range) => range.ports)));
+      ranges.push({ first: formatIPv4(table.starts[i]!), last: formatIPv4(last), ports });
+    }
+    return ranges;
+  }
+}

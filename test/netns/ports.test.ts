@@ -1,0 +1,154 @@
+/**
+ * Port-scoped rules and names in denyOut at the kernel and at DNS, as a sandbox meets them: each
+ * sandbox in its own namespace (made by Moat), a "world" namespace with TCP echo on 7000 and UDP
+ * echo on 7001 on every address. Programs in the sandbox ignore proxy variables (bash /dev/tcp,
+ * python sockets): only the sandbox's firewall can hold them.
+ */
+import { CommandExitError, Sandbox } from 'e2b';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { World, WORLD_PORTS } from '../../bench/lib/world.js';
+import type { ZoneEntry } from '../support/fake-dns.js';
+import { namespaceSkipReason } from '../support/netns.js';
+import { python } from '../support/sandbox-watch.js';
+import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
+
+const skip = namespaceSkipReason('test/netns/ports');
+
+const PREFIX = '198.18.41';
+const ORIGIN = `${PREFIX}.2`;
+const { echo: TCP_PORT, udpEcho: UDP_PORT } = WORLD_PORTS;
+
+/** Runs a bash script inside the sandbox: its stdout, or its exit code when it failed. */
+async function run(sandbox: Sandbox, script: string): Promise<string> {
+  try {
+    return (await sandbox.commands.run(script, { timeoutMs: 15_000 })).stdout;
+  } catch (error) {
+    if (!(error instanceof CommandExitError)) throw error;
+    return `exit ${error.exitCode}: ${error.stderr.trim()}`;
+  }
+}
+
+/** TCP echo through bash's /dev/tcp: `ping` when it came back. */
+const tcpEcho = (host: string) =>
+  `timeout 4 bash -c 'exec 3<>/dev/tcp/${host}/${TCP_PORT} && printf ping >&3 && timeout 3 head -c4 <&3'`;
+/** UDP echo: `pong`, or the errno of a refused send or answer (1, 111), or `timeout`. */
+const udpEcho = (host: string) =>
+  python(
+    `import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.connect(("${host}", ${UDP_PORT}))\ntry:\n s.send(b"pong"); print(s.recv(16).decode())\nexcept socket.timeout: print("timeout")\nexcept OSError as e: print(e.errno)`,
+  );
+/** A DNS question (type A) for `name`, sent to any address: Moat answers it. Prints rcode, count. */
+const dnsQuery = (name: string) =>
+  python(
+    [
+      'import socket, struct',
+      `q = struct.pack('>HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b''.join(bytes([len(p)]) + p.encode() for p in '${name}'.split('.')) + b'\\x00' + struct.pack('>HH', 1, 1)`,
+      's = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)',
+      `s.sendto(q, ('${ORIGIN}', 53))`,
+      'r = s.recv(512); print(r[3] & 15, struct.unpack(">H", r[6:8])[0])',
+    ].join('\n'),
+  );
+
+describe.skipIf(skip !== undefined)('ports at the kernel and at DNS', () => {
+  let world: World;
+  let harness: SdkMoat;
+  const zone = new Map<string, ZoneEntry>([
+    ['db.test', { A: [ORIGIN], ttl: 300 }],
+    ['evil.test', { A: [ORIGIN], ttl: 300 }],
+    ['smtp.test', { A: [ORIGIN], ttl: 300 }],
+  ]);
+
+  beforeAll(async () => {
+    world = await World.create('ports', PREFIX);
+    harness = await startSdkMoat({
+      zone,
+      flags: {
+        enforcement: 'namespace',
+        'namespace-pool': '10.216.3.0/24',
+        // The world's addresses are benchmarking ones, internal by default.
+        'internal-deny': '169.254.0.0/16',
+      },
+    });
+  }, 60_000);
+
+  afterAll(async () => {
+    await harness?.stop();
+    await world?.close();
+  });
+
+  async function sandboxWith(network: Record<string, unknown>): Promise<Sandbox> {
+    const created = await harness.api.call('POST', '/sandboxes', {
+      body: { templateID: 'base', timeout: 600, network },
+    });
+    expect(created.status, created.text).toBe(201);
+    return Sandbox.connect((created.body as { sandboxID: string }).sandboxID);
+  }
+
+  it('reaches an allowed IP:port directly, and not another port of the same address', async () => {
+    const tcpOnly = await sandboxWith({
+      allowOut: [`${ORIGIN}:${TCP_PORT}`],
+      denyOut: ['0.0.0.0/0'],
+    });
+    const udpOnly = await sandboxWith({
+      allowOut: [`${ORIGIN}/32:${UDP_PORT}-${UDP_PORT + 1}`],
+      denyOut: ['0.0.0.0/0'],
+    });
+    try {
+      expect(await run(tcpOnly, tcpEcho(ORIGIN))).toBe('ping');
+      expect(await run(tcpOnly, udpEcho(ORIGIN))).toBe('1\n'); // EPERM: refused on the way out
+      expect(await run(udpOnly, udpEcho(ORIGIN))).toBe('pong\n');
+      expect(await run(udpOnly, tcpEcho(ORIGIN))).toMatch(/Connection refused/);
+    } finally {
+      await Promise.all([tcpOnly.kill(), udpOnly.kill()]);
+    }
+  });
+
+  it('opens the learned address of a port-scoped name on its port only', async () => {
+    const sandbox = await sandboxWith({
+      allowOut: [`db.test:${TCP_PORT}`],
+      denyOut: ['0.0.0.0/0'],
+    });
+    try {
+      // The name resolves (allowed on some port), and its address opens on that port.
+      expect(await run(sandbox, dnsQuery('db.test'))).toBe('0 1\n');
+      expect(await run(sandbox, tcpEcho('db.test'))).toBe('ping');
+      expect(await run(sandbox, udpEcho('db.test'))).toBe('1\n');
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toBe('ping'); // learned, by address
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('lets a learned address through a denyOut IP:port, as decide does (learned before deny), both ways', async () => {
+    const sandbox = await sandboxWith({
+      allowOut: ['db.test'],
+      denyOut: ['0.0.0.0/0', `${ORIGIN}:${TCP_PORT}`],
+    });
+    try {
+      expect(await run(sandbox, tcpEcho('db.test'))).toBe('ping');
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toBe('ping');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('denies a denyOut IP:port directly, and leaves the other ports of the address open', async () => {
+    const sandbox = await sandboxWith({ denyOut: [`${ORIGIN}:${TCP_PORT}`] });
+    try {
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toMatch(/Connection refused/);
+      expect(await run(sandbox, udpEcho(ORIGIN))).toBe('pong\n');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('answers NXDOMAIN for a name denyOut denies on every port; one denied on some ports resolves', async () => {
+    const sandbox = await sandboxWith({ denyOut: ['evil.test', `smtp.test:25`] });
+    try {
+      expect(await run(sandbox, dnsQuery('evil.test'))).toBe('3 0\n');
+      expect(await run(sandbox, dnsQuery('smtp.test'))).toBe('0 1\n');
+      expect(harness.upstream.log.map((q) => q.name)).not.toContain('evil.test');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+});

@@ -5,6 +5,7 @@ import {
   compilePolicy,
   type ObservedDestination,
   parseNetworkConfig,
+  MAX_PORTS_PER_ENTRY,
   type Suggestion,
   suggestPolicy,
   WILDCARD_SIBLINGS,
@@ -24,7 +25,9 @@ the names seen, *.domain where ${WILDCARD_SIBLINGS} or more names under one regi
 (never on a public suffix), then names, then addresses seen with no name. Each entry carries a
 comment saying how many flow records it covers; moat check, moat lint and moat cni install read
 policy files with such comments. What no policy opens (the host itself, the internal deny list,
-invalid requests) is counted, not suggested. Entries carry no ports: an entry opens every port.
+invalid requests) is counted, not suggested. Each entry but a preset is scoped to the ports it
+was seen on (name:443), one entry per port up to ${MAX_PORTS_PER_ENTRY}; more ports, or a name only asked
+for in DNS, and the entry opens every port.
 
 Options:
   --from-flows FILE     the flow records: the JSON Lines moat serve writes with --flow-log FILE,
@@ -135,6 +138,7 @@ function observedIn(records: readonly RecordedDecision[]): ObservedDestination[]
   return records.map(({ destination, list, rule }) => ({
     name: destination.name ?? (list === 'learned' ? rule : null),
     address: destination.address,
+    port: destination.port,
     flows: 1,
   }));
 }
@@ -149,10 +153,10 @@ function commented(suggestion: Suggestion): string {
   const count = (n: number) => `${n} flow${n === 1 ? '' : 's'}`;
   const lines = suggestion.allowOut.map((entry, i) => {
     const comma = i < suggestion.allowOut.length - 1 ? ',' : '';
+    // What it stands for, unless that is the entry itself (its port aside).
+    const itself = entry.entry.replace(/:\d+$/, '').replace(/^\[(.*)\]$/, '$1');
     const names =
-      entry.covers.length === 1 && entry.covers[0] === entry.entry
-        ? ''
-        : `: ${entry.covers.join(', ')}`;
+      entry.covers.length === 1 && entry.covers[0] === itself ? '' : `: ${entry.covers.join(', ')}`;
     return `    ${JSON.stringify(entry.entry)}${comma} // ${count(entry.flows)}${names}`;
   });
   return [

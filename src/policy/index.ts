@@ -45,6 +45,7 @@ export type { Preset, PresetTable } from './preset-types.js';
 export { parsePresetFile, presetTable } from './presets.js';
 export type { PolicyProblem, Result } from './result.js';
 export {
+  MAX_PORTS_PER_ENTRY,
   type ObservedDestination,
   PRESET_MIN_NAMES,
   type SuggestedEntry,

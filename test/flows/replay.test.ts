@@ -392,7 +392,7 @@ describe('moat check --replay', () => {
       [
         '{',
         '  "allowOut": [',
-        '    "allowed.test", // 3 flows',
+        `    "allowed.test:${web.port}", // 3 flows`,
         '    "denied.test" // 1 flow',
         '  ],',
         '  "denyOut": ["0.0.0.0/0"] // everything not seen',
@@ -419,9 +419,9 @@ describe('moat check --replay', () => {
     const json = await runMoat([...base, '--sandbox', SANDBOX, '--json', '--since', '1h']);
     expect(json.code, json.stderr).toBe(0);
     expect(JSON.parse(json.stdout)).toEqual({
-      policy: { allowOut: ['allowed.test', 'denied.test'], denyOut: ['0.0.0.0/0'] },
+      policy: { allowOut: [`allowed.test:${web.port}`, 'denied.test'], denyOut: ['0.0.0.0/0'] },
       entries: [
-        { entry: 'allowed.test', flows: 3, covers: ['allowed.test'] },
+        { entry: `allowed.test:${web.port}`, flows: 3, covers: ['allowed.test'] },
         { entry: 'denied.test', flows: 1, covers: ['denied.test'] },
       ],
       notOpenable: 0,

@@ -24,7 +24,7 @@ if (!loaded.ok) throw new Error(loaded.error);
 const PRESETS = loaded.value;
 
 const names = (...list: string[]): ObservedDestination[] =>
-  list.map((name) => ({ name, address: null, flows: 1 }));
+  list.map((name) => ({ name, address: null, port: null, flows: 1 }));
 const entries = (observed: ObservedDestination[]) =>
   suggestPolicy(observed, PRESETS).allowOut.map((e) => e.entry);
 
@@ -70,10 +70,10 @@ describe('suggestPolicy', () => {
     [
       'names before addresses, addresses with no name only',
       [
-        { name: null, address: '198.18.0.9', flows: 1 },
-        { name: 'mirror.test', address: '198.18.0.7', flows: 1 },
-        { name: null, address: '198.18.0.7', flows: 1 },
-        { name: null, address: '2001:db8::1', flows: 1 },
+        { name: null, address: '198.18.0.9', port: null, flows: 1 },
+        { name: 'mirror.test', address: '198.18.0.7', port: null, flows: 1 },
+        { name: null, address: '198.18.0.7', port: null, flows: 1 },
+        { name: null, address: '2001:db8::1', port: null, flows: 1 },
       ],
       ['mirror.test', '198.18.0.9', '2001:db8::1'],
     ],
@@ -87,15 +87,54 @@ describe('suggestPolicy', () => {
     expect(entries(observed)).toEqual(expected);
   });
 
+  const at = (name: string | null, address: string | null, port: number | null, flows = 1) => ({
+    name,
+    address,
+    port,
+    flows,
+  });
+
+  it.each([
+    ['one port', [at('api.test', null, null), at('api.test', '198.18.0.5', 443)], ['api.test:443']],
+    [
+      'two ports: one entry each, the DNS question counted with the first',
+      [at('git.test', null, null), at('git.test', null, 22), at('git.test', null, 443)],
+      ['git.test:22', 'git.test:443'],
+    ],
+    [
+      'more ports than MAX_PORTS_PER_ENTRY: every port',
+      [1, 2, 3, 4, 5].map((i) => at('many.test', null, 8000 + i)),
+      ['many.test'],
+    ],
+    ['asked but never connected: every port', [at('dns-only.test', null, null)], ['dns-only.test']],
+    [
+      'a wildcard on the ports its names used',
+      ['a', 'b', 'c'].map((label) => at(`${label}.cdn.test`, null, 443)),
+      ['*.cdn.test:443'],
+    ],
+    [
+      'an address with its port, IPv6 in brackets',
+      [at(null, '198.18.0.9', 5432), at(null, '2001:db8::1', 443)],
+      ['198.18.0.9:5432', '[2001:db8::1]:443'],
+    ],
+    [
+      'a preset as it is, whatever the ports',
+      [at('pypi.org', null, 443), at('files.pythonhosted.org', null, 443)],
+      ['preset:pypi'],
+    ],
+  ])('ports: %s', (_, observed, expected) => {
+    expect(entries(observed)).toEqual(expected);
+  });
+
   it('counts the flows each entry covers and names what it stands for', () => {
     const suggestion = suggestPolicy(
       [
-        { name: 'pypi.org', address: null, flows: 3 },
-        { name: 'files.pythonhosted.org', address: null, flows: 5 },
-        { name: 'a.cdn.test', address: null, flows: 1 },
-        { name: 'b.cdn.test', address: null, flows: 1 },
-        { name: 'c.cdn.test', address: null, flows: 2 },
-        { name: null, address: '198.18.0.9', flows: 4 },
+        { name: 'pypi.org', address: null, port: null, flows: 3 },
+        { name: 'files.pythonhosted.org', address: null, port: null, flows: 5 },
+        { name: 'a.cdn.test', address: null, port: null, flows: 1 },
+        { name: 'b.cdn.test', address: null, port: null, flows: 1 },
+        { name: 'c.cdn.test', address: null, port: null, flows: 2 },
+        { name: null, address: '198.18.0.9', port: null, flows: 4 },
       ],
       PRESETS,
     );
@@ -131,10 +170,12 @@ describe('suggestPolicy', () => {
       .tuple(fc.array(label, { minLength: 0, maxLength: 2 }), domain)
       .map(([labels, d]) => [...labels, d].join('.'));
     const address = fc.ipV4().map((ip) => `198.18.${ip.split('.').slice(2).join('.')}`);
+    // Few ports, so names share them; sometimes more than an entry names one by one.
+    const port = fc.option(fc.constantFrom(22, 80, 443, 5432, 8000, 8001, 8002), { nil: null });
     const observed = fc.array(
       fc.oneof(
-        name.map((n) => ({ name: n, address: null, flows: 1 })),
-        address.map((a) => ({ name: null, address: a, flows: 1 })),
+        fc.tuple(name, port).map(([n, p]) => ({ name: n, address: null, port: p, flows: 1 })),
+        fc.tuple(address, port).map(([a, p]) => ({ name: null, address: a, port: p, flows: 1 })),
       ),
       { maxLength: 20 },
     );
@@ -153,11 +194,20 @@ describe('suggestPolicy', () => {
           if (!canonical.ok) throw new Error(canonical.error);
           return canonical.value;
         };
-        for (const { name: n, address: a } of seen) {
+        for (const { name: n, address: a, port: p } of seen) {
           const ip = a === null ? undefined : parseIP(a);
-          const destination =
-            n === null ? { ip: ip?.ok ? ip.value : undefined } : { host: host(n) };
-          expect(decide(policy, destination).verdict, `${n ?? a}`).toBe('allow');
+          const destination = {
+            ...(n === null ? { ip: ip?.ok ? ip.value : undefined } : { host: host(n) }),
+            ...(p === null ? {} : { port: p }),
+          };
+          expect(decide(policy, destination).verdict, `${n ?? a}:${p}`).toBe('allow');
+        }
+        // A port no flow of a port-scoped name used stays closed.
+        for (const entry of suggestion.allowOut) {
+          const scopedTo = /^([^*[\]:]+):(\d+)$/.exec(entry.entry);
+          if (scopedTo === null || parseIP(scopedTo[1]!).ok) continue;
+          // (No flow used port 9, and each name is in one entry only.)
+          expect(decide(policy, { host: host(scopedTo[1]!), port: 9 }).verdict).toBe('deny');
         }
         expect(decide(policy, { host: host('never-seen.invalid') }).verdict).toBe('deny');
         for (const entry of suggestion.allowOut) {

@@ -42,15 +42,19 @@ import {
 
 const SEED = Number(process.env.MOAT_FUZZ_SEED ?? Math.floor(Math.random() * 2 ** 32)) >>> 0;
 
-/** How many messages each path gets. */
-const DIRECT_PACKETS = 120_000;
-const UDP_SANDBOX_PACKETS = 90_000;
-const UDP_UNKNOWN_PACKETS = 15_000;
+/** How many messages each path gets (a fresh seed each run adds up to more over time). */
+const DIRECT_PACKETS = 60_000;
+const UDP_SANDBOX_PACKETS = 45_000;
+const UDP_UNKNOWN_PACKETS = 8_000;
 const TCP_SESSIONS = 48;
 const TCP_MESSAGES_PER_SESSION = 250;
 const TCP_HOSTILE_STREAMS = 400;
-/** Each phase stops here even if it has not sent everything (and then fails on the count). */
-const PHASE_BUDGET_MS = 20_000;
+/**
+ * Each phase stops here even if it has not sent everything (and then fails on the count). Quiet,
+ * a phase takes 2-7 s; beside two busy loops and the rest of the suite on two cores, three
+ * times that and more (issue 36's load runs ran out of 20 s).
+ */
+const PHASE_BUDGET_MS = 40_000;
 /** A phase stops early once something crashed or this many queries went unanswered. */
 const GIVE_UP_UNANSWERED = 5;
 
@@ -189,7 +193,7 @@ describe('DNS interceptor fuzz', () => {
     expect(crashes).toEqual([]);
     expect(report(findings)).toEqual([`seed ${SEED}`]);
     expect(done, `seed ${SEED}: only ${done} messages within the time budget`).toBe(DIRECT_PACKETS);
-  }, 60_000);
+  }, 90_000);
 
   it(`UDP: ${UDP_SANDBOX_PACKETS} messages from the sandbox and ${UDP_UNKNOWN_PACKETS} from an unknown source`, async () => {
     const rng = new Rng(SEED ^ 0x5555);
@@ -213,7 +217,7 @@ describe('DNS interceptor fuzz', () => {
     expect(sent, `seed ${SEED}: UDP sent within the time budget`).toBe(
       UDP_SANDBOX_PACKETS + UDP_UNKNOWN_PACKETS,
     );
-  }, 60_000);
+  }, 90_000);
 
   it('TCP: pipelined sessions, garbage lengths, partial frames and connections closed mid-frame', async () => {
     const rng = new Rng(SEED ^ 0xaaaa);
@@ -254,7 +258,7 @@ describe('DNS interceptor fuzz', () => {
       plans.length,
     );
     expect(headerSized).toBeGreaterThanOrEqual(10_000);
-  }, 60_000);
+  }, 90_000);
 
   it('still answers valid queries correctly afterwards, and nothing threw', async () => {
     const findings = new Findings();

@@ -98,43 +98,30 @@ export interface Policy {
   readonly transforms: DomainTrie<HeaderTransform>;
 }
 
-/** A preset's entry is named as the preset and the entry: `preset:pypi (pypi.org)`. */
-function allowDecision(rule: Rule): Decision {
+/**
+ * The decision of an allowOut or denyOut rule. A preset's entry is named as the preset and the
+ * entry: `preset:pypi (pypi.org)`.
+ */
+function ruleDecision(verdict: 'allow' | 'deny', rule: Rule): Decision {
+  const list = verdict === 'allow' ? 'allowOut' : 'denyOut';
   const label = ruleLabel(rule);
   switch (rule.kind) {
     case 'name':
-      return decision('allow', 'allowOut', label, `the name matches allowOut ${label}`);
+      return decision(verdict, list, label, `the name matches ${list} ${label}`);
     case 'wildcard':
       return decision(
-        'allow',
-        'allowOut',
+        verdict,
+        list,
         label,
-        `the name is below ${rule.name}, matched by allowOut ${label}`,
+        `the name is below ${rule.name}, matched by ${list} ${label}`,
       );
     case 'address':
       return decision(
-        'allow',
-        'allowOut',
+        verdict,
+        list,
         label,
-        `the address is inside allowOut ${label}; allow beats deny`,
+        `the address is inside ${list} ${label}${verdict === 'allow' ? '; allow beats deny' : ''}`,
       );
-  }
-}
-
-function denyDecision(rule: Rule): Decision {
-  const label = ruleLabel(rule);
-  switch (rule.kind) {
-    case 'name':
-      return decision('deny', 'denyOut', label, `the name matches denyOut ${label}`);
-    case 'wildcard':
-      return decision(
-        'deny',
-        'denyOut',
-        label,
-        `the name is below ${rule.name}, matched by denyOut ${label}`,
-      );
-    case 'address':
-      return decision('deny', 'denyOut', label, `the address is inside denyOut ${label}`);
   }
 }
 
@@ -180,17 +167,17 @@ export function compilePolicy(
   const portPrefixes = [];
   let allowAddressCount = 0;
   for (const rule of rules.allowOut) {
-    if (rule.kind !== 'address') allowNameRules.push(nameEntry(rule, allowDecision(rule)));
+    if (rule.kind !== 'address') allowNameRules.push(nameEntry(rule, ruleDecision('allow', rule)));
     else {
       allowAddressCount++;
       if (rule.ports === undefined)
-        prefixes.push({ cidr: rule.cidr, list: 'allow', value: allowDecision(rule) });
+        prefixes.push({ cidr: rule.cidr, list: 'allow', value: ruleDecision('allow', rule) });
       else
         portPrefixes.push({
           cidr: rule.cidr,
           list: 'allow' as const,
           ports: rule.ports,
-          value: allowDecision(rule),
+          value: ruleDecision('allow', rule),
         });
     }
   }
@@ -213,15 +200,15 @@ export function compilePolicy(
       denyAll ??= decision('deny', 'denyOut', rule.entry, ALL_TRAFFIC_REASON);
       prefixes.push(...everything(denyAll));
     } else if (rule.kind !== 'address') {
-      denyNameRules.push(nameEntry(rule, denyDecision(rule)));
+      denyNameRules.push(nameEntry(rule, ruleDecision('deny', rule)));
     } else if (rule.ports === undefined) {
-      prefixes.push({ cidr: rule.cidr, list: 'deny', value: denyDecision(rule) });
+      prefixes.push({ cidr: rule.cidr, list: 'deny', value: ruleDecision('deny', rule) });
     } else {
       portPrefixes.push({
         cidr: rule.cidr,
         list: 'deny' as const,
         ports: rule.ports,
-        value: denyDecision(rule),
+        value: ruleDecision('deny', rule),
       });
     }
   }

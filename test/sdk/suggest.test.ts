@@ -1,5 +1,7 @@
 /**
- * `moat suggest` end to end, as an operator learns a policy: a sandbox (real `e2b` SDK, open
+ * Package installs under a preset, and `moat suggest` end to end, as an operator learns a
+ * policy. With `preset:pypi` alone a sandbox (real `e2b` SDK) installs with pip from a fake
+ * index and reaches nothing else. Learning: a sandbox (open
  * policy) runs `pip install` against a fake package index at pypi.org / files.pythonhosted.org,
  * `git clone` from a fake forge, and fetches from three names of one CDN; every origin is a local
  * server on this host's loopback, opened as an operator opens a host port. `moat suggest` (the
@@ -133,16 +135,30 @@ describe.skipIf(skip !== undefined)('moat suggest from what a sandbox did', () =
     if (scratch) rmSync(scratch, { recursive: true, force: true });
   });
 
-  it('learns a policy that allows what pip, git and curl did, and nothing else', async () => {
-    const sandbox = await harness.sandbox();
+  /** pip installs learnedpkg from the fake index and imports it: prints 42. */
+  const pipInstall = (sandbox: Sandbox) => {
     const index = `http://pypi.org:${port}/simple`;
     const trusted = INDEX.map((name) => `--trusted-host ${name}`).join(' ');
-    const installed = await run(
+    return run(
       sandbox,
       `python3 -m pip install -q --no-cache-dir --disable-pip-version-check --index-url ${index} ${trusted} --target /tmp/site learnedpkg && PYTHONPATH=/tmp/site python3 -c 'import learnedpkg; print(learnedpkg.VALUE)'`,
       120_000,
     );
-    expect(installed).toBe('42\n');
+  };
+
+  it('pip installs with allowOut ["preset:pypi"] alone; nothing else is reached', async () => {
+    const sandbox = await harness.sandbox({
+      network: { allowOut: ['preset:pypi'], denyOut: ['0.0.0.0/0'] },
+    });
+    expect(await pipInstall(sandbox)).toBe('42\n');
+    await expect(
+      run(sandbox, `curl -sSf http://${FORGE}:${port}/project.git/HEAD`),
+    ).rejects.toThrow(/exit [1-9]/);
+  }, 240_000);
+
+  it('learns a policy that allows what pip, git and curl did, and nothing else', async () => {
+    const sandbox = await harness.sandbox();
+    expect(await pipInstall(sandbox)).toBe('42\n');
     const cloned = await run(
       sandbox,
       `git clone -q http://${FORGE}:${port}/project.git /tmp/project && cat /tmp/project/README`,

@@ -18,7 +18,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { MoatCa } from '../src/intercept-ca/index.js';
-import type { HeaderTransform } from '../src/policy/index.js';
+import { type DestinationRules, headerRules } from '../src/policy/index.js';
 import { nativeTcpUnavailable } from '../src/proxy/native-tcp.js';
 import { startInterceptingProxy } from './lib/intercepting-proxy.js';
 import {
@@ -46,10 +46,7 @@ const [
   lifetime = '900',
 ] = process.argv.slice(2);
 
-const RULE: HeaderTransform = {
-  ruleKey: `*${BUMP_SUFFIX}`,
-  headers: [{ name: INJECTED_HEADER, value: [{ literal: INJECTED_PREFIX }, { secret: 'token' }] }],
-};
+const RULE: DestinationRules = headerRules(`*${BUMP_SUFFIX}`, [{ name: INJECTED_HEADER, value: [{ literal: INJECTED_PREFIX }, { secret: 'token' }] }]);
 
 async function main(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), 'moat-bench-tls-ca-'));

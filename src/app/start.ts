@@ -32,7 +32,7 @@ import { listenMetrics, MoatMetrics } from '../metrics/index.js';
 import {
   type CanonicalName,
   compileInternalDenyList,
-  headerTransformFor,
+  destinationRulesFor,
   type HostAddresses,
   type InternalDenyList,
 } from '../policy/index.js';
@@ -328,7 +328,7 @@ export async function startMoat(
       injection: {
         transformFor: (sandboxID: string, name: CanonicalName) => {
           const sandbox = table.get(sandboxID);
-          return sandbox === undefined ? undefined : headerTransformFor(sandbox.policy, name);
+          return sandbox === undefined ? undefined : destinationRulesFor(sandbox.policy, name);
         },
         leafContext: (name: CanonicalName) => ca.secureContextFor(name),
         secretValue: (name: string) => secrets.value(name),

@@ -8,12 +8,15 @@ import {
   type Decision,
   type DecisionList,
   decide,
-  headerTransformFor,
+  destinationRulesFor,
   type CanonicalName,
   formatDestination,
   type NetworkRules,
   type Policy,
   parseDestination,
+  decideRequest,
+  requestPath,
+  requestRuleLabel,
 } from '../policy/index.js';
 import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
@@ -40,7 +43,10 @@ Decides destinations against a policy file, as Moat would enforce it. Without --
 touches no network. With no DEST arguments, reads destinations from standard input, one per
 line (blank lines and lines starting with # are skipped).
 
-DEST forms: host, host:port, IPv4, IPv6, [IPv6]:port, scheme://host[:port]/path
+DEST forms: host, host:port, IPv4, IPv6, [IPv6]:port, scheme://host[:port]/path, and
+"METHOD scheme://host[:port]/path" (one argument: quote it). A URL to a destination whose
+network.rules match methods or paths is decided as a request too (GET when no METHOD is given):
+  ALLOW  api.github.com:443 GET /repos/acme/x  [rules api.github.com #1]  ...
 
 A host name is decided by the name rules. A name no rule names, under a policy that does not
 deny by default, "depends on what the name resolves to": --resolve looks it up and decides
@@ -56,7 +62,8 @@ Options:
                             {"destination","canonical","verdict","rule","list","reason"},
                             with --resolve also "addresses": [{"address","verdict","rule",
                             "list","reason"}] for a name that was looked up, and "intercept":
-                            the network.rules key whose headers an allowed name would get
+                            the network.rules key whose headers an allowed name would get,
+                            and "request": {"method","path"} for a request decided by it
   --replay FILE             what-if: decide every decision recorded in a flow log under the
                             policy and print what would change. The file: the JSON Lines
                             moat serve writes with --flow-log FILE, or what moat observe
@@ -95,13 +102,58 @@ interface Verdict {
   readonly addresses?: ReadonlyArray<{ readonly address: string; readonly decision: Decision }>;
   /** The `network.rules` key whose headers Moat would set (intercepting TLS), if any. */
   readonly ruleKey?: string;
+  /** The request a URL destination asked, when its destination's rules decided it. */
+  readonly request?: { readonly method: string; readonly path: string };
 }
 
-/** An allowed name that a rule covers is intercepted, and that rule's headers are set. */
-function withRuleKey(policy: Policy, verdict: Verdict, host: CanonicalName | undefined): Verdict {
+/** A URL DEST's request: its method (GET unless written before it) and its path and query. */
+function requestOf(text: string): { method: string; url: string; target: string } {
+  const spaced = /^([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s+(\S+)$/.exec(text);
+  const [method, url] = spaced === null ? ['GET', text] : [spaced[1]!, spaced[2]!];
+  const scheme = /^[a-zA-Z][a-zA-Z0-9+.-]*:\/\/[^/?#]*/.exec(url);
+  const rest = scheme === null ? '' : url.slice(scheme[0].length);
+  return { method, url, target: rest.startsWith('/') ? rest : `/${rest}` };
+}
+
+/**
+ * An allowed name that a rule covers is intercepted, and that rule's headers are set; a URL
+ * to it is decided as a request by the rule's methods and paths.
+ */
+function withRules(
+  policy: Policy,
+  verdict: Verdict,
+  host: CanonicalName | undefined,
+  request: { method: string; target: string } | undefined,
+): Verdict {
   if (host === undefined || verdict.decision.verdict !== 'allow') return verdict;
-  const transform = headerTransformFor(policy, host);
-  return transform === undefined ? verdict : { ...verdict, ruleKey: transform.ruleKey };
+  const rules = destinationRulesFor(policy, host);
+  if (rules === undefined) return verdict;
+  const intercepted = { ...verdict, ruleKey: rules.ruleKey };
+  if (request === undefined || !rules.decidesRequests) return intercepted;
+  const { method, target } = request;
+  const path = requestPath(target);
+  const decided = decideRequest(rules.rules, rules.matchesPaths, method, target);
+  const shown = `${method} ${path}`;
+  const decision: CheckDecision =
+    decided.verdict === 'invalid'
+      ? { verdict: 'deny', list: 'invalid', rule: rules.ruleKey, reason: decided.problem }
+      : decided.rule === undefined
+        ? {
+            ...verdict.decision,
+            reason: `${verdict.decision.reason}; no rule of ${rules.ruleKey} decides ${shown}`,
+          }
+        : {
+            verdict: decided.verdict,
+            list: 'rules',
+            rule: requestRuleLabel(rules.ruleKey, decided.rule),
+            reason: `${shown} is ${decided.verdict === 'allow' ? 'allowed' : 'denied'} by rule ${requestRuleLabel(rules.ruleKey, decided.rule)} of network.rules`,
+          };
+  return {
+    ...intercepted,
+    canonical: `${verdict.canonical} ${shown}`,
+    decision,
+    request: { method, path },
+  };
 }
 
 const unresolved = (reason: string): CheckDecision => ({
@@ -117,9 +169,16 @@ const unresolved = (reason: string): CheckDecision => ({
  * when any address is (by the first allowed one), and denied by the first address otherwise.
  */
 async function judge(policy: Policy, text: string, resolver?: HostResolver): Promise<Verdict> {
-  const verdict = await decideDestination(policy, text, resolver);
-  const parsed = parseDestination(text);
-  return withRuleKey(policy, verdict, parsed.ok ? parsed.value.host : undefined);
+  const request = requestOf(text);
+  const isUrl = request.url.includes('://');
+  const verdict = await decideDestination(policy, isUrl ? request.url : text, resolver);
+  const parsed = parseDestination(isUrl ? request.url : text);
+  return withRules(
+    policy,
+    { ...verdict, destination: text },
+    parsed.ok ? parsed.value.host : undefined,
+    isUrl ? request : undefined,
+  );
 }
 
 async function decideDestination(
@@ -191,6 +250,7 @@ function format(verdict: Verdict, json: boolean): string {
             })),
           }),
       ...(verdict.ruleKey === undefined ? {} : { intercept: verdict.ruleKey }),
+      ...(verdict.request === undefined ? {} : { request: verdict.request }),
     });
   }
   const intercepted =

@@ -11,10 +11,12 @@ export {
   FLOW_KINDS,
   FLOW_VERDICTS,
   INJECTION_FIELDS,
+  REQUEST_FIELDS,
   type FlowDestination,
   type FlowEnd,
   type FlowKind,
   type FlowRecord,
+  type FlowRequest,
   type FlowVerdict,
   flowView,
 } from './record.js';

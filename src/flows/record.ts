@@ -36,6 +36,7 @@ export const FLOW_FIELDS = [
   'end',
   'ruleKey',
   'injectedHeaders',
+  'request',
 ] as const;
 
 /** Fields only close records carry (undefined in decision records, left out of their views). */
@@ -47,6 +48,17 @@ export const CLOSE_FIELDS = ['bytesUp', 'bytesDown', 'durationMs', 'end'] as con
  * headers set on the connection's requests so far (none on the decision record).
  */
 export const INJECTION_FIELDS = ['ruleKey', 'injectedHeaders'] as const;
+
+/**
+ * The field only records of one request carry (a request a destination's `network.rules`
+ * refused by its method or path): the method and the path it asked for, never the query.
+ */
+export const REQUEST_FIELDS = ['request'] as const;
+
+export interface FlowRequest {
+  readonly method: string;
+  readonly path: string;
+}
 
 export const DESTINATION_FIELDS = ['name', 'address', 'port', 'protocol'] as const;
 
@@ -82,6 +94,7 @@ export interface FlowRecord {
   readonly end?: FlowEnd;
   readonly ruleKey?: string;
   readonly injectedHeaders?: readonly string[];
+  readonly request?: FlowRequest;
 }
 
 /** The record as JSON shows it: fields in FLOW_FIELDS order, time as ISO 8601. */
@@ -109,5 +122,6 @@ export function flowView(record: FlowRecord): Record<string, unknown> {
     view.ruleKey = record.ruleKey;
     view.injectedHeaders = record.injectedHeaders;
   }
+  if (record.request !== undefined) view.request = record.request;
   return view;
 }

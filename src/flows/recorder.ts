@@ -6,6 +6,7 @@ import {
   type FlowEvent,
   type FlowKind,
   type FlowRecord,
+  type FlowRequest,
   type FlowVerdict,
   flowView,
 } from './record.js';
@@ -19,6 +20,8 @@ export interface FlowAsk {
   readonly destination: FlowDestination;
   /** The key of the header rule a connection is intercepted for (undefined: not intercepted). */
   readonly ruleKey?: string;
+  /** The request asked, for a decision on one request (undefined: a connection's). */
+  readonly request?: FlowRequest;
 }
 
 /** The decision's answer (the policy's Decision has this shape). */
@@ -44,6 +47,7 @@ function flowRecord(
   decision: FlowDecision,
   closed: { bytesUp: number; bytesDown: number; durationMs: number; end: FlowEnd } | undefined,
   injection: { ruleKey: string; injectedHeaders: readonly string[] } | undefined,
+  request: FlowRequest | undefined,
 ): FlowRecord {
   return {
     time,
@@ -63,6 +67,7 @@ function flowRecord(
     end: closed?.end,
     ruleKey: injection?.ruleKey,
     injectedHeaders: injection?.injectedHeaders,
+    request,
   };
 }
 
@@ -132,6 +137,7 @@ export class FlowRecorder {
       decision,
       undefined,
       ask.ruleKey === undefined ? undefined : { ruleKey: ask.ruleKey, injectedHeaders: [] },
+      ask.request,
     );
   }
 
@@ -163,6 +169,7 @@ export class FlowRecorder {
         opened.ruleKey === undefined
           ? undefined
           : { ruleKey: opened.ruleKey, injectedHeaders: counts.injectedHeaders },
+        undefined,
       ),
     );
   }

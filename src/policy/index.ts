@@ -33,7 +33,7 @@ export {
   type Decision,
   type DecisionList,
   decide,
-  headerTransformFor,
+  destinationRulesFor,
   type InternalDenyList,
   type LearnedAddresses,
   matchName,
@@ -65,7 +65,27 @@ export {
   type PresetUse,
   type Rule,
 } from './rules.js';
-export type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
+export {
+  decideRequest,
+  destinationRules,
+  headerRules,
+  MAX_MATCH_METHODS,
+  MAX_MATCH_PATHS,
+  MAX_PATH_PATTERN_LENGTH,
+  MAX_RULES_PER_KEY,
+  pathProblem,
+  type RequestDecision,
+  requestPath,
+  requestRuleLabel,
+} from './request-rules.js';
+export type {
+  DestinationRules,
+  HeaderRule,
+  HeaderValuePart,
+  RequestAction,
+  RequestMatch,
+  RequestRule,
+} from './transform-types.js';
 export {
   identityPlaceholder,
   identityTokensOf,

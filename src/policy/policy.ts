@@ -13,7 +13,7 @@ import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NameRule, type NetworkRules, type Rule, ruleLabel } from './rules.js';
 import { mergePorts, type PortRange } from './ports.js';
 import { AddressPortRules, NameRules, type PortQuestion } from './scoped-rules.js';
-import type { HeaderTransform } from './transform-types.js';
+import type { DestinationRules } from './transform-types.js';
 
 export type DecisionList =
   | 'allowOut'
@@ -22,6 +22,8 @@ export type DecisionList =
   | 'learned'
   | 'default'
   | 'invalid'
+  /** A destination's `network.rules`, deciding one request by its method and path. */
+  | 'rules'
   /** The host itself, the gateway or another sandbox (see host-addresses.ts). */
   | 'host';
 
@@ -95,7 +97,7 @@ export interface Policy {
   /** @internal to the policy part: allowOut and denyOut prefixes with ports (none: undefined). */
   readonly addressPorts: AddressPortRules<Decision> | undefined;
   /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
-  readonly transforms: DomainTrie<HeaderTransform>;
+  readonly transforms: DomainTrie<DestinationRules>;
 }
 
 /**
@@ -242,7 +244,7 @@ export function compilePolicy(
           null,
           'no rule matches; the default is allow (each resolved address is still checked against the internal deny list)',
         );
-  const transforms = new DomainTrie<HeaderTransform>();
+  const transforms = new DomainTrie<DestinationRules>();
   for (const transform of rules.transforms) {
     const wildcard = transform.ruleKey.startsWith('*.');
     transforms.insert(
@@ -268,10 +270,10 @@ export function compilePolicy(
  * longest `*.` key below which the name lies (never the wildcard's own apex). Rule sets are not
  * merged, and a transform grants nothing: `decide` alone says whether the name may be reached.
  */
-export const headerTransformFor = (
+export const destinationRulesFor = (
   policy: Policy,
   name: CanonicalName,
-): HeaderTransform | undefined => policy.transforms.lookup(name);
+): DestinationRules | undefined => policy.transforms.lookup(name);
 
 /**
  * The ports allowOut's name rules open for any of `names`, merged (undefined: every port;

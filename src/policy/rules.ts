@@ -10,7 +10,7 @@ import { type CanonicalName, canonicalName } from './host.js';
 import type { PortRange } from './ports.js';
 import { PRESET_PREFIX, type PresetTable } from './preset-types.js';
 import type { PolicyProblem } from './result.js';
-import type { HeaderTransform } from './transform-types.js';
+import type { DestinationRules } from './transform-types.js';
 import { parseTransforms } from './transforms.js';
 
 export type RuleList = 'allowOut' | 'denyOut';
@@ -65,7 +65,7 @@ export interface NetworkRules {
   readonly denyAll: boolean;
   readonly description: string | undefined;
   /** `network.rules`: headers set on intercepted requests, one transform per rule key. */
-  readonly transforms: readonly HeaderTransform[];
+  readonly transforms: readonly DestinationRules[];
   /** Each preset allowOut names, once, in order of first use; its entries are in allowOut. */
   readonly presets: readonly PresetUse[];
 }

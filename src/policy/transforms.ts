@@ -1,14 +1,27 @@
 /**
  * `network.rules`: per-destination header transforms (E2B's `rules.transform.headers`). Parsed
  * here into canonical rule keys and values split into literal text and secret references; the
- * lookup a request's host name goes through is `headerTransformFor`.
+ * lookup a request's host name goes through is `destinationRulesFor`.
  *
  * Values may hold credentials, so no message here ever quotes a value: problems name the rule
  * key and the header, and say what is wrong.
  */
 import { canonicalName } from './host.js';
 import type { PolicyProblem } from './result.js';
-import type { HeaderRule, HeaderTransform, HeaderValuePart } from './transform-types.js';
+import {
+  destinationRules,
+  MAX_RULES_PER_KEY,
+  parseRequestAction,
+  parseRequestMatch,
+} from './request-rules.js';
+import type {
+  DestinationRules,
+  HeaderRule,
+  HeaderValuePart,
+  RequestAction,
+  RequestMatch,
+  RequestRule,
+} from './transform-types.js';
 
 /** Rule keys in one configuration. */
 export const MAX_RULE_KEYS = 1000;
@@ -136,58 +149,104 @@ function parseValue(value: string): { parts: HeaderValuePart[] } | { problem: st
 const isObject = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
-/** The headers of one rule key, in the order written (all of its rules' transforms). */
-function readHeaders(
+/** A rule's headers (`transform.headers`), in the order written, or why they cannot be. */
+function readHeaders(written: unknown, secrets: Set<string>): HeaderRule[] | string {
+  if (written === undefined) return [];
+  if (!isObject(written)) return 'transform.headers must be an object';
+  const headers: HeaderRule[] = [];
+  for (const [name, value] of Object.entries(written)) {
+    const header = `header ${JSON.stringify(name)}`;
+    if (!HTTP_TOKEN.test(name)) return `${header} is not an HTTP header name (a token)`;
+    if (FRAMING_HEADERS.has(name.toLowerCase()))
+      return `${header} frames the request or names its destination; no rule may set it`;
+    if (typeof value !== 'string') return `${header} must have a string value`;
+    const parsed = parseValue(value);
+    if ('problem' in parsed) return `${header}: ${parsed.problem}`;
+    for (const part of parsed.parts) if ('secret' in part) secrets.add(part.secret);
+    headers.push({ name, value: parsed.parts });
+  }
+  return headers;
+}
+
+/**
+ * `match` and `action` of a rule: beside its `transform` (Moat's form), or inside it (the form
+ * E2B SDK 2.51 sends: it keeps only `transform` of a rule, and passes that object on whole).
+ */
+function readAccess(
+  rule: Record<string, unknown>,
+  transform: Record<string, unknown> | undefined,
+): { match: RequestMatch | undefined; action: RequestAction | undefined } | string {
+  const twice = (['match', 'action'] as const).find(
+    (field) => rule[field] !== undefined && transform?.[field] !== undefined,
+  );
+  if (twice !== undefined) return `${twice} is written both beside and inside transform`;
+  const match = rule.match ?? transform?.match;
+  const action = rule.action ?? transform?.action;
+  const parsedMatch = match === undefined ? undefined : parseRequestMatch(match);
+  if (typeof parsedMatch === 'string') return parsedMatch;
+  const parsedAction = action === undefined ? undefined : parseRequestAction(action);
+  if (typeof parsedAction === 'object') return parsedAction.problem;
+  return { match: parsedMatch, action: parsedAction };
+}
+
+const RULE_FIELDS = new Set(['transform', 'match', 'action']);
+const TRANSFORM_FIELDS = new Set(['headers', 'match', 'action']);
+
+/** The rules of one key, in the order written. */
+function readRules(
+  key: string,
   written: string,
   rules: unknown,
   errors: PolicyProblem[],
-): HeaderRule[] | undefined {
+): DestinationRules | undefined {
   const at = `rules[${JSON.stringify(written)}]`;
   const fail = (message: string) => {
     errors.push({ at, entry: written, message: `invalid rule ${written} (${at}): ${message}` });
     return undefined;
   };
   if (!Array.isArray(rules)) return fail('a rule key takes an array of rules');
-  const headers: HeaderRule[] = [];
+  if (rules.length > MAX_RULES_PER_KEY)
+    return fail(`it has ${rules.length} rules; the limit is ${MAX_RULES_PER_KEY}`);
+  const read: RequestRule[] = [];
   const secrets = new Set<string>();
   for (const [index, rule] of rules.entries()) {
     if (!isObject(rule)) return fail(`rule ${index} must be an object`);
-    const unknown = Object.keys(rule).find((field) => field !== 'transform');
+    const unknown = Object.keys(rule).find((field) => !RULE_FIELDS.has(field));
     if (unknown !== undefined)
       return fail(`rule ${index} has unknown field ${JSON.stringify(unknown)}`);
     const transform = rule.transform;
-    if (transform === undefined) continue;
-    if (!isObject(transform)) return fail(`rule ${index}'s transform must be an object`);
-    const unknownField = Object.keys(transform).find((field) => field !== 'headers');
+    if (transform !== undefined && !isObject(transform))
+      return fail(`rule ${index}'s transform must be an object`);
+    const unknownField = Object.keys(transform ?? {}).find((f) => !TRANSFORM_FIELDS.has(f));
     if (unknownField !== undefined)
       return fail(`rule ${index}'s transform has unknown field ${JSON.stringify(unknownField)}`);
-    const written = transform.headers;
-    if (written === undefined) continue;
-    if (!isObject(written)) return fail(`rule ${index}'s transform.headers must be an object`);
-    for (const [name, value] of Object.entries(written)) {
-      const header = `header ${JSON.stringify(name)}`;
-      if (!HTTP_TOKEN.test(name)) return fail(`${header} is not an HTTP header name (a token)`);
-      if (FRAMING_HEADERS.has(name.toLowerCase()))
-        return fail(`${header} frames the request or names its destination; no rule may set it`);
-      if (typeof value !== 'string') return fail(`${header} must have a string value`);
-      const parsed = parseValue(value);
-      if ('problem' in parsed) return fail(`${header}: ${parsed.problem}`);
-      for (const part of parsed.parts) if ('secret' in part) secrets.add(part.secret);
-      headers.push({ name, value: parsed.parts });
-    }
+    const headers = readHeaders(transform?.headers, secrets);
+    if (typeof headers === 'string') return fail(`rule ${index}'s ${headers}`);
+    const access = readAccess(rule, transform);
+    if (typeof access === 'string') return fail(`rule ${index}: ${access}`);
+    // E2B SDK 2.51 sends `{}` for a rule whose `match` and `action` sit beside `transform`:
+    // accepting it would silently drop what the rule was written to refuse.
+    if (transform === undefined && access.match === undefined && access.action === undefined)
+      return fail(
+        `rule ${index} is empty: it matches nothing and sets nothing. (E2B SDK 2.51 sends a rule's transform alone: write match and action inside transform)`,
+      );
+    if (access.match !== undefined && access.action === undefined && headers.length === 0)
+      return fail(`rule ${index} has a match but neither an action nor headers: it does nothing`);
+    read.push({ number: index + 1, ...access, headers });
   }
-  if (headers.length > MAX_RULE_HEADERS)
-    return fail(`it sets ${headers.length} headers; the limit is ${MAX_RULE_HEADERS}`);
+  const parsed = destinationRules(key, read);
+  if (parsed.headers.length > MAX_RULE_HEADERS)
+    return fail(`it sets ${parsed.headers.length} headers; the limit is ${MAX_RULE_HEADERS}`);
   if (secrets.size > MAX_SECRETS_PER_RULE)
     return fail(`its headers name ${secrets.size} secrets; the limit is ${MAX_SECRETS_PER_RULE}`);
-  return headers;
+  return parsed;
 }
 
 /**
  * Parses `network.rules` into one transform per canonical key, adding every problem to
  * `errors`. Two keys that canonicalise to the same name are refused, not merged.
  */
-export function parseTransforms(input: unknown, errors: PolicyProblem[]): HeaderTransform[] {
+export function parseTransforms(input: unknown, errors: PolicyProblem[]): DestinationRules[] {
   if (input === undefined || input === null) return [];
   if (!isObject(input)) {
     errors.push({ at: 'rules', message: 'rules must be an object of rule keys' });
@@ -201,7 +260,7 @@ export function parseTransforms(input: unknown, errors: PolicyProblem[]): Header
     });
     return [];
   }
-  const transforms: HeaderTransform[] = [];
+  const transforms: DestinationRules[] = [];
   const writtenAs = new Map<string, string>();
   for (const [written, rules] of entries) {
     const at = `rules[${JSON.stringify(written)}]`;
@@ -224,14 +283,14 @@ export function parseTransforms(input: unknown, errors: PolicyProblem[]): Header
       continue;
     }
     writtenAs.set(key.key, written);
-    const headers = readHeaders(written, rules, errors);
-    if (headers !== undefined) transforms.push({ ruleKey: key.key, headers });
+    const read = readRules(key.key, written, rules, errors);
+    if (read !== undefined) transforms.push(read);
   }
   return transforms;
 }
 
 /** The secrets a transform's headers name, each once. */
-export const secretsOf = (transform: HeaderTransform): string[] => [
+export const secretsOf = (transform: DestinationRules): string[] => [
   ...new Set(
     transform.headers.flatMap((header) =>
       header.value.flatMap((part) => ('secret' in part ? [part.secret] : [])),
@@ -240,7 +299,7 @@ export const secretsOf = (transform: HeaderTransform): string[] => [
 ];
 
 /** The identity tokens a transform's headers name, each once. */
-export const identityTokensOf = (transform: HeaderTransform): string[] => [
+export const identityTokensOf = (transform: DestinationRules): string[] => [
   ...new Set(
     transform.headers.flatMap((header) =>
       header.value.flatMap((part) => ('identity' in part ? [part.identity] : [])),

@@ -6,7 +6,7 @@ import {
   canonicalName,
   type Decision,
   formatDestination,
-  type HeaderTransform,
+  type DestinationRules,
   type IPAddress,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../net/index.js';
@@ -237,7 +237,7 @@ export class TunnelOpener {
     sandbox: EnforcedSandbox,
     target: Target,
     plan: Plan & { ok: true },
-    rule: HeaderTransform,
+    rule: DestinationRules,
     socket: net.Socket,
     early: Buffer,
     refuse: (refusal: Refusal) => void,

@@ -467,9 +467,22 @@ export class EgressProxy implements RequestHandler {
     };
     const plan = await this.options.dialer.plan(sandbox, target);
     if (client.destroyed) return;
+    // A destination's rules decide each request by its method and path (and record a refusal).
+    const rules = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
+    if (rules?.decidesRequests === true && rules.headers.length === 0) {
+      const decided = this.interceptor!.decideRequest(
+        sandbox,
+        target,
+        rules,
+        head.method,
+        path,
+        'http',
+      );
+      if (!decided.ok) return answer(decided.status, decided.decision.reason, decided.decision);
+    }
     // Plain HTTP to a destination with a header rule, or a request leaking a stored secret.
     const secretRefusal = plan.ok
-      ? (this.interceptor?.plainRefusal(sandbox, target) ??
+      ? (this.interceptor?.plainRefusal(sandbox, target, true) ??
         (await this.interceptor?.leakRefusal(sandbox, target, head)))
       : undefined;
     if (client.destroyed) return;

@@ -9,8 +9,12 @@ import {
   type CanonicalName,
   type Decision,
   formatDestination,
-  type HeaderTransform,
+  decideRequest,
+  type DestinationRules,
+  type HeaderRule,
   identityPlaceholder,
+  requestPath,
+  requestRuleLabel,
   secretPlaceholder,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../net/index.js';
@@ -55,6 +59,16 @@ export function originTrust(extra: string | undefined): tls.SecureContext {
 const RESERVED_FIELDS = new Set(['host', 'content-length', 'transfer-encoding']);
 /** What a header value may hold (as the HTTP/1 parser accepts): no CR, LF, NUL or controls. */
 const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+/** The longest path a refused request's record and answer repeat. */
+const MAX_RECORDED_PATH = 512;
+
+/** A request its destination's rules refused: 403 by a rule, 400 for a path origins differ on. */
+export interface RequestRefusal {
+  readonly ok: false;
+  readonly status: 400 | 403;
+  readonly decision: Decision & { readonly verdict: 'deny' };
+}
 
 /** A refusal for breaking a protocol check (recorded as a denial by the `invalid` list). */
 /** A request the leak guard could not check, because the stored secrets could not be read. */
@@ -161,22 +175,79 @@ export class Interceptor {
   }
 
   /** The header rule a decided target is intercepted for; undefined: it is not. */
-  ruleFor(sandbox: EnforcedSandbox, target: Target): HeaderTransform | undefined {
+  ruleFor(sandbox: EnforcedSandbox, target: Target): DestinationRules | undefined {
     if (target.host === undefined) return undefined;
     return this.options.injection.transformFor(sandbox.sandboxID, target.host);
   }
 
-  /** The refusal of plain HTTP to a destination with a header rule (never given credentials). */
-  plainRefusal(sandbox: EnforcedSandbox, target: Target): Refusal | undefined {
+  /**
+   * The refusal of plain HTTP to a destination with rules, or undefined. Headers (credentials)
+   * are set over HTTPS only. Methods and paths are checked on plain HTTP only where Moat reads
+   * every request (`readsRequests`: the proxy's absolute-form requests); a tunnel or a
+   * transparent connection is only read at its start, so there plain HTTP is refused.
+   */
+  plainRefusal(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    readsRequests = false,
+  ): Refusal | undefined {
     const rule = this.ruleFor(sandbox, target);
-    if (rule === undefined) return undefined;
+    if (rule === undefined || (readsRequests && rule.headers.length === 0)) return undefined;
     this.options.logger.info(
       { sandboxID: sandbox.sandboxID, destination: formatDestination(target), rule: rule.ruleKey },
-      'plain HTTP to a destination with a header rule refused',
+      'plain HTTP to a destination with a rule refused',
     );
     return protocolRefusal(
-      `${target.host} has a header rule (${rule.ruleKey}): credentials for that rule are added over HTTPS only; use https://${target.host}/`,
+      rule.headers.length > 0
+        ? `${target.host} has a header rule (${rule.ruleKey}): credentials for that rule are added over HTTPS only; use https://${target.host}/`
+        : `${target.host} has request rules (${rule.ruleKey}): plain HTTP to it is checked only as the proxy's absolute-form requests (HTTP_PROXY) or over HTTPS; use https://${target.host}/`,
     );
+  }
+
+  /**
+   * A request (`method`, and `requestTarget` in origin form) decided by its destination's rules
+   * (`rules`, as current now): the headers to set when it may be sent; else the refusal,
+   * recorded as an `http` flow naming the method and path (never the query).
+   */
+  decideRequest(
+    sandbox: EnforcedSandbox,
+    target: Target,
+    rules: DestinationRules,
+    method: string,
+    requestTarget: string,
+    protocol: 'http' | 'tls',
+  ): { ok: true; headers: readonly HeaderRule[] } | RequestRefusal {
+    const decided = decideRequest(rules.rules, rules.matchesPaths, method, requestTarget);
+    if (decided.verdict === 'allow') return { ok: true, headers: decided.headers };
+    const path = requestPath(requestTarget).slice(0, MAX_RECORDED_PATH);
+    const request = `${method} ${path}`;
+    const refusal: RequestRefusal =
+      decided.verdict === 'deny'
+        ? {
+            ok: false,
+            status: 403,
+            decision: {
+              verdict: 'deny',
+              list: 'rules',
+              rule: requestRuleLabel(rules.ruleKey, decided.rule),
+              reason: `${request} to ${target.host} is denied by rule ${requestRuleLabel(rules.ruleKey, decided.rule)} of network.rules`,
+            },
+          }
+        : {
+            ok: false,
+            status: 400,
+            decision: {
+              verdict: 'deny',
+              list: 'invalid',
+              rule: rules.ruleKey,
+              reason: `${request} to ${target.host}: ${decided.problem}; the rules of ${rules.ruleKey} match paths, so a path must be one every origin reads alike`,
+            },
+          };
+    this.options.flows.decided(
+      { ...flowAsk('http', sandbox, target, protocol), request: { method, path } },
+      refusal.decision,
+    );
+    return refusal;
   }
 
   /**
@@ -285,7 +356,7 @@ export class Interceptor {
     target: Target & { readonly host: CanonicalName },
     at: Dialled,
     decision: Decision,
-    rule: HeaderTransform,
+    rule: DestinationRules,
     socket: net.Socket,
     hello: Buffer,
   ): Promise<void> {
@@ -380,10 +451,14 @@ export class Interceptor {
   }
 
   /** A rule's headers with every secret's current value and identity token in place. */
-  async substitute(rule: HeaderTransform, sandboxID: string): Promise<Substituted> {
+  async substitute(
+    rule: DestinationRules,
+    headers: readonly HeaderRule[],
+    sandboxID: string,
+  ): Promise<Substituted> {
     const fields: SetField[] = [];
     const secrets: Redaction[] = [];
-    for (const header of rule.headers) {
+    for (const header of headers) {
       if (RESERVED_FIELDS.has(header.name.toLowerCase()) || isHopByHop(header.name.toLowerCase()))
         return {
           ok: false,
@@ -417,7 +492,7 @@ export class Interceptor {
   }
 
   /** A stored secret's current value, for one header of a rule. */
-  private async secretFor(rule: HeaderTransform, header: string, name: string): Promise<Filled> {
+  private async secretFor(rule: DestinationRules, header: string, name: string): Promise<Filled> {
     let secret: string | undefined;
     try {
       secret = await this.options.injection.secretValue(name);
@@ -446,7 +521,7 @@ export class Interceptor {
    * message or log line here holds a token: only its name.
    */
   private async tokenFor(
-    rule: HeaderTransform,
+    rule: DestinationRules,
     header: string,
     name: string,
     sandboxID: string,
@@ -577,6 +652,22 @@ class InterceptedConnection implements RequestHandler {
         `${target.host} no longer has a header rule for this sandbox; reconnect`,
         false,
       );
+    const decided = interceptor.decideRequest(
+      sandbox,
+      target,
+      rule,
+      head.method,
+      head.target,
+      'tls',
+    );
+    if (!decided.ok)
+      return connection.refuse(
+        head,
+        keepAlive,
+        decided.status,
+        decided.decision.reason,
+        decided.decision,
+      );
     const plan = await options.dialer.plan(sandbox, target);
     if (connection.socket.destroyed) return;
     if (!plan.ok) {
@@ -584,7 +675,7 @@ class InterceptedConnection implements RequestHandler {
       return answer(plan.status, plan.message, false);
     }
     // The connection's budget charge (taken at accept) covers the one request it carries.
-    const substituted = await interceptor.substitute(rule, sandbox.sandboxID);
+    const substituted = await interceptor.substitute(rule, decided.headers, sandbox.sandboxID);
     if (!substituted.ok || connection.socket.destroyed) {
       if (substituted.ok) return;
       if (substituted.outcome !== undefined) interceptor.count(substituted.outcome);

@@ -7,7 +7,7 @@ import type { Logger } from 'pino';
 import type { ConnectionBudget, EnforcementTable } from '../enforce/index.js';
 import type { FlowRecorder } from '../flows/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import type { CanonicalName, HeaderTransform } from '../policy/index.js';
+import type { CanonicalName, DestinationRules } from '../policy/index.js';
 import type { Dialer } from './dial.js';
 import type { FairShare } from './fair-share.js';
 import type { TcpIoSetting } from './native-tcp.js';
@@ -65,7 +65,7 @@ export interface ProxyOptions {
  */
 export interface HeaderInjection {
   /** The header rule a sandbox has for a destination name; undefined: none (no interception). */
-  transformFor(sandboxID: string, name: CanonicalName): HeaderTransform | undefined;
+  transformFor(sandboxID: string, name: CanonicalName): DestinationRules | undefined;
   /** A TLS server context holding a leaf certificate for `name`, issued by Moat's CA. */
   leafContext(name: CanonicalName): Promise<tls.SecureContext>;
   /** A stored secret's current value, read for every request; undefined when none is stored. */

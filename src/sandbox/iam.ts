@@ -3,7 +3,7 @@
  * only its own tokens. Audiences are no secret: they are stored with the record as given.
  */
 import {
-  type HeaderTransform,
+  type DestinationRules,
   isIdentityTokenName,
   MAX_IDENTITY_TOKEN_NAME_LENGTH,
   type Policy,
@@ -88,5 +88,5 @@ export function checkIdentityTokens(
   }
 }
 
-const ruleAt = (transform: HeaderTransform, header: string) =>
+const ruleAt = (transform: DestinationRules, header: string) =>
   `network.rules[${JSON.stringify(transform.ruleKey)}] header ${JSON.stringify(header)}`;

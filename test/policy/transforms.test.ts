@@ -10,7 +10,7 @@ import {
   type CanonicalName,
   canonicalRuleKeys,
   decide,
-  headerTransformFor,
+  destinationRulesFor,
   MAX_SECRETS_PER_RULE,
   parseNetworkConfig,
   type Policy,
@@ -27,7 +27,7 @@ function name(text: string): CanonicalName {
 }
 
 /** The rule key that applies to `host`, or undefined. */
-const keyFor = (policy: Policy, host: string) => headerTransformFor(policy, name(host))?.ruleKey;
+const keyFor = (policy: Policy, host: string) => destinationRulesFor(policy, name(host))?.ruleKey;
 
 /** The messages of a configuration that must not parse. */
 function problems(config: unknown): string {
@@ -36,7 +36,7 @@ function problems(config: unknown): string {
   return parsed.errors.map((e) => e.message).join('; ');
 }
 
-describe('headerTransformFor', () => {
+describe('destinationRulesFor', () => {
   const policy = policyOf(
     withRules({
       'api.example.com': header('Authorization', 'exact'),
@@ -74,7 +74,7 @@ describe('headerTransformFor', () => {
   });
 
   it('does not merge rule sets: the exact key alone applies', () => {
-    const transform = headerTransformFor(policy, name('api.example.com'))!;
+    const transform = destinationRulesFor(policy, name('api.example.com'))!;
     expect(transform.headers).toEqual([{ name: 'Authorization', value: [{ literal: 'exact' }] }]);
   });
 
@@ -119,14 +119,13 @@ describe('parsing network.rules', () => {
               },
             },
           },
-          {},
           { transform: {} },
         ],
       }),
     );
     expect(parsed.ok).toBe(true);
     if (!parsed.ok) return;
-    expect(parsed.value.transforms).toEqual([
+    expect(parsed.value.transforms.map(({ ruleKey, headers }) => ({ ruleKey, headers }))).toEqual([
       {
         ruleKey: 'api.test',
         headers: [
@@ -222,7 +221,7 @@ describe('parsing network.rules', () => {
         'sts.test': header('Authorization', 'Bearer ${e2b.identity.tokens.AWS-prod.1}!'),
       }),
     );
-    expect(headerTransformFor(policy, name('sts.test'))!.headers).toEqual([
+    expect(destinationRulesFor(policy, name('sts.test'))!.headers).toEqual([
       {
         name: 'Authorization',
         value: [{ literal: 'Bearer ' }, { identity: 'AWS-prod.1' }, { literal: '!' }],

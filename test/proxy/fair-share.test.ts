@@ -16,6 +16,7 @@ import {
   startInterceptingProxy,
 } from '../../bench/lib/intercepting-proxy.js';
 import { MoatCa } from '../../src/intercept-ca/index.js';
+import { headerRules } from '../../src/policy/index.js';
 import { connectThrough } from '../support/origins.js';
 import { tlsFlood } from '../support/tls-flood.js';
 import { TestCa } from '../support/test-ca.js';
@@ -162,7 +163,7 @@ describe('fair shares of the event loop between sandboxes', () => {
       injection: {
         transformFor: (_, name) =>
           name.endsWith('.wild.test')
-            ? { ruleKey: '*.wild.test', headers: [{ name: 'X-Rule', value: [{ literal: 'y' }] }] }
+            ? headerRules('*.wild.test', [{ name: 'X-Rule', value: [{ literal: 'y' }] }])
             : undefined,
         leafContext: mintInTurn,
         secretValue: async () => undefined,

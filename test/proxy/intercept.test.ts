@@ -19,7 +19,7 @@ import {
   type InterceptingProxy,
   startInterceptingProxy,
 } from '../../bench/lib/intercepting-proxy.js';
-import type { HeaderTransform } from '../../src/policy/index.js';
+import { type DestinationRules, headerRules } from '../../src/policy/index.js';
 import type { HeaderInjection } from '../../src/proxy/index.js';
 import { nativeTcpUnavailable } from '../../src/proxy/native-tcp.js';
 import { originTrust } from '../../src/proxy/intercept.js';
@@ -76,31 +76,16 @@ const NETWORK = {
   denyOut: ['0.0.0.0/0'],
 };
 
-const RULES: Record<string, HeaderTransform> = {
-  'api.rule.test': {
-    ruleKey: 'api.rule.test',
-    headers: [
+const RULES: Record<string, DestinationRules> = {
+  'api.rule.test': headerRules('api.rule.test', [
       { name: 'Authorization', value: [{ literal: 'Bearer ' }, { secret: 'token' }] },
       { name: 'X-Literal', value: [{ literal: 'lit-1' }] },
-    ],
-  },
-  'missing.rule.test': {
-    ruleKey: 'missing.rule.test',
-    headers: [{ name: 'X-Api-Key', value: [{ secret: 'absent' }] }],
-  },
-  'crlf.rule.test': {
-    ruleKey: 'crlf.rule.test',
-    headers: [{ name: 'X-Api-Key', value: [{ secret: 'crlf' }] }],
-  },
+    ]),
+  'missing.rule.test': headerRules('missing.rule.test', [{ name: 'X-Api-Key', value: [{ secret: 'absent' }] }]),
+  'crlf.rule.test': headerRules('crlf.rule.test', [{ name: 'X-Api-Key', value: [{ secret: 'crlf' }] }]),
   // A rule stored while identity was on, enforced by a Moat started without --identity-issuer.
-  'id.rule.test': {
-    ruleKey: 'id.rule.test',
-    headers: [{ name: 'Authorization', value: [{ literal: 'Bearer ' }, { identity: 'aws' }] }],
-  },
-  '*.rule.test': {
-    ruleKey: '*.rule.test',
-    headers: [{ name: 'X-Api-Key', value: [{ secret: 'key' }] }],
-  },
+  'id.rule.test': headerRules('id.rule.test', [{ name: 'Authorization', value: [{ literal: 'Bearer ' }, { identity: 'aws' }] }]),
+  '*.rule.test': headerRules('*.rule.test', [{ name: 'X-Api-Key', value: [{ secret: 'key' }] }]),
 };
 
 interface Echo {

@@ -77,6 +77,11 @@ export const flowSchema = {
     end: { type: 'string', enum: [...FLOW_ENDS] },
     ruleKey: text,
     injectedHeaders: { type: 'array', items: text },
+    request: {
+      type: 'object',
+      properties: { method: text, path: text },
+      required: ['method', 'path'],
+    },
   },
   required: ['time', 'id', 'event', 'sandboxID', 'node', 'kind', 'destination', 'verdict'],
 };

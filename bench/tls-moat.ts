@@ -46,7 +46,9 @@ const [
   lifetime = '900',
 ] = process.argv.slice(2);
 
-const RULE: DestinationRules = headerRules(`*${BUMP_SUFFIX}`, [{ name: INJECTED_HEADER, value: [{ literal: INJECTED_PREFIX }, { secret: 'token' }] }]);
+const RULE: DestinationRules = headerRules(`*${BUMP_SUFFIX}`, [
+  { name: INJECTED_HEADER, value: [{ literal: INJECTED_PREFIX }, { secret: 'token' }] },
+]);
 
 async function main(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), 'moat-bench-tls-ca-'));

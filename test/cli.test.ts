@@ -124,6 +124,55 @@ describe('moat check', () => {
     expect(lines[6]).toMatch(/^DENY +x\.pastebin\.com:443 +\[denyOut \*\.pastebin\.com\]/);
   });
 
+  it('decides a URL as a request by the methods and paths of its destination rules', async () => {
+    const policy = file('methods.json', {
+      allowOut: ['api.github.com'],
+      denyOut: ['0.0.0.0/0'],
+      rules: {
+        'api.github.com': [
+          { match: { methods: ['GET', 'HEAD'], paths: ['/repos/acme/*'] }, action: 'allow' },
+          { action: 'deny' },
+        ],
+      },
+    });
+    const r = await runMoat([
+      'check',
+      '--policy',
+      policy,
+      'https://api.github.com/repos/acme/x?page=2',
+      'POST https://api.github.com/repos/acme/x',
+      'https://api.github.com/repos/acme/../../admin',
+      'api.github.com',
+    ]);
+    expect(r.code).toBe(1);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(
+      /^ALLOW api\.github\.com:443 GET \/repos\/acme\/x +\[rules api\.github\.com #1\] +GET \/repos\/acme\/x is allowed by rule api\.github\.com #1 of network\.rules/,
+    );
+    expect(lines[1]).toMatch(
+      /^DENY +api\.github\.com:443 POST \/repos\/acme\/x +\[rules api\.github\.com #2\]/,
+    );
+    expect(lines[2]).toMatch(
+      /^DENY +api\.github\.com:443 GET \/repos\/acme\/\.\.\/\.\.\/admin +\[invalid api\.github\.com\] .*"\.\." segment/,
+    );
+    // A destination alone is decided as a destination: the rules decide its requests.
+    expect(lines[3]).toMatch(/^ALLOW api\.github\.com +\[allowOut api\.github\.com\]/);
+    const json = await runMoat([
+      'check',
+      '--json',
+      '--policy',
+      policy,
+      'DELETE http://api.github.com/repos/acme/x',
+    ]);
+    expect(JSON.parse(json.stdout)).toMatchObject({
+      destination: 'DELETE http://api.github.com/repos/acme/x',
+      verdict: 'deny',
+      list: 'rules',
+      rule: 'api.github.com #2',
+      request: { method: 'DELETE', path: '/repos/acme/x' },
+    });
+  });
+
   it('names the network.rules key that applies to each allowed destination (TLS intercepted)', async () => {
     const withRules = file('rules.json', {
       allowOut: ['api.example.com', '*.example.org'],

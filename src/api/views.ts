@@ -18,6 +18,18 @@ import {
 import type { FlowTotals } from '../flows/index.js';
 import { errorSchema, flowTotalsSchema } from './routes/schemas.js';
 
+/** A rule's `match` and `action` as stored (Moat's extension), shown where the rule is. */
+const SHOWN_REQUEST_ACCESS = {
+  match: {
+    type: 'object',
+    properties: {
+      methods: { type: 'array', items: { type: 'string' } },
+      paths: { type: 'array', items: { type: 'string' } },
+    },
+  },
+  action: { type: 'string' },
+} as const;
+
 /**
  * The sandbox daemon version the SDK is told. 0.6.x switches on every SDK feature (octet-stream
  * uploads, file metadata, watch entries); the per-sandbox API serves that protocol.
@@ -312,8 +324,10 @@ export const detailSchema = withOptional(
                   type: 'object',
                   properties: {
                     headers: { type: 'object', additionalProperties: { type: 'string' } },
+                    ...SHOWN_REQUEST_ACCESS,
                   },
                 },
+                ...SHOWN_REQUEST_ACCESS,
               },
             },
           },

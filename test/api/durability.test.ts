@@ -105,10 +105,11 @@ function startMoat(listen: { api: number; dns: number }): MoatChild {
 async function startHealthy(): Promise<MoatChild> {
   const child = startMoat(ports);
   moat = child;
-  const listening = await child.listening(10_000);
+  // A start after SIGKILL recovers every stored sandbox: on a loaded host that takes seconds.
+  const listening = await child.listening(30_000);
   if (ports.api === 0) ports = listening;
   expect(listening).toEqual(ports);
-  const deadline = Date.now() + 5000;
+  const deadline = Date.now() + 15_000;
   for (;;) {
     const health = await api('GET', '/health').catch(() => undefined);
     if (health?.status === 200) return child;

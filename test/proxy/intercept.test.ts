@@ -78,13 +78,19 @@ const NETWORK = {
 
 const RULES: Record<string, DestinationRules> = {
   'api.rule.test': headerRules('api.rule.test', [
-      { name: 'Authorization', value: [{ literal: 'Bearer ' }, { secret: 'token' }] },
-      { name: 'X-Literal', value: [{ literal: 'lit-1' }] },
-    ]),
-  'missing.rule.test': headerRules('missing.rule.test', [{ name: 'X-Api-Key', value: [{ secret: 'absent' }] }]),
-  'crlf.rule.test': headerRules('crlf.rule.test', [{ name: 'X-Api-Key', value: [{ secret: 'crlf' }] }]),
+    { name: 'Authorization', value: [{ literal: 'Bearer ' }, { secret: 'token' }] },
+    { name: 'X-Literal', value: [{ literal: 'lit-1' }] },
+  ]),
+  'missing.rule.test': headerRules('missing.rule.test', [
+    { name: 'X-Api-Key', value: [{ secret: 'absent' }] },
+  ]),
+  'crlf.rule.test': headerRules('crlf.rule.test', [
+    { name: 'X-Api-Key', value: [{ secret: 'crlf' }] },
+  ]),
   // A rule stored while identity was on, enforced by a Moat started without --identity-issuer.
-  'id.rule.test': headerRules('id.rule.test', [{ name: 'Authorization', value: [{ literal: 'Bearer ' }, { identity: 'aws' }] }]),
+  'id.rule.test': headerRules('id.rule.test', [
+    { name: 'Authorization', value: [{ literal: 'Bearer ' }, { identity: 'aws' }] },
+  ]),
   '*.rule.test': headerRules('*.rule.test', [{ name: 'X-Api-Key', value: [{ secret: 'key' }] }]),
 };
 

@@ -131,11 +131,13 @@ describe('metrics', () => {
       .poll(
         async () => {
           const samples = await sbx.getMetrics();
+          // An idle sandbox reads about 0 %; its busy loop gets far less than a core when the
+          // host is busy (two other loops and the suite on two cores), never below 5 %.
           return samples.some(
-            (m) => m.cpuUsedPct > 20 && m.memUsed > 80 * MiB && m.diskUsed > 48 * MiB,
+            (m) => m.cpuUsedPct > 5 && m.memUsed > 80 * MiB && m.diskUsed > 48 * MiB,
           );
         },
-        { timeout: 30_000, interval: 1000 },
+        { timeout: 40_000, interval: 1000 },
       )
       .toBe(true);
     const [sample] = await sbx.getMetrics();
@@ -164,7 +166,7 @@ describe('metrics', () => {
 
     await sbx.kill();
     await expect(Sandbox.getMetrics(sbx.sandboxId)).rejects.toBeInstanceOf(SandboxNotFoundError);
-  });
+  }, 60_000);
 
   it('refuses bad time ranges and lists without ids', async () => {
     const sbx = await harness.sandbox();

@@ -34,6 +34,7 @@ describe.skipIf(skip !== undefined)('secretless egress through the SDK', () => {
         JSON.stringify({
           authorization: request.headers.authorization ?? null,
           team: request.headers['x-team'] ?? null,
+          ...(request.method === 'GET' ? {} : { method: request.method }),
         }),
       );
     });
@@ -125,5 +126,62 @@ describe.skipIf(skip !== undefined)('secretless egress through the SDK', () => {
     const denied = await curlIn(sandbox, `https://api.secret.test:${port}/`);
     expect(denied.stderr).toMatch(/403|CONNECT/);
     expect(denied.stdout).not.toContain('moat');
+  });
+
+  it('holds a GET-only rule, written as an SDK user writes it, with the credential on GETs alone', async () => {
+    // SDK 2.51 sends a rule's transform alone, whole: match and action go inside it (a cast,
+    // since the SDK's type names headers only).
+    const network = {
+      allowOut: ['api.secret.test'],
+      denyOut: ['0.0.0.0/0'],
+      rules: {
+        'api.secret.test': [
+          {
+            transform: {
+              match: { methods: ['GET', 'HEAD'], paths: ['/repos/acme/*'] },
+              action: 'allow',
+              headers: { Authorization: 'Bearer ${e2b.secrets.gh}' },
+            },
+          },
+          { transform: { action: 'deny' } },
+        ],
+      },
+    };
+    await Secret.update('gh', TOKEN);
+    const sandbox = await harness.sandbox({ network: network as never });
+    const read = await curlIn(sandbox, `https://api.secret.test:${port}/repos/acme/moat`);
+    expect(JSON.parse(read.stdout), read.stderr).toEqual({
+      authorization: `Bearer ${TOKEN}`,
+      team: null,
+    });
+    const push = await curlIn(
+      sandbox,
+      `https://api.secret.test:${port}/repos/acme/moat`,
+      "-X POST -d '{}' -w ' %{http_code}'",
+    );
+    expect(push.stdout).toBe(
+      '{"code":403,"message":"POST /repos/acme/moat to api.secret.test is denied by rule api.secret.test #2 of network.rules"} 403',
+    );
+    // Shown as stored: the rule as written, match and action included.
+    const shown = await harness.api.call('GET', `/sandboxes/${sandbox.sandboxId}`);
+    expect((shown.body as { network: { rules: unknown } }).network.rules).toEqual(network.rules);
+    const elsewhere = await curlIn(
+      sandbox,
+      `https://api.secret.test:${port}/user`,
+      "-w ' %{http_code}'",
+    );
+    expect(elsewhere.stdout).toMatch(/ 403$/);
+
+    // Beside transform, as Moat's own form writes it, the SDK drops match and action and sends
+    // {}: refused, never taken as a rule that does nothing.
+    await expect(
+      harness.sandbox({
+        network: {
+          allowOut: ['api.secret.test'],
+          denyOut: ['0.0.0.0/0'],
+          rules: { 'api.secret.test': [{ match: { methods: ['GET'] }, action: 'allow' }] },
+        } as never,
+      }),
+    ).rejects.toThrow(/rule 0 is empty.*write match and action inside transform/);
   });
 });

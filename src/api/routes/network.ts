@@ -38,20 +38,41 @@ export const bandwidthSchema = bodyObject(
   [],
 );
 
+/**
+ * `match` and `action` of a rule (a Moat extension), beside its transform or inside it (the
+ * form E2B SDK 2.51 sends on). Their contents are checked by the policy parser, whose messages
+ * name the rule.
+ */
+const requestAccess = {
+  match: {
+    type: 'object',
+    description:
+      'Moat extension: { "methods": ["GET", ...], "paths": ["/repos/acme/*", ...] }; the rule applies to requests that fit',
+  },
+  action: {
+    type: 'string',
+    description: 'Moat extension: "allow" or "deny"; the first fitting rule with an action decides',
+  },
+} as const;
+
 /** E2B's `network.rules`; keys, headers and values are checked by the policy parser. */
 export const networkRulesSchema = {
   type: 'object',
   maxProperties: MAX_RULE_KEYS,
   description:
-    'Headers Moat sets on intercepted HTTPS requests to a destination: { "<name or *.name>": [ { "transform": { "headers": { "<Name>": "<value, may hold ${e2b.secrets.<name>}>" } } } ] }. Rules grant no access: allowOut decides',
+    'Headers Moat sets on intercepted HTTPS requests to a destination: { "<name or *.name>": [ { "transform": { "headers": { "<Name>": "<value, may hold ${e2b.secrets.<name>}>" } } } ] }, and (a Moat extension) which methods and paths may be sent. Rules grant no access: allowOut decides',
   additionalProperties: {
     type: 'array',
     items: bodyObject(
       {
         transform: bodyObject(
-          { headers: { type: 'object', additionalProperties: { type: 'string' } } },
+          {
+            headers: { type: 'object', additionalProperties: { type: 'string' } },
+            ...requestAccess,
+          },
           [],
         ),
+        ...requestAccess,
       },
       [],
     ),

@@ -147,7 +147,7 @@ describe('moat check', () => {
     expect(r.code).toBe(1);
     const lines = r.stdout.trim().split('\n');
     expect(lines[0]).toMatch(
-      /^ALLOW api\.github\.com:443 GET \/repos\/acme\/x +\[rules api\.github\.com #1\] +GET \/repos\/acme\/x is allowed by rule api\.github\.com #1 of network\.rules/,
+      /^ALLOW api\.github\.com:443 GET \/repos\/acme\/x +\[rules api\.github\.com #1\] +GET \/repos\/acme\/x to api\.github\.com is allowed by rule api\.github\.com #1 of network\.rules/,
     );
     expect(lines[1]).toMatch(
       /^DENY +api\.github\.com:443 POST \/repos\/acme\/x +\[rules api\.github\.com #2\]/,

@@ -14,9 +14,8 @@ import {
   type NetworkRules,
   type Policy,
   parseDestination,
-  decideRequest,
+  requestDecision,
   requestPath,
-  requestRuleLabel,
 } from '../policy/index.js';
 import { type CliIO, configFlags, configFrom, EXIT, parseOptions, UsageError } from './io.js';
 import { warnUnknownEnvironment } from './unknown-environment.js';
@@ -131,23 +130,9 @@ function withRules(
   const intercepted = { ...verdict, ruleKey: rules.ruleKey };
   if (request === undefined || !rules.decidesRequests) return intercepted;
   const { method, target } = request;
+  const decision = requestDecision(rules, host, method, target, verdict.decision as Decision);
   const path = requestPath(target);
-  const decided = decideRequest(rules.rules, rules.matchesPaths, method, target);
   const shown = `${method} ${path}`;
-  const decision: CheckDecision =
-    decided.verdict === 'invalid'
-      ? { verdict: 'deny', list: 'invalid', rule: rules.ruleKey, reason: decided.problem }
-      : decided.rule === undefined
-        ? {
-            ...verdict.decision,
-            reason: `${verdict.decision.reason}; no rule of ${rules.ruleKey} decides ${shown}`,
-          }
-        : {
-            verdict: decided.verdict,
-            list: 'rules',
-            rule: requestRuleLabel(rules.ruleKey, decided.rule),
-            reason: `${shown} is ${decided.verdict === 'allow' ? 'allowed' : 'denied'} by rule ${requestRuleLabel(rules.ruleKey, decided.rule)} of network.rules`,
-          };
   return {
     ...intercepted,
     canonical: `${verdict.canonical} ${shown}`,
@@ -371,7 +356,7 @@ async function replayCommand(
     const label = change.change === 'newly-denied' ? 'NEWLY DENIED ' : 'NEWLY ALLOWED';
     const rule = (list: string, r: string | null) => `[${list}${r === null ? '' : ` ${r}`}]`;
     io.stdout.write(
-      `${label}  ${shownDestination(change.destination)}  (${change.flows} flow${change.flows === 1 ? '' : 's'}, ${change.sandboxes.length} sandbox${change.sandboxes.length === 1 ? '' : 'es'})  was ${rule(was.list, was.rule)}  now ${rule(now.list, now.rule)}  ${now.reason}\n`,
+      `${label}  ${shownDestination(change.destination)}${change.request === undefined ? '' : ` ${change.request.method} ${change.request.path}`}  (${change.flows} flow${change.flows === 1 ? '' : 's'}, ${change.sandboxes.length} sandbox${change.sandboxes.length === 1 ? '' : 'es'})  was ${rule(was.list, was.rule)}  now ${rule(now.list, now.rule)}  ${now.reason}\n`,
     );
   }
   const count = (change: string) =>

@@ -10,10 +10,12 @@ import {
   canonicalName,
   type Decision,
   decide,
+  destinationRulesFor,
   type IPAddress,
   type LearnedAddresses,
   type Policy,
   parseIP,
+  requestDecision,
 } from '../policy/index.js';
 
 /** The fields of a flow record (its JSON view) that replay reads. */
@@ -29,6 +31,8 @@ export interface RecordedDecision {
   readonly rule: string | null;
   /** When it was decided (ms since the epoch), where the record says. */
   readonly time: number | null;
+  /** The request a destination's rules decided (a refused request's record). */
+  readonly request?: { readonly method: string; readonly path: string };
 }
 
 export type Change = 'newly-denied' | 'newly-allowed';
@@ -36,6 +40,8 @@ export type Change = 'newly-denied' | 'newly-allowed';
 export interface ReplayChange {
   readonly change: Change;
   readonly destination: RecordedDecision['destination'];
+  /** The request, for a change in how a destination's rules decide one. */
+  readonly request?: RecordedDecision['request'];
   /** How many recorded decisions this destination had, and in which sandboxes. */
   readonly flows: number;
   readonly sandboxes: readonly string[];
@@ -89,7 +95,17 @@ export function readRecord(value: unknown): RecordedDecision | undefined | strin
       address: destination.address as string | null,
       port: destination.port as number | null,
     },
+    ...requestOf(record.request),
   };
+}
+
+/** A record's `request`, where it is one. */
+function requestOf(request: unknown): { request?: RecordedDecision['request'] } {
+  if (typeof request !== 'object' || request === null) return {};
+  const { method, path } = request as Record<string, unknown>;
+  return typeof method === 'string' && typeof path === 'string'
+    ? { request: { method, path } }
+    : {};
 }
 
 /** Address -> the names records show it was given for, per sandbox. */
@@ -138,22 +154,38 @@ export function replay(records: readonly RecordedDecision[], policy: Policy): Re
       notReplayable++;
       continue;
     }
-    const now = decide(
+    const connection = decide(
       policy,
       { host: host?.value, ip: ip?.value, port: port ?? undefined },
       host === undefined ? learned.get(record.sandboxID) : undefined,
     );
+    // A request the destination's rules decided is decided again by them where they still do.
+    const rules =
+      record.request !== undefined && host?.ok === true && connection.verdict === 'allow'
+        ? destinationRulesFor(policy, host.value)
+        : undefined;
+    const now =
+      rules?.decidesRequests === true
+        ? requestDecision(
+            rules,
+            host!.value!,
+            record.request!.method,
+            record.request!.path,
+            connection,
+          )
+        : connection;
     if (now.verdict === record.verdict) {
       unchanged++;
       continue;
     }
     const change: Change = now.verdict === 'deny' ? 'newly-denied' : 'newly-allowed';
-    const key = JSON.stringify([change, name, address, port]);
+    const key = JSON.stringify([change, name, address, port, record.request]);
     const seen = changes.get(key);
     if (seen === undefined) {
       changes.set(key, {
         change,
         destination: { name, address, port },
+        ...(record.request === undefined ? {} : { request: record.request }),
         flows: 1,
         sandboxes: [record.sandboxID],
         was: { list: record.list, rule: record.rule },

@@ -67,14 +67,17 @@ export {
 } from './rules.js';
 export {
   decideRequest,
+  describeRequestDecision,
   destinationRules,
   headerRules,
   MAX_MATCH_METHODS,
   MAX_MATCH_PATHS,
   MAX_PATH_PATTERN_LENGTH,
   MAX_RULES_PER_KEY,
+  MAX_SHOWN_PATH,
   pathProblem,
   type RequestDecision,
+  requestDecision,
   requestPath,
   requestRuleLabel,
 } from './request-rules.js';

@@ -11,6 +11,7 @@
  * backslashes, path parameters, escapes of characters that need none) is refused instead, so
  * what Moat decided is what the origin reads.
  */
+import type { Decision } from './policy.js';
 import type {
   DestinationRules,
   HeaderRule,
@@ -216,6 +217,56 @@ export const parseRequestAction = (written: unknown): RequestAction | { problem:
 /** How a decision, a flow record and `moat check` name a rule: `api.github.com #2`. */
 export const requestRuleLabel = (ruleKey: string, rule: RequestRule): string =>
   `${ruleKey} #${rule.number}`;
+
+/** The longest path a decision's reason (and a flow record) repeats. */
+export const MAX_SHOWN_PATH = 512;
+
+/**
+ * A request's decision as every door, `moat check` and replay state it: by the rule that
+ * decided it, or (no action decided) its connection's decision `connection`.
+ */
+export function describeRequestDecision(
+  rules: DestinationRules,
+  host: string,
+  method: string,
+  target: string,
+  decided: RequestDecision,
+  connection: Decision,
+): Decision {
+  const request = `${method} ${requestPath(target).slice(0, MAX_SHOWN_PATH)} to ${host}`;
+  if (decided.verdict === 'invalid')
+    return {
+      verdict: 'deny',
+      list: 'invalid',
+      rule: rules.ruleKey,
+      reason: `${request}: ${decided.problem}; the rules of ${rules.ruleKey} match paths, so a path must be one every origin reads alike`,
+    };
+  if (decided.rule === undefined) return connection;
+  const label = requestRuleLabel(rules.ruleKey, decided.rule);
+  return {
+    verdict: decided.verdict,
+    list: 'rules',
+    rule: label,
+    reason: `${request} is ${decided.verdict === 'allow' ? 'allowed' : 'denied'} by rule ${label} of network.rules`,
+  };
+}
+
+/** `describeRequestDecision` of the request decided now. */
+export const requestDecision = (
+  rules: DestinationRules,
+  host: string,
+  method: string,
+  target: string,
+  connection: Decision,
+): Decision =>
+  describeRequestDecision(
+    rules,
+    host,
+    method,
+    target,
+    decideRequest(rules.rules, rules.matchesPaths, method, target),
+    connection,
+  );
 
 /** A destination's rules, with what is derived from them. */
 export function destinationRules(ruleKey: string, rules: readonly RequestRule[]): DestinationRules {

@@ -10,11 +10,12 @@ import {
   type Decision,
   formatDestination,
   decideRequest,
+  describeRequestDecision,
   type DestinationRules,
   type HeaderRule,
   identityPlaceholder,
+  MAX_SHOWN_PATH,
   requestPath,
-  requestRuleLabel,
   secretPlaceholder,
 } from '../policy/index.js';
 import { ArrivingBytes } from '../net/index.js';
@@ -60,14 +61,14 @@ const RESERVED_FIELDS = new Set(['host', 'content-length', 'transfer-encoding'])
 /** What a header value may hold (as the HTTP/1 parser accepts): no CR, LF, NUL or controls. */
 const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 
-/** The longest path a refused request's record and answer repeat. */
-const MAX_RECORDED_PATH = 512;
+/** Never read: a refused request was decided by a rule, or refused as invalid. */
+const NO_DECISION: Decision = { verdict: 'deny', list: 'invalid', rule: null, reason: '' };
 
 /** A request its destination's rules refused: 403 by a rule, 400 for a path origins differ on. */
 export interface RequestRefusal {
   readonly ok: false;
   readonly status: 400 | 403;
-  readonly decision: Decision & { readonly verdict: 'deny' };
+  readonly decision: Decision;
 }
 
 /** A refusal for breaking a protocol check (recorded as a denial by the `invalid` list). */
@@ -219,30 +220,20 @@ export class Interceptor {
   ): { ok: true; headers: readonly HeaderRule[] } | RequestRefusal {
     const decided = decideRequest(rules.rules, rules.matchesPaths, method, requestTarget);
     if (decided.verdict === 'allow') return { ok: true, headers: decided.headers };
-    const path = requestPath(requestTarget).slice(0, MAX_RECORDED_PATH);
-    const request = `${method} ${path}`;
-    const refusal: RequestRefusal =
-      decided.verdict === 'deny'
-        ? {
-            ok: false,
-            status: 403,
-            decision: {
-              verdict: 'deny',
-              list: 'rules',
-              rule: requestRuleLabel(rules.ruleKey, decided.rule),
-              reason: `${request} to ${target.host} is denied by rule ${requestRuleLabel(rules.ruleKey, decided.rule)} of network.rules`,
-            },
-          }
-        : {
-            ok: false,
-            status: 400,
-            decision: {
-              verdict: 'deny',
-              list: 'invalid',
-              rule: rules.ruleKey,
-              reason: `${request} to ${target.host}: ${decided.problem}; the rules of ${rules.ruleKey} match paths, so a path must be one every origin reads alike`,
-            },
-          };
+    const decision = describeRequestDecision(
+      rules,
+      target.host ?? formatDestination(target),
+      method,
+      requestTarget,
+      decided,
+      NO_DECISION,
+    );
+    const refusal: RequestRefusal = {
+      ok: false,
+      status: decided.verdict === 'deny' ? 403 : 400,
+      decision,
+    };
+    const path = requestPath(requestTarget).slice(0, MAX_SHOWN_PATH);
     this.options.flows.decided(
       { ...flowAsk('http', sandbox, target, protocol), request: { method, path } },
       refusal.decision,

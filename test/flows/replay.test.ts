@@ -11,7 +11,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { scratchMoatFlags } from '../../bench/lib/scratch.js';
 import { type RunningMoat, startMoat } from '../../src/app/index.js';
-import { type RecordedDecision, replay } from '../../src/cli/replay.js';
+import { type RecordedDecision, readRecord, replay } from '../../src/cli/replay.js';
 import { loadConfig } from '../../src/config.js';
 import {
   compileInternalDenyList,
@@ -111,6 +111,39 @@ describe('replay', () => {
       ['newly-allowed', '198.51.100.1', 22],
     ]);
     expect(result.unchanged).toBe(1);
+  });
+
+  it('decides a refused request again by the rules of its destination', () => {
+    const refused: RecordedDecision = {
+      ...record('api.example.com', null, 443, 'deny', 'rules', 'api.example.com #2'),
+      request: { method: 'POST', path: '/repos/acme/x' },
+    };
+    const rules = (methods: string[]) =>
+      policy({
+        allowOut: ['api.example.com'],
+        denyOut: ['0.0.0.0/0'],
+        rules: {
+          'api.example.com': [{ match: { methods }, action: 'allow' }, { action: 'deny' }],
+        },
+      });
+    expect(replay([refused], rules(['GET'])).unchanged).toBe(1);
+    const looser = replay([refused], rules(['GET', 'POST']));
+    expect(looser.changes).toMatchObject([
+      {
+        change: 'newly-allowed',
+        request: { method: 'POST', path: '/repos/acme/x' },
+        now: { list: 'rules', rule: 'api.example.com #1' },
+      },
+    ]);
+    // Without rules the request rides on its connection, which allowOut allows.
+    expect(replay([refused], tight).changes).toMatchObject([
+      { change: 'newly-allowed', now: { list: 'allowOut' } },
+    ]);
+    expect(
+      readRecord({ ...refused, event: 'decision', time: '2026-12-07T00:00:00Z' }),
+    ).toMatchObject({
+      request: { method: 'POST', path: '/repos/acme/x' },
+    });
   });
 
   it('does not replay what no policy decides: host protection, invalid requests, nothing named', () => {

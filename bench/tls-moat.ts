@@ -10,7 +10,7 @@
  * it is built; intercepted flows are handed to Node). Every name resolves to the origin's address (no DNS is asked).
  *
  * argv: <CA certificate file> <CA key file> <origin CA file> <origin port> <rounds>
- * <mint names per round> <lifetime seconds>. Tells the parent `{ ready: { port, io } }`; answers
+ * <mint names per round> <lifetime seconds> <request rules: on|off>. Tells the parent `{ ready: { port, io } }`; answers
  * `leaves` (minted, cache hits, held); exits when the parent disconnects, on SIGTERM/SIGINT,
  * or after the lifetime.
  */
@@ -18,7 +18,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { MoatCa } from '../src/intercept-ca/index.js';
-import { type DestinationRules, headerRules } from '../src/policy/index.js';
+import { type DestinationRules, parseNetworkConfig } from '../src/policy/index.js';
 import { nativeTcpUnavailable } from '../src/proxy/native-tcp.js';
 import { startInterceptingProxy } from './lib/intercepting-proxy.js';
 import {
@@ -44,11 +44,33 @@ const [
   roundsText = '',
   perRoundText = '',
   lifetime = '900',
+  requestRules = 'off',
 ] = process.argv.slice(2);
 
-const RULE: DestinationRules = headerRules(`*${BUMP_SUFFIX}`, [
-  { name: INJECTED_HEADER, value: [{ literal: INJECTED_PREFIX }, { secret: 'token' }] },
-]);
+const HEADERS = { [INJECTED_HEADER]: `${INJECTED_PREFIX}\${e2b.secrets.token}` };
+
+/**
+ * The intercepted names' rule as a configuration writes it: headers on every request, or (with
+ * --request-rules) on GETs and HEADs of any path, every other request denied.
+ */
+function bumpRule(): DestinationRules {
+  const rules =
+    requestRules === 'on'
+      ? [
+          {
+            match: { methods: ['GET', 'HEAD'], paths: ['/*'] },
+            action: 'allow',
+            transform: { headers: HEADERS },
+          },
+          { action: 'deny' },
+        ]
+      : [{ transform: { headers: HEADERS } }];
+  const parsed = parseNetworkConfig({ rules: { [`*${BUMP_SUFFIX}`]: rules } });
+  if (!parsed.ok) throw new Error(JSON.stringify(parsed.errors));
+  return parsed.value.transforms[0]!;
+}
+
+const RULE = bumpRule();
 
 async function main(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), 'moat-bench-tls-ca-'));

@@ -116,6 +116,7 @@ interface Options {
   readonly keep: boolean;
   readonly strict: boolean;
   readonly profile: boolean;
+  readonly requestRules: boolean;
 }
 
 const SUMMARY = `TLS interception, Moat against squid with ssl_bump, with the same loopback HTTPS origin and
@@ -139,6 +140,9 @@ const OPTIONS = {
   strict: flag('exit 1 when a target fails'),
   keep: flag('keep the scratch folder with logs'),
   profile: flag('run Moat under node --cpu-prof and summarise it at the end (implies --keep)'),
+  'request-rules': flag(
+    "give Moat's intercepted names method and path rules (GET and HEAD of /* allowed, the rest denied): what deciding each request costs is the ratio to a run without",
+  ),
 };
 
 function parseOptions(): Options {
@@ -155,6 +159,7 @@ function parseOptions(): Options {
     keep: values.keep || values.profile,
     strict: values.strict,
     profile: values.profile,
+    requestRules: values['request-rules'],
   };
 }
 
@@ -428,6 +433,7 @@ async function measureAll(
           String(rounds),
           String(options.mintNames),
           String(lifetime),
+          options.requestRules ? 'on' : 'off',
         ],
         options.profile ? ['--cpu-prof', '--cpu-prof-dir', profileDir] : [],
         join(dir, 'moat.log'),

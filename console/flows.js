@@ -10,8 +10,11 @@ export const MAX_ROWS = 1000;
 
 const text = (value) => (typeof value === 'string' ? value : value == null ? '' : String(value));
 
-/** `name:port` as asked, the dialled address after it when it differs. */
-function destinationCell(destination) {
+/**
+ * `name:port` as asked, the dialled address after it when it differs, and the method and path
+ * of a request a destination's rules decided.
+ */
+function destinationCell(destination, request) {
   const d = destination ?? {};
   const port = d.port == null ? '' : `:${d.port}`;
   const asked = d.name ?? d.address ?? '?';
@@ -19,6 +22,10 @@ function destinationCell(destination) {
   cell.append(el('span', { class: 'dest-name' }, `${text(asked)}${port}`));
   if (d.name != null && d.address != null)
     cell.append(el('span', { class: 'dest-address' }, text(d.address)));
+  if (request != null)
+    cell.append(
+      el('span', { class: 'dest-request' }, `${text(request.method)} ${text(request.path)}`),
+    );
   cell.append(el('span', { class: 'dest-protocol' }, text(d.protocol)));
   return cell;
 }
@@ -54,7 +61,7 @@ function cells(record, onSandbox) {
         ? el('span', { class: 'kind-close muted' }, ' close')
         : null,
     ),
-    destinationCell(record.destination),
+    destinationCell(record.destination, record.request),
     el('td', {}, el('span', { class: `verdict ${deny ? 'deny' : 'allow'}` }, text(record.verdict))),
     el(
       'td',

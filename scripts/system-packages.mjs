@@ -8,11 +8,12 @@
  * test drives, only with `--browser`; podman, runc and containernetworking-plugins, the runtime
  * the CNI plugin's test drives (test/cni/podman.test.ts), only with `--cni`; qemu-system-x86, the
  * VM test's guest (test/netns/vm.test.ts), only with `--vm`; busybox-static, the image of the one
- * and the initramfs of the other, with either. Without the first, Moat refuses sandboxes (unless
+ * and the initramfs of the other, with either; dropbear-bin, the SSH server git clones from in
+ * the ports test, only with `--ssh`. Without the first, Moat refuses sandboxes (unless
  * started with --unconfined-sandboxes); without iproute2 and nftables it enforces through the
  * proxy only; it says so at start-up. This script says why it did not install.
  * Run by `npm start` (prestart), the test suite's global set-up, the benchmarks that need a peer,
- * the console's browser test, the Podman test and the VM test.
+ * the console's browser test, the Podman test, the VM test and the ports test.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -77,6 +78,12 @@ const PACKAGES = [
     present: () => existsSync('/usr/bin/qemu-system-x86_64'),
     for: "the VM test's guest",
     only: '--vm',
+  },
+  {
+    name: 'dropbear-bin',
+    present: () => existsSync('/usr/sbin/dropbear'),
+    for: 'the SSH server of the git over SSH test (test/netns/ports.test.ts)',
+    only: '--ssh',
   },
   {
     name: 'busybox-static',

@@ -33,12 +33,14 @@ export {
   type Decision,
   type DecisionList,
   decide,
+  describeRequestDecision,
   destinationRulesFor,
   type InternalDenyList,
   type LearnedAddresses,
   matchName,
   type Policy,
   portScopedIPv4,
+  requestDecision,
 } from './policy.js';
 export { formatPorts, type PortRange } from './ports.js';
 export type { Preset, PresetTable } from './preset-types.js';
@@ -67,17 +69,17 @@ export {
 } from './rules.js';
 export {
   decideRequest,
-  describeRequestDecision,
   destinationRules,
   headerRules,
   MAX_MATCH_METHODS,
   MAX_MATCH_PATHS,
   MAX_PATH_PATTERN_LENGTH,
   MAX_RULES_PER_KEY,
+  MAX_SHOWN_METHOD,
   MAX_SHOWN_PATH,
+  METHOD_OVERRIDE_HEADERS,
   pathProblem,
   type RequestDecision,
-  requestDecision,
   requestPath,
   requestRuleLabel,
 } from './request-rules.js';

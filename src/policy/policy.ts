@@ -13,6 +13,14 @@ import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NameRule, type NetworkRules, type Rule, ruleLabel } from './rules.js';
 import { mergePorts, type PortRange } from './ports.js';
 import { AddressPortRules, NameRules, type PortQuestion } from './scoped-rules.js';
+import {
+  decideRequest,
+  MAX_SHOWN_METHOD,
+  MAX_SHOWN_PATH,
+  type RequestDecision,
+  requestPath,
+  requestRuleLabel,
+} from './request-rules.js';
 import type { DestinationRules } from './transform-types.js';
 
 export type DecisionList =
@@ -285,6 +293,10 @@ export function allowedPorts(
 ): PortRange[] | undefined {
   const ranges: PortRange[] = [];
   for (const name of names) {
+    // A name whose rules decide each request is reached through Moat, by name, only: its
+    // addresses open no port in the firewall (its web ports still reach the transparent
+    // listener, which reads the name).
+    if (policy.transforms.lookup(name)?.decidesRequests === true) continue;
     const ports = policy.allowNames.portsOf(name);
     if (ports === undefined) return undefined;
     ranges.push(...ports);
@@ -358,8 +370,14 @@ export function decide(
   // (a CDN address shared with an allowed name must not open other names).
   if (learned !== undefined && host === undefined) {
     // Checked again against this policy so that a stale learned entry cannot open anything.
+    let decidedByRules: CanonicalName | undefined;
     for (const name of learned.names(ip)) {
       if (policy.allowNames.lookup(name, allowPort) === undefined) continue;
+      // A bare address would carry requests past the name's method and path rules.
+      if (policy.transforms.lookup(name)?.decidesRequests === true) {
+        decidedByRules ??= name;
+        continue;
+      }
       return decision(
         'allow',
         'learned',
@@ -367,6 +385,13 @@ export function decide(
         `the address was given to this sandbox by DNS for the allowed name ${name}`,
       );
     }
+    if (decidedByRules !== undefined)
+      return decision(
+        'deny',
+        'rules',
+        decidedByRules,
+        `the address was given to this sandbox by DNS for ${decidedByRules}, whose network.rules decide each request by method and path: connect to ${decidedByRules} by name`,
+      );
   }
   if (host !== undefined) {
     const deniedName = policy.denyNames.lookup(host, denyPort);
@@ -380,3 +405,50 @@ export function decide(
   }
   return ALLOW_DEFAULT;
 }
+
+/**
+ * A request's decision as every door, `moat check` and replay state it: by the rule that
+ * decided it, or (no action decided) its connection's decision `connection`.
+ */
+export function describeRequestDecision(
+  rules: DestinationRules,
+  host: string,
+  method: string,
+  target: string,
+  decided: RequestDecision,
+  connection: Decision,
+): Decision {
+  const request = `${method.slice(0, MAX_SHOWN_METHOD)} ${requestPath(target).slice(0, MAX_SHOWN_PATH)} to ${host}`;
+  if (decided.verdict === 'invalid')
+    return {
+      verdict: 'deny',
+      list: 'invalid',
+      rule: rules.ruleKey,
+      reason: `${request}: ${decided.problem}; the rules of ${rules.ruleKey} match paths, so a path must be one every origin reads alike`,
+    };
+  if (decided.rule === undefined) return connection;
+  const label = requestRuleLabel(rules.ruleKey, decided.rule);
+  return {
+    verdict: decided.verdict,
+    list: 'rules',
+    rule: label,
+    reason: `${request} is ${decided.verdict === 'allow' ? 'allowed' : 'denied'} by rule ${label} of network.rules`,
+  };
+}
+
+/** `describeRequestDecision` of the request decided now. */
+export const requestDecision = (
+  rules: DestinationRules,
+  host: string,
+  method: string,
+  target: string,
+  connection: Decision,
+): Decision =>
+  describeRequestDecision(
+    rules,
+    host,
+    method,
+    target,
+    decideRequest(rules, method, target),
+    connection,
+  );

@@ -11,7 +11,6 @@
  * backslashes, path parameters, escapes of characters that need none) is refused instead, so
  * what Moat decided is what the origin reads.
  */
-import type { Decision } from './policy.js';
 import type {
   DestinationRules,
   HeaderRule,
@@ -36,6 +35,13 @@ const PATH_CHARACTER = /[A-Za-z0-9\-._~!$&'()*+,=:@/]/;
 /** Escapes of these name a character that needs none, or one an origin may read as structure. */
 const UNRESERVED = /[A-Za-z0-9\-._~]/;
 const STRUCTURAL_ESCAPES = new Set(['%2F', '%5C', '%3B', '%25', '%00']);
+const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true });
+/** Headers some origins (Google's APIs, frameworks' middleware) take as the request's method. */
+export const METHOD_OVERRIDE_HEADERS = [
+  'x-http-method-override',
+  'x-http-method',
+  'x-method-override',
+];
 
 /**
  * Why `path` (a request target's path, without its query) is not one every origin reads alike;
@@ -49,8 +55,22 @@ export function pathProblem(path: string): string | undefined {
       const escape = path.slice(at, at + 3).toUpperCase();
       if (!/^%[0-9A-F]{2}$/.test(escape)) return `"%" at character ${at + 1} begins no escape`;
       const byte = Number.parseInt(escape.slice(1), 16);
-      if (byte < 0x80 && UNRESERVED.test(String.fromCharCode(byte)))
-        return `${escape} at character ${at + 1} escapes "${String.fromCharCode(byte)}", which is sent as it is`;
+      if (byte >= 0x80) {
+        // A run of escaped bytes must be UTF-8 in its shortest form: an overlong "." or "/"
+        // is one some decoders still read as that character.
+        const run = /^(?:%[89A-Fa-f][0-9A-Fa-f])+/.exec(path.slice(at))![0];
+        const bytes = Uint8Array.from(run.match(/%../g)!, (e) => Number.parseInt(e.slice(1), 16));
+        try {
+          STRICT_UTF8.decode(bytes);
+        } catch {
+          return `the escapes at character ${at + 1} are not UTF-8 in its shortest form`;
+        }
+        at += run.length - 1;
+        continue;
+      }
+      const character = String.fromCharCode(byte);
+      if (UNRESERVED.test(character) || PATH_CHARACTER.test(character))
+        return `${escape} at character ${at + 1} escapes "${character}", which is sent as it is`;
       if (STRUCTURAL_ESCAPES.has(escape) || byte < 0x20 || byte === 0x7f)
         return `${escape} at character ${at + 1} escapes a character origins differ on (a separator, "%", or a control character)`;
       at += 2;
@@ -97,17 +117,25 @@ export const requestPath = (target: string): string => {
 };
 
 /**
- * Whether a rule's match fits a request. Methods compare exactly (HTTP methods are
- * case-sensitive); paths compare without regard to ASCII case, so that `/Admin` cannot pass a
- * rule written `/admin/*` for an origin that folds case.
+ * Whether a rule's match fits a request. Methods compare exactly (a rule naming GET fits HEAD
+ * too: origins route HEAD to GET's handler); paths compare exactly for a rule that allows or
+ * sets headers, and without regard to ASCII case for one that denies, so that `/Admin` cannot
+ * pass a deny written for `/admin/*` at an origin that folds case, nor a credential scoped to
+ * `/t/abc/*` go to `/T/ABC` at one that does not.
  */
-function fits(match: RequestMatch | undefined, method: string, lowerPath: string): boolean {
+function fits(rule: RequestRule, method: string, path: string, lowerPath: string): boolean {
+  const { match } = rule;
   if (match === undefined) return true;
-  if (match.methods !== undefined && !match.methods.includes(method)) return false;
-  return (
-    match.paths === undefined ||
-    match.paths.some((pattern) => globMatches(pattern.toLowerCase(), lowerPath))
-  );
+  if (
+    match.methods !== undefined &&
+    !match.methods.includes(method) &&
+    !(method === 'HEAD' && match.methods.includes('GET'))
+  )
+    return false;
+  if (match.paths === undefined) return true;
+  return rule.action === 'deny'
+    ? match.paths.some((pattern) => globMatches(pattern.toLowerCase(), lowerPath))
+    : match.paths.some((pattern) => globMatches(pattern, path));
 }
 
 export type RequestDecision =
@@ -124,16 +152,28 @@ export type RequestDecision =
 
 /**
  * Decides a request (`method` as sent, `target` its request target in origin or asterisk form)
- * by a destination's rules.
+ * by a destination's rules; `override` names a method-override header the request carries.
  */
 export function decideRequest(
-  rules: readonly RequestRule[],
-  matchesPaths: boolean,
+  rules: DestinationRules,
   method: string,
   target: string,
+  override?: string,
 ): RequestDecision {
   const path = requestPath(target);
-  if (matchesPaths) {
+  if (rules.matchesMethods) {
+    if (method !== method.toUpperCase())
+      return {
+        verdict: 'invalid',
+        problem: `method ${JSON.stringify(method)} is not upper case, and origins differ on whether it is ${method.toUpperCase()}`,
+      };
+    if (override !== undefined)
+      return {
+        verdict: 'invalid',
+        problem: `the request carries ${override}, which some origins take as its method`,
+      };
+  }
+  if (rules.matchesPaths) {
     if (target.includes('#'))
       return { verdict: 'invalid', problem: 'the request target holds "#"' };
     const problem = path === '*' ? undefined : pathProblem(path);
@@ -142,8 +182,8 @@ export function decideRequest(
   }
   const lowerPath = path.toLowerCase();
   const headers: HeaderRule[] = [];
-  for (const rule of rules) {
-    if (!fits(rule.match, method, lowerPath)) continue;
+  for (const rule of rules.rules) {
+    if (!fits(rule, method, path, lowerPath)) continue;
     if (rule.action === 'deny') return { verdict: 'deny', rule };
     headers.push(...rule.headers);
     if (rule.action === 'allow') return { verdict: 'allow', rule, headers };
@@ -218,55 +258,9 @@ export const parseRequestAction = (written: unknown): RequestAction | { problem:
 export const requestRuleLabel = (ruleKey: string, rule: RequestRule): string =>
   `${ruleKey} #${rule.number}`;
 
-/** The longest path a decision's reason (and a flow record) repeats. */
+/** The longest path, and method, a decision's reason (and a flow record) repeats. */
 export const MAX_SHOWN_PATH = 512;
-
-/**
- * A request's decision as every door, `moat check` and replay state it: by the rule that
- * decided it, or (no action decided) its connection's decision `connection`.
- */
-export function describeRequestDecision(
-  rules: DestinationRules,
-  host: string,
-  method: string,
-  target: string,
-  decided: RequestDecision,
-  connection: Decision,
-): Decision {
-  const request = `${method} ${requestPath(target).slice(0, MAX_SHOWN_PATH)} to ${host}`;
-  if (decided.verdict === 'invalid')
-    return {
-      verdict: 'deny',
-      list: 'invalid',
-      rule: rules.ruleKey,
-      reason: `${request}: ${decided.problem}; the rules of ${rules.ruleKey} match paths, so a path must be one every origin reads alike`,
-    };
-  if (decided.rule === undefined) return connection;
-  const label = requestRuleLabel(rules.ruleKey, decided.rule);
-  return {
-    verdict: decided.verdict,
-    list: 'rules',
-    rule: label,
-    reason: `${request} is ${decided.verdict === 'allow' ? 'allowed' : 'denied'} by rule ${label} of network.rules`,
-  };
-}
-
-/** `describeRequestDecision` of the request decided now. */
-export const requestDecision = (
-  rules: DestinationRules,
-  host: string,
-  method: string,
-  target: string,
-  connection: Decision,
-): Decision =>
-  describeRequestDecision(
-    rules,
-    host,
-    method,
-    target,
-    decideRequest(rules.rules, rules.matchesPaths, method, target),
-    connection,
-  );
+export const MAX_SHOWN_METHOD = 32;
 
 /** A destination's rules, with what is derived from them. */
 export function destinationRules(ruleKey: string, rules: readonly RequestRule[]): DestinationRules {
@@ -275,6 +269,7 @@ export function destinationRules(ruleKey: string, rules: readonly RequestRule[])
     rules,
     headers: rules.flatMap((rule) => rule.headers),
     matchesPaths: rules.some((rule) => rule.match?.paths !== undefined),
+    matchesMethods: rules.some((rule) => rule.match?.methods !== undefined),
     decidesRequests: rules.some((rule) => rule.match !== undefined || rule.action !== undefined),
   };
 }

@@ -40,6 +40,8 @@ export interface DestinationRules {
   readonly headers: readonly HeaderRule[];
   /** Some rule matches paths: a request's path must then be one every origin reads alike. */
   readonly matchesPaths: boolean;
+  /** Some rule matches methods: a request's method must then be upper case, and not overridden. */
+  readonly matchesMethods: boolean;
   /** Some rule has a match or an action: requests are decided one by one. */
   readonly decidesRequests: boolean;
 }

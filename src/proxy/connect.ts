@@ -30,7 +30,7 @@ import type { NativeClient, NativeTcp, NativeUpstream } from './native-tcp.js';
 import { looksLikeTls, readClientHello, startsLikeHttp, tlsRecordStart } from './peek.js';
 import { type Splice, type SpliceOptions, splice } from './splice.js';
 import { TlsHelloGuard } from './tls-guard.js';
-import { flowAsk, spliceTunnel } from './tunnels.js';
+import { flowAsk, spliceTunnel, unreadUnderRules } from './tunnels.js';
 
 const CONNECT_ESTABLISHED = 'HTTP/1.1 200 Connection Established\r\n\r\n';
 const CONNECT_ESTABLISHED_BYTES = Buffer.from(CONNECT_ESTABLISHED, 'latin1');
@@ -201,6 +201,10 @@ export class TunnelOpener {
     const rule = this.interceptor?.ruleFor(sandbox, target);
     if (rule !== undefined && client.socket !== undefined)
       return this.interceptTunnel(sandbox, target, plan, rule, client.socket, early, refuse);
+    // Rules that decide requests came while this client was handed to the native relay
+    // (which cannot intercept): the tunnel may not open unread.
+    const unread = rule === undefined ? undefined : unreadUnderRules(sandbox, target);
+    if (unread !== undefined) return refuse(denial(target, unread));
     const connected = await client.dial(this.options.dialer, sandbox, target, plan.addresses);
     if (!connected.ok) return refuse(connected);
     const upstream = connected.socket;

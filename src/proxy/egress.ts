@@ -467,24 +467,21 @@ export class EgressProxy implements RequestHandler {
     };
     const plan = await this.options.dialer.plan(sandbox, target);
     if (client.destroyed) return;
-    // A destination's rules decide each request by its method and path (and record a refusal).
-    const rules = plan.ok ? this.interceptor?.ruleFor(sandbox, target) : undefined;
-    if (rules?.decidesRequests === true && rules.headers.length === 0) {
-      const decided = this.interceptor!.decideRequest(
-        sandbox,
-        target,
-        rules,
-        head.method,
-        path,
-        'http',
-      );
-      if (!decided.ok) return answer(decided.status, decided.decision.reason, decided.decision);
-    }
-    // Plain HTTP to a destination with a header rule, or a request leaking a stored secret.
+    // Plain HTTP to a destination with a header rule, or a request leaking a stored secret:
+    // checked first, so that a refused request's record never repeats a secret it carried.
     const secretRefusal = plan.ok
       ? (this.interceptor?.plainRefusal(sandbox, target, true) ??
         (await this.interceptor?.leakRefusal(sandbox, target, head)))
       : undefined;
+    // A destination's rules decide each request by its method and path (and record a refusal).
+    const rules =
+      plan.ok && secretRefusal === undefined
+        ? this.interceptor?.ruleFor(sandbox, target)
+        : undefined;
+    if (rules?.decidesRequests === true && !client.destroyed) {
+      const decided = this.interceptor!.decideRequest(sandbox, target, rules, head, path, 'http');
+      if (!decided.ok) return answer(decided.status, decided.decision.reason, decided.decision);
+    }
     if (client.destroyed) return;
     if (!plan.ok || !this.options.table.holds(sandbox) || secretRefusal !== undefined) {
       return refuse(plan.ok ? (secretRefusal ?? removed(sandbox)) : plan);

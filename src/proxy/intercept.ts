@@ -14,7 +14,9 @@ import {
   type DestinationRules,
   type HeaderRule,
   identityPlaceholder,
+  MAX_SHOWN_METHOD,
   MAX_SHOWN_PATH,
+  METHOD_OVERRIDE_HEADERS,
   requestPath,
   secretPlaceholder,
 } from '../policy/index.js';
@@ -206,19 +208,23 @@ export class Interceptor {
   }
 
   /**
-   * A request (`method`, and `requestTarget` in origin form) decided by its destination's rules
-   * (`rules`, as current now): the headers to set when it may be sent; else the refusal,
-   * recorded as an `http` flow naming the method and path (never the query).
+   * A request (`head`, and `requestTarget`, its target in origin form) decided by its
+   * destination's rules (`rules`, as current now): the headers to set when it may be sent;
+   * else the refusal, recorded as an `http` flow naming the method and path (never the query).
    */
   decideRequest(
     sandbox: EnforcedSandbox,
     target: Target,
     rules: DestinationRules,
-    method: string,
+    head: RequestHead,
     requestTarget: string,
     protocol: 'http' | 'tls',
   ): { ok: true; headers: readonly HeaderRule[] } | RequestRefusal {
-    const decided = decideRequest(rules.rules, rules.matchesPaths, method, requestTarget);
+    const { method } = head;
+    const override = METHOD_OVERRIDE_HEADERS.find(
+      (name) => fieldValues(head.fields, name).length > 0,
+    );
+    const decided = decideRequest(rules, method, requestTarget, override);
     if (decided.verdict === 'allow') return { ok: true, headers: decided.headers };
     const decision = describeRequestDecision(
       rules,
@@ -235,7 +241,10 @@ export class Interceptor {
     };
     const path = requestPath(requestTarget).slice(0, MAX_SHOWN_PATH);
     this.options.flows.decided(
-      { ...flowAsk('http', sandbox, target, protocol), request: { method, path } },
+      {
+        ...flowAsk('http', sandbox, target, protocol),
+        request: { method: method.slice(0, MAX_SHOWN_METHOD), path },
+      },
       refusal.decision,
     );
     return refusal;
@@ -441,6 +450,19 @@ export class Interceptor {
     (this.counts[outcome] ??= metrics.hotCount(metrics.secretInjections, { outcome })).count++;
   }
 
+  /**
+   * The values of every header `rule` sets, to be redacted from answers; `sent` (those of the
+   * request's own headers) when the others cannot be had now.
+   */
+  async redactionsOf(
+    rule: DestinationRules,
+    sandboxID: string,
+    sent: readonly Redaction[],
+  ): Promise<readonly Redaction[]> {
+    const all = await this.substitute(rule, rule.headers, sandboxID);
+    return all.ok ? all.secrets : sent;
+  }
+
   /** A rule's headers with every secret's current value and identity token in place. */
   async substitute(
     rule: DestinationRules,
@@ -643,14 +665,7 @@ class InterceptedConnection implements RequestHandler {
         `${target.host} no longer has a header rule for this sandbox; reconnect`,
         false,
       );
-    const decided = interceptor.decideRequest(
-      sandbox,
-      target,
-      rule,
-      head.method,
-      head.target,
-      'tls',
-    );
+    const decided = interceptor.decideRequest(sandbox, target, rule, head, head.target, 'tls');
     if (!decided.ok)
       return connection.refuse(
         head,
@@ -677,6 +692,15 @@ class InterceptedConnection implements RequestHandler {
       return answer(502, substituted.message);
     }
     const names = substituted.fields.map((field) => field.name);
+    // Every value any of the destination's rules may send is redacted from every answer: an
+    // origin may echo one given to an earlier request into this one's.
+    const redactions =
+      options.redactSecretsInResponses !== true
+        ? []
+        : decided.headers.length === rule.headers.length
+          ? substituted.secrets
+          : await interceptor.redactionsOf(rule, sandbox.sandboxID, substituted.secrets);
+    if (connection.socket.destroyed) return;
     connection.exchange(
       new Exchange(
         interceptor.exchangeContext,
@@ -695,7 +719,7 @@ class InterceptedConnection implements RequestHandler {
                   ...substituted.fields.filter((f) => f.name.toLowerCase() !== 'accept-encoding'),
                   { name: 'Accept-Encoding', value: 'identity' },
                 ],
-                redactions: substituted.secrets,
+                redactions,
               }
             : { setFields: substituted.fields }),
           ...(upgrade === undefined ? {} : { webSocketAccept: upgrade.accept }),

@@ -1,7 +1,7 @@
 import type { EnforcedSandbox, EnforcementTable } from '../enforce/index.js';
 import type { FlowAsk, FlowKind, OpenFlow } from '../flows/index.js';
 import type { MoatMetrics } from '../metrics/index.js';
-import type { Decision } from '../policy/index.js';
+import { type Decision, destinationRulesFor } from '../policy/index.js';
 import type { Dialled, Target } from './dial.js';
 import type { Splice, SpliceOptions } from './splice.js';
 
@@ -10,8 +10,26 @@ export interface Tunnel {
   /** The sandbox record it was decided for (a paused and resumed sandbox is a new record). */
   readonly sandbox: EnforcedSandbox;
   readonly target: Dialled;
+  /** Bytes pass unread (a splice): no request in it is decided by itself. */
+  readonly opaque?: boolean;
   /** Closes both sides; `decision` says why when a policy change denied it. */
   close(decision?: Decision): void;
+}
+
+/**
+ * Why an unread tunnel to `target` may not stay open under `sandbox`'s policy now: its name's
+ * rules decide each request, which only a connection Moat reads can hold.
+ */
+export function unreadUnderRules(sandbox: EnforcedSandbox, target: Target): Decision | undefined {
+  if (target.host === undefined) return undefined;
+  const rules = destinationRulesFor(sandbox.policy, target.host);
+  if (rules?.decidesRequests !== true) return undefined;
+  return {
+    verdict: 'deny',
+    list: 'rules',
+    rule: rules.ruleKey,
+    reason: `${target.host} has rules (${rules.ruleKey}) that decide each request by method and path, which a tunnel Moat does not read cannot hold; reconnect`,
+  };
 }
 
 /**
@@ -96,6 +114,10 @@ export class TunnelRegistry {
       }
       const decision = this.check(sandbox, tunnel.target);
       if (decision.verdict === 'deny') tunnel.close(decision);
+      else if (tunnel.opaque === true) {
+        const unread = unreadUnderRules(sandbox, tunnel.target);
+        if (unread !== undefined) tunnel.close(unread);
+      }
     }
   }
 
@@ -155,6 +177,7 @@ export function spliceTunnel(
   remove = tunnels.add({
     sandbox,
     target,
+    opaque: true,
     close: (decision?: Decision) => {
       if (decision !== undefined) flow.refused(decision);
       spliced.close();

@@ -248,6 +248,16 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
       },
       { verdict: 'deny', list: 'denyOut', rule: HOSTILE_RULE, reason: `refused ${HOSTILE}` },
     );
+    // A request a destination's rules refused: its path is the sandbox's to write.
+    env.moat.flows.decided(
+      {
+        sandboxID: open.sandboxID,
+        kind: 'http',
+        destination: { name: 'rules.test', address: null, port: 443, protocol: 'tls' },
+        request: { method: 'POST', path: `/repos/${HOSTILE}` },
+      },
+      { verdict: 'deny', list: 'rules', rule: 'rules.test #2', reason: 'denied by rule' },
+    );
 
     page = await context.newPage();
     page.on('dialog', (dialog) => {
@@ -326,7 +336,8 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     await expect
       .poll(async () => (await rows()).every((r) => r.includes(open.sandboxID)))
       .toBe(true);
-    await expect.poll(async () => (await rows()).length).toBe(2);
+    // Its hostile-name record and its refused request (both made in beforeAll).
+    await expect.poll(async () => (await rows()).length).toBe(3);
     expect(await page.locator('#sandbox-detail h2').textContent()).toBe(open.sandboxID);
 
     // Clicking a sandbox in the list shows it: its panel, its policy, only its flows.
@@ -363,6 +374,10 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     await row.waitFor({ timeout: 10_000 });
     expect(await row.locator('.dest-name').textContent()).toBe(`${HOSTILE}:443`);
     expect(await row.locator('.rule code').textContent()).toBe(HOSTILE_RULE);
+    const request = page
+      .locator('#flow-body tr', { hasText: open.sandboxID })
+      .filter({ hasText: 'rules.test #2' });
+    expect(await request.locator('.dest-request').textContent()).toBe(`POST /repos/${HOSTILE}`);
     expect(await page.locator('img, script:not([src])').count()).toBe(0);
     expect(await page.locator('[onerror]').count()).toBe(0);
     expect(await page.evaluate<string>('typeof window.__pwned')).toBe('undefined');

@@ -2,17 +2,23 @@
  * Port-scoped rules and names in denyOut at the kernel and at DNS, as a sandbox meets them: each
  * sandbox in its own namespace (made by Moat), a "world" namespace with TCP echo on 7000 and UDP
  * echo on 7001 on every address. Programs in the sandbox ignore proxy variables (bash /dev/tcp,
- * python sockets): only the sandbox's firewall can hold them.
+ * python sockets): only the sandbox's firewall can hold them. And as a user would: git over SSH
+ * to a host allowed on port 22 (dropbear in the world), while port 80 of that host is refused.
  */
 import { CommandExitError, Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
+import { gitSshSkipReason, startGitSshOrigin } from '../support/git-ssh-origin.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { python } from '../support/sandbox-watch.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 const skip = namespaceSkipReason('test/netns/ports');
+/** The git over SSH case needs dropbear too (installed here where the machine allows). */
+const sshSkip = skip ?? gitSshSkipReason();
+if (sshSkip !== undefined && skip === undefined)
+  console.warn(`test/netns/ports: git over SSH skipped: ${sshSkip}`);
 
 const PREFIX = '198.18.41';
 const ORIGIN = `${PREFIX}.2`;
@@ -55,6 +61,7 @@ describe.skipIf(skip !== undefined)('ports at the kernel and at DNS', () => {
     ['db.test', { A: [ORIGIN], ttl: 300 }],
     ['evil.test', { A: [ORIGIN], ttl: 300 }],
     ['smtp.test', { A: [ORIGIN], ttl: 300 }],
+    ['git.test', { A: [ORIGIN], ttl: 300 }],
   ]);
 
   beforeAll(async () => {
@@ -151,4 +158,39 @@ describe.skipIf(skip !== undefined)('ports at the kernel and at DNS', () => {
       await sandbox.kill();
     }
   });
+
+  it.skipIf(sshSkip !== undefined)(
+    'clones with git over SSH from an allowed host:22, while port 80 of that host is refused',
+    async () => {
+      const origin = await startGitSshOrigin(world.namespace, ORIGIN);
+      const sandbox = await sandboxWith({ allowOut: ['git.test:22'], denyOut: ['0.0.0.0/0'] });
+      try {
+        await sandbox.files.write('/home/user/.ssh/id_ed25519', origin.privateKey);
+        const ssh =
+          'ssh -i ~/.ssh/id_ed25519 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR';
+        expect(
+          await run(
+            sandbox,
+            `chmod 600 ~/.ssh/id_ed25519 && GIT_SSH_COMMAND='${ssh}' git clone -q ssh://root@git.test${origin.repository} repo && cat repo/README`,
+          ),
+        ).toBe(`${origin.readme}\n`);
+        // Port 80 of the same host (the world serves HTTP there): refused by the proxy the
+        // sandbox's proxy variables name, and by its firewall when the proxy is bypassed.
+        expect(
+          await run(sandbox, `curl -sS -m 5 -o /dev/null -w '%{http_code}' http://git.test/`),
+        ).toBe('403');
+        const direct = await run(
+          sandbox,
+          `curl --noproxy '*' -sS -m 5 -o /dev/null -w '%{http_code}' http://git.test:${WORLD_PORTS.http}/`,
+        );
+        // Web ports go to the transparent listener, which refuses the denied port by closing.
+        expect(direct).toMatch(/\(52\) Empty reply from server/);
+        expect(world.seen('http').filter((e) => e.host?.startsWith('git.test'))).toEqual([]);
+      } finally {
+        await sandbox.kill();
+        await origin.close();
+      }
+    },
+    60_000,
+  );
 });

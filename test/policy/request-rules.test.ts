@@ -8,12 +8,18 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import {
+  allowedPorts,
+  canonicalName,
+  compileInternalDenyList,
+  decide,
   decideRequest,
   type DestinationRules,
   MAX_MATCH_METHODS,
   MAX_RULES_PER_KEY,
+  parseIP,
   parseNetworkConfig,
 } from '../../src/policy/index.js';
+import { policyOf } from './helpers.js';
 
 /** The one key of `rules` as parsed. */
 function parsed(rules: unknown[]): DestinationRules {
@@ -30,7 +36,7 @@ function problems(rules: unknown): string {
 
 /** `method target` decided by `rules`: `allow #1`, `allow` (no rule), `deny #2`, `invalid`. */
 function verdict(rules: DestinationRules, method: string, target: string): string {
-  const decided = decideRequest(rules.rules, rules.matchesPaths, method, target);
+  const decided = decideRequest(rules, method, target);
   if (decided.verdict === 'invalid') return 'invalid';
   return decided.rule === undefined
     ? decided.verdict
@@ -47,9 +53,12 @@ describe('deciding a request by its destination rules', () => {
     ['GET', '/repos/acme/x', 'allow #1'],
     ['HEAD', '/repos/acme/x/pulls?state=open', 'allow #1'],
     ['GET', '/repos/acme/', 'allow #1'],
-    ['GET', '/repos/ACME/x', 'allow #1'],
+    // An allow fits the path as written: another case is another resource to some origins.
+    ['GET', '/repos/ACME/x', 'deny #2'],
     ['POST', '/repos/acme/x', 'deny #2'],
-    ['get', '/repos/acme/x', 'deny #2'],
+    // Not upper case: origins differ on which method it is.
+    ['get', '/repos/acme/x', 'invalid'],
+    ['Delete', '/repos/acme/x', 'invalid'],
     ['GET', '/repos/acme', 'deny #2'],
     ['GET', '/repos/other/x', 'deny #2'],
     ['GET', '/', 'deny #2'],
@@ -57,6 +66,32 @@ describe('deciding a request by its destination rules', () => {
     ['DELETE', '/repos/acme/x', 'deny #2'],
   ])('%s %s: %s', (method, target, expected) => {
     expect(verdict(GITHUB_READ, method, target)).toBe(expected);
+  });
+
+  it('lets a rule naming GET fit HEAD, and refuses a request that overrides its method', () => {
+    const noReads = parsed([{ match: { methods: ['GET'] }, action: 'deny' }, { action: 'allow' }]);
+    expect(verdict(noReads, 'HEAD', '/x')).toBe('deny #1');
+    expect(verdict(noReads, 'POST', '/x')).toBe('allow #2');
+    const decided = decideRequest(noReads, 'POST', '/x', 'x-http-method-override');
+    expect(decided).toEqual({
+      verdict: 'invalid',
+      problem: 'the request carries x-http-method-override, which some origins take as its method',
+    });
+    // Where no rule matches methods, neither the case nor an override matters.
+    const byPath = parsed([{ match: { paths: ['/x'] }, action: 'deny' }]);
+    expect(decideRequest(byPath, 'post', '/y', 'x-http-method').verdict).toBe('allow');
+  });
+
+  it('scopes headers to a path as written: a credential never goes to another case of it', () => {
+    const scoped = parsed([
+      { match: { paths: ['/t/abc/*'] }, transform: { headers: { Authorization: 'k' } } },
+    ]);
+    const names = (path: string) => {
+      const decided = decideRequest(scoped, 'GET', path);
+      return decided.verdict === 'allow' ? decided.headers.map((h) => h.name) : decided.verdict;
+    };
+    expect(names('/t/abc/x')).toEqual(['Authorization']);
+    expect(names('/T/ABC/x')).toEqual([]);
   });
 
   it('gathers the headers of every fitting rule up to the deciding one', () => {
@@ -67,7 +102,7 @@ describe('deciding a request by its destination rules', () => {
       { transform: { headers: { 'X-After': 'z' } } },
     ]);
     const headers = (method: string, path: string) => {
-      const decided = decideRequest(rules.rules, rules.matchesPaths, method, path);
+      const decided = decideRequest(rules, method, path);
       return decided.verdict === 'allow' ? decided.headers.map((h) => h.name) : decided.verdict;
     };
     expect(headers('GET', '/open/x')).toEqual(['X-All', 'X-Open']);
@@ -130,6 +165,12 @@ describe('path spellings cannot pass a rule that denies /admin/*', () => {
     ['/admin%00/x', 'invalid'],
     ['/admin/x#frag', 'invalid'],
     ['/admin x', 'invalid'],
+    ['/admin%3Ax', 'invalid'],
+    ['/admin%40x', 'invalid'],
+    ['/%C0%AE%C0%AE/admin/x', 'invalid'],
+    ['/adm%C0%AFin/x', 'invalid'],
+    ['/admin/%E2%82', 'invalid'],
+    ['/admin%C3%A9/x', 'allow #2'],
     ['/admın/x', 'invalid'],
     ['/admin%', 'invalid'],
     ['/admin%zz', 'invalid'],
@@ -256,5 +297,54 @@ describe('parsing match and action', () => {
     expect(rules.rules[0]!.match!.methods).toEqual(['GET', 'POST']);
     expect(rules.matchesPaths).toBe(false);
     expect(rules.decidesRequests).toBe(true);
+  });
+});
+
+describe('an address given for a name whose rules decide requests', () => {
+  // Nothing internal: the addresses are documentation ones.
+  const policy = policyOf(
+    {
+      allowOut: ['api.test', 'cdn.test'],
+      denyOut: ['0.0.0.0/0'],
+      rules: {
+        'api.test': [{ match: { methods: ['GET'] }, action: 'allow' }, { action: 'deny' }],
+        'cdn.test': [{ transform: { headers: { 'X-Team': 'moat' } } }],
+      },
+    },
+    compileInternalDenyList([]),
+  );
+  const address = (text: string) => {
+    const parsed = parseIP(text);
+    if (!parsed.ok) throw new Error(parsed.error);
+    return parsed.value;
+  };
+  const learnedFor = (...names: string[]) => ({
+    names: () => names.map((n) => canonicalName(n)).flatMap((n) => (n.ok ? [n.value] : [])),
+  });
+
+  it('does not open a bare-address connection: the name is reached by name, through Moat', () => {
+    expect(
+      decide(policy, { ip: address('198.51.100.7'), port: 443 }, learnedFor('api.test')),
+    ).toEqual({
+      verdict: 'deny',
+      list: 'rules',
+      rule: 'api.test',
+      reason:
+        'the address was given to this sandbox by DNS for api.test, whose network.rules decide each request by method and path: connect to api.test by name',
+    });
+    // Header rules alone decide no request: the address opens as any learned one.
+    expect(
+      decide(policy, { ip: address('198.51.100.8'), port: 443 }, learnedFor('cdn.test')).list,
+    ).toBe('learned');
+  });
+
+  it('opens no port of its addresses in the firewall', () => {
+    const name = (text: string) => {
+      const parsed = canonicalName(text);
+      if (!parsed.ok) throw new Error(parsed.error);
+      return parsed.value;
+    };
+    expect(allowedPorts(policy, [name('api.test')])).toEqual([]);
+    expect(allowedPorts(policy, [name('cdn.test')])).toBeUndefined();
   });
 });

@@ -28,6 +28,13 @@ import { LOOPBACK_IS_OUTSIDE } from '../../bench/lib/loopback-outside.js';
  * The egress proxy's behaviour, run once per way of carrying connections (egress.test.ts: the
  * native relay where it loads; egress-node.test.ts: Node's sockets).
  */
+/**
+ * How long the fake upstream takes to answer slowweb.allowed.test: within one upstream try
+ * (a third of --dns-timeout-ms), and long enough that a Moat stopping, or a sandbox replaced,
+ * once the name is upstream finishes first on a loaded host too.
+ */
+const SLOW_ANSWER_MS = 600;
+
 export function egressSuite(io: TcpIoSetting): void {
   // Port 80 is one per address: each relay's file (they may run at once) has its own address.
   const port80Host = io === 'node' ? '127.0.0.24' : '127.0.0.14';
@@ -106,7 +113,7 @@ export function egressSuite(io: TcpIoSetting): void {
       ]),
     ).start();
     upstream.slow.set('slow.allowed.test', 150);
-    upstream.slow.set('slowweb.allowed.test', 300);
+    upstream.slow.set('slowweb.allowed.test', SLOW_ANSWER_MS);
     moat = await startTestMoat({
       'internal-deny': '10.0.0.0/8,169.254.0.0/16,127.0.0.99/32',
       'proxy-max-tunnels': '8',
@@ -374,13 +381,13 @@ export function egressSuite(io: TcpIoSetting): void {
       socket.on('error', () => {});
       await new Promise((resolve) => socket.once('connect', resolve));
       const basic = Buffer.from(auth).toString('base64');
-      // slowweb.allowed.test is answered 300 ms after it is asked.
+      // slowweb.allowed.test is answered SLOW_ANSWER_MS after it is asked.
       const asked = upstream.asked('slowweb.allowed.test').length;
       socket.write(
         `GET http://slowweb.allowed.test:${web.port}/secret HTTP/1.1\r\nHost: slowweb.allowed.test\r\n` +
           `Proxy-Authorization: Basic ${basic}\r\n\r\n`,
       );
-      const answer = readUntil(socket, (text) => text.includes('}'), 2000);
+      const answer = readUntil(socket, (text) => text.includes('}'), SLOW_ANSWER_MS + 2000);
       await waitFor(async () => upstream.asked('slowweb.allowed.test').length > asked);
       // Paused and resumed: a new record, which its owner then narrows.
       moat.table.remove(SANDBOX);
@@ -1169,12 +1176,13 @@ export function egressSuite(io: TcpIoSetting): void {
         const socket = net.connect(other.listening.proxy);
         socket.on('error', () => {});
         const credential = Buffer.from('ishutdownsandbox00002:s2').toString('base64');
-        // Resolved after 300 ms: Moat stops while the name is upstream.
+        // Resolved SLOW_ANSWER_MS after it is asked: Moat stops while the name is upstream.
+        const asked = upstream.asked('slowweb.allowed.test').length;
         socket.write(
           `CONNECT slowweb.allowed.test:${web.port} HTTP/1.1\r\nProxy-Authorization: Basic ${credential}\r\n\r\n`,
         );
-        const answer = readUntil(socket, () => false, 1500);
-        await new Promise((resolve) => setTimeout(resolve, 100));
+        const answer = readUntil(socket, () => false, SLOW_ANSWER_MS + 1000);
+        await waitFor(async () => upstream.asked('slowweb.allowed.test').length > asked);
         await other.stop();
         expect(await answer).toBe('');
         expect(socket.destroyed).toBe(true);
@@ -1203,10 +1211,11 @@ export function egressSuite(io: TcpIoSetting): void {
         );
         const socket = net.connect({ ...other.listening.transparent!, localAddress: '127.78.0.2' });
         socket.on('error', () => {});
-        // Named at once, resolved after 300 ms: Moat stops while the name is upstream.
+        // Named at once, resolved SLOW_ANSWER_MS after: Moat stops while the name is upstream.
+        const asked = upstream.asked('slowweb.allowed.test').length;
         socket.write('GET /late HTTP/1.1\r\nHost: slowweb.allowed.test\r\n\r\n');
-        const answer = readUntil(socket, () => false, 1500);
-        await new Promise((resolve) => setTimeout(resolve, 100));
+        const answer = readUntil(socket, () => false, SLOW_ANSWER_MS + 1000);
+        await waitFor(async () => upstream.asked('slowweb.allowed.test').length > asked);
         web.requests.length = 0;
         await other.stop();
         expect(await answer).toBe('');

@@ -26,11 +26,13 @@ const SANDBOX = 'irequestrulessandbox1';
 const SECRET = 'egress-secret-request-rules';
 const SOURCE = '127.77.0.4';
 const ORIGIN_IP = '127.0.0.41';
+const TOKEN = 'tok-5ecret-request-rules';
 
 const NAMES = new Map<string, string[]>([
   ['api.rules.test', [ORIGIN_IP]],
   ['plain.rules.test', [ORIGIN_IP]],
   ['open.rules.test', [ORIGIN_IP]],
+  ['tunnel.rules.test', [ORIGIN_IP]],
 ]);
 
 const READ_ACME = [
@@ -39,7 +41,7 @@ const READ_ACME = [
 ];
 
 const NETWORK = {
-  allowOut: ['api.rules.test', 'plain.rules.test', 'open.rules.test'],
+  allowOut: ['api.rules.test', 'plain.rules.test', 'open.rules.test', 'tunnel.rules.test'],
   denyOut: ['0.0.0.0/0'],
   rules: {
     'api.rules.test': READ_ACME,
@@ -54,6 +56,8 @@ describe('methods and paths at the doors that read requests', () => {
   const originCa = new TestCa('origin-rules-ca');
   /** Every request an origin answered: `METHOD path`. */
   const reached: string[] = [];
+  /** Every Authorization an origin was sent. */
+  const authorizations: string[] = [];
   let tlsOrigin: https.Server;
   let plainOrigin: http.Server;
   let tlsPort = 0;
@@ -63,6 +67,9 @@ describe('methods and paths at the doors that read requests', () => {
   beforeAll(async () => {
     const answer = (req: http.IncomingMessage, res: http.ServerResponse) => {
       reached.push(`${req.method} ${req.url}`);
+      // An origin that echoes what it was sent before (a request log).
+      if (req.url === '/log') return void res.end(JSON.stringify(authorizations));
+      if (req.headers.authorization !== undefined) authorizations.push(req.headers.authorization);
       res.end('origin');
     };
     tlsOrigin = https.createServer(originCa.issue(['*.rules.test']), answer);
@@ -87,8 +94,9 @@ describe('methods and paths at the doors that read requests', () => {
             leaves.set(name, (context = tls.createSecureContext(moatCa.issue([name]))));
           return context;
         },
-        secretValue: async () => undefined,
+        secretValue: async (name) => (name === 'tok' ? TOKEN : undefined),
       },
+      redactSecretsInResponses: true,
     });
   }, 60_000);
 
@@ -185,7 +193,11 @@ describe('methods and paths at the doors that read requests', () => {
         ['/repos/acme%2F..%2F..%2Fadmin', 400],
         ['/repos//acme/x', 400],
         ['/repos/acme;x/../../admin', 400],
-        ['/Repos/Acme/x', 200],
+        ['/repos/acme/x%3Adelete', 400],
+        ['/repos/acme/%C0%AE%C0%AE/admin', 400],
+        // An allow fits the path as written.
+        ['/Repos/Acme/x', 403],
+        ['/repos/acme/caf%C3%A9', 200],
         ['/repos/other', 403],
       ])('GET %s: %i, and the origin reads only what was decided', async (path, status) => {
         const answered = await curl('GET', url(path));
@@ -247,5 +259,70 @@ describe('methods and paths at the doors that read requests', () => {
     expect((await curl('GET', https_('/repos/acme/x'))).decision).toBe(
       'deny; list=rules; rule="api.rules.test #1"',
     );
+  });
+
+  it('redacts from every answer each credential the rules may send, not only the request’s own', async () => {
+    moat.publish(SANDBOX, {
+      ...NETWORK,
+      rules: {
+        ...NETWORK.rules,
+        'api.rules.test': [
+          {
+            match: { paths: ['/write/*'] },
+            action: 'allow',
+            transform: { headers: { Authorization: 'Bearer ${e2b.secrets.tok}' } },
+          },
+          { action: 'allow' },
+        ],
+      },
+    });
+    expect((await curl('GET', https_('/write/x'))).status).toBe(200);
+    const log = await curl('GET', https_('/log'));
+    expect(log.status).toBe(200);
+    expect(authorizations).toEqual([`Bearer ${TOKEN}`]);
+    expect(log.body).toContain('Bearer ');
+    expect(log.body).not.toContain(TOKEN);
+  });
+
+  it('refuses a method not in upper case, or overridden by a header, where rules match methods', async () => {
+    const lower = await curl('get', https_('/repos/acme/x'));
+    expect(lower.status).toBe(400);
+    expect(JSON.parse(lower.body).message).toContain('is not upper case');
+    const overridden = await curl(
+      'GET',
+      https_('/repos/acme/x'),
+      '-H',
+      'X-HTTP-Method-Override: DELETE',
+    );
+    expect(overridden.status).toBe(400);
+    expect(JSON.parse(overridden.body).message).toContain('x-http-method-override');
+    expect(reached).toEqual([]);
+  });
+
+  it('closes a tunnel it does not read when rules that decide requests come for its name', async () => {
+    const { socket, status } = await connectThrough(moat.proxy, `tunnel.rules.test:${tlsPort}`, {
+      auth: `${SANDBOX}:${SECRET}`,
+    });
+    expect(status).toBe(200);
+    // The origin's own certificate: an opaque tunnel.
+    const secure = await new Promise<tls.TLSSocket>((resolve, reject) => {
+      const s = tls.connect({ socket, servername: 'tunnel.rules.test', ca: originCa.cert });
+      s.once('secureConnect', () => resolve(s));
+      s.once('error', reject);
+    });
+    const closed = new Promise<void>((resolve) => secure.once('close', () => resolve()));
+    secure.on('error', () => undefined);
+    moat.publish(SANDBOX, {
+      ...NETWORK,
+      rules: {
+        ...NETWORK.rules,
+        'tunnel.rules.test': [{ match: { methods: ['POST'] }, action: 'deny' }],
+      },
+    });
+    await closed;
+    const record = moat.flows
+      .query({ sandboxID: SANDBOX }, 100)
+      .find((r) => r.event === 'close' && r.destination.name === 'tunnel.rules.test');
+    expect(record).toMatchObject({ end: 'policy', list: 'rules', rule: 'tunnel.rules.test' });
   });
 });

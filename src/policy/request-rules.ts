@@ -91,7 +91,7 @@ export function pathProblem(path: string): string | undefined {
   return undefined;
 }
 
-/** Whether `pattern` (lower case, `*` any run) matches `path` (lower case). */
+/** Whether `pattern` (`*`: any run of characters) matches `path`, character for character. */
 function globMatches(pattern: string, path: string): boolean {
   const pieces = pattern.split('*');
   if (pieces.length === 1) return pattern === path;

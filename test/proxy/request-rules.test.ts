@@ -8,7 +8,7 @@
 import { execFile } from 'node:child_process';
 import http from 'node:http';
 import https from 'node:https';
-import type net from 'node:net';
+import net from 'node:net';
 import tls from 'node:tls';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -324,5 +324,33 @@ describe('methods and paths at the doors that read requests', () => {
       .query({ sandboxID: SANDBOX }, 100)
       .find((r) => r.event === 'close' && r.destination.name === 'tunnel.rules.test');
     expect(record).toMatchObject({ end: 'policy', list: 'rules', rule: 'tunnel.rules.test' });
+  });
+
+  it('decides each request the same way through the transparent listener (TLS by SNI; plain HTTP refused)', async () => {
+    const transparent = (method: string, path: string) =>
+      run(
+        'curl',
+        [
+          ...['-sS', '--max-time', '10', '--interface', SOURCE, '-X', method],
+          ...['-o', '/dev/null', '-w', '%{http_code}'],
+          ...['--connect-to', `api.rules.test:${tlsPort}:127.0.0.1:${moat.transparent.port}`],
+          ...['--cacert', moatCa.certFile(), https_(path)],
+        ],
+        { timeout: 15_000 },
+      );
+    expect((await transparent('GET', '/repos/acme/x')).stdout).toBe('200');
+    expect((await transparent('POST', '/repos/acme/x')).stdout).toBe('403');
+    expect(reached).toEqual(['GET /repos/acme/x']);
+    const record = moat.flows
+      .query({ sandboxID: SANDBOX }, 100)
+      .find((r) => r.request !== undefined);
+    expect(record).toMatchObject({ rule: 'api.rules.test #2', request: { method: 'POST' } });
+    // Plain HTTP straight to the listener: read at its start only, so refused.
+    const plain = net.connect({ ...moat.transparent, localAddress: SOURCE });
+    plain.write('GET /repos/acme/x HTTP/1.1\r\nHost: plain.rules.test\r\n\r\n');
+    const answer = await readUntil(plain, (text) => text.includes('}'));
+    plain.destroy();
+    expect(answer).toMatch(/^HTTP\/1\.1 403/);
+    expect(answer).toContain("checked only as the proxy's absolute-form requests");
   });
 });

@@ -151,6 +151,19 @@ describe('methods and paths at the doors that read requests', () => {
     };
   }
 
+  /** TLS to `name` through a CONNECT tunnel of the sandbox's, trusting `ca`. */
+  async function tlsThrough(name: string, ca: string): Promise<tls.TLSSocket> {
+    const { socket, status } = await connectThrough(moat.proxy, `${name}:${tlsPort}`, {
+      auth: `${SANDBOX}:${SECRET}`,
+    });
+    expect(status).toBe(200);
+    return new Promise((resolve, reject) => {
+      const secure = tls.connect({ socket, servername: name, ca });
+      secure.once('secureConnect', () => resolve(secure));
+      secure.once('error', reject);
+    });
+  }
+
   const https_ = (path: string) => `https://api.rules.test:${tlsPort}${path}`;
   const http_ = (path: string) => `http://plain.rules.test:${plainPort}${path}`;
 
@@ -209,15 +222,7 @@ describe('methods and paths at the doors that read requests', () => {
   }
 
   it('keeps an intercepted connection open after a refusal: the next request is decided on its own', async () => {
-    const { socket, status } = await connectThrough(moat.proxy, `api.rules.test:${tlsPort}`, {
-      auth: `${SANDBOX}:${SECRET}`,
-    });
-    expect(status).toBe(200);
-    const secure = await new Promise<tls.TLSSocket>((resolve, reject) => {
-      const s = tls.connect({ socket, servername: 'api.rules.test', ca: moatCa.cert });
-      s.once('secureConnect', () => resolve(s));
-      s.once('error', reject);
-    });
+    const secure = await tlsThrough('api.rules.test', moatCa.cert);
     const host = `Host: api.rules.test:${tlsPort}\r\n`;
     secure.write(`DELETE /repos/acme/x HTTP/1.1\r\n${host}\r\n`);
     expect(await readUntil(secure, (text) => text.includes('}'))).toMatch(/^HTTP\/1\.1 403/);
@@ -300,16 +305,8 @@ describe('methods and paths at the doors that read requests', () => {
   });
 
   it('closes a tunnel it does not read when rules that decide requests come for its name', async () => {
-    const { socket, status } = await connectThrough(moat.proxy, `tunnel.rules.test:${tlsPort}`, {
-      auth: `${SANDBOX}:${SECRET}`,
-    });
-    expect(status).toBe(200);
     // The origin's own certificate: an opaque tunnel.
-    const secure = await new Promise<tls.TLSSocket>((resolve, reject) => {
-      const s = tls.connect({ socket, servername: 'tunnel.rules.test', ca: originCa.cert });
-      s.once('secureConnect', () => resolve(s));
-      s.once('error', reject);
-    });
+    const secure = await tlsThrough('tunnel.rules.test', originCa.cert);
     const closed = new Promise<void>((resolve) => secure.once('close', () => resolve()));
     secure.on('error', () => undefined);
     moat.publish(SANDBOX, {

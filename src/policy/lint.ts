@@ -202,6 +202,47 @@ function lintDenyAll(
   }
 }
 
+/**
+ * Method and path rules that leave out what their author probably meant: a deny of `/admin/*`
+ * that lets `/admin` itself through, and a `*.` key that decides requests while its apex,
+ * which no `*.` key covers, is allowed with no rules of its own.
+ */
+function lintRequestRules(rules: NetworkRules, warnings: PolicyProblem[]): void {
+  const keys = new Set(rules.transforms.map((t) => t.ruleKey));
+  const allowedNames = new Set(
+    rules.allowOut.flatMap((rule) => (rule.kind === 'name' ? [rule.name as string] : [])),
+  );
+  for (const destination of rules.transforms) {
+    const at = `rules[${JSON.stringify(destination.ruleKey)}]`;
+    for (const rule of destination.rules) {
+      if (rule.action !== 'deny') continue;
+      const paths = rule.match?.paths ?? [];
+      for (const pattern of paths) {
+        if (!pattern.endsWith('/*') || pattern === '/*') continue;
+        const bare = pattern.slice(0, -2);
+        if (paths.includes(bare)) continue;
+        warnings.push({
+          at,
+          entry: destination.ruleKey,
+          message: `${at} #${rule.number} denies ${pattern} but not ${bare} itself; add "${bare}" to its paths if that was meant`,
+        });
+      }
+    }
+    const apex = destination.ruleKey.startsWith('*.') ? destination.ruleKey.slice(2) : undefined;
+    if (
+      apex !== undefined &&
+      destination.decidesRequests &&
+      !keys.has(apex) &&
+      allowedNames.has(apex)
+    )
+      warnings.push({
+        at,
+        entry: destination.ruleKey,
+        message: `${at} decides requests below ${apex} but not to ${apex} itself, which allowOut allows with no rules; add a "${apex}" key if that was meant`,
+      });
+  }
+}
+
 /** Lints canonical rules against the internal deny list the server will use. */
 export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): PolicyProblem[] {
   const warnings: PolicyProblem[] = [];
@@ -246,6 +287,7 @@ export function lintPolicy(rules: NetworkRules, internal: InternalDenyList): Pol
       );
   }
   lintDenyAll(rules, warn, warnings);
+  lintRequestRules(rules, warnings);
   const loopback = internal.lookup(LOOPBACK);
   for (const rule of rules.allowOut) {
     if (

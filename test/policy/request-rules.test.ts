@@ -14,8 +14,10 @@ import {
   decide,
   decideRequest,
   type DestinationRules,
+  lintPolicy,
   MAX_MATCH_METHODS,
   MAX_RULES_PER_KEY,
+  type NetworkRules,
   parseIP,
   parseNetworkConfig,
 } from '../../src/policy/index.js';
@@ -346,5 +348,41 @@ describe('an address given for a name whose rules decide requests', () => {
     };
     expect(allowedPorts(policy, [name('api.test')])).toEqual([]);
     expect(allowedPorts(policy, [name('cdn.test')])).toBeUndefined();
+  });
+});
+
+describe('lint of method and path rules', () => {
+  const warnings = (config: object) =>
+    lintPolicy(
+      (parseNetworkConfig(config) as { ok: true; value: NetworkRules }).value,
+      compileInternalDenyList([]),
+    ).map((w) => w.message);
+
+  it("warns of a deny of /admin/* that lets /admin through, and of a wildcard key's apex", () => {
+    expect(
+      warnings({
+        allowOut: ['x.test', '*.x.test'],
+        denyOut: ['0.0.0.0/0'],
+        rules: {
+          '*.x.test': [
+            { match: { paths: ['/admin/*', '/ops/*', '/ops'] }, action: 'deny' },
+            { match: { paths: ['/open/*'] }, action: 'allow' },
+          ],
+        },
+      }),
+    ).toEqual([
+      'rules["*.x.test"] #1 denies /admin/* but not /admin itself; add "/admin" to its paths if that was meant',
+      'rules["*.x.test"] decides requests below x.test but not to x.test itself, which allowOut allows with no rules; add a "x.test" key if that was meant',
+    ]);
+    expect(
+      warnings({
+        allowOut: ['x.test', '*.x.test'],
+        denyOut: ['0.0.0.0/0'],
+        rules: {
+          'x.test': [{ action: 'deny' }],
+          '*.x.test': [{ match: { paths: ['/admin', '/admin/*'] }, action: 'deny' }],
+        },
+      }),
+    ).toEqual([]);
   });
 });

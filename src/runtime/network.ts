@@ -60,6 +60,15 @@ const OPEN_STATES = ['established', 'fin-wait-1', 'fin-wait-2'].flatMap((state) 
   state,
 ]);
 const NETNS_DIR = '/run/netns';
+/**
+ * In Moat's own namespaces, conntrack does not judge TCP segments by its idea of the window
+ * (the setting is per namespace; the host's is untouched). After a fast transfer with much
+ * reordering it can take the peer's FIN for out of window, INVALID, which the namespace's
+ * inbound chain drops with every retransmission: the sandbox's socket then waits in FIN-WAIT-2
+ * for a close that never comes (seen in test/netns/bandwidth.test.ts).
+ */
+const CONNTRACK_LIBERAL =
+  'f=/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal; if [ -e $f ]; then echo 1 > $f; fi';
 const MOUNT = '/usr/bin/mount';
 const COMMAND_TIMEOUT_MS = 10_000;
 /** The sandbox's end of a link Moat made with its namespace. */
@@ -469,7 +478,7 @@ export class NamespaceNetwork {
       '-ec',
       [
         ipv6Off(device),
-        ...(ownLoopback ? [`${IP} link set lo up`] : []),
+        ...(ownLoopback ? [`${IP} link set lo up`, CONNTRACK_LIBERAL] : []),
         `${IP} addr add ${address}/30 dev ${device}`,
         `${IP} link set ${device} up`,
         // An adopted namespace's own default route, if it had one, is replaced: Moat is its way out.

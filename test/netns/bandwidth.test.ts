@@ -145,6 +145,15 @@ describe.skipIf(skip !== undefined)('bandwidth limits in the kernel (namespace m
     await harness?.stop();
   });
 
+  it("leaves TCP windows to the sandbox's peers (a fast transfer's FIN is not dropped as INVALID)", async () => {
+    // A setting of the sandbox's own namespace: read from inside it.
+    const inside = await runIn(
+      neighbour,
+      'cat /proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal',
+    );
+    expect(inside.out.trim(), inside.err).toBe('1');
+  });
+
   it('holds a sandbox to its egress rate within 10%, and not a neighbour sending at the same time', async () => {
     const [mbps, neighbours] = await sendFrom(limited, neighbour);
     expect(mbps).toBeGreaterThan(8 * 0.9);

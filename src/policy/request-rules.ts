@@ -160,6 +160,8 @@ export function decideRequest(
   target: string,
   override?: string,
 ): RequestDecision {
+  // Transforms alone (E2B's rules): every rule fits, and none decides.
+  if (!rules.decidesRequests) return { verdict: 'allow', rule: undefined, headers: rules.headers };
   const path = requestPath(target);
   if (rules.matchesMethods) {
     if (method !== method.toUpperCase())

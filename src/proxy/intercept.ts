@@ -221,9 +221,10 @@ export class Interceptor {
     protocol: 'http' | 'tls',
   ): { ok: true; headers: readonly HeaderRule[] } | RequestRefusal {
     const { method } = head;
-    const override = METHOD_OVERRIDE_HEADERS.find(
-      (name) => fieldValues(head.fields, name).length > 0,
-    );
+    // Read only where a rule matches methods: the one case an override can change.
+    const override = rules.matchesMethods
+      ? METHOD_OVERRIDE_HEADERS.find((name) => fieldValues(head.fields, name).length > 0)
+      : undefined;
     const decided = decideRequest(rules, method, requestTarget, override);
     if (decided.verdict === 'allow') return { ok: true, headers: decided.headers };
     const decision = describeRequestDecision(

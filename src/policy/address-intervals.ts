@@ -1,23 +1,23 @@
 /**
- * The compiled form of every address prefix a policy holds (internal list, allowOut, denyOut),
- * as one sorted table of elementary intervals per address family. Each interval carries, per
- * list, the decision of the longest prefix covering it. An address is decided by one binary
- * search over a typed array instead of one trie walk per list: prefixes are nested or
- * disjoint, so the longest match is constant between two consecutive prefix boundaries.
+ * The compiled form of every address prefix a policy holds (internal list, allowOut, denyOut,
+ * and their port-scoped rules), as one sorted table of elementary intervals per address family.
+ * Each interval carries, per list, the value of the longest prefix of that list covering it. An
+ * address is decided by one binary search over a typed array instead of one search per list:
+ * prefixes are nested or disjoint, so each list's longest match is constant between two
+ * consecutive prefix boundaries.
  */
 import type { CIDR, IPAddress } from './address.js';
 
-export type PrefixList = 'internal' | 'allow' | 'deny';
-const LISTS: readonly PrefixList[] = ['internal', 'allow', 'deny'];
+/** The lists of a table, each with the type of its values. */
+export type ListValues = Record<string, unknown>;
 
-export interface PrefixEntry<T> {
-  readonly cidr: CIDR;
-  readonly list: PrefixList;
-  readonly value: T;
-}
+/** A prefix of one list with its value. */
+export type PrefixEntry<V extends ListValues> = {
+  readonly [L in keyof V]: { readonly cidr: CIDR; readonly list: L; readonly value: V[L] };
+}[keyof V];
 
 /** One family's table: `starts[i]` (as `words` uint32 words) begins interval i. */
-export interface FamilyTable<T> {
+export interface FamilyTable<V extends ListValues> {
   readonly words: 1 | 4;
   readonly starts: Uint32Array;
   readonly count: number;
@@ -28,9 +28,8 @@ export interface FamilyTable<T> {
    */
   readonly buckets: Uint32Array | undefined;
   readonly bucketShift: number;
-  readonly internal: ReadonlyArray<T | undefined>;
-  readonly allow: ReadonlyArray<T | undefined>;
-  readonly deny: ReadonlyArray<T | undefined>;
+  /** Per list, the value of its longest prefix covering interval i. */
+  readonly lists: { readonly [L in keyof V]: ReadonlyArray<V[L] | undefined> };
 }
 
 /**
@@ -77,7 +76,7 @@ interface Boundaries<T, K> {
  * innermost at each point.
  */
 function boundaries<T, K>(
-  entries: ReadonlyArray<PrefixEntry<T>>,
+  entries: ReadonlyArray<{ readonly cidr: CIDR; readonly value: T }>,
   at: Positions<K>,
 ): Boundaries<T, K> {
   const spans = entries.map((e) => {
@@ -119,29 +118,28 @@ function boundaries<T, K>(
   return { positions, values };
 }
 
-function buildFamily<T, K>(
-  entries: ReadonlyArray<PrefixEntry<T>>,
+function buildFamily<V extends ListValues, K>(
+  names: ReadonlyArray<keyof V>,
+  entries: ReadonlyArray<PrefixEntry<V>>,
   at: Positions<K>,
   zero: K,
-): FamilyTable<T> {
+): FamilyTable<V> {
   const words = at.bits === 32 ? 1 : 4;
-  const perList = LISTS.map((list) =>
+  const perList = names.map((name) =>
     boundaries(
-      entries.filter((e) => e.list === list),
+      entries.filter((e) => e.list === name),
       at,
     ),
   );
-  const cursor = [0, 0, 0];
-  const current: Array<T | undefined> = [undefined, undefined, undefined];
+  const cursor = names.map(() => 0);
+  const current: unknown[] = names.map(() => undefined);
   const starts: K[] = [];
-  const internal: Array<T | undefined> = [];
-  const allow: Array<T | undefined> = [];
-  const deny: Array<T | undefined> = [];
-  // Merge the three ascending boundary lists: every position where any list's match changes.
+  const columns: unknown[][] = names.map(() => []);
+  // Merge the lists' ascending boundaries: every position where any list's match changes.
   let position: K | undefined = zero;
   while (position !== undefined && at.less(position, at.end)) {
     let next: K | undefined;
-    for (let l = 0; l < 3; l++) {
+    for (let l = 0; l < names.length; l++) {
       const { positions, values } = perList[l]!;
       while (cursor[l]! < positions.length && positions[cursor[l]!] === position)
         current[l] = values[cursor[l]!++];
@@ -153,16 +151,9 @@ function buildFamily<T, K>(
       }
     }
     const last = starts.length - 1;
-    if (
-      last < 0 ||
-      internal[last] !== current[0] ||
-      allow[last] !== current[1] ||
-      deny[last] !== current[2]
-    ) {
+    if (last < 0 || columns.some((column, l) => column[last] !== current[l])) {
       starts.push(position);
-      internal.push(current[0]);
-      allow.push(current[1]);
-      deny.push(current[2]);
+      columns.forEach((column, l) => column.push(current[l]));
     }
     position = next;
   }
@@ -191,14 +182,14 @@ function buildFamily<T, K>(
     count: starts.length,
     buckets,
     bucketShift: 32 - bucketBits,
-    internal,
-    allow,
-    deny,
+    lists: Object.fromEntries(
+      names.map((name, l) => [name, columns[l]]),
+    ) as unknown as FamilyTable<V>['lists'],
   };
 }
 
 /** Index of the interval holding `address` (the last start <= address). */
-export function locate(table: FamilyTable<unknown>, address: readonly number[]): number {
+export function locate(table: FamilyTable<ListValues>, address: readonly number[]): number {
   const { starts, words, buckets } = table;
   let lo = 0;
   let hi = table.count - 1;
@@ -230,17 +221,20 @@ export function locate(table: FamilyTable<unknown>, address: readonly number[]):
   return lo;
 }
 
-export class AddressIntervals<T> {
-  private readonly v4: FamilyTable<T>;
-  private readonly v6: FamilyTable<T>;
+export class AddressIntervals<V extends ListValues> {
+  private readonly v4: FamilyTable<V>;
+  private readonly v6: FamilyTable<V>;
 
-  constructor(entries: ReadonlyArray<PrefixEntry<T>>) {
+  /** `names`: every list the table holds (a list without entries is still asked). */
+  constructor(names: ReadonlyArray<keyof V>, entries: ReadonlyArray<PrefixEntry<V>>) {
     this.v4 = buildFamily(
+      names,
       entries.filter((e) => e.cidr.version === 4),
       V4,
       0,
     );
     this.v6 = buildFamily(
+      names,
       entries.filter((e) => e.cidr.version === 6),
       V6,
       0n,
@@ -253,12 +247,12 @@ export class AddressIntervals<T> {
   }
 
   /** The table an address is searched in; `locate` finds its interval there. */
-  family(ip: IPAddress): FamilyTable<T> {
+  family(ip: IPAddress): FamilyTable<V> {
     return ip.version === 4 ? this.v4 : this.v6;
   }
 
   /** The IPv4 table, read whole (the kernel's sets are written from it). */
-  get ipv4(): FamilyTable<T> {
+  get ipv4(): FamilyTable<V> {
     return this.v4;
   }
 }

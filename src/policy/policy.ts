@@ -12,7 +12,14 @@ import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NameRule, type NetworkRules, type Rule, ruleLabel } from './rules.js';
 import { mergePorts, type PortRange } from './ports.js';
-import { AddressPortRules, NameRules, type PortQuestion } from './scoped-rules.js';
+import {
+  chainLookup,
+  ipv4PortRanges,
+  NameRules,
+  type PortChain,
+  type PortQuestion,
+  portChains,
+} from './scoped-rules.js';
 import {
   decideRequest,
   MAX_SHOWN_METHOD,
@@ -91,6 +98,22 @@ export function compileInternalDenyList(
 
 const DEFAULT_INTERNAL = compileInternalDenyList();
 
+/** The lists of a policy's address table: portless prefixes, and prefixes with ports. */
+type AddressLists = {
+  internal: Decision;
+  allow: Decision;
+  deny: Decision;
+  allowPorts: PortChain<Decision>;
+  denyPorts: PortChain<Decision>;
+};
+const ADDRESS_LISTS: ReadonlyArray<keyof AddressLists> = [
+  'internal',
+  'allow',
+  'deny',
+  'allowPorts',
+  'denyPorts',
+];
+
 export interface Policy {
   readonly rules: NetworkRules;
   readonly internal: InternalDenyList;
@@ -100,10 +123,8 @@ export interface Policy {
   readonly allowNames: NameRules<Decision>;
   /** @internal to the policy part: denyOut names and wildcards (a Moat extension). */
   readonly denyNames: NameRules<Decision>;
-  /** @internal to the policy part: internal list, portless allowOut and denyOut prefixes. */
-  readonly addresses: AddressIntervals<Decision>;
-  /** @internal to the policy part: allowOut and denyOut prefixes with ports (none: undefined). */
-  readonly addressPorts: AddressPortRules<Decision> | undefined;
+  /** @internal to the policy part: every prefix (internal list, allowOut, denyOut, with ports). */
+  readonly addresses: AddressIntervals<AddressLists>;
   /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
   readonly transforms: DomainTrie<DestinationRules>;
 }
@@ -165,7 +186,7 @@ export function compilePolicy(
   rules: NetworkRules,
   internal: InternalDenyList = DEFAULT_INTERNAL,
 ): Policy {
-  const prefixes: Array<PrefixEntry<Decision>> = internal.decisions.map(
+  const prefixes: Array<PrefixEntry<AddressLists>> = internal.decisions.map(
     ({ cidr, decision: d }) => ({
       cidr,
       list: 'internal',
@@ -174,7 +195,12 @@ export function compilePolicy(
   );
   const allowNameRules = [];
   const denyNameRules = [];
-  const portPrefixes = [];
+  const portPrefixes: Array<{
+    cidr: CIDR;
+    list: 'allow' | 'deny';
+    ports: PortRange;
+    value: Decision;
+  }> = [];
   let allowAddressCount = 0;
   for (const rule of rules.allowOut) {
     if (rule.kind !== 'address') allowNameRules.push(nameEntry(rule, ruleDecision('allow', rule)));
@@ -191,7 +217,7 @@ export function compilePolicy(
         });
     }
   }
-  const everything = (d: Decision): Array<PrefixEntry<Decision>> =>
+  const everything = (d: Decision): Array<PrefixEntry<AddressLists>> =>
     ([4, 6] as const).map((version) => ({
       cidr: {
         version,
@@ -200,7 +226,7 @@ export function compilePolicy(
         hadHostBits: false,
         text: '',
       },
-      list: 'deny',
+      list: 'deny' as const,
       value: d,
     }));
   let denyAll: Decision | undefined;
@@ -267,8 +293,16 @@ export function compilePolicy(
     unmatchedName,
     allowNames: new NameRules(allowNameRules),
     denyNames: new NameRules(denyNameRules),
-    addresses: new AddressIntervals(prefixes),
-    addressPorts: portPrefixes.length > 0 ? new AddressPortRules(portPrefixes) : undefined,
+    addresses: new AddressIntervals<AddressLists>(ADDRESS_LISTS, [
+      ...prefixes,
+      ...(['allow', 'deny'] as const).flatMap((list) =>
+        portChains(portPrefixes.filter((rule) => rule.list === list)).map(({ cidr, chain }) => ({
+          cidr,
+          list: list === 'allow' ? ('allowPorts' as const) : ('denyPorts' as const),
+          value: chain,
+        })),
+      ),
+    ]),
     transforms,
   });
 }
@@ -312,7 +346,10 @@ export const portScopedIPv4 = (
   policy: Policy,
   list: 'allowOut' | 'denyOut',
 ): Array<{ first: string; last: string; ports: PortRange[] }> =>
-  policy.addressPorts?.ipv4Ranges(list === 'allowOut' ? 'allow' : 'deny') ?? [];
+  ipv4PortRanges(
+    policy.addresses.ipv4,
+    policy.addresses.ipv4.lists[list === 'allowOut' ? 'allowPorts' : 'denyPorts'],
+  );
 
 /**
  * The allowOut name rule covering a canonical name, if any (exact beats wildcard): on `port`,
@@ -350,20 +387,21 @@ export function decide(
       policy.unmatchedName
     );
   }
-  // One search finds the longest internal, allowOut and denyOut prefix of the address.
+  // One search finds the address's longest prefix in every list, with ports or without.
   const table = policy.addresses.family(ip);
   const slot = locate(table, ip.words);
-  const internal = table.internal[slot];
+  const lists = table.lists;
+  const internal = lists.internal[slot];
   if (internal !== undefined) return internal;
   if (host !== undefined) {
     const byName = policy.allowNames.lookup(host, allowPort);
     if (byName !== undefined) return byName;
   }
-  const allowed = table.allow[slot];
+  const allowed = lists.allow[slot];
   if (allowed !== undefined) return allowed;
-  const ported = policy.addressPorts;
-  if (ported !== undefined) {
-    const allowedPort = ported.lookup('allow', ip, allowPort);
+  const allowChain = lists.allowPorts[slot];
+  if (allowChain !== undefined) {
+    const allowedPort = chainLookup(allowChain, allowPort);
     if (allowedPort !== undefined) return allowedPort;
   }
   // A learned address never rescues a connection that itself names a host no rule allows
@@ -397,10 +435,11 @@ export function decide(
     const deniedName = policy.denyNames.lookup(host, denyPort);
     if (deniedName !== undefined) return deniedName;
   }
-  const denied = table.deny[slot];
+  const denied = lists.deny[slot];
   if (denied !== undefined) return denied;
-  if (ported !== undefined && port !== undefined) {
-    const deniedPort = ported.lookup('deny', ip, port);
+  const denyChain = lists.denyPorts[slot];
+  if (denyChain !== undefined && port !== undefined) {
+    const deniedPort = chainLookup(denyChain, port);
     if (deniedPort !== undefined) return deniedPort;
   }
   return ALLOW_DEFAULT;

@@ -2,14 +2,15 @@
  * The rules of one list (allowOut or denyOut) compiled for decisions per port: names and
  * wildcards in domain maps, addresses and networks in an interval table. A rule without a port
  * is a plain entry (one lookup, as before ports existed); rules with ports on one destination
- * are merged into a `PortTable`.
+ * are merged into a `PortTable`, and networks with ports are kept as chains of port tables (see
+ * `PortChain`) in the policy's one address table.
  *
  * Questions without a port (a DNS query name, an address in a DNS answer) ask either whether
  * some port is covered (`some`: an allow rule on `:22` still lets the name resolve) or whether
  * every port is (`every`: only a portless deny makes a name NXDOMAIN).
  */
-import { type CIDR, formatIPv4, type IPAddress } from './address.js';
-import { AddressIntervals, locate, type PrefixEntry } from './address-intervals.js';
+import { type CIDR, formatIPv4 } from './address.js';
+import type { FamilyTable, ListValues } from './address-intervals.js';
 import { AddressPrefixMap } from './address-prefix-map.js';
 import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
@@ -78,71 +79,68 @@ export class NameRules<T> {
 }
 
 /**
- * Port-scoped address rules of both lists in one interval table: each network's value is its
- * own port table followed by those of the networks around it, so the longest prefix holding an
- * address gives every port rule covering it.
+ * The port tables covering the addresses of one network: its own, then those of the networks
+ * around it, innermost first. Kept per interval of the policy's address table, so the one
+ * search that finds an address's longest prefixes also finds every port rule covering it.
  */
-export class AddressPortRules<T> {
-  private readonly table: AddressIntervals<ReadonlyArray<PortTable<T>>>;
+export type PortChain<T> = ReadonlyArray<PortTable<T>>;
 
-  constructor(rules: ReadonlyArray<Scoped<T> & { cidr: CIDR; list: 'allow' | 'deny' }>) {
-    const entries: Array<PrefixEntry<ReadonlyArray<PortTable<T>>>> = [];
-    for (const list of ['allow', 'deny'] as const) {
-      const groups = new Map<string, { cidr: CIDR; rules: Array<Scoped<T>> }>();
-      for (const rule of rules) {
-        if (rule.list !== list) continue;
-        const key = `${rule.cidr.version} ${rule.cidr.text}`;
-        const group = groups.get(key) ?? { cidr: rule.cidr, rules: [] };
-        if (group.rules.length === 0) groups.set(key, group);
-        group.rules.push(rule);
-      }
-      const tables = new AddressPrefixMap<{ table: PortTable<T>; length: number }>();
-      for (const { cidr, rules: group } of groups.values()) {
-        const ports = group.map((rule) => ({ ports: rule.ports!, value: rule.value }));
-        tables.insert(cidr, { table: new PortTable(ports), length: cidr.prefixLength });
-      }
-      // Each network's chain: its own table, then each network around it, innermost first.
-      for (const { cidr } of groups.values()) {
-        const chain: Array<PortTable<T>> = [];
-        for (let length = cidr.prefixLength; length >= 0;) {
-          const around = tables.covering(cidr, length);
-          if (around === undefined) break;
-          chain.push(around.table);
-          length = around.length - 1;
-        }
-        entries.push({ cidr, list, value: chain });
-      }
-    }
-    this.table = new AddressIntervals(entries);
+/**
+ * Port-scoped address rules of one list as prefix entries: each network with its chain. Rules
+ * on one network are merged into one port table, the first rule keeping ports a later repeats.
+ */
+export function portChains<T>(
+  rules: ReadonlyArray<Scoped<T> & { readonly cidr: CIDR }>,
+): Array<{ cidr: CIDR; chain: PortChain<T> }> {
+  const groups = new Map<string, { cidr: CIDR; rules: Array<Scoped<T>> }>();
+  for (const rule of rules) {
+    const key = `${rule.cidr.version} ${rule.cidr.text}`;
+    const group = groups.get(key) ?? { cidr: rule.cidr, rules: [] };
+    if (group.rules.length === 0) groups.set(key, group);
+    group.rules.push(rule);
   }
+  const tables = new AddressPrefixMap<{ table: PortTable<T>; length: number }>();
+  for (const { cidr, rules: group } of groups.values()) {
+    const ports = group.map((rule) => ({ ports: rule.ports!, value: rule.value }));
+    tables.insert(cidr, { table: new PortTable(ports), length: cidr.prefixLength });
+  }
+  return [...groups.values()].map(({ cidr }) => {
+    const chain: Array<PortTable<T>> = [];
+    for (let length = cidr.prefixLength; length >= 0;) {
+      const around = tables.covering(cidr, length);
+      if (around === undefined) break;
+      chain.push(around.table);
+      length = around.length - 1;
+    }
+    return { cidr, chain };
+  });
+}
 
-  /** The rule of `list` covering `ip` on `port`; without a port, one covering some port. */
-  lookup(list: 'allow' | 'deny', ip: IPAddress, port: number | 'some'): T | undefined {
-    const family = this.table.family(ip);
-    const chain = family[list][locate(family, ip.words)];
-    if (chain === undefined) return undefined;
-    if (port === 'some') return chain[0]!.first;
-    for (const table of chain) {
-      const value = table.lookup(port);
-      if (value !== undefined) return value;
-    }
-    return undefined;
+/** The rule of a chain covering `port`; without a port, one covering some port. */
+export function chainLookup<T>(chain: PortChain<T>, port: number | 'some'): T | undefined {
+  if (port === 'some') return chain[0]!.first;
+  for (const table of chain) {
+    const value = table.lookup(port);
+    if (value !== undefined) return value;
   }
+  return undefined;
+}
 
-  /**
-   * Disjoint IPv4 address ranges, each with the ports `list`'s rules cover on all of it
-   * (merged): what the kernel's `address . port` sets hold.
-   */
-  ipv4Ranges(list: 'allow' | 'deny'): Array<{ first: string; last: string; ports: PortRange[] }> {
-    const table = this.table.ipv4;
-    const ranges = [];
-    for (let i = 0; i < table.count; i++) {
-      const chain = table[list][i];
-      if (chain === undefined) continue;
-      const last = i + 1 < table.count ? table.starts[i + 1]! - 1 : 0xffff_ffff;
-      const ports = mergePorts(chain.flatMap((t) => t.ranges().map((range) => range.ports)));
-      ranges.push({ first: formatIPv4(table.starts[i]!), last: formatIPv4(last), ports });
-    }
-    return ranges;
+/**
+ * Disjoint IPv4 address ranges, each with the ports a list's chains cover on all of it
+ * (merged): what the kernel's `address . port` sets hold.
+ */
+export function ipv4PortRanges<T>(
+  table: FamilyTable<ListValues>,
+  chains: ReadonlyArray<PortChain<T> | undefined>,
+): Array<{ first: string; last: string; ports: PortRange[] }> {
+  const ranges = [];
+  for (let i = 0; i < table.count; i++) {
+    const chain = chains[i];
+    if (chain === undefined) continue;
+    const last = i + 1 < table.count ? table.starts[i + 1]! - 1 : 0xffff_ffff;
+    const ports = mergePorts(chain.flatMap((t) => t.ranges().map((range) => range.ports)));
+    ranges.push({ first: formatIPv4(table.starts[i]!), last: formatIPv4(last), ports });
   }
+  return ranges;
 }

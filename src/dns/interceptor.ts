@@ -12,6 +12,7 @@ import type { FlowRecorder } from '../flows/index.js';
 import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
   allowedPorts,
+  deniedPorts,
   canonicalName,
   type CanonicalName,
   decide,
@@ -311,9 +312,15 @@ export class DnsInterceptor {
       const ttl = Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!));
       const expiresAt = sandbox.learned.learn(ip, name, ttl);
       // The firewall opens the address on the ports this name is allowed on (every port for a
-      // portless rule): the ports of the address's other names are already open.
+      // portless rule) and closes those it is denied on: the ports of the address's other
+      // names are already in.
       if (expiresAt !== undefined)
-        opened.push({ address: ip, expiresAt, ports: allowedPorts(policy, [name]) });
+        opened.push({
+          address: ip,
+          expiresAt,
+          ports: allowedPorts(policy, [name]),
+          denied: deniedPorts(policy, [name]),
+        });
     }
     const reply = this.encode(name, answer, ttls, refused, query, limit);
     const { onLearn } = this.options;

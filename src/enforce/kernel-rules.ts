@@ -89,12 +89,19 @@ export interface LearnedElement {
    * `learned4p`).
    */
   readonly ports?: readonly PortRange[];
+  /**
+   * The ports its names are denied on, by denyOut names or rules that decide each request
+   * (`every`: `learned_deny4`; else each port in `learned_deny4p`; none when absent). The
+   * allowed ports are checked first: allow beats deny.
+   */
+  readonly denied?: readonly PortRange[] | 'every';
 }
 
 /**
- * Ports one learned address may open in `learned4p`, each an element: a name allowed on more
- * (a wide range) is not opened there, and its direct connections are refused (fail closed);
- * its web ports still reach the transparent listener, which decides them by name and port.
+ * Ports one learned address may open in `learned4p` (or close in `learned_deny4p`), each an
+ * element: a name allowed on more (a wide range) is not opened there, and one denied on more is
+ * closed on every port (fail closed both ways); its web ports still reach the transparent
+ * listener, which decides them by name and port.
  */
 export const MAX_LEARNED_PORTS = 1024;
 
@@ -115,9 +122,29 @@ const SET_TYPES = {
   allow4p: 'type ipv4_addr . inet_service; flags interval',
   deny4p: 'type ipv4_addr . inet_service; flags interval',
   learned4p: 'type ipv4_addr . inet_service; flags timeout',
+  // Addresses DNS gave for names denyOut names (on some or every port), or whose rules decide
+  // each request: the firewall cannot read names, so their bare addresses are closed there.
+  learned_deny4: 'type ipv4_addr; flags timeout',
+  learned_deny4p: 'type ipv4_addr . inet_service; flags timeout',
 } as const;
 
-const POLICY_SETS = ['allow4', 'deny4', 'learned4', 'allow4p', 'deny4p', 'learned4p'] as const;
+type LearnedSet = 'learned4' | 'learned4p' | 'learned_deny4' | 'learned_deny4p';
+const LEARNED_SETS: readonly LearnedSet[] = [
+  'learned4',
+  'learned4p',
+  'learned_deny4',
+  'learned_deny4p',
+];
+const POLICY_SETS = [
+  'allow4',
+  'deny4',
+  'learned4',
+  'allow4p',
+  'deny4p',
+  'learned4p',
+  'learned_deny4',
+  'learned_deny4p',
+] as const;
 /** A TCP or UDP packet's destination address and port, matched against a `4p` set. */
 const TO_PORT = 'meta l4proto { tcp, udp } ip daddr . th dport';
 const TO_PORT_ORIGINAL = 'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst';
@@ -284,6 +311,8 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     // are in deny4). A learned address no rule denies is allowed by its address, name or not.
     `tcp dport ${redirected} ip daddr @deny4 dnat ip to ${gw}:${transparent}`,
     `tcp dport ${redirected} ip daddr . tcp dport @deny4p dnat ip to ${gw}:${transparent}`,
+    `tcp dport ${redirected} ip daddr @learned_deny4 dnat ip to ${gw}:${transparent}`,
+    `tcp dport ${redirected} ip daddr . tcp dport @learned_deny4p dnat ip to ${gw}:${transparent}`,
   ];
   const egress = [
     // TCP redirected to Moat's listener inside (tunnel_redirect): this hook still sees the
@@ -311,6 +340,10 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     'ct state established,related jump this_policy',
     'ip daddr @learned4 goto learned_open',
     `${TO_PORT} @learned4p goto learned_open`,
+    'ip daddr @learned_deny4 meta l4proto tcp goto refuse_reset',
+    'ip daddr @learned_deny4 goto refuse_icmp',
+    'ip daddr . tcp dport @learned_deny4p goto refuse_reset',
+    'ip daddr . udp dport @learned_deny4p goto refuse_icmp',
     'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
     'ip daddr @deny4 goto refuse_icmp',
     'ip daddr . tcp dport @deny4p goto refuse_reset',
@@ -360,6 +393,8 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     'jump this_policy',
     'ct original ip daddr @learned4 accept',
     `${TO_PORT_ORIGINAL} @learned4p accept`,
+    'ct original ip daddr @learned_deny4 drop',
+    `${TO_PORT_ORIGINAL} @learned_deny4p drop`,
     'ct original ip daddr @deny4 drop',
     `${TO_PORT_ORIGINAL} @deny4p drop`,
     'accept',
@@ -469,8 +504,7 @@ export function policySets(
     ...addElements('deny4', deny),
     ...addElements('allow4p', portElements(policy, 'allowOut')),
     ...addElements('deny4p', portElements(policy, 'denyOut')),
-    ...addElements('learned4', timed(learned, now, 'addresses')),
-    ...addElements('learned4p', timed(learned, now, 'ports')),
+    ...LEARNED_SETS.flatMap((set) => addElements(set, timed(learned, now, set))),
     ...generationRules(generation),
   ].join('; ');
 }
@@ -502,18 +536,15 @@ export function lockdownSets(generation: number): string {
  * plain `add`, so each is added (a no-op when present), deleted and added with its new timeout.
  */
 export function learnedElements(learned: readonly LearnedElement[], now: number): string {
-  return (['addresses', 'ports'] as const)
-    .flatMap((kind) => {
-      const set = kind === 'addresses' ? 'learned4' : 'learned4p';
-      const items = untimed(learned, kind);
-      if (items.length === 0) return [];
-      return [
-        ...addElements(set, items),
-        `delete element ${TABLE} ${set} { ${items.join(', ')} }`,
-        ...addElements(set, timed(learned, now, kind)),
-      ];
-    })
-    .join('; ');
+  return LEARNED_SETS.flatMap((set) => {
+    const items = untimed(learned, set);
+    if (items.length === 0) return [];
+    return [
+      ...addElements(set, items),
+      `delete element ${TABLE} ${set} { ${items.join(', ')} }`,
+      ...addElements(set, timed(learned, now, set)),
+    ];
+  }).join('; ');
 }
 
 /**
@@ -583,14 +614,21 @@ function addElements(set: string, items: readonly string[]): string[] {
   return items.length ? [`add element ${TABLE} ${set} { ${items.join(', ')} }`] : [];
 }
 
-/** A learned element's entries in `learned4` (every port) or `learned4p` (`address . port`). */
-function learnedItems(element: LearnedElement, kind: 'addresses' | 'ports'): string[] {
+/**
+ * A learned element's entries in one learned set: its address in `learned4` (`learned_deny4`)
+ * when it is allowed (denied) on every port, else `address . port` in `learned4p`
+ * (`learned_deny4p`) for each port. Past MAX_LEARNED_PORTS an allowed address opens nothing
+ * and a denied one is closed on every port.
+ */
+function learnedItems(element: LearnedElement, set: LearnedSet): string[] {
   if (element.address.version !== 4) return [];
-  const { ports } = element;
-  if (ports === undefined) return kind === 'addresses' ? [element.address.text] : [];
-  if (kind === 'addresses') return [];
-  const count = ports.reduce((sum, range) => sum + range.to - range.from + 1, 0);
-  if (count > MAX_LEARNED_PORTS) return [];
+  const allowing = set === 'learned4' || set === 'learned4p';
+  const ports = allowing ? (element.ports ?? 'every') : (element.denied ?? []);
+  const count =
+    ports === 'every' ? Infinity : ports.reduce((sum, range) => sum + range.to - range.from + 1, 0);
+  const whole = ports === 'every' || (!allowing && count > MAX_LEARNED_PORTS);
+  if (set === 'learned4' || set === 'learned_deny4') return whole ? [element.address.text] : [];
+  if (whole || count > MAX_LEARNED_PORTS) return [];
   return ports.flatMap((range) =>
     Array.from(
       { length: range.to - range.from + 1 },
@@ -599,18 +637,14 @@ function learnedItems(element: LearnedElement, kind: 'addresses' | 'ports'): str
   );
 }
 
-const untimed = (learned: readonly LearnedElement[], kind: 'addresses' | 'ports') =>
-  learned.flatMap((e) => learnedItems(e, kind));
+const untimed = (learned: readonly LearnedElement[], set: LearnedSet) =>
+  learned.flatMap((e) => learnedItems(e, set));
 
-function timed(
-  learned: readonly LearnedElement[],
-  now: number,
-  kind: 'addresses' | 'ports',
-): string[] {
+function timed(learned: readonly LearnedElement[], now: number, set: LearnedSet): string[] {
   return learned
     .filter((e) => e.expiresAt > now)
     .flatMap((e) => {
       const timeout = ` timeout ${Math.max(1, Math.ceil((e.expiresAt - now) / 1000))}s`;
-      return learnedItems(e, kind).map((item) => item + timeout);
+      return learnedItems(e, set).map((item) => item + timeout);
     });
 }

@@ -1,4 +1,4 @@
-import { allowedPorts, type IPAddress, type Policy } from '../policy/index.js';
+import { allowedPorts, deniedPorts, type IPAddress, type Policy } from '../policy/index.js';
 import {
   BUDGET_COUNTERS_QUERY,
   budgetRefusals,
@@ -175,14 +175,19 @@ export class KernelEnforcer {
     return this.generation;
   }
 
-  /** The sandbox's learned addresses, each opening the ports its names are allowed on. */
+  /**
+   * The sandbox's learned addresses, each opening the ports its names are allowed on and
+   * closing those they are denied on.
+   */
   private learnedOf(sandboxID: string, policy?: Policy): LearnedElement[] {
     const sandbox = this.options.table.get(sandboxID);
     if (sandbox === undefined) return [];
+    const current = policy ?? sandbox.policy;
     return sandbox.learned.entries().map(({ address, expiresAt, names }) => ({
       address,
       expiresAt,
-      ports: allowedPorts(policy ?? sandbox.policy, names),
+      ports: allowedPorts(current, names),
+      denied: deniedPorts(current, names),
     }));
   }
 

@@ -28,6 +28,7 @@ export {
 export { lintPolicy } from './lint.js';
 export {
   allowedPorts,
+  deniedPorts,
   compileInternalDenyList,
   compilePolicy,
   type Decision,

@@ -339,6 +339,27 @@ export function allowedPorts(
 }
 
 /**
+ * The ports on which a bare address learned for any of `names` is denied, merged (`every`: on
+ * every port; empty: none), for the kernel's learned addresses: where denyOut names one of them,
+ * and every port of a name whose rules decide each request (reached by name only). The
+ * kernel checks the ports `allowedPorts` opens first, so allow still beats deny.
+ */
+export function deniedPorts(
+  policy: Policy,
+  names: readonly CanonicalName[],
+): PortRange[] | 'every' {
+  const ranges: PortRange[] = [];
+  for (const name of names) {
+    if (policy.transforms.lookup(name)?.decidesRequests === true) return 'every';
+    if (policy.denyNames.size === 0) continue;
+    const ports = policy.denyNames.portsOf(name);
+    if (ports === undefined) return 'every';
+    ranges.push(...ports);
+  }
+  return mergePorts(ranges);
+}
+
+/**
  * The IPv4 ranges `list`'s port-scoped address rules cover, each with its ports: disjoint, so
  * the kernel's `address . port` interval sets take them as they are.
  */
@@ -407,29 +428,8 @@ export function decide(
   // A learned address never rescues a connection that itself names a host no rule allows
   // (a CDN address shared with an allowed name must not open other names).
   if (learned !== undefined && host === undefined) {
-    // Checked again against this policy so that a stale learned entry cannot open anything.
-    let decidedByRules: CanonicalName | undefined;
-    for (const name of learned.names(ip)) {
-      if (policy.allowNames.lookup(name, allowPort) === undefined) continue;
-      // A bare address would carry requests past the name's method and path rules.
-      if (policy.transforms.lookup(name)?.decidesRequests === true) {
-        decidedByRules ??= name;
-        continue;
-      }
-      return decision(
-        'allow',
-        'learned',
-        name,
-        `the address was given to this sandbox by DNS for the allowed name ${name}`,
-      );
-    }
-    if (decidedByRules !== undefined)
-      return decision(
-        'deny',
-        'rules',
-        decidedByRules,
-        `the address was given to this sandbox by DNS for ${decidedByRules}, whose network.rules decide each request by method and path: connect to ${decidedByRules} by name`,
-      );
+    const byNames = learnedDecision(policy, learned.names(ip), allowPort, denyPort);
+    if (byNames !== undefined) return byNames;
   }
   if (host !== undefined) {
     const deniedName = policy.denyNames.lookup(host, denyPort);
@@ -443,6 +443,55 @@ export function decide(
     if (deniedPort !== undefined) return deniedPort;
   }
   return ALLOW_DEFAULT;
+}
+
+/**
+ * A bare address decided by the names DNS gave it to this sandbox for, checked again against
+ * this policy so that a stale learned entry cannot open anything. A name allowed on the port
+ * allows it (allow beats deny); else a name whose rules decide each request denies it (a bare
+ * address would carry requests past them), and so does a name denyOut denies on the port.
+ */
+function learnedDecision(
+  policy: Policy,
+  names: readonly CanonicalName[],
+  allowPort: PortQuestion,
+  denyPort: PortQuestion,
+): Decision | undefined {
+  let decidedByRules: CanonicalName | undefined;
+  let deniedName: CanonicalName | undefined;
+  let deniedBy: Decision | undefined;
+  for (const name of names) {
+    if (policy.transforms.lookup(name)?.decidesRequests === true) {
+      decidedByRules ??= name;
+      continue;
+    }
+    if (policy.allowNames.lookup(name, allowPort) !== undefined)
+      return decision(
+        'allow',
+        'learned',
+        name,
+        `the address was given to this sandbox by DNS for the allowed name ${name}`,
+      );
+    if (deniedBy === undefined) {
+      deniedBy = policy.denyNames.lookup(name, denyPort);
+      if (deniedBy !== undefined) deniedName = name;
+    }
+  }
+  if (decidedByRules !== undefined)
+    return decision(
+      'deny',
+      'rules',
+      decidedByRules,
+      `the address was given to this sandbox by DNS for ${decidedByRules}, whose network.rules decide each request by method and path: connect to ${decidedByRules} by name`,
+    );
+  if (deniedBy !== undefined)
+    return decision(
+      'deny',
+      'denyOut',
+      deniedBy.rule,
+      `the address was given to this sandbox by DNS for ${deniedName}, which denyOut ${deniedBy.rule} denies${denyPort === 'every' ? '' : ' on this port'}`,
+    );
+  return undefined;
 }
 
 /**

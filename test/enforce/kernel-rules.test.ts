@@ -138,9 +138,16 @@ const learned = (
   ports?: Array<{ from: number; to: number }>,
 ): LearnedElement => ({ address: ip(address), expiresAt: NOW + inMs, ports });
 /** Every policy write empties each policy set first. */
-const FLUSHES = ['allow4', 'deny4', 'learned4', 'allow4p', 'deny4p', 'learned4p'].map(
-  (set) => `flush set inet moat ${set}`,
-);
+const FLUSHES = [
+  'allow4',
+  'deny4',
+  'learned4',
+  'allow4p',
+  'deny4p',
+  'learned4p',
+  'learned_deny4',
+  'learned_deny4p',
+].map((set) => `flush set inet moat ${set}`);
 
 describe('kernel rules: the sandbox table', () => {
   const line = sandboxRuleset(LAYOUT, LINK);
@@ -162,12 +169,14 @@ describe('kernel rules: the sandbox table', () => {
       allow4p: 'type ipv4_addr . inet_service; flags interval;',
       deny4p: 'type ipv4_addr . inet_service; flags interval;',
       learned4p: 'type ipv4_addr . inet_service; flags timeout;',
+      learned_deny4: 'type ipv4_addr; flags timeout;',
+      learned_deny4p: 'type ipv4_addr . inet_service; flags timeout;',
       logged4:
         'type ipv4_addr . inet_proto . inet_service . inet_service; flags dynamic, timeout; timeout 2m; size 65536;',
     });
   });
 
-  it('sends DNS to the gateway first, and web ports of learned and denied addresses to the transparent listener', () => {
+  it('sends DNS to the gateway first, and web ports of denied addresses (learned ones too) to the transparent listener', () => {
     expect(table.chains.to_moat).toEqual([
       'meta l4proto { tcp, udp } th dport 53 dnat ip to 10.216.0.1:53',
       'ip daddr @internal4 accept',
@@ -176,10 +185,12 @@ describe('kernel rules: the sandbox table', () => {
       'meta l4proto { tcp, udp } ip daddr . th dport @allow4p accept',
       'tcp dport { 80, 443 } ip daddr @deny4 dnat ip to 10.216.0.1:3129',
       'tcp dport { 80, 443 } ip daddr . tcp dport @deny4p dnat ip to 10.216.0.1:3129',
+      'tcp dport { 80, 443 } ip daddr @learned_deny4 dnat ip to 10.216.0.1:3129',
+      'tcp dport { 80, 443 } ip daddr . tcp dport @learned_deny4p dnat ip to 10.216.0.1:3129',
     ]);
   });
 
-  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, direct web connections to denied addresses, open connections of this policy, learned, deny', () => {
+  it('decides outbound traffic in order: gateway, DoT, internal, pool, allow, direct web connections to denied addresses, open connections of this policy, learned, learned denied, deny', () => {
     expect(table.chains.outbound).toEqual([
       'ip daddr 127.0.0.1 ct status dnat accept',
       'meta nfproto ipv6 reject with icmpx admin-prohibited',
@@ -198,6 +209,10 @@ describe('kernel rules: the sandbox table', () => {
       'ct state established,related jump this_policy',
       'ip daddr @learned4 goto learned_open',
       'meta l4proto { tcp, udp } ip daddr . th dport @learned4p goto learned_open',
+      'ip daddr @learned_deny4 meta l4proto tcp goto refuse_reset',
+      'ip daddr @learned_deny4 goto refuse_icmp',
+      'ip daddr . tcp dport @learned_deny4p goto refuse_reset',
+      'ip daddr . udp dport @learned_deny4p goto refuse_icmp',
       'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
       'ip daddr @deny4 goto refuse_icmp',
       'ip daddr . tcp dport @deny4p goto refuse_reset',
@@ -393,6 +408,8 @@ describe('kernel rules: the sandbox table', () => {
       'jump this_policy',
       'ct original ip daddr @learned4 accept',
       'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned4p accept',
+      'ct original ip daddr @learned_deny4 drop',
+      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned_deny4p drop',
       'ct original ip daddr @deny4 drop',
       'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @deny4p drop',
       'accept',
@@ -488,14 +505,16 @@ describe('kernel rules: policy sets', () => {
     const line = policySets(policyOf(rules), [], NOW, GENERATION);
     expect(line).not.toContain('\n');
     const commands = splitTop(line);
-    expect(commands.slice(0, 6)).toEqual(FLUSHES);
+    expect(commands.slice(0, FLUSHES.length)).toEqual(FLUSHES);
     const expected: Record<string, string[]> = {};
     if (allow4) expected.allow4 = allow4;
     if (deny4) expected.deny4 = deny4;
     if (allow4p) expected.allow4p = allow4p;
     if (deny4p) expected.deny4p = deny4p;
     expect(added(line)).toEqual(expected);
-    expect(commands).toHaveLength(6 + Object.keys(expected).length + GENERATION_RULES.length);
+    expect(commands).toHaveLength(
+      FLUSHES.length + Object.keys(expected).length + GENERATION_RULES.length,
+    );
     expect(commands.slice(-GENERATION_RULES.length)).toEqual(GENERATION_RULES);
   });
 
@@ -578,6 +597,31 @@ describe('kernel rules: learned addresses', () => {
       `add element inet moat learned4p { ${p.join(', ')} }`,
       `delete element inet moat learned4p { ${p.join(', ')} }`,
       `add element inet moat learned4p { ${p.map((e) => `${e} timeout 60s`).join(', ')} }`,
+    ]);
+  });
+
+  it('closes an address learned for a denied name on its denied ports, or on every port past the element cap', () => {
+    const denied = (address: string, ports: LearnedElement['denied']): LearnedElement => ({
+      ...learned(address, 30_000, []),
+      denied: ports,
+    });
+    const line = learnedElements(
+      [
+        denied('203.0.113.1', [{ from: 25, to: 26 }]),
+        denied('203.0.113.2', 'every'),
+        // More ports than one address may close in learned_deny4p: closed on every port.
+        denied('203.0.113.3', [{ from: 1, to: 2000 }]),
+        denied('203.0.113.4', []),
+      ],
+      NOW,
+    );
+    expect(splitTop(line)).toEqual([
+      'add element inet moat learned_deny4 { 203.0.113.2, 203.0.113.3 }',
+      'delete element inet moat learned_deny4 { 203.0.113.2, 203.0.113.3 }',
+      'add element inet moat learned_deny4 { 203.0.113.2 timeout 30s, 203.0.113.3 timeout 30s }',
+      'add element inet moat learned_deny4p { 203.0.113.1 . 25, 203.0.113.1 . 26 }',
+      'delete element inet moat learned_deny4p { 203.0.113.1 . 25, 203.0.113.1 . 26 }',
+      'add element inet moat learned_deny4p { 203.0.113.1 . 25 timeout 30s, 203.0.113.1 . 26 timeout 30s }',
     ]);
   });
 

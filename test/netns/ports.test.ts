@@ -159,6 +159,43 @@ describe.skipIf(skip !== undefined)('ports at the kernel and at DNS', () => {
     }
   });
 
+  it('closes the address DNS gave for a name denied on some ports, on those ports, by address too', async () => {
+    const sandbox = await sandboxWith({ denyOut: [`smtp.test:${TCP_PORT}`] });
+    try {
+      // Nothing ties the address to the name before the sandbox asks for it: default allow.
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toBe('ping');
+      expect(await run(sandbox, dnsQuery('smtp.test'))).toBe('0 1\n');
+      expect(await run(sandbox, tcpEcho('smtp.test'))).toMatch(/Connection refused/);
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toMatch(/Connection refused/);
+      expect(await run(sandbox, udpEcho(ORIGIN))).toBe('pong\n');
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
+  it('closes every port of an address given for a name whose rules decide requests, under a default-allow policy', async () => {
+    const sandbox = await sandboxWith({
+      rules: {
+        'db.test': [{ match: { methods: ['GET'] }, action: 'allow' }, { action: 'deny' }],
+      },
+    });
+    const postByAddress = `curl --noproxy '*' -sS -m 5 -o /dev/null -w '%{http_code}' -X POST http://${ORIGIN}/`;
+    try {
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toBe('ping');
+      expect(await run(sandbox, postByAddress)).toBe('200');
+      const seen = world.seen('http').length;
+      expect(await run(sandbox, dnsQuery('db.test'))).toBe('0 1\n');
+      expect(await run(sandbox, tcpEcho(ORIGIN))).toMatch(/Connection refused/);
+      expect(await run(sandbox, udpEcho(ORIGIN))).toBe('1\n');
+      // Web ports go to the transparent listener, which does not let a bare address past the
+      // name's rules.
+      expect(await run(sandbox, postByAddress)).not.toBe('200');
+      expect(world.seen('http')).toHaveLength(seen);
+    } finally {
+      await sandbox.kill();
+    }
+  });
+
   it.skipIf(sshSkip !== undefined)(
     'clones with git over SSH from an allowed host:22, while port 80 of that host is refused',
     async () => {

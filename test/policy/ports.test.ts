@@ -6,8 +6,10 @@
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
 import {
+  canonicalName,
   compilePolicy,
   decide,
+  deniedPorts,
   lintPolicy,
   compileInternalDenyList,
   parseNetworkConfig,
@@ -29,6 +31,12 @@ import {
 } from './helpers.js';
 
 const denyAll = (...allowOut: string[]) => ({ allowOut, denyOut: ['0.0.0.0/0'] });
+
+const name = (text: string) => {
+  const parsed = canonicalName(text);
+  if (!parsed.ok) throw new Error(parsed.error);
+  return parsed.value;
+};
 
 const rulesOf = (config: unknown): readonly Rule[] => {
   const parsed = parseNetworkConfig(config);
@@ -257,6 +265,40 @@ describe('decisions per (destination, port)', () => {
     expect(decideText(policy, { host: 'www.pastebin.com' })).toEqual(denyBy('*.pastebin.com'));
   });
 
+  test('a learned address is closed on the ports denyOut denies its name on; allow still beats deny', () => {
+    const policy = policyOf({ denyOut: ['smtp.test:25', '*.pastebin.com'] });
+    const smtp = learnedOf([['44.1.2.3', 'smtp.test']]);
+    expect(decide(policy, destinationOf({ ip: '44.1.2.3', port: 25 }), smtp)).toEqual({
+      verdict: 'deny',
+      list: 'denyOut',
+      rule: 'smtp.test:25',
+      reason:
+        'the address was given to this sandbox by DNS for smtp.test, which denyOut smtp.test:25 denies on this port',
+    });
+    expect(decideText(policy, { ip: '44.1.2.3', port: 443 }, smtp)).toEqual(ALLOW_DEFAULT);
+    // Learned before a PUT denied the name on every port: closed on every port.
+    const paste = learnedOf([['44.1.2.4', 'x.pastebin.com']]);
+    expect(decideText(policy, { ip: '44.1.2.4', port: 443 }, paste)).toEqual(
+      denyBy('*.pastebin.com'),
+    );
+    expect(deniedPorts(policy, [name('smtp.test')])).toEqual([{ from: 25, to: 25 }]);
+    expect(deniedPorts(policy, [name('x.pastebin.com')])).toBe('every');
+    expect(deniedPorts(policy, [name('db.test')])).toEqual([]);
+    // An allowOut entry covering the learned name on the port wins; so does another name the
+    // address was learned for.
+    const both = policyOf({
+      allowOut: ['smtp.test:25', 'relay.test'],
+      denyOut: ['0.0.0.0/0', 'smtp.test'],
+    });
+    expect(decideText(both, { ip: '44.1.2.3', port: 25 }, smtp)).toEqual(learnedBy('smtp.test'));
+    expect(decideText(both, { ip: '44.1.2.3', port: 26 }, smtp)).toEqual(denyBy('smtp.test'));
+    const shared = learnedOf([
+      ['44.1.2.3', 'smtp.test'],
+      ['44.1.2.3', 'relay.test'],
+    ]);
+    expect(decideText(both, { ip: '44.1.2.3', port: 26 }, shared)).toEqual(learnedBy('relay.test'));
+  });
+
   test('a learned address opens only the ports its name is allowed on', () => {
     const policy = policyOf(denyAll('db.test:5432'));
     const learned = learnedOf([['44.1.2.3', 'db.test']]);
@@ -412,8 +454,13 @@ function refDecidePorts(
   if (addresses(allow, 'allow').length > 0)
     return result('allow', 'allowOut', addresses(allow, 'allow'));
   const learnedName = learned.get(ip);
-  if (host === undefined && learnedName !== undefined && names(allow, 'allow', learnedName).length)
-    return { verdict: 'allow', list: 'learned', rules: [learnedName] };
+  if (host === undefined && learnedName !== undefined) {
+    if (names(allow, 'allow', learnedName).length > 0)
+      return { verdict: 'allow', list: 'learned', rules: [learnedName] };
+    // The firewall cannot read a name: a bare address is denied where its learned name is.
+    if (names(deny, 'deny', learnedName).length > 0)
+      return result('deny', 'denyOut', names(deny, 'deny', learnedName));
+  }
   if (host !== undefined && names(deny, 'deny', host).length > 0)
     return result('deny', 'denyOut', names(deny, 'deny', host));
   const everything = all ? [refRule('0.0.0.0/0')] : [];

@@ -9,6 +9,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import {
   allowedPorts,
+  deniedPorts,
   canonicalName,
   compileInternalDenyList,
   decide,
@@ -348,6 +349,28 @@ describe('an address given for a name whose rules decide requests', () => {
     };
     expect(allowedPorts(policy, [name('api.test')])).toEqual([]);
     expect(allowedPorts(policy, [name('cdn.test')])).toBeUndefined();
+    // And closes every port of them, which matters where nothing else denies the address.
+    expect(deniedPorts(policy, [name('api.test')])).toBe('every');
+    expect(deniedPorts(policy, [name('cdn.test')])).toEqual([]);
+  });
+
+  it('holds a bare address under a default-allow policy too, where no allowOut names the name', () => {
+    const open = policyOf(
+      {
+        rules: {
+          'api.test': [{ match: { methods: ['GET'] }, action: 'allow' }, { action: 'deny' }],
+        },
+      },
+      compileInternalDenyList([]),
+    );
+    const bare = { ip: address('198.51.100.7'), port: 22 };
+    expect(decide(open, bare, learnedFor('api.test')).list).toBe('rules');
+    expect(decide(open, bare, learnedFor('api.test')).verdict).toBe('deny');
+    // Another name the address was learned for, allowed by allowOut, still opens it; a name
+    // allowed only by default does not.
+    expect(decide(policy, bare, learnedFor('api.test', 'cdn.test')).list).toBe('learned');
+    expect(decide(open, bare, learnedFor('api.test', 'other.test')).verdict).toBe('deny');
+    expect(decide(open, bare, learnedFor('other.test')).list).toBe('default');
   });
 });
 

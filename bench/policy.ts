@@ -4,7 +4,8 @@
  * host-name decisions per second on pre-parsed (canonical) destinations, parse+decide for raw
  * host strings, compile time, and heap per compiled policy, then checks the targets:
  *
- * - at 100,000 rules: >= 2,000,000 IP and >= 1,000,000 host-name decisions/s on one core, and
+ * - at 100,000 rules: >= 10,000,000 IP decisions/s on one core, with ports on a quarter of the
+ *   rules and without, >= 1,000,000 host-name decisions/s, and
  *   parse+compile under 500 ms;
  * - at 10,000 rules: at least 100x the naive matcher (IP and host names).
  *
@@ -55,7 +56,7 @@ const DEFAULT_SIZES = [10, 1_000, 10_000, 100_000];
 const MASK = DESTINATIONS - 1;
 
 const TARGETS = {
-  ipPerSecondAt100k: 2_000_000,
+  ipPerSecondAt100k: 10_000_000,
   hostPerSecondAt100k: 1_000_000,
   compileMsAt100k: 500,
   naiveRatioAt10k: 100,

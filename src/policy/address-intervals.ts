@@ -22,9 +22,9 @@ export interface FamilyTable<V extends ListValues> {
   readonly starts: Uint32Array;
   readonly count: number;
   /**
-   * IPv4 only: `buckets[b]` is the interval holding the first address whose top bits are b,
-   * so a search covers only the intervals of one bucket. Sized to the table (no index for a
-   * small one), so memory stays proportional to the rules.
+   * `buckets[b]` is the interval holding the first address whose top bits (of its first word)
+   * are b, so a search covers only the intervals of one bucket. Sized to the table (no index
+   * for a small one), so memory stays proportional to the rules.
    */
   readonly buckets: Uint32Array | undefined;
   readonly bucketShift: number;
@@ -164,15 +164,21 @@ function buildFamily<V extends ListValues, K>(
       for (let w = 0; w < 4; w++)
         packed[i * 4 + w] = Number(((start as bigint) >> BigInt(32 * (3 - w))) & 0xffffffffn);
   });
-  const bucketBits =
-    words === 1 ? Math.min(16, Math.max(0, Math.floor(Math.log2(starts.length)))) : 0;
+  // `buckets[b]` is the interval holding the first address whose top bits are b.
+  const bucketBits = Math.min(16, Math.max(0, Math.floor(Math.log2(starts.length))));
   let buckets: Uint32Array | undefined;
   if (bucketBits > 0) {
     buckets = new Uint32Array(2 ** bucketBits);
+    const atMost = (i: number, first: number) => {
+      const top = packed[i * words]!;
+      if (top !== first) return top < first;
+      for (let w = 1; w < words; w++) if (packed[i * words + w] !== 0) return false;
+      return true;
+    };
     let interval = 0;
     for (let b = 0; b < buckets.length; b++) {
       const first = b * 2 ** (32 - bucketBits);
-      while (interval + 1 < starts.length && (starts[interval + 1] as number) <= first) interval++;
+      while (interval + 1 < starts.length && atMost(interval + 1, first)) interval++;
       buckets[b] = interval;
     }
   }
@@ -193,16 +199,16 @@ export function locate(table: FamilyTable<ListValues>, address: readonly number[
   const { starts, words, buckets } = table;
   let lo = 0;
   let hi = table.count - 1;
+  const top = address[0]! >>> 0;
+  if (buckets !== undefined) {
+    const b = top >>> table.bucketShift;
+    lo = buckets[b]!;
+    if (b + 1 < buckets.length) hi = buckets[b + 1]!;
+  }
   if (words === 1) {
-    const a = address[0]! >>> 0;
-    if (buckets !== undefined) {
-      const b = a >>> table.bucketShift;
-      lo = buckets[b]!;
-      if (b + 1 < buckets.length) hi = buckets[b + 1]!;
-    }
     while (lo < hi) {
       const mid = (lo + hi + 1) >>> 1;
-      if (starts[mid]! <= a) lo = mid;
+      if (starts[mid]! <= top) lo = mid;
       else hi = mid - 1;
     }
     return lo;

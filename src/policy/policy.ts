@@ -11,14 +11,13 @@ import { DomainTrie } from './domain-trie.js';
 import type { CanonicalName } from './host.js';
 import { DEFAULT_INTERNAL_DENY, type InternalRange } from './internal.js';
 import { ALL_TRAFFIC, type NameRule, type NetworkRules, type Rule, ruleLabel } from './rules.js';
-import { mergePorts, type PortRange } from './ports.js';
+import { mergePorts, type PortRange, type PortTable } from './ports.js';
 import {
-  chainLookup,
   ipv4PortRanges,
   NameRules,
-  type PortChain,
   type PortQuestion,
-  portChains,
+  portLookup,
+  portTables,
 } from './scoped-rules.js';
 import {
   decideRequest,
@@ -103,8 +102,8 @@ type AddressLists = {
   internal: Decision;
   allow: Decision;
   deny: Decision;
-  allowPorts: PortChain<Decision>;
-  denyPorts: PortChain<Decision>;
+  allowPorts: PortTable<Decision>;
+  denyPorts: PortTable<Decision>;
 };
 const ADDRESS_LISTS: ReadonlyArray<keyof AddressLists> = [
   'internal',
@@ -125,6 +124,8 @@ export interface Policy {
   readonly denyNames: NameRules<Decision>;
   /** @internal to the policy part: every prefix (internal list, allowOut, denyOut, with ports). */
   readonly addresses: AddressIntervals<AddressLists>;
+  /** @internal to the policy part: whether any prefix has ports (else their lists are empty). */
+  readonly addressPorts: boolean;
   /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
   readonly transforms: DomainTrie<DestinationRules>;
 }
@@ -293,13 +294,14 @@ export function compilePolicy(
     unmatchedName,
     allowNames: new NameRules(allowNameRules),
     denyNames: new NameRules(denyNameRules),
+    addressPorts: portPrefixes.length > 0,
     addresses: new AddressIntervals<AddressLists>(ADDRESS_LISTS, [
       ...prefixes,
       ...(['allow', 'deny'] as const).flatMap((list) =>
-        portChains(portPrefixes.filter((rule) => rule.list === list)).map(({ cidr, chain }) => ({
+        portTables(portPrefixes.filter((rule) => rule.list === list)).map(({ cidr, table }) => ({
           cidr,
           list: list === 'allow' ? ('allowPorts' as const) : ('denyPorts' as const),
-          value: chain,
+          value: table,
         })),
       ),
     ]),
@@ -420,9 +422,11 @@ export function decide(
   }
   const allowed = lists.allow[slot];
   if (allowed !== undefined) return allowed;
-  const allowChain = lists.allowPorts[slot];
-  if (allowChain !== undefined) {
-    const allowedPort = chainLookup(allowChain, allowPort);
+  // Skipped for a policy without port-scoped prefixes: a load saved on most decisions.
+  const ported = policy.addressPorts;
+  const allowPorts = ported ? lists.allowPorts[slot] : undefined;
+  if (allowPorts !== undefined) {
+    const allowedPort = portLookup(allowPorts, allowPort);
     if (allowedPort !== undefined) return allowedPort;
   }
   // A learned address never rescues a connection that itself names a host no rule allows
@@ -437,9 +441,9 @@ export function decide(
   }
   const denied = lists.deny[slot];
   if (denied !== undefined) return denied;
-  const denyChain = lists.denyPorts[slot];
-  if (denyChain !== undefined && port !== undefined) {
-    const deniedPort = chainLookup(denyChain, port);
+  const denyPorts = ported ? lists.denyPorts[slot] : undefined;
+  if (denyPorts !== undefined && port !== undefined) {
+    const deniedPort = denyPorts.lookup(port);
     if (deniedPort !== undefined) return deniedPort;
   }
   return ALLOW_DEFAULT;

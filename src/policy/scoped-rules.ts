@@ -2,8 +2,8 @@
  * The rules of one list (allowOut or denyOut) compiled for decisions per port: names and
  * wildcards in domain maps, addresses and networks in an interval table. A rule without a port
  * is a plain entry (one lookup, as before ports existed); rules with ports on one destination
- * are merged into a `PortTable`, and networks with ports are kept as chains of port tables (see
- * `PortChain`) in the policy's one address table.
+ * are merged into a `PortTable`, kept for networks in the policy's one address table (see
+ * `portTables`).
  *
  * Questions without a port (a DNS query name, an address in a DNS answer) ask either whether
  * some port is covered (`some`: an allow rule on `:22` still lets the name resolve) or whether
@@ -79,19 +79,14 @@ export class NameRules<T> {
 }
 
 /**
- * The port tables covering the addresses of one network: its own, then those of the networks
- * around it, innermost first. Kept per interval of the policy's address table, so the one
- * search that finds an address's longest prefixes also finds every port rule covering it.
+ * Port-scoped address rules of one list, one port table per network: the network's own rules,
+ * then those of each network around it, innermost first, merged so that an inner network's rule
+ * keeps the ports it names. Kept per interval of the policy's address table, so the one search
+ * that finds an address's longest prefixes also finds the port rules covering it.
  */
-export type PortChain<T> = ReadonlyArray<PortTable<T>>;
-
-/**
- * Port-scoped address rules of one list as prefix entries: each network with its chain. Rules
- * on one network are merged into one port table, the first rule keeping ports a later repeats.
- */
-export function portChains<T>(
+export function portTables<T>(
   rules: ReadonlyArray<Scoped<T> & { readonly cidr: CIDR }>,
-): Array<{ cidr: CIDR; chain: PortChain<T> }> {
+): Array<{ cidr: CIDR; table: PortTable<T> }> {
   const groups = new Map<string, { cidr: CIDR; rules: Array<Scoped<T>> }>();
   for (const rule of rules) {
     const key = `${rule.cidr.version} ${rule.cidr.text}`;
@@ -99,48 +94,45 @@ export function portChains<T>(
     if (group.rules.length === 0) groups.set(key, group);
     group.rules.push(rule);
   }
-  const tables = new AddressPrefixMap<{ table: PortTable<T>; length: number }>();
+  const own = new AddressPrefixMap<{ table: PortTable<T>; length: number }>();
   for (const { cidr, rules: group } of groups.values()) {
     const ports = group.map((rule) => ({ ports: rule.ports!, value: rule.value }));
-    tables.insert(cidr, { table: new PortTable(ports), length: cidr.prefixLength });
+    own.insert(cidr, { table: new PortTable(ports), length: cidr.prefixLength });
   }
   return [...groups.values()].map(({ cidr }) => {
-    const chain: Array<PortTable<T>> = [];
+    const ranges: Array<{ ports: PortRange; value: T }> = [];
     for (let length = cidr.prefixLength; length >= 0;) {
-      const around = tables.covering(cidr, length);
+      const around = own.covering(cidr, length);
       if (around === undefined) break;
-      chain.push(around.table);
+      ranges.push(...around.table.ranges());
       length = around.length - 1;
     }
-    return { cidr, chain };
+    return { cidr, table: new PortTable(ranges) };
   });
 }
 
-/** The rule of a chain covering `port`; without a port, one covering some port. */
-export function chainLookup<T>(chain: PortChain<T>, port: number | 'some'): T | undefined {
-  if (port === 'some') return chain[0]!.first;
-  for (const table of chain) {
-    const value = table.lookup(port);
-    if (value !== undefined) return value;
-  }
-  return undefined;
-}
+/** The rule of a port table covering `port`; without a port, one covering some port. */
+export const portLookup = <T>(table: PortTable<T>, port: number | 'some'): T | undefined =>
+  port === 'some' ? table.first : table.lookup(port);
 
 /**
- * Disjoint IPv4 address ranges, each with the ports a list's chains cover on all of it
+ * Disjoint IPv4 address ranges, each with the ports a list's port tables cover on all of it
  * (merged): what the kernel's `address . port` sets hold.
  */
 export function ipv4PortRanges<T>(
   table: FamilyTable<ListValues>,
-  chains: ReadonlyArray<PortChain<T> | undefined>,
+  tables: ReadonlyArray<PortTable<T> | undefined>,
 ): Array<{ first: string; last: string; ports: PortRange[] }> {
   const ranges = [];
   for (let i = 0; i < table.count; i++) {
-    const chain = chains[i];
-    if (chain === undefined) continue;
+    const ports = tables[i];
+    if (ports === undefined) continue;
     const last = i + 1 < table.count ? table.starts[i + 1]! - 1 : 0xffff_ffff;
-    const ports = mergePorts(chain.flatMap((t) => t.ranges().map((range) => range.ports)));
-    ranges.push({ first: formatIPv4(table.starts[i]!), last: formatIPv4(last), ports });
+    ranges.push({
+      first: formatIPv4(table.starts[i]!),
+      last: formatIPv4(last),
+      ports: mergePorts(ports.ranges().map((range) => range.ports)),
+    });
   }
   return ranges;
 }

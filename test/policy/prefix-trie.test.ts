@@ -1,9 +1,10 @@
 /**
- * Unit tests of the two tries behind a compiled Policy, against naive matchers written here:
- * BigInt arithmetic for prefixes, string suffixes for names.
+ * Unit tests of the tries and the interval table behind a compiled Policy, against naive
+ * matchers written here: BigInt arithmetic for prefixes, string suffixes for names.
  */
 import fc from 'fast-check';
 import { describe, expect, test } from 'vitest';
+import { AddressIntervals, locate } from '../../src/policy/address-intervals.js';
 import { DomainTrie } from '../../src/policy/domain-trie.js';
 import { PrefixTrie } from '../../src/policy/prefix-trie.js';
 
@@ -230,6 +231,49 @@ describe('PrefixTrie agrees with a naive matcher (property)', () => {
           },
         ),
         { numRuns: 2000 },
+      );
+    });
+
+    test(`${bits}-bit: the interval table (bucketed search) finds the same longest prefix`, () => {
+      // Addresses at and around the edges of the table's top-bits buckets as well.
+      const edge = fc
+        .tuple(fc.integer({ min: 0, max: 0xffff }), fc.constantFrom(0n, 1n, -1n))
+        .map(([top, step]) => {
+          const start = BigInt(top) << BigInt(bits - 16);
+          const max = (1n << BigInt(bits)) - 1n;
+          const at = start + step;
+          return at < 0n ? 0n : at > max ? max : at;
+        });
+      fc.assert(
+        fc.property(
+          fc.array(prefix, { maxLength: 60 }),
+          fc.array(fc.oneof(value, edge), { minLength: 1, maxLength: 20 }),
+          (prefixes, addresses) => {
+            const version = bits === 32 ? 4 : 6;
+            const table = new AddressIntervals<{ allow: number }>(
+              ['allow'],
+              prefixes.map((p, i) => ({
+                cidr: {
+                  version,
+                  words: toWords(bits, p.network),
+                  prefixLength: p.len,
+                  hadHostBits: false,
+                  text: '',
+                },
+                list: 'allow',
+                value: i,
+              })),
+            );
+            for (const address of addresses) {
+              const words = toWords(bits, address);
+              const family = table.family({ version, words, text: '' });
+              expect(family.lists.allow[locate(family, words)], address.toString(16)).toBe(
+                naiveLookup(bits, prefixes, address),
+              );
+            }
+          },
+        ),
+        { numRuns: 1000 },
       );
     });
   }

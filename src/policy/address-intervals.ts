@@ -30,6 +30,12 @@ export interface FamilyTable<V extends ListValues> {
   readonly bucketShift: number;
   /** Per list, the value of its longest prefix covering interval i. */
   readonly lists: { readonly [L in keyof V]: ReadonlyArray<V[L] | undefined> };
+  /**
+   * Per interval, bit l set when list l (in the order the table was built with) holds a value
+   * there: one byte per interval, small enough to stay in cache, so a search reads only the
+   * lists that hold something.
+   */
+  readonly present: Uint8Array;
 }
 
 /**
@@ -188,6 +194,9 @@ function buildFamily<V extends ListValues, K>(
     count: starts.length,
     buckets,
     bucketShift: 32 - bucketBits,
+    present: Uint8Array.from(starts, (_, i) =>
+      columns.reduce((bits, column, l) => (column[i] === undefined ? bits : bits | (1 << l)), 0),
+    ),
     lists: Object.fromEntries(
       names.map((name, l) => [name, columns[l]]),
     ) as unknown as FamilyTable<V>['lists'],
@@ -231,8 +240,12 @@ export class AddressIntervals<V extends ListValues> {
   private readonly v4: FamilyTable<V>;
   private readonly v6: FamilyTable<V>;
 
-  /** `names`: every list the table holds (a list without entries is still asked). */
+  /**
+   * `names`: every list the table holds, at most 8 (a list without entries is still asked);
+   * list l is bit `1 << l` of `present`.
+   */
   constructor(names: ReadonlyArray<keyof V>, entries: ReadonlyArray<PrefixEntry<V>>) {
+    if (names.length > 8) throw new Error('an address table holds at most 8 lists');
     this.v4 = buildFamily(
       names,
       entries.filter((e) => e.cidr.version === 4),

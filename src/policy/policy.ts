@@ -112,6 +112,12 @@ const ADDRESS_LISTS: ReadonlyArray<keyof AddressLists> = [
   'allowPorts',
   'denyPorts',
 ];
+// Each list's bit in the table's `present` byte (its index in ADDRESS_LISTS).
+const INTERNAL = 1;
+const ALLOW = 2;
+const DENY = 4;
+const ALLOW_PORTS = 8;
+const DENY_PORTS = 16;
 
 export interface Policy {
   readonly rules: NetworkRules;
@@ -124,8 +130,6 @@ export interface Policy {
   readonly denyNames: NameRules<Decision>;
   /** @internal to the policy part: every prefix (internal list, allowOut, denyOut, with ports). */
   readonly addresses: AddressIntervals<AddressLists>;
-  /** @internal to the policy part: whether any prefix has ports (else their lists are empty). */
-  readonly addressPorts: boolean;
   /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
   readonly transforms: DomainTrie<DestinationRules>;
 }
@@ -294,7 +298,6 @@ export function compilePolicy(
     unmatchedName,
     allowNames: new NameRules(allowNameRules),
     denyNames: new NameRules(denyNameRules),
-    addressPorts: portPrefixes.length > 0,
     addresses: new AddressIntervals<AddressLists>(ADDRESS_LISTS, [
       ...prefixes,
       ...(['allow', 'deny'] as const).flatMap((list) =>
@@ -413,20 +416,17 @@ export function decide(
   // One search finds the address's longest prefix in every list, with ports or without.
   const table = policy.addresses.family(ip);
   const slot = locate(table, ip.words);
+  // Which lists hold a prefix of the address, from one byte: only those are read.
+  const present = table.present[slot]!;
   const lists = table.lists;
-  const internal = lists.internal[slot];
-  if (internal !== undefined) return internal;
+  if (present & INTERNAL) return lists.internal[slot]!;
   if (host !== undefined) {
     const byName = policy.allowNames.lookup(host, allowPort);
     if (byName !== undefined) return byName;
   }
-  const allowed = lists.allow[slot];
-  if (allowed !== undefined) return allowed;
-  // Skipped for a policy without port-scoped prefixes: a load saved on most decisions.
-  const ported = policy.addressPorts;
-  const allowPorts = ported ? lists.allowPorts[slot] : undefined;
-  if (allowPorts !== undefined) {
-    const allowedPort = portLookup(allowPorts, allowPort);
+  if (present & ALLOW) return lists.allow[slot]!;
+  if (present & ALLOW_PORTS) {
+    const allowedPort = portLookup(lists.allowPorts[slot]!, allowPort);
     if (allowedPort !== undefined) return allowedPort;
   }
   // A learned address never rescues a connection that itself names a host no rule allows
@@ -439,11 +439,9 @@ export function decide(
     const deniedName = policy.denyNames.lookup(host, denyPort);
     if (deniedName !== undefined) return deniedName;
   }
-  const denied = lists.deny[slot];
-  if (denied !== undefined) return denied;
-  const denyPorts = ported ? lists.denyPorts[slot] : undefined;
-  if (denyPorts !== undefined && port !== undefined) {
-    const deniedPort = denyPorts.lookup(port);
+  if (present & DENY) return lists.deny[slot]!;
+  if (present & DENY_PORTS && port !== undefined) {
+    const deniedPort = lists.denyPorts[slot]!.lookup(port);
     if (deniedPort !== undefined) return deniedPort;
   }
   return ALLOW_DEFAULT;

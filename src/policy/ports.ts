@@ -30,6 +30,13 @@ export function mergePorts(ranges: readonly PortRange[]): PortRange[] {
  * given first keeps its ports. Looked up by binary search.
  */
 export class PortTable<T> {
+  // The first segment in fields of its own: most tables hold one (`:443`), and a lookup then
+  // reads this object only.
+  private readonly firstFrom: number;
+  private readonly firstTo: number;
+  private readonly firstValue: T | undefined;
+  /** The value of the first range given, which keeps its ports (see `first`). */
+  private readonly preferred: T | undefined;
   private readonly from: Uint16Array;
   private readonly to: Uint16Array;
   private readonly values: T[];
@@ -40,11 +47,17 @@ export class PortTable<T> {
     this.from = Uint16Array.from(segments, (s) => s.from);
     this.to = Uint16Array.from(segments, (s) => s.to);
     this.values = segments.map((s) => ranges[s.owner]!.value);
+    // An empty table: a range no port is in.
+    this.firstFrom = segments[0]?.from ?? 1;
+    this.firstTo = segments[0]?.to ?? 0;
+    this.firstValue = this.values[0];
+    this.preferred = ranges[0]?.value;
   }
 
   /** The value whose range holds `port`, if any. */
   lookup(port: number): T | undefined {
-    let low = 0;
+    if (port <= this.firstTo) return port >= this.firstFrom ? this.firstValue : undefined;
+    let low = 1;
     let high = this.from.length - 1;
     while (low <= high) {
       const middle = (low + high) >>> 1;
@@ -55,9 +68,12 @@ export class PortTable<T> {
     return undefined;
   }
 
-  /** The first value (the table of a rule that names some port: any, for a portless question). */
+  /**
+   * For a question without a port: the value of the first range given (the most specific rule,
+   * for a network's table merged with those around it), which some port always keeps.
+   */
   get first(): T | undefined {
-    return this.values[0];
+    return this.preferred;
   }
 
   /** The table's ranges in port order, each with its value. */

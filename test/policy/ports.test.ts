@@ -206,8 +206,10 @@ describe('decisions per (destination, port)', () => {
       allowBy('[2606:4700::/32]:443'),
     );
     expect(decideText(policy, { ip: '2606:4700::9', port: 80 })).toEqual(denyBy('0.0.0.0/0'));
-    // Without a port (an address in a DNS answer): allowed on some port.
+    // Without a port (an address in a DNS answer): allowed on some port, by the most specific
+    // network's rule, though an outer one holds lower ports.
     expect(decide(policy, destinationOf({ ip: '44.1.2.3' })).verdict).toBe('allow');
+    expect(decideText(policy, { ip: '44.1.2.3' })).toEqual(allowBy('44.1.2.3:5432'));
     expect(decide(policy, destinationOf({ ip: '44.2.0.1' })).verdict).toBe('deny');
   });
 

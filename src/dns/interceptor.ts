@@ -310,17 +310,20 @@ export class DnsInterceptor {
     for (const { index, ip } of answer.addresses) {
       if (refused.has(index)) continue;
       const ttl = Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!));
-      const expiresAt = sandbox.learned.learn(ip, name, ttl);
+      const denied = deniedPorts(policy, [name]);
+      const expiresAt = sandbox.learned.learn(
+        ip,
+        name,
+        ttl,
+        denied === 'every' || denied.length > 0,
+      );
+      // The table holds only denials and cannot take this address: not handed out.
+      if (expiresAt === 'full') refused.add(index);
       // The firewall opens the address on the ports this name is allowed on (every port for a
       // portless rule) and closes those it is denied on: the ports of the address's other
       // names are already in.
-      if (expiresAt !== undefined)
-        opened.push({
-          address: ip,
-          expiresAt,
-          ports: allowedPorts(policy, [name]),
-          denied: deniedPorts(policy, [name]),
-        });
+      else if (expiresAt !== undefined)
+        opened.push({ address: ip, expiresAt, ports: allowedPorts(policy, [name]), denied });
     }
     const reply = this.encode(name, answer, ttls, refused, query, limit);
     const { onLearn } = this.options;

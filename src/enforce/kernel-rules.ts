@@ -98,12 +98,18 @@ export interface LearnedElement {
 }
 
 /**
- * Ports one learned address may open in `learned4p` (or close in `learned_deny4p`), each an
- * element: a name allowed on more (a wide range) is not opened there, and one denied on more is
- * closed on every port (fail closed both ways); its web ports still reach the transparent
+ * Ports one learned address may open in `learned4p`, each an element: a name allowed on more
+ * (a wide range) is not opened there (fail closed); its web ports still reach the transparent
  * listener, which decides them by name and port.
  */
 export const MAX_LEARNED_PORTS = 1024;
+
+/**
+ * Denied ports one learned address may close one by one in `learned_deny4p`; a name denied on
+ * more closes the whole address (`learned_deny4`). Closing more than asked fails closed, and it
+ * keeps what one answer writes small whatever range a denyOut name gives.
+ */
+export const MAX_DENIED_PORTS = 32;
 
 /** TCP destination ports that go to the transparent listener when the address rules deny them. */
 const REDIRECTED_PORTS = [80, 443] as const;
@@ -617,8 +623,8 @@ function addElements(set: string, items: readonly string[]): string[] {
 /**
  * A learned element's entries in one learned set: its address in `learned4` (`learned_deny4`)
  * when it is allowed (denied) on every port, else `address . port` in `learned4p`
- * (`learned_deny4p`) for each port. Past MAX_LEARNED_PORTS an allowed address opens nothing
- * and a denied one is closed on every port.
+ * (`learned_deny4p`) for each port. Past MAX_LEARNED_PORTS an allowed address opens nothing;
+ * past MAX_DENIED_PORTS a denied one is closed on every port.
  */
 function learnedItems(element: LearnedElement, set: LearnedSet): string[] {
   if (element.address.version !== 4) return [];
@@ -626,7 +632,7 @@ function learnedItems(element: LearnedElement, set: LearnedSet): string[] {
   const ports = allowing ? (element.ports ?? 'every') : (element.denied ?? []);
   const count =
     ports === 'every' ? Infinity : ports.reduce((sum, range) => sum + range.to - range.from + 1, 0);
-  const whole = ports === 'every' || (!allowing && count > MAX_LEARNED_PORTS);
+  const whole = ports === 'every' || (!allowing && count > MAX_DENIED_PORTS);
   if (set === 'learned4' || set === 'learned_deny4') return whole ? [element.address.text] : [];
   if (whole || count > MAX_LEARNED_PORTS) return [];
   return ports.flatMap((range) =>

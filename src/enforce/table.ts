@@ -1,4 +1,11 @@
-import { type Destination, type IPAddress, matchName, type Policy } from '../policy/index.js';
+import {
+  type CanonicalName,
+  type Destination,
+  deniesLearnedName,
+  type IPAddress,
+  matchName,
+  type Policy,
+} from '../policy/index.js';
 import { LearnedAddressTable } from './learned.js';
 import { matchesDigest, secretDigest } from '../secret-compare/index.js';
 
@@ -102,8 +109,8 @@ export class EnforcementTable {
   }
 
   /**
-   * Swaps in a new policy. Learned addresses whose names the new policy no longer allows are
-   * dropped before anyone can use them again. The upstream proxy is replaced with it (absent:
+   * Swaps in a new policy. Learned addresses whose names the new policy neither allows nor
+   * denies them for are dropped before anyone can use them again. The upstream proxy is replaced with it (absent:
    * direct), as a PUT network replaces the whole config.
    */
   publish(sandboxID: string, policy: Policy, upstream?: UpstreamProxy): boolean {
@@ -112,7 +119,12 @@ export class EnforcementTable {
     record.policy = policy;
     // The same proxy keeps its identity: tunnels through it stay (see TunnelRegistry).
     if (!sameUpstream(record.upstream, upstream)) record.upstream = upstream;
-    const droppedLearned = record.learned.retain((name) => matchName(policy, name) !== undefined);
+    // A name the policy denies its addresses for is kept too: forgotten, its addresses would open.
+    const denies = (name: CanonicalName) => deniesLearnedName(policy, name);
+    const droppedLearned = record.learned.retain(
+      (name) => matchName(policy, name) !== undefined || denies(name),
+      denies,
+    );
     this.emit({ type: 'published', sandboxID, policy, droppedLearned });
     return true;
   }

@@ -29,6 +29,7 @@ export { lintPolicy } from './lint.js';
 export {
   allowedPorts,
   deniedPorts,
+  deniesLearnedName,
   compileInternalDenyList,
   compilePolicy,
   type Decision,

@@ -364,6 +364,12 @@ export function deniedPorts(
   return mergePorts(ranges);
 }
 
+/** Whether addresses DNS gave for `name` are denied on some port by its name (`deniedPorts`). */
+export function deniesLearnedName(policy: Policy, name: CanonicalName): boolean {
+  const ports = deniedPorts(policy, [name]);
+  return ports === 'every' || ports.length > 0;
+}
+
 /**
  * The IPv4 ranges `list`'s port-scoped address rules cover, each with its ports: disjoint, so
  * the kernel's `address . port` interval sets take them as they are.

@@ -87,7 +87,7 @@ describe('learned addresses and the firewall', () => {
     const changes: number[] = [];
     for (now = 100; now < 299_000; now += 1_003) {
       const told = table.learn(ip('93.184.216.31'), name('a.test'), 300 - Math.floor(now / 1000));
-      if (told !== undefined) changes.push(told);
+      if (typeof told === 'number') changes.push(told);
     }
     expect(changes).toEqual([]);
     expect(table.names(ip('93.184.216.31'))).toEqual(['a.test']);
@@ -141,9 +141,59 @@ describe('learned addresses and the firewall', () => {
     const table = new LearnedAddressTable(() => 0, 10);
     table.learn(ip('93.184.216.31'), name('long.test'), 3_600);
     table.learn(ip('93.184.216.31'), name('short.test'), 60);
-    table.retain((kept) => kept === 'short.test');
+    table.retain(
+      (kept) => kept === 'short.test',
+      () => false,
+    );
     expect(table.entries()).toEqual([
       { address: ip('93.184.216.31'), expiresAt: 65_000, names: ['short.test'] },
     ]);
+  });
+
+  // An attacker inside who resolves names of its own zone to a denied name's address, or
+  // resolves many addresses, must not make Moat forget that the address is denied.
+  it('keeps a name that denies its address when other names of the address crowd it', () => {
+    let now = 0;
+    const table = new LearnedAddressTable(() => now, 10);
+    table.learn(ip('93.184.216.31'), name('smtp.test'), 60, true);
+    for (let i = 0; i < 40; i++) {
+      now += 10;
+      table.learn(ip('93.184.216.31'), name(`x${i}.attacker.test`), 3_600);
+    }
+    const held = table.names(ip('93.184.216.31'));
+    expect(held).toContain('smtp.test');
+    expect(held).toHaveLength(16);
+  });
+
+  it('passes over addresses held for denials when full, and learns nothing once only denials are left', () => {
+    let now = 0;
+    const table = new LearnedAddressTable(() => now, 3);
+    table.learn(ip('93.184.216.31'), name('smtp.test'), 60, true);
+    table.learn(ip('93.184.216.32'), name('a.test'), 60);
+    table.learn(ip('93.184.216.33'), name('b.test'), 60);
+    // Full: the oldest, a denial, is passed over; a.test's address goes.
+    expect(table.learn(ip('93.184.216.34'), name('c.test'), 60)).toBe(65_000);
+    expect(table.names(ip('93.184.216.31'))).toEqual(['smtp.test']);
+    expect(table.names(ip('93.184.216.32'))).toEqual([]);
+    table.learn(ip('93.184.216.35'), name('smtp.test'), 60, true);
+    table.learn(ip('93.184.216.36'), name('smtp.test'), 60, true);
+    expect(table.learn(ip('93.184.216.37'), name('d.test'), 60)).toBe('full');
+    expect(table.names(ip('93.184.216.31'))).toEqual(['smtp.test']);
+    // Expired denials make room again.
+    now = 61_000;
+    expect(table.learn(ip('93.184.216.37'), name('d.test'), 60)).toBe(126_000);
+  });
+
+  it('keeps, at a new policy, the names it denies addresses for, and says again which deny', () => {
+    const table = new LearnedAddressTable(() => 0, 10);
+    table.learn(ip('93.184.216.31'), name('smtp.test'), 60);
+    table.learn(ip('93.184.216.32'), name('open.test'), 60);
+    // The new policy allows neither name and denies smtp.test.
+    const denies = (n: string) => n === 'smtp.test';
+    expect(table.retain(denies, denies)).toBe(1);
+    expect(table.names(ip('93.184.216.31'))).toEqual(['smtp.test']);
+    for (let i = 0; i < 20; i++)
+      table.learn(ip('93.184.216.31'), name(`x${i}.attacker.test`), 3_600);
+    expect(table.names(ip('93.184.216.31'))).toContain('smtp.test');
   });
 });

@@ -29,6 +29,7 @@ import {
   canonicalName,
   compileInternalDenyList,
   compilePolicy,
+  decide,
   type IPAddress,
   parseCIDR,
   parseInternalDenyList,
@@ -609,8 +610,8 @@ describe('kernel rules: learned addresses', () => {
       [
         denied('203.0.113.1', [{ from: 25, to: 26 }]),
         denied('203.0.113.2', 'every'),
-        // More ports than one address may close in learned_deny4p: closed on every port.
-        denied('203.0.113.3', [{ from: 1, to: 2000 }]),
+        // More ports than one address may close one by one (32): closed on every port.
+        denied('203.0.113.3', [{ from: 1, to: 33 }]),
         denied('203.0.113.4', []),
       ],
       NOW,
@@ -1004,6 +1005,42 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     expectIntervals('allow4', []);
     expectIntervals('deny4', ['0.0.0.0/0']);
     expect(timeoutsOf()).toEqual({});
+  });
+
+  it('keeps an address learned for a denied name denied across a publish, in decide and in the firewall', async () => {
+    nft(sandboxRuleset(LAYOUT, LINK));
+    const table = new EnforcementTable({ now: () => NOW });
+    const rules = policyOf({
+      denyOut: ['smtp.test:25'],
+      rules: { 'api.test': [{ match: { methods: ['GET'] }, action: 'allow' }, { action: 'deny' }] },
+    });
+    const sandboxID = 'ikernelsandbox000002';
+    table.register(sandboxID, { egressSecret: 's' }, rules);
+    const { learned } = table.get(sandboxID)!;
+    learned.learn(ip('203.0.113.8'), unwrap(canonicalName('smtp.test')), 60, true);
+    learned.learn(ip('203.0.113.9'), unwrap(canonicalName('api.test')), 60, true);
+    const enforcer = new KernelEnforcer(LAYOUT, {
+      table,
+      apply: async (_, commands) => nft(commands),
+      list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
+      applyHost: async () => {},
+      now: () => NOW,
+    });
+    // A PUT of the same policy: published, then written.
+    expect(table.publish(sandboxID, rules)).toBe(true);
+    await enforcer.enforce(sandboxID, rules);
+    const bare = (address: string, port: number) =>
+      decide(rules, { ip: ip(address), port }, table.get(sandboxID)!.learned);
+    expect(bare('203.0.113.8', 25).verdict).toBe('deny');
+    expect(bare('203.0.113.8', 26).verdict).toBe('allow');
+    expect(bare('203.0.113.9', 22).list).toBe('rules');
+    const values = (set: string) =>
+      elementsOf(set).map((element) =>
+        typeof element === 'object' && 'elem' in element ? element.elem.val : element,
+      );
+    expect(JSON.stringify(values('learned_deny4p'))).toContain('203.0.113.8');
+    expect(values('learned_deny4')).toEqual(['203.0.113.9']);
   });
 
   it('puts learned addresses back after a refused policy change locked the sandbox down', async () => {

@@ -879,6 +879,19 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
             : [JSON.stringify(element), undefined],
       ),
     );
+  /** An enforcer writing to this test's namespace; `apply` may refuse some writes. */
+  const enforcerOf = (
+    table: EnforcementTable,
+    apply: (commands: string) => Promise<void> = async (commands) => nft(commands),
+  ) =>
+    new KernelEnforcer(LAYOUT, {
+      table,
+      apply: (_, commands) => apply(commands),
+      list: async (_, command) => nftList(command),
+      limitBandwidth: async () => {},
+      applyHost: async () => {},
+      now: () => NOW,
+    });
   const expectIntervals = (set: string, cidrs: string[]) =>
     expect(intervalsOf(set), set).toEqual(merged(cidrs.map(cidrInterval)));
 
@@ -901,14 +914,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
 
   it('takes the budget chains, and reads their counters back', async () => {
     nft(sandboxRuleset(LAYOUT, LINK));
-    const enforcer = new KernelEnforcer(LAYOUT, {
-      table: new EnforcementTable({ now: () => NOW }),
-      apply: async (_, commands) => nft(commands),
-      list: async (_, command) => nftList(command),
-      limitBandwidth: async () => {},
-      applyHost: async () => {},
-      now: () => NOW,
-    });
+    const enforcer = enforcerOf(new EnforcementTable({ now: () => NOW }));
     expect(await enforcer.refusals('ikernelsandbox000003')).toEqual({
       new_connections: 0,
       tracked_connections: 0,
@@ -1019,14 +1025,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     const { learned } = table.get(sandboxID)!;
     learned.learn(ip('203.0.113.8'), unwrap(canonicalName('smtp.test')), 60, true);
     learned.learn(ip('203.0.113.9'), unwrap(canonicalName('api.test')), 60, true);
-    const enforcer = new KernelEnforcer(LAYOUT, {
-      table,
-      apply: async (_, commands) => nft(commands),
-      list: async (_, command) => nftList(command),
-      limitBandwidth: async () => {},
-      applyHost: async () => {},
-      now: () => NOW,
-    });
+    const enforcer = enforcerOf(table);
     // A PUT of the same policy: published, then written.
     expect(table.publish(sandboxID, rules)).toBe(true);
     await enforcer.enforce(sandboxID, rules);
@@ -1053,19 +1052,12 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
       .learned.learn(ip('203.0.113.7'), unwrap(canonicalName('example.com')), 60);
     // nft refuses the policy transaction (as when the table was tampered with); later ones run.
     let refuse = true;
-    const enforcer = new KernelEnforcer(LAYOUT, {
-      table,
-      apply: async (_, commands) => {
-        if (refuse) {
-          refuse = false;
-          throw new Error('nft: Could not process rule');
-        }
-        nft(commands);
-      },
-      list: async (_, command) => nftList(command),
-      limitBandwidth: async () => {},
-      applyHost: async () => {},
-      now: () => NOW,
+    const enforcer = enforcerOf(table, async (commands) => {
+      if (refuse) {
+        refuse = false;
+        throw new Error('nft: Could not process rule');
+      }
+      nft(commands);
     });
     await expect(enforcer.enforce('ikernelsandbox000001', rules)).rejects.toThrow(
       /denies every direct destination/,
@@ -1081,14 +1073,7 @@ describe.skipIf(kernelSkip !== undefined)('kernel rules: accepted by the kernel'
     const table = new EnforcementTable({ now: () => NOW });
     const rules = policyOf({ allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] });
     table.register('ikernelsandbox000002', { egressSecret: 's' }, rules);
-    const enforcer = new KernelEnforcer(LAYOUT, {
-      table,
-      apply: async (_, commands) => nft(commands),
-      list: async (_, command) => nftList(command),
-      limitBandwidth: async () => {},
-      applyHost: async () => {},
-      now: () => NOW,
-    });
+    const enforcer = enforcerOf(table);
     const marks: string[] = [];
     for (let n = 0; n < 3; n++) {
       await enforcer.enforce('ikernelsandbox000002', rules);

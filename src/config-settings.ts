@@ -3,7 +3,13 @@
  * text and parser. One table, so `moat serve --help`, docs/configuration.md, the loading and the
  * printing of the configuration cannot disagree.
  */
-import { DEFAULT_MAX_ENTRIES, parseInternalDenyList, type Result } from './policy/index.js';
+import {
+  DEFAULT_MAX_ENTRIES,
+  NETWORK_MODES,
+  type NetworkMode,
+  parseInternalDenyList,
+  type Result,
+} from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
 import type { TcpIoSetting } from './proxy/index.js';
 import type { EnforcementSetting, MoatConfig } from './config-shape.js';
@@ -435,6 +441,15 @@ export const SETTINGS: readonly AnySetting[] = [
     default: '0',
     help: "a namespaced sandbox's incoming bandwidth in Mbit/s when its network.bandwidth does not say; 0: unlimited",
     parse: wholeNumber(MAX_BANDWIDTH_MBPS),
+  },
+  {
+    key: 'defaultNetworkMode',
+    metavar: 'MODE',
+    flag: 'default-network-mode',
+    env: 'MOAT_DEFAULT_NETWORK_MODE',
+    default: 'enforce',
+    help: 'how a sandbox whose network.mode does not say is held to its policy: enforce, or report (its own rules deny nothing; what they would deny is recorded with wouldDeny; the host, internal addresses and other sandboxes stay closed)',
+    parse: oneOf<NetworkMode>(NETWORK_MODES),
   },
   {
     key: 'apiListen',

@@ -3,7 +3,7 @@
  * (config-settings.ts) parses, key by key. A file of its own, below both, so the table names the
  * keys without importing the loader that reads the table.
  */
-import type { CIDR, InternalRange } from './policy/index.js';
+import type { CIDR, InternalRange, NetworkMode } from './policy/index.js';
 import type { UdpIoSetting } from './dns/index.js';
 import type { HostPort } from './net/index.js';
 import type { TcpIoSetting } from './proxy/index.js';
@@ -71,6 +71,8 @@ export interface MoatConfig {
   /** Each namespaced sandbox's default bandwidth, out and in, in Mbit/s; 0: unlimited. */
   readonly sandboxEgressMbps: number;
   readonly sandboxIngressMbps: number;
+  /** How a sandbox whose network.mode does not say is held to its policy. */
+  readonly defaultNetworkMode: NetworkMode;
   readonly apiListen: HostPort;
   /** The sandbox API and ingress: `{port}-{sandboxID}.<domain>` or E2b-Sandbox-* headers. */
   readonly sandboxListen: HostPort;

@@ -440,6 +440,7 @@ export async function startMoat(
         egressMbps: config.sandboxEgressMbps,
         ingressMbps: config.sandboxIngressMbps,
       },
+      defaultMode: config.defaultNetworkMode,
       cluster:
         nodeID === undefined
           ? undefined
@@ -502,6 +503,7 @@ export async function startMoat(
           egressMbps: config.sandboxEgressMbps,
           ingressMbps: config.sandboxIngressMbps,
         },
+        defaultNetworkMode: config.defaultNetworkMode,
       },
       keys: apiKeys.keys,
       caCertificatePem: ca.certificatePem,

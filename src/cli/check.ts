@@ -130,7 +130,14 @@ function withRules(
   const intercepted = { ...verdict, ruleKey: rules.ruleKey };
   if (request === undefined || !rules.decidesRequests) return intercepted;
   const { method, target } = request;
-  const decision = requestDecision(rules, host, method, target, verdict.decision as Decision);
+  const decision = requestDecision(
+    policy,
+    rules,
+    host,
+    method,
+    target,
+    verdict.decision as Decision,
+  );
   const path = requestPath(target);
   const shown = `${method} ${path}`;
   return {

@@ -12,6 +12,7 @@ Options:
   --sandbox ID         only this sandbox's flows
   --verdict V          allow or deny
   --kind K             dns, connect, http, transparent, direct or ingress
+  --would-deny         only what report-mode sandboxes' rules would have denied (let through)
   --since T            an ISO 8601 time or a duration back from now (30s, 5m, 2h, 1d)
   --limit N            at most N stored records (1 to 10000, default 100)
   --follow             then print new records as they come, until interrupted
@@ -30,6 +31,7 @@ interface View {
   destination: { name: string | null; address: string | null; port: number | null };
   list: string;
   rule: string | null;
+  wouldDeny?: { list: string; rule: string | null };
   bytesUp?: number;
   bytesDown?: number;
   durationMs?: number;
@@ -48,7 +50,11 @@ export function flowLine(view: View, colour: boolean): string {
     colour && (view.verdict === 'allow' || view.verdict === 'deny')
       ? `${COLOURS[view.verdict]}${verdict.padEnd(12)}${COLOURS.reset}`
       : verdict.padEnd(12);
-  const rule = view.rule === null ? view.list : `${view.list} ${view.rule}`;
+  const decided = (list: string, rule: string | null) => (rule === null ? list : `${list} ${rule}`);
+  const rule =
+    view.wouldDeny === undefined
+      ? decided(view.list, view.rule)
+      : `report: would deny by ${decided(view.wouldDeny.list, view.wouldDeny.rule)}`;
   const closed =
     view.event === 'close'
       ? `  up ${view.bytesUp} B, down ${view.bytesDown} B, ${view.durationMs} ms, ${view.end}`
@@ -63,6 +69,7 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
       sandbox: { type: 'string' },
       verdict: { type: 'string' },
       kind: { type: 'string' },
+      'would-deny': { type: 'boolean' },
       since: { type: 'string' },
       limit: { type: 'string' },
       follow: { type: 'boolean' },
@@ -84,6 +91,7 @@ export async function observe(args: string[], io: CliIO): Promise<number> {
     ...named,
     since: values.since,
     limit: values.limit,
+    wouldDeny: values['would-deny'] === true ? 'true' : undefined,
   }))
     if (value !== undefined) params[name] = value;
   // The API's own rules, checked here first: a usage error, not a refusal.

@@ -167,6 +167,7 @@ export function replay(records: readonly RecordedDecision[], policy: Policy): Re
     const now =
       rules?.decidesRequests === true
         ? requestDecision(
+            policy,
             rules,
             host!.value!,
             record.request!.method,

@@ -166,6 +166,24 @@ const ipv4 = (cidrs: Iterable<CIDR>) =>
 const GENERATION_CHAINS = ['this_policy', 'learned_open'] as const;
 
 /**
+ * Where the sandbox's own rules send what they deny, rewritten with each policy: to the
+ * refusals, or in report mode (`NetworkRules.mode`) on its way (logged as let out, so the flow
+ * log records what would have been denied). The internal list, the pool and DNS over TLS go to
+ * the refusals directly, whatever the mode.
+ */
+const DENIED_CHAINS = {
+  denied_reset: 'goto refuse_reset',
+  denied_icmp: 'goto refuse_icmp',
+  denied_drop: 'drop',
+} as const;
+
+const deniedRules = (report: boolean): string[] =>
+  Object.entries(DENIED_CHAINS).flatMap(([chain, refusal]) => [
+    `flush chain ${TABLE} ${chain}`,
+    `add rule ${TABLE} ${chain} ${report ? 'accept' : refusal}`,
+  ]);
+
+/**
  * The two chains that send a sandbox with an upstream proxy through Moat: `tunnel_redirect`
  * takes its web ports to the transparent listener (which decides them by name) and its other TCP
  * of the namespace's own processes to Moat's listener inside it (`redirectPort` on its loopback,
@@ -340,20 +358,20 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     // A direct web connection to an address the rules deny can only be one opened before this
     // policy (new ones go to the transparent listener, which reads their name): its name was
     // never read, so it is cut, whatever name its address was learned for.
-    `tcp dport ${redirected} ip daddr @deny4 goto refuse_reset`,
-    `tcp dport ${redirected} ip daddr . tcp dport @deny4p goto refuse_reset`,
+    `tcp dport ${redirected} ip daddr @deny4 goto denied_reset`,
+    `tcp dport ${redirected} ip daddr . tcp dport @deny4p goto denied_reset`,
     // Open connections through a learned address outlive its expiry, not a publish (see top).
     'ct state established,related jump this_policy',
     'ip daddr @learned4 goto learned_open',
     `${TO_PORT} @learned4p goto learned_open`,
-    'ip daddr @learned_deny4 meta l4proto tcp goto refuse_reset',
-    'ip daddr @learned_deny4 goto refuse_icmp',
-    'ip daddr . tcp dport @learned_deny4p goto refuse_reset',
-    'ip daddr . udp dport @learned_deny4p goto refuse_icmp',
-    'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
-    'ip daddr @deny4 goto refuse_icmp',
-    'ip daddr . tcp dport @deny4p goto refuse_reset',
-    'ip daddr . udp dport @deny4p goto refuse_icmp',
+    'ip daddr @learned_deny4 meta l4proto tcp goto denied_reset',
+    'ip daddr @learned_deny4 goto denied_icmp',
+    'ip daddr . tcp dport @learned_deny4p goto denied_reset',
+    'ip daddr . udp dport @learned_deny4p goto denied_icmp',
+    'ip daddr @deny4 meta l4proto tcp goto denied_reset',
+    'ip daddr @deny4 goto denied_icmp',
+    'ip daddr . tcp dport @deny4p goto denied_reset',
+    'ip daddr . udp dport @deny4p goto denied_icmp',
     'accept',
   ];
   // The first packet of each direct flow is logged for the flow log: refused ones on their way
@@ -394,15 +412,15 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     'jump tunnel_direct',
     'ct original ip daddr @allow4 accept',
     `${TO_PORT_ORIGINAL} @allow4p accept`,
-    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr @deny4 drop`,
-    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr . ct original proto-dst @deny4p drop`,
+    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr @deny4 goto denied_drop`,
+    `meta l4proto tcp ct original proto-dst ${redirected} ct original ip daddr . ct original proto-dst @deny4p goto denied_drop`,
     'jump this_policy',
     'ct original ip daddr @learned4 accept',
     `${TO_PORT_ORIGINAL} @learned4p accept`,
-    'ct original ip daddr @learned_deny4 drop',
-    `${TO_PORT_ORIGINAL} @learned_deny4p drop`,
-    'ct original ip daddr @deny4 drop',
-    `${TO_PORT_ORIGINAL} @deny4p drop`,
+    'ct original ip daddr @learned_deny4 goto denied_drop',
+    `${TO_PORT_ORIGINAL} @learned_deny4p goto denied_drop`,
+    'ct original ip daddr @deny4 goto denied_drop',
+    `${TO_PORT_ORIGINAL} @deny4p goto denied_drop`,
     'accept',
   ];
   const hooked = (
@@ -478,13 +496,13 @@ export function sandboxRuleset(layout: KernelLayout, link: SandboxLink): string 
     `delete table ${TABLE}`,
     // The generation chains start empty: until the first policy, `goto learned_open` ends in
     // the outbound chain's drop.
-    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...budgetChains(layout.connections), ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), ...Object.entries(chains).map(([name, rules]) => chain(name, rules))].join('; ')}; }`,
+    `table ${TABLE} { ${[...sets, LOGGED_FLOWS, ...budgetChains(layout.connections), ...[...GENERATION_CHAINS, ...TUNNEL_CHAINS].map((name) => `chain ${name} { }`), ...Object.entries(DENIED_CHAINS).map(([name, refusal]) => chain(name, [refusal])), ...Object.entries(chains).map(([name, rules]) => chain(name, rules))].join('; ')}; }`,
   ].join('; ');
 }
 
 /**
- * Rewrites the policy's sets (and the learned addresses still allowed) and its generation in one
- * transaction; `generation` must differ from the one in force (KernelEnforcer counts them).
+ * Rewrites the policy's sets (and the learned addresses still allowed), where its denials go
+ * (its mode) and its generation in one transaction; `generation` must differ from the one in force (KernelEnforcer counts them).
  */
 export function policySets(
   policy: Policy,
@@ -511,6 +529,7 @@ export function policySets(
     ...addElements('allow4p', portElements(policy, 'allowOut')),
     ...addElements('deny4p', portElements(policy, 'denyOut')),
     ...LEARNED_SETS.flatMap((set) => addElements(set, timed(learned, now, set))),
+    ...deniedRules(policy.report),
     ...generationRules(generation),
   ].join('; ');
 }
@@ -533,6 +552,7 @@ export function lockdownSets(generation: number): string {
   return [
     ...POLICY_SETS.map((set) => `flush set ${TABLE} ${set}`),
     ...addElements('deny4', ['0.0.0.0/0']),
+    ...deniedRules(false),
     ...generationRules(generation),
   ].join('; ');
 }

@@ -68,6 +68,11 @@ export function parseFlowQuery(params: Record<string, unknown>, now: number = Da
           return bad(key, 'destination must be 1 to 255 characters');
         filter.destination = raw.toLowerCase();
         break;
+      case 'wouldDeny':
+        if (raw !== 'true' && raw !== 'false')
+          return bad(key, `wouldDeny must be true or false, not ${JSON.stringify(raw)}`);
+        filter.wouldDeny = raw === 'true';
+        break;
       case 'limit':
         if (!/^\d{1,6}$/.test(raw) || Number(raw) < 1 || Number(raw) > MAX_LIMIT)
           return bad(

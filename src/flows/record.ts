@@ -37,6 +37,7 @@ export const FLOW_FIELDS = [
   'ruleKey',
   'injectedHeaders',
   'request',
+  'wouldDeny',
 ] as const;
 
 /** Fields only close records carry (undefined in decision records, left out of their views). */
@@ -54,6 +55,18 @@ export const INJECTION_FIELDS = ['ruleKey', 'injectedHeaders'] as const;
  * refused by its method or path): the method and the path it asked for, never the query.
  */
 export const REQUEST_FIELDS = ['request'] as const;
+
+/**
+ * The field only records of a sandbox in report mode carry where its rules denied what was let
+ * through: the list, rule and reason that would have denied it.
+ */
+export const REPORT_FIELDS = ['wouldDeny'] as const;
+
+export interface FlowWouldDeny {
+  readonly list: string;
+  readonly rule: string | null;
+  readonly reason: string;
+}
 
 export interface FlowRequest {
   readonly method: string;
@@ -95,6 +108,7 @@ export interface FlowRecord {
   readonly ruleKey?: string;
   readonly injectedHeaders?: readonly string[];
   readonly request?: FlowRequest;
+  readonly wouldDeny?: FlowWouldDeny;
 }
 
 /** The record as JSON shows it: fields in FLOW_FIELDS order, time as ISO 8601. */
@@ -123,5 +137,6 @@ export function flowView(record: FlowRecord): Record<string, unknown> {
     view.injectedHeaders = record.injectedHeaders;
   }
   if (record.request !== undefined) view.request = record.request;
+  if (record.wouldDeny !== undefined) view.wouldDeny = record.wouldDeny;
   return view;
 }

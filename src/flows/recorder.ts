@@ -7,6 +7,7 @@ import {
   type FlowKind,
   type FlowRecord,
   type FlowRequest,
+  type FlowWouldDeny,
   type FlowVerdict,
   flowView,
 } from './record.js';
@@ -30,6 +31,8 @@ export interface FlowDecision {
   readonly list: string;
   readonly rule: string | null;
   readonly reason: string;
+  /** Report mode: the denial the sandbox's rules made, not enforced. */
+  readonly wouldDeny?: FlowWouldDeny;
 }
 
 /**
@@ -68,6 +71,7 @@ function flowRecord(
     ruleKey: injection?.ruleKey,
     injectedHeaders: injection?.injectedHeaders,
     request,
+    wouldDeny: decision.wouldDeny,
   };
 }
 
@@ -190,6 +194,8 @@ export class FlowRecorder {
     }
     if (denied && proxyKind !== undefined)
       metrics.proxyDenials.inc({ kind: proxyKind, list: record.list });
+    if (record.wouldDeny !== undefined && record.event === 'decision')
+      metrics.flowsWouldDeny.inc({ kind: record.kind, list: record.wouldDeny.list });
     store.add(record);
     this.sink?.add(record);
     // The view is built only for a line that is written.

@@ -9,6 +9,8 @@ export interface FlowFilter {
   readonly since?: number;
   /** A substring of the name asked for or the address dialled. */
   readonly destination?: string;
+  /** Whether the record carries a report-mode sandbox's `wouldDeny`. */
+  readonly wouldDeny?: boolean;
 }
 
 export function matches(record: FlowRecord, filter: FlowFilter): boolean {
@@ -16,6 +18,8 @@ export function matches(record: FlowRecord, filter: FlowFilter): boolean {
   if (filter.verdict !== undefined && record.verdict !== filter.verdict) return false;
   if (filter.kind !== undefined && record.kind !== filter.kind) return false;
   if (filter.since !== undefined && record.time < filter.since) return false;
+  if (filter.wouldDeny !== undefined && (record.wouldDeny !== undefined) !== filter.wouldDeny)
+    return false;
   if (filter.destination !== undefined) {
     const { name, address } = record.destination;
     if (!name?.includes(filter.destination) && !address?.includes(filter.destination)) return false;

@@ -128,6 +128,13 @@ export class MoatMetrics {
     collect: (): void => this.publishHotCounts(this.flows),
   });
 
+  readonly flowsWouldDeny = new Counter({
+    name: 'moat_flows_would_deny_total',
+    help: "Decisions a report-mode sandbox's rules would have denied (let through), by kind and list",
+    labelNames: ['kind', 'list'] as const,
+    registers: [this.registry],
+  });
+
   readonly flowBytes: Counter<'kind' | 'verdict' | 'direction'> = new Counter({
     name: 'moat_flow_bytes_total',
     help: 'Bytes of closed flows, by kind and direction (up: sandbox to destination)',

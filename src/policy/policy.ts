@@ -39,7 +39,9 @@ export type DecisionList =
   /** A destination's `network.rules`, deciding one request by its method and path. */
   | 'rules'
   /** The host itself, the gateway or another sandbox (see host-addresses.ts). */
-  | 'host';
+  | 'host'
+  /** A sandbox in report mode: let through what its rules deny (see `wouldDeny`). */
+  | 'report';
 
 export interface Decision {
   readonly verdict: 'allow' | 'deny';
@@ -48,6 +50,12 @@ export interface Decision {
   /** The deciding entry as written, or null when no entry decided. */
   readonly rule: string | null;
   readonly reason: string;
+  /** Report mode only: the denial the sandbox's rules made, which was not enforced. */
+  readonly wouldDeny?: {
+    readonly list: DecisionList;
+    readonly rule: string | null;
+    readonly reason: string;
+  };
 }
 
 /** Addresses the DNS interceptor gave this sandbox for allowed names (still within TTL). */
@@ -132,6 +140,8 @@ export interface Policy {
   readonly addresses: AddressIntervals<AddressLists>;
   /** @internal to the policy part: `network.rules` by key (`*.` keys as wildcards). */
   readonly transforms: DomainTrie<DestinationRules>;
+  /** Report mode: denials of the sandbox's own rules are recorded, not enforced. */
+  readonly report: boolean;
 }
 
 /**
@@ -309,6 +319,7 @@ export function compilePolicy(
       ),
     ]),
     transforms,
+    report: rules.mode === 'report',
   });
 }
 
@@ -354,6 +365,8 @@ export function deniedPorts(
   names: readonly CanonicalName[],
 ): PortRange[] | 'every' {
   const ranges: PortRange[] = [];
+  // Report mode denies nothing by name.
+  if (policy.report) return ranges;
   for (const name of names) {
     if (policy.transforms.lookup(name)?.decidesRequests === true) return 'every';
     if (policy.denyNames.size === 0) continue;
@@ -400,9 +413,39 @@ const isValidPort = (port: number) => Number.isInteger(port) && port >= 1 && por
  * addresses, learned addresses (only when no host name was given), denyOut names, denyOut
  * addresses, default allow. Every rule list is matched on the destination's port; a question
  * without a port (DNS) is allowed when some port would be, and denied by a rule only when it
- * covers every port.
+ * covers every port. In report mode a denial of the sandbox's own rules is let through (see
+ * `reported`).
  */
 export function decide(
+  policy: Policy,
+  destination: Destination,
+  learned?: LearnedAddresses,
+): Decision {
+  const decided = decideEnforced(policy, destination, learned);
+  return policy.report ? reported(decided) : decided;
+}
+
+/** Lists whose denials hold in report mode too: they guard more than the sandbox's own policy. */
+const ALWAYS_ENFORCED: ReadonlySet<DecisionList> = new Set(['internal', 'host', 'invalid']);
+
+/**
+ * A decision as a report-mode sandbox gets it: a denial by its own rules (allowOut, denyOut,
+ * learned names, network.rules) becomes an allow that says what would have denied it; the
+ * internal deny list, the host and invalid destinations stay denied.
+ */
+export function reported(decision: Decision): Decision {
+  if (decision.verdict === 'allow' || ALWAYS_ENFORCED.has(decision.list)) return decision;
+  const { list, rule, reason } = decision;
+  return {
+    verdict: 'allow',
+    list: 'report',
+    rule,
+    reason: `report mode lets it through: ${reason}`,
+    wouldDeny: { list, rule, reason },
+  };
+}
+
+function decideEnforced(
   policy: Policy,
   destination: Destination,
   learned?: LearnedAddresses,
@@ -504,9 +547,11 @@ function learnedDecision(
 
 /**
  * A request's decision as every door, `moat check` and replay state it: by the rule that
- * decided it, or (no action decided) its connection's decision `connection`.
+ * decided it, or (no action decided) its connection's decision `connection`; in report mode a
+ * rule's denial is let through (`reported`), an invalid request is not.
  */
 export function describeRequestDecision(
+  policy: Policy,
   rules: DestinationRules,
   host: string,
   method: string,
@@ -524,16 +569,18 @@ export function describeRequestDecision(
     };
   if (decided.rule === undefined) return connection;
   const label = requestRuleLabel(rules.ruleKey, decided.rule);
-  return {
+  const decision: Decision = {
     verdict: decided.verdict,
     list: 'rules',
     rule: label,
     reason: `${request} is ${decided.verdict === 'allow' ? 'allowed' : 'denied'} by rule ${label} of network.rules`,
   };
+  return policy.report ? reported(decision) : decision;
 }
 
 /** `describeRequestDecision` of the request decided now. */
 export const requestDecision = (
+  policy: Policy,
   rules: DestinationRules,
   host: string,
   method: string,
@@ -541,6 +588,7 @@ export const requestDecision = (
   connection: Decision,
 ): Decision =>
   describeRequestDecision(
+    policy,
     rules,
     host,
     method,

@@ -68,7 +68,17 @@ export interface NetworkRules {
   readonly transforms: readonly DestinationRules[];
   /** Each preset allowOut names, once, in order of first use; its entries are in allowOut. */
   readonly presets: readonly PresetUse[];
+  /** `enforce`, or `report`: denials are recorded, not enforced (a Moat extension). */
+  readonly mode: NetworkMode;
 }
+
+/**
+ * How a sandbox's policy is applied: `enforce` denies what it denies; `report` lets through what
+ * the sandbox's own rules deny and records what they would have denied (the internal deny list,
+ * the host, Moat's listeners and other sandboxes stay closed).
+ */
+export type NetworkMode = 'enforce' | 'report';
+export const NETWORK_MODES: readonly NetworkMode[] = ['enforce', 'report'];
 
 export type ParseResult =
   { ok: true; value: NetworkRules } | { ok: false; errors: PolicyProblem[] };
@@ -78,6 +88,8 @@ export interface ParseOptions {
   readonly maxEntries?: number;
   /** What `preset:NAME` in allowOut may name (none when absent). */
   readonly presets?: PresetTable;
+  /** The mode of a configuration that names none (default `enforce`). */
+  readonly defaultMode?: NetworkMode;
 }
 
 export const DEFAULT_MAX_ENTRIES = 10_000;
@@ -91,6 +103,7 @@ const KNOWN_FIELDS = new Set([
   'allow_internet_access',
   'description',
   'rules',
+  'mode',
 ]);
 
 /** The E2B SDK's name for 0.0.0.0/0, accepted as an entry in its place. */
@@ -292,7 +305,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
     if (!KNOWN_FIELDS.has(key)) {
       errors.push({
         at: key,
-        message: `unknown field ${JSON.stringify(key)}; a network configuration has allowOut, denyOut, allow_internet_access, rules and description`,
+        message: `unknown field ${JSON.stringify(key)}; a network configuration has allowOut, denyOut, allow_internet_access, rules, mode and description`,
       });
     }
   }
@@ -301,6 +314,13 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
     errors.push({
       at: 'allow_internet_access',
       message: 'allow_internet_access must be true or false',
+    });
+  }
+  const mode = config.mode ?? options.defaultMode ?? 'enforce';
+  if (!NETWORK_MODES.includes(mode as NetworkMode)) {
+    errors.push({
+      at: 'mode',
+      message: `mode must be "enforce" or "report" (it is ${JSON.stringify(mode)?.slice(0, 64)})`,
     });
   }
   const description = config.description;
@@ -355,6 +375,7 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
       description: typeof description === 'string' ? description : undefined,
       transforms,
       presets: [...used.values()],
+      mode: mode as NetworkMode,
     },
   };
 }

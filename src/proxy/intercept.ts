@@ -228,6 +228,7 @@ export class Interceptor {
     const decided = decideRequest(rules, method, requestTarget, override);
     if (decided.verdict === 'allow') return { ok: true, headers: decided.headers };
     const decision = describeRequestDecision(
+      sandbox.policy,
       rules,
       target.host ?? formatDestination(target),
       method,
@@ -235,20 +236,18 @@ export class Interceptor {
       decided,
       NO_DECISION,
     );
-    const refusal: RequestRefusal = {
-      ok: false,
-      status: decided.verdict === 'deny' ? 403 : 400,
-      decision,
-    };
     const path = requestPath(requestTarget).slice(0, MAX_SHOWN_PATH);
     this.options.flows.decided(
       {
         ...flowAsk('http', sandbox, target, protocol),
         request: { method: method.slice(0, MAX_SHOWN_METHOD), path },
       },
-      refusal.decision,
+      decision,
     );
-    return refusal;
+    // Report mode lets a denied request through, recorded above with what would have denied
+    // it; no rule's headers go with it (a credential goes only where its rules send it).
+    if (decision.verdict === 'allow') return { ok: true, headers: [] };
+    return { ok: false, status: decided.verdict === 'deny' ? 403 : 400, decision };
   }
 
   /**

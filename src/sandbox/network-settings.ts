@@ -19,6 +19,7 @@ export const networkRules = (network: NetworkSettings): EgressRules => ({
   ...(network.allowInternetAccess === null
     ? {}
     : { allow_internet_access: network.allowInternetAccess }),
+  ...(network.mode === undefined ? {} : { mode: network.mode }),
 });
 
 /** The bandwidth a sandbox is held to: what its settings name, the operator's default for the rest. */

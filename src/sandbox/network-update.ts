@@ -63,6 +63,7 @@ export async function updateNetwork(
       rules: undefined,
       ...storedRules(rules.rules),
       bandwidth,
+      mode: rules.mode,
     },
   };
   try {

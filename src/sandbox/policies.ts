@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import {
   compilePolicy,
   type InternalDenyList,
+  type NetworkMode,
   parseNetworkConfig,
   type Policy,
   type PresetTable,
@@ -23,6 +24,8 @@ export interface PolicyOptions {
    */
   readonly secretExists?: (name: string) => Promise<boolean>;
   readonly logger: Logger;
+  /** The mode of a sandbox whose network names none (the operator's `--default-network-mode`). */
+  readonly defaultMode: NetworkMode;
 }
 
 export class SandboxPolicies {
@@ -32,6 +35,7 @@ export class SandboxPolicies {
     return parseNetworkConfig(rules, {
       maxEntries: this.options.maxPolicyEntries,
       presets: this.options.presets,
+      defaultMode: this.options.defaultMode,
     });
   }
 

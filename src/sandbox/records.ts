@@ -2,6 +2,7 @@
  * What the store holds for sandboxes and snapshots, and the checks that a loaded record is one
  * of ours: a record that does not fit stops start-up with its key named, never dropped.
  */
+import { NETWORK_MODES, type NetworkMode } from '../policy/index.js';
 import { GUEST_LINKS, type GuestLink, type SandboxLimits } from '../runtime/index.js';
 import type { JsonValue } from '../store/index.js';
 
@@ -25,6 +26,8 @@ export interface NetworkSettings {
   readonly rules?: Readonly<Record<string, JsonValue>>;
   /** `network.bandwidth` as the client set it; what it leaves out is the operator's default. */
   readonly bandwidth?: BandwidthSettings;
+  /** `network.mode` as the client set it (absent: the operator's default). */
+  readonly mode?: NetworkMode;
 }
 
 /** Moat's `network.bandwidth`: Mbit/s each way, 0 unlimited. */
@@ -161,6 +164,7 @@ const NETWORK: Shape = {
       password: (p) => p === undefined || isString(p),
     }),
   httpsPorts: (v) => v === undefined || (Array.isArray(v) && v.every(isPort)),
+  mode: (v) => v === undefined || NETWORK_MODES.includes(v as NetworkMode),
   bandwidth: (v) =>
     v === undefined ||
     fits(v, {

@@ -1,4 +1,5 @@
 /** What the lifecycle is asked (the platform API's requests, checked), and how it refuses. */
+import type { NetworkMode } from '../policy/index.js';
 import type { Order } from './pages.js';
 import type {
   BandwidthSettings,
@@ -38,6 +39,8 @@ export interface EgressRules {
   readonly rules?: Readonly<Record<string, unknown>>;
   /** Moat's `network.bandwidth`; left out, the operator's defaults. */
   readonly bandwidth?: BandwidthSettings;
+  /** Moat's `network.mode`; left out, the operator's default. */
+  readonly mode?: NetworkMode;
 }
 
 /** The create body's `iam` (E2B's workload identity), as the API schema lets it through. */
@@ -65,6 +68,7 @@ export interface CreateRequest {
     readonly httpsPorts?: readonly number[];
     readonly rules?: Readonly<Record<string, unknown>>;
     readonly bandwidth?: BandwidthSettings;
+    readonly mode?: NetworkMode;
   };
   readonly metadata?: Readonly<Record<string, string>>;
   readonly envVars?: Readonly<Record<string, string>>;

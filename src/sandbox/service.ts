@@ -10,6 +10,7 @@ import type { MoatMetrics } from '../metrics/index.js';
 import {
   type InternalDenyList,
   type IPAddress,
+  type NetworkMode,
   parseIP,
   type Policy,
   type PresetTable,
@@ -71,6 +72,8 @@ export interface SandboxServiceOptions {
   readonly kernel?: KernelEnforcer;
   /** The operator's bandwidth for sandboxes whose `network.bandwidth` leaves a direction out. */
   readonly bandwidthDefaults: Bandwidth;
+  /** The mode of a sandbox whose `network.mode` does not say. */
+  readonly defaultMode: NetworkMode;
   /** Other nodes sharing the store; absent for a Moat on its own. */
   readonly cluster?: ClusterMembership;
   readonly internal: InternalDenyList;
@@ -203,6 +206,7 @@ export class SandboxService {
       httpsPorts: request.network?.httpsPorts ?? [],
       ...storedRules(request.network?.rules),
       ...(request.network?.bandwidth === undefined ? {} : { bandwidth: request.network.bandwidth }),
+      ...(request.network?.mode === undefined ? {} : { mode: request.network.mode }),
     };
     const policy = this.policies.compile(networkRules(network));
     const iam = acceptIam(request.iam, this.options.identity === true);

@@ -320,6 +320,7 @@ describe('create and detail', () => {
           egressProxy: null,
           httpsPorts: [],
           bandwidth: { egressMbps: 0, ingressMbps: 0 },
+          mode: 'enforce',
         },
         lifecycle: { autoResume: false, onTimeout: 'kill' },
         egress: {

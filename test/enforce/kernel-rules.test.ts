@@ -138,6 +138,15 @@ const learned = (
   inMs: number,
   ports?: Array<{ from: number; to: number }>,
 ): LearnedElement => ({ address: ip(address), expiresAt: NOW + inMs, ports });
+/** Where an enforcing policy sends its denials: the refusals (report mode: accept). */
+const DENIED_RULES = [
+  'flush chain inet moat denied_reset',
+  'add rule inet moat denied_reset goto refuse_reset',
+  'flush chain inet moat denied_icmp',
+  'add rule inet moat denied_icmp goto refuse_icmp',
+  'flush chain inet moat denied_drop',
+  'add rule inet moat denied_drop drop',
+];
 /** Every policy write empties each policy set first. */
 const FLUSHES = [
   'allow4',
@@ -205,19 +214,19 @@ describe('kernel rules: the sandbox table', () => {
       'jump tunnel_direct',
       'ip daddr @allow4 accept',
       'meta l4proto { tcp, udp } ip daddr . th dport @allow4p accept',
-      'tcp dport { 80, 443 } ip daddr @deny4 goto refuse_reset',
-      'tcp dport { 80, 443 } ip daddr . tcp dport @deny4p goto refuse_reset',
+      'tcp dport { 80, 443 } ip daddr @deny4 goto denied_reset',
+      'tcp dport { 80, 443 } ip daddr . tcp dport @deny4p goto denied_reset',
       'ct state established,related jump this_policy',
       'ip daddr @learned4 goto learned_open',
       'meta l4proto { tcp, udp } ip daddr . th dport @learned4p goto learned_open',
-      'ip daddr @learned_deny4 meta l4proto tcp goto refuse_reset',
-      'ip daddr @learned_deny4 goto refuse_icmp',
-      'ip daddr . tcp dport @learned_deny4p goto refuse_reset',
-      'ip daddr . udp dport @learned_deny4p goto refuse_icmp',
-      'ip daddr @deny4 meta l4proto tcp goto refuse_reset',
-      'ip daddr @deny4 goto refuse_icmp',
-      'ip daddr . tcp dport @deny4p goto refuse_reset',
-      'ip daddr . udp dport @deny4p goto refuse_icmp',
+      'ip daddr @learned_deny4 meta l4proto tcp goto denied_reset',
+      'ip daddr @learned_deny4 goto denied_icmp',
+      'ip daddr . tcp dport @learned_deny4p goto denied_reset',
+      'ip daddr . udp dport @learned_deny4p goto denied_icmp',
+      'ip daddr @deny4 meta l4proto tcp goto denied_reset',
+      'ip daddr @deny4 goto denied_icmp',
+      'ip daddr . tcp dport @deny4p goto denied_reset',
+      'ip daddr . udp dport @deny4p goto denied_icmp',
       'accept',
     ]);
   });
@@ -404,15 +413,15 @@ describe('kernel rules: the sandbox table', () => {
       'jump tunnel_direct',
       'ct original ip daddr @allow4 accept',
       'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @allow4p accept',
-      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 drop',
-      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr . ct original proto-dst @deny4p drop',
+      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr @deny4 goto denied_drop',
+      'meta l4proto tcp ct original proto-dst { 80, 443 } ct original ip daddr . ct original proto-dst @deny4p goto denied_drop',
       'jump this_policy',
       'ct original ip daddr @learned4 accept',
       'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned4p accept',
-      'ct original ip daddr @learned_deny4 drop',
-      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned_deny4p drop',
-      'ct original ip daddr @deny4 drop',
-      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @deny4p drop',
+      'ct original ip daddr @learned_deny4 goto denied_drop',
+      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @learned_deny4p goto denied_drop',
+      'ct original ip daddr @deny4 goto denied_drop',
+      'meta l4proto { tcp, udp } ct original ip daddr . ct original proto-dst @deny4p goto denied_drop',
       'accept',
     ]);
   });
@@ -514,9 +523,12 @@ describe('kernel rules: policy sets', () => {
     if (deny4p) expected.deny4p = deny4p;
     expect(added(line)).toEqual(expected);
     expect(commands).toHaveLength(
-      FLUSHES.length + Object.keys(expected).length + GENERATION_RULES.length,
+      FLUSHES.length + Object.keys(expected).length + DENIED_RULES.length + GENERATION_RULES.length,
     );
-    expect(commands.slice(-GENERATION_RULES.length)).toEqual(GENERATION_RULES);
+    expect(commands.slice(-DENIED_RULES.length - GENERATION_RULES.length)).toEqual([
+      ...DENIED_RULES,
+      ...GENERATION_RULES,
+    ]);
   });
 
   it('writes learned addresses with whole seconds left, rounded up, at least 1 s; expired and IPv6 ones are left out', () => {
@@ -547,6 +559,7 @@ describe('kernel rules: policy sets', () => {
     expect(splitTop(lockdownSets(GENERATION))).toEqual([
       ...FLUSHES,
       'add element inet moat deny4 { 0.0.0.0/0 }',
+      ...DENIED_RULES,
       ...GENERATION_RULES,
     ]);
   });

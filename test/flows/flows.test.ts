@@ -13,6 +13,7 @@ import {
   DESTINATION_FIELDS,
   FLOW_FIELDS,
   INJECTION_FIELDS,
+  REPORT_FIELDS,
   REQUEST_FIELDS,
   type FlowRecord,
   FlowRecorder,
@@ -148,7 +149,8 @@ describe('flow records', () => {
       (f) =>
         (record.event === 'close' || !(CLOSE_FIELDS as readonly string[]).includes(f)) &&
         (record.ruleKey !== undefined || !(INJECTION_FIELDS as readonly string[]).includes(f)) &&
-        (record.request !== undefined || !(REQUEST_FIELDS as readonly string[]).includes(f)),
+        (record.request !== undefined || !(REQUEST_FIELDS as readonly string[]).includes(f)) &&
+        (record.wouldDeny !== undefined || !(REPORT_FIELDS as readonly string[]).includes(f)),
     );
     expect(Object.keys(flowView(record))).toEqual(fields);
     expect(Object.keys(record.destination).sort()).toEqual([...DESTINATION_FIELDS].sort());

@@ -77,6 +77,21 @@ const RECORDS: FlowRecord[] = [
   },
 ];
 
+/** A report-mode sandbox's flow its rules would have denied, let through. */
+const REPORTED: FlowRecord = {
+  ...base,
+  time: Date.parse('2026-01-02T03:04:08.000Z'),
+  id: 3,
+  event: 'decision',
+  sandboxID: 'ireport00000000000001',
+  kind: 'connect',
+  destination: { name: 'other.test', address: '198.18.0.6', port: 443, protocol: 'tcp' },
+  verdict: 'allow',
+  list: 'report',
+  rule: '0.0.0.0/0',
+  wouldDeny: { list: 'denyOut', rule: '0.0.0.0/0', reason: 'r' },
+};
+
 describe('moat observe', () => {
   let env: ApiMoat;
   let api: string;
@@ -85,7 +100,7 @@ describe('moat observe', () => {
   beforeAll(async () => {
     env = await startApiMoat();
     api = `http://127.0.0.1:${env.moat.listening.api.port}`;
-    for (const record of RECORDS) env.moat.flows.store.add(record);
+    for (const record of [...RECORDS, REPORTED]) env.moat.flows.store.add(record);
     dir = mkdtempSync(path.join(os.tmpdir(), 'moat-observe-'));
   });
   afterAll(async () => {
@@ -139,6 +154,16 @@ describe('moat observe', () => {
         '',
       ].join('\n'),
     );
+  });
+
+  it('prints only what report-mode sandboxes would have denied with --would-deny, saying so', async () => {
+    const { code, stdout } = await observe(['--api', api, '--key', API_KEY, '--would-deny']);
+    expect(code).toBe(0);
+    expect(stdout).toBe(
+      '2026-01-02T03:04:08.000Z  ireport00000000000001     connect      allow         other.test 198.18.0.6:443                 report: would deny by denyOut 0.0.0.0/0\n',
+    );
+    const refused = await observe(['--api', api, '--key', API_KEY, '--would-deny=yes']);
+    expect(refused.code).toBe(2);
   });
 
   it('follows new records until the stream ends (exit 1: Moat went away)', async () => {

@@ -31,6 +31,12 @@ const flowsQuerySchema = {
     kind: { type: 'string', enum: [...FLOW_KINDS] },
     since: { ...text, description: 'ISO 8601 time, or a duration back from now: 30s, 5m, 2h, 1d' },
     destination: { ...text, description: 'Substring of the name asked for or the address dialled' },
+    wouldDeny: {
+      type: 'string',
+      enum: ['true', 'false'],
+      description:
+        'true: only the decisions a report-mode sandbox’s rules would have denied (records with wouldDeny); false: only the others',
+    },
     limit: { ...text, description: 'At most this many records (1 to 10000, default 100)' },
     nodes: {
       type: 'string',
@@ -81,6 +87,11 @@ export const flowSchema = {
       type: 'object',
       properties: { method: text, path: text },
       required: ['method', 'path'],
+    },
+    wouldDeny: {
+      type: 'object',
+      properties: { list: text, rule: nullableText, reason: text },
+      required: ['list', 'rule', 'reason'],
     },
   },
   required: ['time', 'id', 'event', 'sandboxID', 'node', 'kind', 'destination', 'verdict'],

@@ -2,7 +2,7 @@
  * A sandbox's egress rules: `PUT /sandboxes/{id}/network`, and the schemas of the rules the
  * create body's `network` shares with it.
  */
-import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS } from '../../policy/index.js';
+import { MAX_DESCRIPTION_LENGTH, MAX_RULE_KEYS, NETWORK_MODES } from '../../policy/index.js';
 import { MAX_BANDWIDTH_MBPS } from '../../runtime/index.js';
 import { type PlatformRoute, route } from './route.js';
 import { bodyObject, errors, noContent, sandboxParams, stringList } from './schemas.js';
@@ -37,6 +37,14 @@ export const bandwidthSchema = bodyObject(
   { egressMbps: mbps('the sandbox sends'), ingressMbps: mbps('the sandbox receives') },
   [],
 );
+
+/** Moat's `network.mode`: enforce the policy, or only report what it would deny. */
+export const networkModeSchema = {
+  type: 'string',
+  enum: [...NETWORK_MODES],
+  description:
+    'Moat extension: "enforce", or "report" (what the sandbox\'s rules deny is let through and recorded with wouldDeny; the host, internal addresses and other sandboxes stay closed); left out, the operator\'s default',
+} as const;
 
 /**
  * `match` and `action` of a rule (a Moat extension), beside its transform or inside it (the
@@ -96,6 +104,7 @@ const networkBody = bodyObject(
       ...bandwidthSchema,
       description: "Moat extension: replaces the bandwidth; left out, the operator's defaults",
     },
+    mode: networkModeSchema,
   },
   [],
 );

@@ -9,7 +9,7 @@ import {
   SandboxError,
 } from '../../sandbox/index.js';
 import { SANDBOX_API_PORT } from '../../e2b-wire/index.js';
-import { bandwidthSchema, egressProxy, networkRulesSchema } from './network.js';
+import { bandwidthSchema, egressProxy, networkModeSchema, networkRulesSchema } from './network.js';
 import { type PlatformRoute, route } from './route.js';
 import {
   bodyObject,
@@ -60,6 +60,7 @@ const createBody = bodyObject(
         },
         rules: networkRulesSchema,
         bandwidth: { ...bandwidthSchema, description: 'Moat extension: Mbit/s each way' },
+        mode: networkModeSchema,
       },
       [],
     ),

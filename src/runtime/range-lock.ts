@@ -9,7 +9,7 @@
  * next start (sandbox ids recorded in a data folder are only of use with the same range).
  */
 import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { processRuns } from '../process/index.js';
 
 export const LOCK_DIR = '/run/moat';
@@ -53,6 +53,11 @@ export class RangeLock {
     const lines = (await readFile(this.file, 'utf8').catch(() => '')).split('\n');
     const recorded = lines[1] ?? '';
     return recorded !== '' && recorded !== this.owner && existsSync(recorded);
+  }
+
+  /** When its file was last written (taken or released; 0: never), in ms since the epoch. */
+  async lastWritten(): Promise<number> {
+    return (await stat(this.file).catch(() => undefined))?.mtimeMs ?? 0;
   }
 
   private get file(): string {

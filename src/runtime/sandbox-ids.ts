@@ -9,7 +9,7 @@
 import { existsSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { RangeLock } from './range-lock.js';
+import { LOCK_DIR, RangeLock } from './range-lock.js';
 
 export const IDS_PER_SANDBOX = 65_536;
 /** Where `auto` places ranges: host ids 2^30 to 2^31 (above any account, below signed overflow). */
@@ -32,10 +32,14 @@ export class SandboxIds {
 
   /**
    * Takes the configured range, or with `auto` the range recorded in the data folder (else the
-   * first free one that no other existing data folder took last, then any free one; then
-   * recorded), so that a Moat keeps its ids across restarts, crashes included.
+   * first free one that no other existing data folder took last, then the free one released
+   * longest ago; then recorded), so that a Moat keeps its ids across restarts, crashes included.
    */
-  static async acquire(setting: IdRangeSetting, dataDir: string): Promise<SandboxIds> {
+  static async acquire(
+    setting: IdRangeSetting,
+    dataDir: string,
+    lockDir = LOCK_DIR,
+  ): Promise<SandboxIds> {
     const record = path.join(dataDir, 'sandbox-ids');
     const make = (first: number, slots: number) =>
       new RangeLock(
@@ -46,6 +50,7 @@ export class SandboxIds {
         'give each Moat on a host its own --sandbox-ids (or leave it auto)',
         (start, end) => `${start}+${(end - start + 1) / IDS_PER_SANDBOX}`,
         path.resolve(dataDir),
+        lockDir,
       );
     if (setting !== 'auto') {
       const lock = make(setting.first, setting.slots);
@@ -58,10 +63,20 @@ export class SandboxIds {
       await lock.acquire();
       return new SandboxIds(lock, recorded, AUTO_SLOTS);
     }
+    const ranges = Array.from({ length: AUTO_RANGES }, (_, index) => {
+      const first = AUTO_FIRST + index * AUTO_SLOTS * IDS_PER_SANDBOX;
+      return { first, lock: make(first, AUTO_SLOTS) };
+    });
+    // Then a range kept for another data folder: the one released longest ago, which is the
+    // least likely to be wanted back this moment (a Moat restarting takes its own back at once).
+    const keptLast = async () => {
+      const written = await Promise.all(ranges.map(({ lock }) => lock.lastWritten()));
+      return ranges
+        .map((range, i) => ({ ...range, written: written[i]! }))
+        .sort((a, b) => a.written - b.written);
+    };
     for (const leaveKept of [true, false]) {
-      for (let index = 0; index < AUTO_RANGES; index++) {
-        const first = AUTO_FIRST + index * AUTO_SLOTS * IDS_PER_SANDBOX;
-        const lock = make(first, AUTO_SLOTS);
+      for (const { first, lock } of leaveKept ? ranges : await keptLast()) {
         if (!(await lock.available()) || (leaveKept && (await lock.keptForAnother()))) continue;
         try {
           await lock.acquire();

@@ -64,6 +64,28 @@ describe.skipIf(skip)('automatic sandbox id ranges', () => {
   });
 });
 
+describe('when every free range is kept for another data folder', () => {
+  it('a new Moat takes the one released longest ago, not one a Moat is restarting to take back', async () => {
+    const locks = folder();
+    const held: SandboxIds[] = [];
+    for (;;) {
+      const taken = await SandboxIds.acquire('auto', folder(), locks).catch(() => undefined);
+      if (taken === undefined) break;
+      held.push(taken);
+    }
+    expect(held.length).toBeGreaterThan(2);
+    // Stopped one after another, the lowest range last: a Moat about to start again on its
+    // folder (the lowest is the one a scan in order would come to first).
+    for (const ids of [...held].reverse()) {
+      await ids.stop();
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    const newcomer = await SandboxIds.acquire('auto', folder(), locks);
+    expect(newcomer.first).toBe(held.at(-1)!.first);
+    await newcomer.stop();
+  });
+});
+
 describe('a range kept for its last data folder', () => {
   const lockIn = (dir: string, owner: string | undefined) =>
     new RangeLock('ids', 10, 19, 'range 10-19', 'advice', (a, b) => `${a}-${b}`, owner, dir);

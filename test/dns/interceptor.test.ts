@@ -204,9 +204,16 @@ describe('answers and learning', () => {
 
   it('learns the addresses before the client holds the answer', async () => {
     const learned = dns.table.get(SANDBOX)!.learned;
-    const reply = await udpExchange(dns.port, encodeQuery('api.allowed.test'), SOURCE);
-    // Checked in the same tick the reply arrived; nothing else has run since.
+    // On a loaded host the fake upstream may miss this harness's 400 ms (SERVFAIL, nothing
+    // learned): asked again, as a client would.
+    let reply: Awaited<ReturnType<typeof udpExchange>>;
+    for (let tries = 0; ; tries++) {
+      reply = await udpExchange(dns.port, encodeQuery('api.allowed.test'), SOURCE);
+      // Checked in the same tick the reply arrived; nothing else has run since.
+      if (reply === undefined || rcode(reply.raw) !== 2 || tries === 4) break;
+    }
     expect(reply).toBeDefined();
+    expect(rcode(reply!.raw)).toBe(0);
     expect(learned.names(ip('93.184.216.7'))).toEqual(['api.allowed.test']);
   });
 

@@ -214,8 +214,9 @@ describe('fair shares of the event loop between sandboxes', () => {
     expect(steady.ok).toBeGreaterThan(50);
     // Unshared, about 32. Shared, near 1 on a quiet host; on a loaded one this test's own client
     // is slow to send the steady sandbox's next request on its two connections, and the heavy
-    // one's 64 fill the gaps (2.1 in a CI run beside other work).
-    expect(heavy.ok / steady.ok).toBeLessThan(3);
+    // one's 64 fill the gaps (2.1 in a CI run beside other work, 3.6 at load 8): a quarter of
+    // the unshared ratio still tells the two apart.
+    expect(heavy.ok / steady.ok).toBeLessThan(8);
     expect(latencies.length).toBeGreaterThan(10);
     // Unheld, its requests wait only for the loop, never the 250 ms a held request waits (on a
     // machine at load 7 the loop alone made the 90th percentile 106 ms).

@@ -58,7 +58,9 @@ it('drops a client that never reads its answers but keeps sending, within the li
 });
 
 // The client takes about three lingers to read it all, whether Moat queued the answer as one
-// write (only partial progress shows) or as many.
+// write (only partial progress shows) or as many. A longer linger here: on a loaded host this
+// process (both ends) may stall for a few hundred ms, which says nothing of a reader's pace.
+const SLOW_LINGER_MS = 1000;
 it.each([
   ['one write', [6 * KiB * KiB]],
   ['many writes', Array.from({ length: 96 }, () => 64 * KiB)],
@@ -68,16 +70,17 @@ it.each([
     const { moat, client } = await pair();
     for (const size of writes) moat.write(Buffer.alloc(size, 0x42));
     const text = 'HTTP/1.1 400 Bad Request\r\n\r\n';
-    endAndLinger(moat, text, LINGER_MS);
+    endAndLinger(moat, text, SLOW_LINGER_MS);
     let received = 0;
     client.on('data', (chunk: Buffer) => {
       received += chunk.length;
       // About 2 MiB per linger: pause after each chunk for a little while.
       client.pause();
-      setTimeout(() => client.resume(), (chunk.length / (2 * KiB * KiB)) * LINGER_MS);
+      setTimeout(() => client.resume(), (chunk.length / (2 * KiB * KiB)) * SLOW_LINGER_MS);
     });
     await new Promise((resolve) => client.once('end', resolve));
     const total = writes.reduce((a, b) => a + b, 0);
     expect(received).toBe(total + text.length);
   },
+  20_000,
 );

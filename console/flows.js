@@ -50,6 +50,8 @@ function cells(record, onSandbox) {
   sandbox.textContent = text(record.sandboxID);
   sandbox.addEventListener('click', () => onSandbox(text(record.sandboxID)));
   const deny = record.verdict === 'deny';
+  // A report-mode sandbox's flow its rules would have denied: let through, and said so.
+  const would = typeof record.wouldDeny === 'object' && record.wouldDeny !== null;
   return [
     el('td', { class: 'time', title: text(record.time) }, formatTime(record.time)),
     el('td', { class: 'sandbox-cell' }, sandbox),
@@ -62,16 +64,28 @@ function cells(record, onSandbox) {
         : null,
     ),
     destinationCell(record.destination, record.request),
-    el('td', {}, el('span', { class: `verdict ${deny ? 'deny' : 'allow'}` }, text(record.verdict))),
+    el(
+      'td',
+      {},
+      el('span', { class: `verdict ${deny ? 'deny' : 'allow'}` }, text(record.verdict)),
+      would ? el('span', { class: 'verdict would-deny' }, 'would deny') : null,
+    ),
     el(
       'td',
       { class: 'rule', title: text(record.reason) },
-      el(
-        'span',
-        { class: 'decided' },
-        el('span', { class: 'list' }, text(record.list)),
-        record.rule == null ? null : el('code', {}, text(record.rule)),
-      ),
+      would
+        ? el(
+            'span',
+            { class: 'decided' },
+            el('span', { class: 'list' }, `report: would deny by ${text(record.wouldDeny.list)}`),
+            record.wouldDeny.rule == null ? null : el('code', {}, text(record.wouldDeny.rule)),
+          )
+        : el(
+            'span',
+            { class: 'decided' },
+            el('span', { class: 'list' }, text(record.list)),
+            record.rule == null ? null : el('code', {}, text(record.rule)),
+          ),
       el('span', { class: 'reason' }, text(record.reason)),
     ),
     bytesCell(record),
@@ -124,7 +138,9 @@ export class FlowTable {
   }
 
   paint(tr, record) {
-    tr.className = record.verdict === 'deny' ? 'flow deny' : 'flow allow';
+    const would = typeof record.wouldDeny === 'object' && record.wouldDeny !== null;
+    tr.className =
+      record.verdict === 'deny' ? 'flow deny' : would ? 'flow allow would-deny' : 'flow allow';
     tr.dataset.kind = text(record.kind);
     tr.dataset.verdict = text(record.verdict);
     tr.replaceChildren(...cells(record, this.onSandbox));

@@ -448,7 +448,7 @@ export const SETTINGS: readonly AnySetting[] = [
     flag: 'default-network-mode',
     env: 'MOAT_DEFAULT_NETWORK_MODE',
     default: 'enforce',
-    help: 'how a sandbox whose network.mode does not say is held to its policy: enforce, or report (its own rules deny nothing; what they would deny is recorded with wouldDeny; the host, internal addresses and other sandboxes stay closed)',
+    help: 'the mode of a sandbox created without network.mode, kept with it: enforce, or report (its own rules deny nothing; what they would deny is recorded with wouldDeny; the host, internal addresses and other sandboxes stay closed)',
     parse: oneOf<NetworkMode>(NETWORK_MODES),
   },
   {

@@ -71,7 +71,7 @@ export interface MoatConfig {
   /** Each namespaced sandbox's default bandwidth, out and in, in Mbit/s; 0: unlimited. */
   readonly sandboxEgressMbps: number;
   readonly sandboxIngressMbps: number;
-  /** How a sandbox whose network.mode does not say is held to its policy. */
+  /** The mode of a sandbox created without network.mode (kept with it). */
   readonly defaultNetworkMode: NetworkMode;
   readonly apiListen: HostPort;
   /** The sandbox API and ingress: `{port}-{sandboxID}.<domain>` or E2b-Sandbox-* headers. */

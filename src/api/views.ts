@@ -5,7 +5,7 @@
  */
 import { formatHostPort, type HostPort } from '../net/index.js';
 import type { EnforcementMode } from '../runtime/index.js';
-import { NETWORK_MODES, type NetworkMode, type PresetUse } from '../policy/index.js';
+import { NETWORK_MODES, type PresetUse } from '../policy/index.js';
 import {
   type BandwidthSettings,
   bandwidthOf,
@@ -49,8 +49,6 @@ export interface EgressInfo {
   readonly confinement: 'confined' | 'unconfined';
   /** The operator's bandwidth for sandboxes whose `network.bandwidth` leaves a direction out. */
   readonly bandwidthDefaults: Required<BandwidthSettings>;
-  /** The operator's mode for sandboxes whose `network.mode` does not say. */
-  readonly defaultNetworkMode: NetworkMode;
 }
 
 /** A sandbox's own bounds (its cgroup and disk), as the reference service reports its VM's. */
@@ -137,7 +135,7 @@ export const detailView = (
     // Exactly as stored: placeholders stay placeholders, and literal values are the client's own.
     ...(r.network.rules === undefined ? {} : { rules: r.network.rules }),
     bandwidth: bandwidthOf(r.network, egress.bandwidthDefaults),
-    mode: r.network.mode ?? egress.defaultNetworkMode,
+    mode: r.network.mode ?? 'enforce',
     // allowOut stays as written (preset:NAME); this says what each preset stood for.
     ...(presets.length === 0 ? {} : { presets }),
   },
@@ -318,7 +316,7 @@ export const detailSchema = withOptional(
           type: 'string',
           enum: [...NETWORK_MODES],
           description:
-            'Moat extension: enforce, or report (what the sandbox’s rules deny is let through and recorded with wouldDeny); the operator’s default where network.mode left it out',
+            'Moat extension: enforce, or report (what the sandbox’s rules deny is let through and recorded with wouldDeny); fixed at create (the operator’s default where network.mode left it out), kept by a PUT that names none',
         },
       }),
       {

@@ -503,7 +503,6 @@ export async function startMoat(
           egressMbps: config.sandboxEgressMbps,
           ingressMbps: config.sandboxIngressMbps,
         },
-        defaultNetworkMode: config.defaultNetworkMode,
       },
       keys: apiKeys.keys,
       caCertificatePem: ca.certificatePem,

@@ -13,6 +13,7 @@ import type { DnsVerdict, HotCount, MoatMetrics } from '../metrics/index.js';
 import {
   allowedPorts,
   deniedPorts,
+  deniesLearnedName,
   canonicalName,
   type CanonicalName,
   decide,
@@ -311,12 +312,7 @@ export class DnsInterceptor {
       if (refused.has(index)) continue;
       const ttl = Math.min(maxLearnTtl, Math.max(minLearnTtl, ttls[index]!));
       const denied = deniedPorts(policy, [name]);
-      const expiresAt = sandbox.learned.learn(
-        ip,
-        name,
-        ttl,
-        denied === 'every' || denied.length > 0,
-      );
+      const expiresAt = sandbox.learned.learn(ip, name, ttl, deniesLearnedName(policy, name));
       // The table holds only denials and cannot take this address: not handed out.
       if (expiresAt === 'full') refused.add(index);
       // The firewall opens the address on the ports this name is allowed on (every port for a

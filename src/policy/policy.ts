@@ -360,13 +360,14 @@ export function allowedPorts(
  * and every port of a name whose rules decide each request (reached by name only). The
  * kernel checks the ports `allowedPorts` opens first, so allow still beats deny.
  */
-export function deniedPorts(
+export const deniedPorts = (
   policy: Policy,
   names: readonly CanonicalName[],
-): PortRange[] | 'every' {
+): PortRange[] | 'every' => (policy.report ? [] : portsDeniedByName(policy, names));
+
+/** `deniedPorts` as the policy's rules say, whatever its mode. */
+function portsDeniedByName(policy: Policy, names: readonly CanonicalName[]): PortRange[] | 'every' {
   const ranges: PortRange[] = [];
-  // Report mode denies nothing by name.
-  if (policy.report) return ranges;
   for (const name of names) {
     if (policy.transforms.lookup(name)?.decidesRequests === true) return 'every';
     if (policy.denyNames.size === 0) continue;
@@ -377,9 +378,13 @@ export function deniedPorts(
   return mergePorts(ranges);
 }
 
-/** Whether addresses DNS gave for `name` are denied on some port by its name (`deniedPorts`). */
+/**
+ * Whether addresses DNS gave for `name` are denied on some port by its name (`deniedPorts`), in
+ * report mode too: the learned table keeps such a name so that a switch back to enforce still
+ * knows it.
+ */
 export function deniesLearnedName(policy: Policy, name: CanonicalName): boolean {
-  const ports = deniedPorts(policy, [name]);
+  const ports = portsDeniedByName(policy, [name]);
   return ports === 'every' || ports.length > 0;
 }
 

@@ -680,8 +680,11 @@ class InterceptedConnection implements RequestHandler {
       if (plan.decision !== undefined) flow.refused(plan.decision);
       return answer(plan.status, plan.message, false);
     }
+    // A connection report mode let through (the sandbox's rules deny it) gets no rule's
+    // headers: a credential goes only where the rules let a connection go.
+    const headers = plan.decision.wouldDeny === undefined ? decided.headers : [];
     // The connection's budget charge (taken at accept) covers the one request it carries.
-    const substituted = await interceptor.substitute(rule, decided.headers, sandbox.sandboxID);
+    const substituted = await interceptor.substitute(rule, headers, sandbox.sandboxID);
     if (!substituted.ok || connection.socket.destroyed) {
       if (substituted.ok) return;
       if (substituted.outcome !== undefined) interceptor.count(substituted.outcome);
@@ -697,7 +700,7 @@ class InterceptedConnection implements RequestHandler {
     const redactions =
       options.redactSecretsInResponses !== true
         ? []
-        : decided.headers.length === rule.headers.length
+        : headers.length === rule.headers.length
           ? substituted.secrets
           : await interceptor.redactionsOf(rule, sandbox.sandboxID, substituted.secrets);
     if (connection.socket.destroyed) return;

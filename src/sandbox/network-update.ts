@@ -41,7 +41,10 @@ export async function updateNetwork(
   let upstream: UpstreamProxy | undefined;
   // The proxy is no part of the policy (which decides), but of where allowed flows go; the
   // bandwidth is the link's.
-  const { egressProxy, bandwidth, ...policyRules } = rules;
+  const { egressProxy, bandwidth, ...written } = rules;
+  // A body without a mode keeps the sandbox's (the E2B SDK never sends one).
+  const mode = rules.mode ?? record.network.mode;
+  const policyRules = { ...written, ...(mode === undefined ? {} : { mode }) };
   try {
     policy = context.policies.compile(policyRules);
     upstream = upstreamProxy(egressProxy);
@@ -63,7 +66,7 @@ export async function updateNetwork(
       rules: undefined,
       ...storedRules(rules.rules),
       bandwidth,
-      mode: rules.mode,
+      mode,
     },
   };
   try {

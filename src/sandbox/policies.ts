@@ -3,7 +3,6 @@ import type { Logger } from 'pino';
 import {
   compilePolicy,
   type InternalDenyList,
-  type NetworkMode,
   parseNetworkConfig,
   type Policy,
   type PresetTable,
@@ -24,8 +23,6 @@ export interface PolicyOptions {
    */
   readonly secretExists?: (name: string) => Promise<boolean>;
   readonly logger: Logger;
-  /** The mode of a sandbox whose network names none (the operator's `--default-network-mode`). */
-  readonly defaultMode: NetworkMode;
 }
 
 export class SandboxPolicies {
@@ -35,7 +32,6 @@ export class SandboxPolicies {
     return parseNetworkConfig(rules, {
       maxEntries: this.options.maxPolicyEntries,
       presets: this.options.presets,
-      defaultMode: this.options.defaultMode,
     });
   }
 
@@ -60,7 +56,9 @@ export class SandboxPolicies {
         { sandboxID: record.sandboxID, err: (error as Error).message },
         'stored network config no longer compiles; enforcing deny-all for this sandbox',
       );
-      return this.compile({ denyOut: ['0.0.0.0/0', '::/0'] });
+      // One entry (ALL_TRAFFIC denies IPv6 too), so no limit refuses it; enforced, whatever mode
+      // the operator's default says.
+      return this.compile({ denyOut: ['0.0.0.0/0'], mode: 'enforce' });
     }
   }
 

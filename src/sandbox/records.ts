@@ -26,7 +26,7 @@ export interface NetworkSettings {
   readonly rules?: Readonly<Record<string, JsonValue>>;
   /** `network.bandwidth` as the client set it; what it leaves out is the operator's default. */
   readonly bandwidth?: BandwidthSettings;
-  /** `network.mode` as the client set it (absent: the operator's default). */
+  /** `network.mode`, fixed at create (absent in older records: enforce). */
   readonly mode?: NetworkMode;
 }
 

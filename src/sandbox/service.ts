@@ -72,7 +72,7 @@ export interface SandboxServiceOptions {
   readonly kernel?: KernelEnforcer;
   /** The operator's bandwidth for sandboxes whose `network.bandwidth` leaves a direction out. */
   readonly bandwidthDefaults: Bandwidth;
-  /** The mode of a sandbox whose `network.mode` does not say. */
+  /** The mode of a sandbox created without `network.mode` (kept with it from then on). */
   readonly defaultMode: NetworkMode;
   /** Other nodes sharing the store; absent for a Moat on its own. */
   readonly cluster?: ClusterMembership;
@@ -206,7 +206,8 @@ export class SandboxService {
       httpsPorts: request.network?.httpsPorts ?? [],
       ...storedRules(request.network?.rules),
       ...(request.network?.bandwidth === undefined ? {} : { bandwidth: request.network.bandwidth }),
-      ...(request.network?.mode === undefined ? {} : { mode: request.network.mode }),
+      // Fixed now, so a later change of the operator's default changes no sandbox.
+      mode: request.network?.mode ?? this.options.defaultMode,
     };
     const policy = this.policies.compile(networkRules(network));
     const iam = acceptIam(request.iam, this.options.identity === true);

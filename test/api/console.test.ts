@@ -430,6 +430,32 @@ describe.skipIf(unavailable !== undefined)('the console in Chromium', () => {
     await page.locator('#all-sandboxes').click();
   });
 
+  it("marks a flow a report-mode sandbox's rules would have denied, naming that rule", async () => {
+    const sandboxID = stances[2]!.sandboxID;
+    env.moat.flows.decided(
+      {
+        sandboxID,
+        kind: 'connect',
+        destination: { name: 'reported.test', address: null, port: 443, protocol: 'tcp' },
+      },
+      {
+        verdict: 'allow',
+        list: 'report',
+        rule: '0.0.0.0/0',
+        reason: 'report mode lets it through: denied',
+        wouldDeny: { list: 'denyOut', rule: '0.0.0.0/0', reason: 'denied' },
+      },
+    );
+    await page.locator(`.sandbox[data-sandbox="${sandboxID}"]`).click();
+    const row = page.locator('#flow-body tr', { hasText: 'reported.test' });
+    await row.waitFor({ timeout: 10_000 });
+    expect(await row.getAttribute('class')).toBe('flow allow would-deny');
+    expect(await row.locator('.verdict.would-deny').textContent()).toBe('would deny');
+    expect(await row.locator('.rule .list').textContent()).toBe('report: would deny by denyOut');
+    expect(await row.locator('.rule code').textContent()).toBe('0.0.0.0/0');
+    await page.locator('#all-sandboxes').click();
+  });
+
   it('shows no token the API answered with, and no page error', async () => {
     const everything = [
       await page.content(),

@@ -5,13 +5,14 @@
  * python sockets): only the sandbox's firewall can hold them. And as a user would: git over SSH
  * to a host allowed on port 22 (dropbear in the world), while port 80 of that host is refused.
  */
-import { CommandExitError, Sandbox } from 'e2b';
+import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { World, WORLD_PORTS } from '../../bench/lib/world.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { gitSshSkipReason, startGitSshOrigin } from '../support/git-ssh-origin.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { python } from '../support/sandbox-watch.js';
+import { shellOutput, tcpEchoScript } from '../support/sdk-shell.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 const skip = namespaceSkipReason('test/netns/ports');
@@ -24,19 +25,9 @@ const PREFIX = '198.18.41';
 const ORIGIN = `${PREFIX}.2`;
 const { echo: TCP_PORT, udpEcho: UDP_PORT } = WORLD_PORTS;
 
-/** Runs a bash script inside the sandbox: its stdout, or its exit code when it failed. */
-async function run(sandbox: Sandbox, script: string): Promise<string> {
-  try {
-    return (await sandbox.commands.run(script, { timeoutMs: 15_000 })).stdout;
-  } catch (error) {
-    if (!(error instanceof CommandExitError)) throw error;
-    return `exit ${error.exitCode}: ${error.stderr.trim()}`;
-  }
-}
+const run = shellOutput;
 
-/** TCP echo through bash's /dev/tcp: `ping` when it came back. */
-const tcpEcho = (host: string) =>
-  `timeout 4 bash -c 'exec 3<>/dev/tcp/${host}/${TCP_PORT} && printf ping >&3 && timeout 3 head -c4 <&3'`;
+const tcpEcho = (host: string) => tcpEchoScript(host);
 /** UDP echo: `pong`, or the errno of a refused send or answer (1, 111), or `timeout`. */
 const udpEcho = (host: string) =>
   python(

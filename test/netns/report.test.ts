@@ -13,6 +13,7 @@ import { until } from '../support/native-relay.js';
 import type { ZoneEntry } from '../support/fake-dns.js';
 import { namespaceSkipReason } from '../support/netns.js';
 import { python } from '../support/sandbox-watch.js';
+import { shellOutput, tcpEchoScript } from '../support/sdk-shell.js';
 import { type SdkMoat, startSdkMoat } from '../support/sdk-moat.js';
 
 const skip = namespaceSkipReason('test/netns/report');
@@ -21,18 +22,9 @@ const PREFIX = '198.18.43';
 const ORIGIN = `${PREFIX}.2`;
 const POLICY = { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] };
 
-/** Runs a bash script inside the sandbox: its stdout, or its exit code and stderr. */
-async function run(sandbox: Sandbox, script: string): Promise<string> {
-  try {
-    return (await sandbox.commands.run(script, { timeoutMs: 20_000 })).stdout;
-  } catch (error) {
-    if (!(error instanceof CommandExitError)) throw error;
-    return `exit ${error.exitCode}: ${error.stderr.trim()}`;
-  }
-}
+const run = shellOutput;
 
-const tcpEcho = (host: string) =>
-  `timeout 4 bash -c 'exec 3<>/dev/tcp/${host}/${WORLD_PORTS.echo} && printf ping >&3 && timeout 3 head -c4 <&3'`;
+const tcpEcho = (host: string) => tcpEchoScript(host);
 /** The HTTP status curl got (000: none), through the sandbox's proxy or around it. */
 const curl = (url: string, direct = false) =>
   `curl ${direct ? "--noproxy '*' " : ''}-sS -m 5 -o /dev/null -w '%{http_code}' ${url} || true`;

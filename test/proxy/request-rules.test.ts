@@ -289,6 +289,32 @@ describe('methods and paths at the doors that read requests', () => {
     expect(log.body).not.toContain(TOKEN);
   });
 
+  it('in report mode sends what the rules deny, and no credential where only report mode let the connection through', async () => {
+    const credential = [{ transform: { headers: { Authorization: 'Bearer ${e2b.secrets.tok}' } } }];
+    moat.publish(SANDBOX, {
+      mode: 'report',
+      allowOut: ['api.rules.test'],
+      denyOut: ['0.0.0.0/0'],
+      rules: {
+        'api.rules.test': [
+          { match: { methods: ['GET'] }, action: 'allow', ...credential[0] },
+          { action: 'deny' },
+        ],
+        // Not in allowOut: only report mode lets a connection to it through.
+        'open.rules.test': credential,
+      },
+    });
+    authorizations.length = 0;
+    const denied = await curl('POST', https_('/repos/acme/x'));
+    expect(denied.status).toBe(200);
+    expect(reached).toEqual(['POST /repos/acme/x']);
+    expect((await curl('GET', https_('/repos/acme/x'))).status).toBe(200);
+    expect((await curl('GET', `https://open.rules.test:${tlsPort}/`)).status).toBe(200);
+    // Only the GET its rule allows, on a connection allowOut allows, carried the credential.
+    expect(authorizations).toEqual([`Bearer ${TOKEN}`]);
+    expect(reached).toEqual(['POST /repos/acme/x', 'GET /repos/acme/x', 'GET /']);
+  });
+
   it('refuses a method not in upper case, or overridden by a header, where rules match methods', async () => {
     const lower = await curl('get', https_('/repos/acme/x'));
     expect(lower.status).toBe(400);

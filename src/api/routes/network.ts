@@ -43,7 +43,7 @@ export const networkModeSchema = {
   type: 'string',
   enum: [...NETWORK_MODES],
   description:
-    'Moat extension: "enforce", or "report" (what the sandbox\'s rules deny is let through and recorded with wouldDeny; the host, internal addresses and other sandboxes stay closed); left out, the operator\'s default',
+    'Moat extension: "enforce", or "report" (what the sandbox\'s rules deny is let through and recorded with wouldDeny; the host, internal addresses and other sandboxes stay closed); left out, the sandbox\'s mode stays (at create: the operator\'s default)',
 } as const;
 
 /**

@@ -88,8 +88,6 @@ export interface ParseOptions {
   readonly maxEntries?: number;
   /** What `preset:NAME` in allowOut may name (none when absent). */
   readonly presets?: PresetTable;
-  /** The mode of a configuration that names none (default `enforce`). */
-  readonly defaultMode?: NetworkMode;
 }
 
 export const DEFAULT_MAX_ENTRIES = 10_000;
@@ -316,7 +314,8 @@ export function parseNetworkConfig(input: unknown, options: ParseOptions = {}): 
       message: 'allow_internet_access must be true or false',
     });
   }
-  const mode = config.mode ?? options.defaultMode ?? 'enforce';
+  // Left out: enforce. A sandbox's mode is fixed when it is created (see SandboxService).
+  const mode = config.mode ?? 'enforce';
   if (!NETWORK_MODES.includes(mode as NetworkMode)) {
     errors.push({
       at: 'mode',

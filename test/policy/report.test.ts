@@ -112,16 +112,14 @@ describe('report mode: the decision table', () => {
 });
 
 describe('report mode: the grammar', () => {
-  const parse = (config: object, defaultMode?: 'enforce' | 'report') =>
-    parseNetworkConfig(config, defaultMode === undefined ? {} : { defaultMode });
+  const parse = (config: object) => parseNetworkConfig(config);
 
-  test('mode is enforce or report; left out (or null), the default given, else enforce', () => {
+  test('mode is enforce or report; left out (or null), enforce', () => {
     const modeOf = (result: ReturnType<typeof parse>) => (result.ok ? result.value.mode : 'error');
     expect(modeOf(parse({}))).toBe('enforce');
+    expect(modeOf(parse({ mode: null }))).toBe('enforce');
     expect(modeOf(parse({ mode: 'report' }))).toBe('report');
-    expect(modeOf(parse({}, 'report'))).toBe('report');
-    expect(modeOf(parse({ mode: 'enforce' }, 'report'))).toBe('enforce');
-    expect(modeOf(parse({ mode: null }, 'report'))).toBe('report');
+    expect(modeOf(parse({ mode: 'enforce' }))).toBe('enforce');
   });
 
   test.each([['audit'], ['REPORT'], [true], [{}]])('refuses mode %j, naming it', (mode) => {
